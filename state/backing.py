@@ -1,0 +1,88 @@
+"""The backing-store interface the map states are written against (Trident's IBackingMap).
+
+A backing map stores one JSON-able value per encoded key. It knows nothing of txids except the
+``Fence`` it is handed on writes: a store that can (Redis) checks the fence atomically with the
+write, so that a write from a superseded commit attempt, or from a txid the ledger is not ready
+for, never lands. ``MemoryBackingMap`` has the same contract, for fast unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof that a writer holds commit attempt ``token`` of ``txid``.
+
+    Writes carrying a fence are refused unless the ledger stands at ``txid - 1`` and ``token``
+    is the newest commit token of ``txid``.
+    """
+
+    txid: int
+    token: int
+
+
+class BackingMap(Protocol):
+    """Key/value store under one map state. Keys are encoded group keys (see state.codec)."""
+
+    def multi_get(self, keys: Sequence[str]) -> list[Any | None]:
+        """Values of ``keys`` in order; None for a missing key. One round trip."""
+        ...
+
+    def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
+        """Write all ``items`` atomically (one round trip), checking ``fence`` first.
+
+        With a fence, the written keys are also remembered as written by ``fence.txid``
+        (see keys_written_in) in the same atomic step.
+        """
+        ...
+
+    def keys_written_in(self, txid: int) -> set[str]:
+        """Keys written under a fence of ``txid`` by any commit attempt, not yet forgotten."""
+        ...
+
+    def scan_items(self) -> Iterator[tuple[str, Any]]:
+        """Every (key, value) pair, in no particular order."""
+        ...
+
+
+class MemoryBackingMap:
+    """In-process BackingMap with the Redis store's semantics (values round-trip through JSON).
+
+    ``guard`` is called with the fence before every fenced write and may raise (the Redis store
+    does this check inside its Lua script instead).
+    """
+
+    def __init__(self, guard: Callable[[Fence], None] | None = None) -> None:
+        self._data: dict[str, str] = {}
+        self._written: dict[int, set[str]] = {}
+        self._guard = guard
+        self.round_trips = 0
+
+    def multi_get(self, keys: Sequence[str]) -> list[Any | None]:
+        self.round_trips += 1
+        return [json.loads(self._data[k]) if k in self._data else None for k in keys]
+
+    def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
+        self.round_trips += 1
+        if fence is not None and self._guard is not None:
+            self._guard(fence)
+        encoded = [(k, json.dumps(v)) for k, v in items]
+        for key, value in encoded:
+            self._data[key] = value
+        if fence is not None:
+            self._written.setdefault(fence.txid, set()).update(k for k, _ in items)
+
+    def keys_written_in(self, txid: int) -> set[str]:
+        return set(self._written.get(txid, set()))
+
+    def forget_txid(self, txid: int) -> None:
+        self._written.pop(txid, None)
+
+    def scan_items(self) -> Iterator[tuple[str, Any]]:
+        for key, value in list(self._data.items()):
+            yield key, json.loads(value)

@@ -1,0 +1,45 @@
+"""Errors raised by the state layer. Each names the pipeline/txid it concerns."""
+
+from __future__ import annotations
+
+
+class StateError(Exception):
+    """Base class of every error the state layer raises on purpose."""
+
+
+class StaleTxidError(StateError):
+    """A batch is behind the state: its txid is older than the txid stored with a key."""
+
+
+class CommitOrderError(StateError):
+    """Txid N tried to commit while the ledger does not stand at N-1."""
+
+
+class FencedError(StateError):
+    """A commit attempt was superseded by a newer attempt of the same txid (a zombie)."""
+
+
+class MetadataError(StateError):
+    """Batch metadata is missing, malformed, or does not survive a JSON round trip."""
+
+
+class KeyEncodingError(StateError, TypeError):
+    """A group key holds a value that has no deterministic encoding."""
+
+
+# Lua scripts report errors with these prefixes; redis_errors() maps them back.
+LUA_ERROR_PREFIXES: dict[str, type[StateError]] = {
+    "TFORDER": CommitOrderError,
+    "TFFENCED": FencedError,
+    "TFSTALE": StaleTxidError,
+    "TFMETA": MetadataError,
+}
+
+
+def from_lua_error(message: str) -> StateError | None:
+    """Return the StateError a Lua error message stands for, or None if it is not ours."""
+    text = message.strip()
+    for prefix, cls in LUA_ERROR_PREFIXES.items():
+        if text.startswith(prefix):
+            return cls(text[len(prefix) :].strip())
+    return None

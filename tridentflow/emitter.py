@@ -1,0 +1,86 @@
+"""The emitter: reads exactly one txid's batch and stages its per-key partial aggregates.
+
+``emit(rt, txid, engine)`` counts a new emit attempt, works out the ranges to read, runs the
+engine, and stages the output under (txid, attempt); the attempt is recorded as staged only
+after its manifest is durable. A committed txid is a no-op. Safe to re-run at any time.
+
+* transactional source: the ranges are the ones frozen in the metadata. A dark partition with
+  records in its range makes the emit fail (PartitionUnavailable): the batch cannot be replayed
+  without it, and the pipeline waits - Trident's documented weakness of this source kind.
+* opaque / non-transactional source: each partition is read from its committed position up to
+  ``batch_size`` records; a dark partition is skipped and its records arrive in a later txid.
+  Requires txid-1 to be committed (the start positions are the committed ones).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tridentflow.engine import Engine
+from tridentflow.errors import NotReadyError, PartitionUnavailable
+from tridentflow.pipeline import SourceMode
+from tridentflow.runtime import Runtime
+from tridentflow.staging import StagedBatch
+
+
+def emit_ranges(
+    rt: Runtime, txid: int, meta: dict[str, Any]
+) -> tuple[dict[int, tuple[int, int]], list[int]]:
+    """(ranges to read, partitions skipped) for this attempt of ``txid``."""
+    dark = rt.faults.dark_partitions(txid)
+    if meta["mode"] == SourceMode.TRANSACTIONAL.value:
+        ranges = {int(p): (int(r[0]), int(r[1])) for p, r in meta["ranges"].items()}
+        for partition, (start, end) in sorted(ranges.items()):
+            if partition in dark and end > start:
+                raise PartitionUnavailable(
+                    partition,
+                    f"unreadable while txid {txid} emits; a transactional source replays exactly "
+                    f"[{start}, {end}) and must wait for it",
+                )
+        return ranges, []
+    committed = rt.ledger.committed_txid()
+    if committed != txid - 1:
+        raise NotReadyError(
+            f"{meta['mode']} txid {txid} reads from the committed positions: txid {committed + 1}"
+            " must commit first"
+        )
+    offsets = rt.ledger.committed_offsets()
+    size = int(meta["batch_size"])
+    ranges, skipped = {}, []
+    for partition, head in rt.source_heads().items():
+        if partition in dark:
+            skipped.append(partition)
+            continue
+        start = offsets.get(partition, 0)
+        ranges[partition] = (start, min(head, start + size))
+    return ranges, skipped
+
+
+def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
+    """Stage txid's batch as a new attempt; None if the txid is already committed."""
+    ledger = rt.ledger
+    if txid <= ledger.committed_txid():
+        return None
+    meta = ledger.metadata(txid)
+    if meta is None:
+        raise NotReadyError(f"txid {txid} has no batch metadata: run its coordinator first")
+    attempt = ledger.next_attempt(txid, "emit")
+    ranges, skipped = emit_ranges(rt, txid, meta)
+    header = {
+        "pipeline": rt.pipeline.name,
+        "txid": txid,
+        "attempt": attempt,
+        "mode": meta["mode"],
+        "engine": engine.name,
+        "ranges": {str(p): [s, e] for p, (s, e) in sorted(ranges.items())},
+        "skipped": sorted(skipped),
+    }
+    result = engine.compute(rt.plan, str(rt.log.root), ranges)
+    staged = rt.staging.write(
+        header,
+        result.counts,
+        result.partials,
+        before_manifest=lambda: rt.faults.fire("in-emit", txid, attempt),
+    )
+    ledger.record_staged(txid, attempt)
+    return staged

@@ -1,0 +1,1 @@
+"""Bundled example pipelines (found by name: see tridentflow.registry)."""

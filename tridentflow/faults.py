@@ -1,0 +1,124 @@
+"""Fault injection for tests and demos.
+
+Syntax (``TRIDENTFLOW_FAULTS`` or ``--faults``), a comma-separated list of:
+
+* ``POINT@TXID[#ATTEMPT][=raise|kill]`` - POINT is one of ``after-coordinate`` (metadata
+  stored), ``in-emit`` (inside the emit job, half of the staged output written), ``mid-commit``
+  (about half the keys written), ``before-ledger`` (all keys written, txid not yet marked
+  committed). The fault fires only on that step's attempt ATTEMPT (default 1) of txid TXID, so
+  resuming gets past it. ``raise`` (default) fails the step with InjectedFault; ``kill`` ends
+  the process at once with SIGKILL (exit code 137).
+* ``dark:P@TXID`` or ``dark:P@FIRST-LAST`` - partition P is unreadable while those txids emit
+  (every attempt).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from tridentflow.errors import TridentflowError
+
+POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger")
+ENV = "TRIDENTFLOW_FAULTS"
+
+_FAULT = re.compile(
+    r"^(?P<point>[a-z-]+)@(?P<txid>\d+)(?:#(?P<attempt>\d+))?(?:=(?P<action>raise|kill))?$"
+)
+_DARK = re.compile(r"^dark:(?P<partition>\d+)@(?P<first>\d+)(?:-(?P<last>\d+))?$")
+
+
+class FaultSpecError(TridentflowError, ValueError):
+    pass
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a ``raise`` fault."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    point: str
+    txid: int
+    attempt: int = 1
+    action: str = "raise"
+
+    def __str__(self) -> str:
+        return f"{self.point}@{self.txid}#{self.attempt}={self.action}"
+
+
+@dataclass(frozen=True)
+class Dark:
+    partition: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...] = ()
+    darks: tuple[Dark, ...] = field(default=())
+
+    @classmethod
+    def parse(cls, spec: str | None) -> FaultPlan:
+        faults: list[Fault] = []
+        darks: list[Dark] = []
+        for raw in (spec or "").split(","):
+            item = raw.strip()
+            if not item:
+                continue
+            if m := _DARK.match(item):
+                first = int(m["first"])
+                last = int(m["last"]) if m["last"] else first
+                if last < first:
+                    raise FaultSpecError(f"fault {item!r}: txid range {first}-{last} is empty")
+                darks.append(Dark(int(m["partition"]), first, last))
+                continue
+            m = _FAULT.match(item)
+            if not m:
+                raise FaultSpecError(
+                    f"fault {item!r} is not POINT@TXID[#ATTEMPT][=raise|kill] or dark:P@TXID"
+                )
+            if m["point"] not in POINTS:
+                raise FaultSpecError(
+                    f"fault {item!r}: unknown point {m['point']!r}; expected one of "
+                    + ", ".join(POINTS)
+                )
+            txid, attempt = int(m["txid"]), int(m["attempt"] or 1)
+            if txid < 1 or attempt < 1:
+                raise FaultSpecError(f"fault {item!r}: txid and attempt start at 1")
+            faults.append(Fault(m["point"], txid, attempt, m["action"] or "raise"))
+        return cls(tuple(faults), tuple(darks))
+
+    @classmethod
+    def from_env(cls, extra: str | None = None) -> FaultPlan:
+        return cls.parse(",".join(s for s in (os.environ.get(ENV), extra) if s))
+
+    def __str__(self) -> str:
+        parts = [str(f) for f in self.faults]
+        parts += [f"dark:{d.partition}@{d.first}-{d.last}" for d in self.darks]
+        return ",".join(parts)
+
+    def armed(self, point: str, txid: int, attempt: int) -> Fault | None:
+        for fault in self.faults:
+            if (fault.point, fault.txid, fault.attempt) == (point, txid, attempt):
+                return fault
+        return None
+
+    def fire(self, point: str, txid: int, attempt: int) -> None:
+        """Fail here if a fault is armed for (point, txid, attempt)."""
+        fault = self.armed(point, txid, attempt)
+        if fault is None:
+            return
+        if fault.action == "kill":
+            sys.stdout.flush()
+            sys.stderr.write(f"tridentflow: injected fault {fault}: killing process\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise InjectedFault(f"injected fault {fault}")
+
+    def dark_partitions(self, txid: int) -> frozenset[int]:
+        return frozenset(d.partition for d in self.darks if d.first <= txid <= d.last)

@@ -1,0 +1,41 @@
+"""Finding a pipeline: a bundled example by name, or a user's ``module:attribute``.
+
+The attribute may be a Pipeline or a zero-argument factory returning one (preferred: every
+load gets a fresh pipeline object).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tridentflow.errors import PipelineError
+from tridentflow.pipeline import Pipeline
+
+EXAMPLES = {
+    "wordcount": "tridentflow.examples.wordcount:wordcount",
+    "wordcount-opaque": "tridentflow.examples.wordcount:wordcount_opaque",
+    "partitioned-count": "tridentflow.examples.wordcount:partitioned_count",
+}
+
+
+def load_pipeline(ref: str) -> Pipeline:
+    target = EXAMPLES.get(ref, ref)
+    if ":" not in target:
+        raise PipelineError(
+            f"unknown pipeline {ref!r}: use a bundled example ({', '.join(sorted(EXAMPLES))}) "
+            "or module:attribute"
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineError(f"pipeline {ref!r}: cannot import {module_name}: {exc}") from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise PipelineError(f"pipeline {ref!r}: {module_name} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise PipelineError(f"pipeline {ref!r} is a {type(obj).__name__}, not a Pipeline")
+    return obj.validate()

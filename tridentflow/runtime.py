@@ -1,0 +1,110 @@
+"""Everything a step needs to run one pipeline: Redis, the ledger, the source log, staging."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from state.keys import KeySpace
+from state.ledger import Ledger
+from state.redis_backing import RedisBackingMap
+from tridentflow.errors import TridentflowError
+from tridentflow.faults import FaultPlan
+from tridentflow.filelog import FileLog
+from tridentflow.pipeline import Pipeline
+from tridentflow.plan import Plan, compile_pipeline
+from tridentflow.staging import StagingArea
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL_ENV = "TRIDENTFLOW_REDIS_URL"
+HOME_ENV = "TRIDENTFLOW_HOME"
+
+
+def resolve_redis_url(explicit: str | None = None) -> str:
+    return explicit or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
+
+
+def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
+    raw = explicit or os.environ.get(HOME_ENV) or Path.home() / ".tridentflow"
+    return Path(raw).expanduser().resolve()
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client for ``url``, checked with PING; a clear error if unreachable."""
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=5, socket_timeout=60, health_check_interval=30
+        )
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError, ValueError) as exc:
+        raise TridentflowError(f"cannot reach Redis at {redacted(url)}: {exc}") from None
+    except redis.AuthenticationError as exc:
+        raise TridentflowError(f"Redis at {redacted(url)} refused the login: {exc}") from None
+    return client
+
+
+@dataclass
+class Runtime:
+    pipeline: Pipeline
+    client: redis.Redis
+    home: Path
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+    @classmethod
+    def open(
+        cls,
+        pipeline: Pipeline,
+        redis_url: str | None = None,
+        home: str | os.PathLike[str] | None = None,
+        faults: FaultPlan | None = None,
+    ) -> Runtime:
+        return cls(
+            pipeline.validate(),
+            connect(resolve_redis_url(redis_url)),
+            resolve_home(home),
+            faults if faults is not None else FaultPlan.from_env(),
+        )
+
+    @cached_property
+    def plan(self) -> Plan:
+        return compile_pipeline(self.pipeline)
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        return Ledger(self.client, self.pipeline.name)
+
+    @property
+    def keyspace(self) -> KeySpace:
+        return self.ledger.keys
+
+    @cached_property
+    def log(self) -> FileLog:
+        return FileLog(self.home / "sources" / self.pipeline.name)
+
+    @cached_property
+    def staging(self) -> StagingArea:
+        return StagingArea(self.home / "staging" / self.pipeline.name)
+
+    def source_heads(self) -> dict[int, int]:
+        """Head offset of every partition; creates the log (source.partitions) if missing."""
+        current = self.log.partitions() if self.log.exists() else 0
+        if current < self.pipeline.source.partitions:
+            self.log.ensure(self.pipeline.source.partitions)
+        return self.log.heads()
+
+    def backing(self, state_name: str) -> RedisBackingMap:
+        return RedisBackingMap(self.client, self.keyspace, state_name)

@@ -1,0 +1,173 @@
+"""Durable staging of a batch's emitted output, keyed by txid and emit attempt.
+
+    {root}/tx-000000000007/attempt-2/state-counts.jsonl   one [encoded key, partial] per line
+    {root}/tx-000000000007/attempt-2/MANIFEST.json        written last, atomically
+
+An attempt counts as staged only once its manifest exists. The manifest records the source
+ranges read, the record counts per partition, and for each state file its line count and
+SHA-256, so that ``load`` refuses a torn or tampered batch (IncompleteBatchError) instead of
+committing part of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from state.codec import encode_key
+from tridentflow.engine import PartitionCount
+from tridentflow.errors import IncompleteBatchError
+from tridentflow.filelog import _fsync_dir, _write_atomic
+
+MANIFEST = "MANIFEST.json"
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    directory: Path
+    manifest: dict[str, Any]
+
+    @property
+    def txid(self) -> int:
+        return int(self.manifest["txid"])
+
+    @property
+    def attempt(self) -> int:
+        return int(self.manifest["attempt"])
+
+    @property
+    def ranges(self) -> dict[int, tuple[int, int]]:
+        return {int(p): (int(r[0]), int(r[1])) for p, r in self.manifest["ranges"].items()}
+
+    @property
+    def counts(self) -> dict[int, PartitionCount]:
+        return {int(p): PartitionCount(*c) for p, c in self.manifest["counts"].items()}
+
+    @property
+    def records(self) -> int:
+        return sum(c.n for c in self.counts.values())
+
+    def key_count(self, state: str) -> int:
+        return int(self.manifest["states"][state]["lines"])
+
+    def items(self, state: str) -> Iterator[tuple[str, Any]]:
+        """(encoded key, partial) pairs of one state, in file order."""
+        info = self.manifest["states"].get(state)
+        if info is None:
+            raise IncompleteBatchError(
+                f"txid {self.txid} attempt {self.attempt}: no staged output for state {state!r}"
+            )
+        with open(self.directory / info["file"], encoding="utf-8") as fh:
+            for line in fh:
+                key, partial = json.loads(line)
+                yield key, partial
+
+    def check_complete(self) -> None:
+        """Trident's completeness check: the records read match the ranges, exactly."""
+        counts = self.counts
+        for partition, (start, end) in self.ranges.items():
+            count = counts.get(partition)
+            expected = end - start
+            if (
+                count is None
+                or count.n != expected
+                or (expected and (count.first, count.last) != (start, end - 1))
+            ):
+                raise IncompleteBatchError(
+                    f"txid {self.txid} attempt {self.attempt}: partition {partition} range "
+                    f"[{start}, {end}) should hold {expected} records, the emitter read "
+                    f"{count.to_json() if count else 'none'} ([n, first, last])"
+                )
+
+
+class StagingArea:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def tx_dir(self, txid: int) -> Path:
+        return self.root / f"tx-{txid:012d}"
+
+    def attempt_dir(self, txid: int, attempt: int) -> Path:
+        return self.tx_dir(txid) / f"attempt-{attempt}"
+
+    def write(
+        self,
+        header: dict[str, Any],
+        counts: dict[int, PartitionCount],
+        partials: dict[str, Iterable[tuple[tuple[Any, ...], Any]]],
+        before_manifest: Callable[[], None] | None = None,
+    ) -> StagedBatch:
+        """Write one attempt's output; the manifest goes last. Returns the staged batch."""
+        txid, attempt = int(header["txid"]), int(header["attempt"])
+        directory = self.attempt_dir(txid, attempt)
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        states: dict[str, dict[str, Any]] = {}
+        for name, pairs in partials.items():
+            file = f"state-{name}.jsonl"
+            digest, lines = hashlib.sha256(), 0
+            with open(directory / file, "wb") as fh:
+                for key, partial in pairs:
+                    line = (
+                        json.dumps(
+                            [encode_key(key), partial], ensure_ascii=False, separators=(",", ":")
+                        ).encode("utf-8")
+                        + b"\n"
+                    )
+                    fh.write(line)
+                    digest.update(line)
+                    lines += 1
+                fh.flush()
+                os.fsync(fh.fileno())
+            states[name] = {"file": file, "lines": lines, "sha256": digest.hexdigest()}
+        _fsync_dir(directory)
+        if before_manifest is not None:
+            before_manifest()
+        manifest = dict(header)
+        manifest["counts"] = {str(p): c.to_json() for p, c in sorted(counts.items())}
+        manifest["states"] = states
+        _write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        return StagedBatch(directory, manifest)
+
+    def load(self, txid: int, attempt: int) -> StagedBatch:
+        """Load and verify a staged attempt; IncompleteBatchError if torn or missing."""
+        directory = self.attempt_dir(txid, attempt)
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise IncompleteBatchError(
+                f"txid {txid} attempt {attempt}: no staged manifest in {directory}"
+            ) from None
+        except ValueError as exc:
+            raise IncompleteBatchError(f"txid {txid}: manifest is not JSON: {exc}") from exc
+        if (int(manifest.get("txid", -1)), int(manifest.get("attempt", -1))) != (txid, attempt):
+            raise IncompleteBatchError(f"{directory}: manifest is for another txid/attempt")
+        for name, info in manifest["states"].items():
+            digest, lines = hashlib.sha256(), 0
+            try:
+                with open(directory / info["file"], "rb") as fh:
+                    for line in fh:
+                        digest.update(line)
+                        lines += 1
+            except FileNotFoundError:
+                raise IncompleteBatchError(
+                    f"txid {txid} attempt {attempt}: staged file for state {name} is missing"
+                ) from None
+            if lines != info["lines"] or digest.hexdigest() != info["sha256"]:
+                raise IncompleteBatchError(
+                    f"txid {txid} attempt {attempt}: staged file for state {name} has {lines} "
+                    f"lines (manifest: {info['lines']}) or a different checksum"
+                )
+        batch = StagedBatch(directory, manifest)
+        batch.check_complete()
+        return batch
+
+    def discard(self, txid: int) -> None:
+        shutil.rmtree(self.tx_dir(txid), ignore_errors=True)
