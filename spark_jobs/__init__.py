@@ -1,1 +1,1 @@
-"""placeholder"""
+"""spark-submit applications (thin wrappers around tridentflow; no Airflow imports)."""

@@ -92,6 +92,7 @@ class MapState(ABC):
         self._txid: int | None = None
         self._fence: Fence | None = None
         self._written_now: dict[str, StoredValue] = {}
+        self._in_batch: set[str] = set()
 
     # -- commit scope -------------------------------------------------------------------------
     def begin_commit(self, txid: int, fence: Fence | None = None) -> None:
@@ -100,11 +101,13 @@ class MapState(ABC):
         self._txid = int(txid)
         self._fence = fence
         self._written_now = {}
+        self._in_batch = set()
 
     def commit(self) -> None:
         self._txid = None
         self._fence = None
         self._written_now = {}
+        self._in_batch = set()
 
     @property
     def current_txid(self) -> int:
@@ -137,6 +140,7 @@ class MapState(ABC):
         if len(keys) != len(updaters):
             raise ValueError("multi_update: keys and updaters differ in length")
         self.current_txid  # noqa: B018 - raises outside a commit
+        self._in_batch.update(keys)
         to_fetch = [k for k in dict.fromkeys(keys) if k not in self._written_now]
         fetched = dict(zip(to_fetch, self.backing.multi_get(to_fetch), strict=True))
         writes: dict[str, StoredValue] = {}
@@ -164,7 +168,7 @@ class MapState(ABC):
         self.multi_update(keys, [_const(v) for v in values])
 
     def rollback_stray_keys(self) -> int:
-        """Reset keys written by an earlier attempt of this txid but not by this commit.
+        """Reset keys written by an earlier attempt of this txid that this batch lacks.
 
         Call after all of the batch's updates and before marking the txid committed. Returns the
         number of keys reset. Non-transactional maps have nothing to roll back to.
@@ -172,7 +176,7 @@ class MapState(ABC):
         txid = self.current_txid
         if self.kind is StateKind.NON_TRANSACTIONAL:
             return 0
-        stray = sorted(self.backing.keys_written_in(txid) - self._written_now.keys())
+        stray = sorted(self.backing.keys_written_in(txid) - self._in_batch)
         if not stray:
             return 0
         raws = self.backing.multi_get(stray)

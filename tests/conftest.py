@@ -1,0 +1,107 @@
+"""Shared fixtures: a real redis-server per test session (free port), a Spark session, a CLI.
+
+Every xdist worker starts its own redis-server, so tests run in parallel without sharing state.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tridentflow import devredis
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED_SENTENCES = ["how are you", "nice to meet you", "what a good day"]
+SEED_COUNTS = {
+    "how": 1,
+    "are": 1,
+    "you": 2,
+    "nice": 1,
+    "to": 1,
+    "meet": 1,
+    "what": 1,
+    "a": 1,
+    "good": 1,
+    "day": 1,
+}
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    port = devredis.free_port()
+    proc = devredis.start(port, tmp_path_factory.mktemp("redis"), appendonly=False)
+    yield port
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(redis_server: int) -> str:
+    return f"redis://127.0.0.1:{redis_server}/0"
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from tridentflow.spark_engine import spark_session
+
+    session = spark_session("tridentflow-tests", "local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def cli_env(redis_url: str, home: Path, redis_client) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        TRIDENTFLOW_REDIS_URL=redis_url,
+        TRIDENTFLOW_HOME=str(home),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+    )
+    env.pop("TRIDENTFLOW_FAULTS", None)
+    return env
+
+
+@pytest.fixture
+def tf(cli_env):
+    """Run the real ``tridentflow`` console script; returns CompletedProcess (text)."""
+    exe = str(Path(sys.executable).with_name("tridentflow"))
+
+    def run(
+        *args: str,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 300,
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [exe, *args],
+            input=input,
+            text=True,
+            capture_output=True,
+            env={**cli_env, **(env or {})},
+            timeout=timeout,
+        )
+
+    return run
