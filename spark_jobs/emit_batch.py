@@ -1,8 +1,10 @@
 """spark-submit application: emit one txid of a pipeline.
 
-    spark-submit spark_jobs/emit_batch.py --pipeline wordcount --txid 7 \
+    spark-submit spark_jobs/emit_batch.py --pipeline wordcount (--txid 7 | --run-id RUN) \
         [--redis-url redis://...] [--home DIR] [--faults SPEC]
 
+With --run-id, the txid is the one the orchestrator run is bound to (see tridentflow.runs).
+The Redis URL may also come from TRIDENTFLOW_REDIS_URL (keeps passwords off the command line).
 Reads the txid's batch metadata from the ledger, computes the per-key partial aggregates on
 Spark, stages them under (txid, attempt) and records the attempt as staged. A committed txid
 is a no-op. Prints one JSON line with the result; exits 1 with a one-line error on failure.
@@ -15,10 +17,12 @@ import json
 import sys
 from collections.abc import Sequence
 
+from state.errors import StateError
 from tridentflow.emitter import emit
 from tridentflow.errors import TridentflowError
-from tridentflow.faults import FaultPlan
+from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.registry import load_pipeline
+from tridentflow.runs import owned_txid
 from tridentflow.runtime import Runtime
 from tridentflow.spark_engine import SparkEngine, spark_session
 
@@ -26,7 +30,9 @@ from tridentflow.spark_engine import SparkEngine, spark_session
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="emit_batch.py", description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True, help="bundled name or module:attribute")
-    parser.add_argument("--txid", required=True, type=int)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--txid", type=int)
+    which.add_argument("--run-id")
     parser.add_argument("--redis-url")
     parser.add_argument("--home")
     parser.add_argument("--faults")
@@ -42,15 +48,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             home=args.home,
             faults=FaultPlan.from_env(args.faults),
         )
-        spark = spark_session(f"tridentflow-emit-{rt.pipeline.name}-{args.txid}")
+        txid = args.txid if args.run_id is None else owned_txid(rt, args.run_id)
+        spark = spark_session(f"tridentflow-emit-{rt.pipeline.name}-{txid}")
         try:
-            staged = emit(rt, args.txid, SparkEngine(spark))
+            staged = emit(rt, txid, SparkEngine(spark))
         finally:
             spark.stop()
-    except TridentflowError as exc:
+    except (TridentflowError, StateError, InjectedFault) as exc:
         sys.stderr.write(f"emit_batch: error: {exc}\n")
         return 1
-    result = {"pipeline": rt.pipeline.name, "txid": args.txid, "status": "already-committed"}
+    result = {"pipeline": rt.pipeline.name, "txid": txid, "status": "already-committed"}
     if staged is not None:
         result.update(
             status="staged",

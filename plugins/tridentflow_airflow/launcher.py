@@ -1,0 +1,259 @@
+"""Run Airflow for real on this machine: api-server, scheduler and dag-processor on 127.0.0.1,
+SQLite metadata DB, LocalExecutor, SimpleAuthManager with a seeded admin login.
+
+    tridentflow-airflow up [--port 8080]     start (idempotent), print URL and login
+    tridentflow-airflow down                 stop every component (process groups)
+    tridentflow-airflow status
+    tridentflow-airflow env                  print the environment as shell exports
+    tridentflow-airflow dags-test DAG_ID     `airflow dags test` with the same environment
+
+State lives in TRIDENTFLOW_HOME/airflow. Redis: TRIDENTFLOW_REDIS_URL, else a local
+redis-server on port 6390 (started if needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from tridentflow import devredis
+from tridentflow.errors import TridentflowError
+from tridentflow.runtime import REDIS_URL_ENV, resolve_home
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+COMPONENTS = ("api-server", "scheduler", "dag-processor")
+ADMIN_USER = "admin"
+DEV_REDIS_PORT = 6390
+
+
+def airflow_home(home: Path) -> Path:
+    return home / "airflow"
+
+
+def _secret(path: Path) -> str:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def admin_password(home: Path) -> str:
+    """The seeded admin password (stable per home)."""
+    ahome = airflow_home(home)
+    passwords = ahome / "simple_auth_manager_passwords.json"
+    if not passwords.exists():
+        ahome.mkdir(parents=True, exist_ok=True)
+        passwords.write_text(json.dumps({ADMIN_USER: secrets.token_urlsafe(12)}))
+        passwords.chmod(0o600)
+    return json.loads(passwords.read_text())[ADMIN_USER]
+
+
+def airflow_env(
+    home: Path, redis_url: str, port: int = 8080, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment every Airflow component (and `airflow dags test`) runs with."""
+    ahome = airflow_home(home)
+    ahome.mkdir(parents=True, exist_ok=True)
+    admin_password(home)
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
+            "AIRFLOW_HOME": str(ahome),
+            "TRIDENTFLOW_HOME": str(home),
+            REDIS_URL_ENV: redis_url,
+            "SPARK_LOCAL_IP": env.get("SPARK_LOCAL_IP", "127.0.0.1"),
+            "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
+            "PYSPARK_DRIVER_PYTHON": env.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{ahome / 'airflow.db'}",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(
+                ahome / "simple_auth_manager_passwords.json"
+            ),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__SECRET_KEY": _secret(ahome / "api_secret_key"),
+            "AIRFLOW__API_AUTH__JWT_SECRET": _secret(ahome / "jwt_secret"),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+            "AIRFLOW_CONN_SPARK_DEFAULT": env.get(
+                "AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type":"spark","host":"local[*]"}'
+            ),
+            "AIRFLOW_CONN_REDIS_DEFAULT": redis_url,
+        }
+    )
+    return env
+
+
+def resolve_redis(home: Path) -> str:
+    return os.environ.get(REDIS_URL_ENV) or devredis.ensure_daemon(DEV_REDIS_PORT, home / "redis")
+
+
+def migrate(env: dict[str, str]) -> None:
+    """Create or upgrade the SQLite metadata DB (quick when up to date)."""
+    subprocess.run(
+        ["airflow", "db", "migrate"],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _pids_file(home: Path) -> Path:
+    return airflow_home(home) / "pids.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running(home: Path) -> dict[str, int]:
+    try:
+        pids = json.loads(_pids_file(home).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return {name: pid for name, pid in pids.items() if _alive(pid)}
+
+
+def api_healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2
+        ) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def up(home: Path, port: int = 8080, redis_url: str | None = None, timeout: float = 180) -> dict:
+    """Start the components (each in its own process group); wait for the API. Idempotent."""
+    env = airflow_env(home, redis_url or resolve_redis(home), port)
+    alive = running(home)
+    if len(alive) == len(COMPONENTS):
+        return {"url": f"http://127.0.0.1:{port}", "pids": alive, "started": False}
+    down(home)
+    migrate(env)
+    logs = airflow_home(home) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    pids = {}
+    for name in COMPONENTS:
+        with open(logs / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(
+                ["airflow", name],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        pids[name] = proc.pid
+    _pids_file(home).write_text(json.dumps(pids))
+    deadline = time.monotonic() + timeout
+    while not api_healthy(port):
+        dead = [n for n, pid in pids.items() if not _alive(pid)]
+        if dead or time.monotonic() > deadline:
+            down(home)
+            why = f"{', '.join(dead)} exited" if dead else f"no answer within {timeout:.0f}s"
+            raise TridentflowError(f"Airflow did not start ({why}); see {logs}")
+        time.sleep(1)
+    return {"url": f"http://127.0.0.1:{port}", "pids": pids, "started": True}
+
+
+def down(home: Path, grace: float = 20) -> list[str]:
+    """Stop every component: SIGTERM to its process group, SIGKILL after ``grace`` seconds."""
+    try:
+        pids = json.loads(_pids_file(home).read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    for pid in pids.values():
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    for pid in pids.values():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _pids_file(home).unlink(missing_ok=True)
+    return list(pids)
+
+
+def dags_test(home: Path, dag_id: str, extra_env: dict[str, str] | None = None) -> int:
+    env = airflow_env(home, resolve_redis(home))
+    env.update(extra_env or {})
+    migrate(env)
+    return subprocess.run(["airflow", "dags", "test", dag_id], env=env).returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tridentflow-airflow", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=("up", "down", "status", "env", "dags-test"))
+    parser.add_argument("dag_id", nargs="?")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--home", help="TRIDENTFLOW_HOME (Airflow state goes in HOME/airflow)")
+    args = parser.parse_args(argv)
+    home = resolve_home(args.home)
+    try:
+        if args.command == "up":
+            info = up(home, args.port)
+            print(f"Airflow UI: {info['url']}  (login: {ADMIN_USER} / {admin_password(home)})")
+            print(f"components: {info['pids']}  logs: {airflow_home(home) / 'logs'}")
+            print("stop with: tridentflow-airflow down")
+        elif args.command == "down":
+            stopped = down(home)
+            print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        elif args.command == "status":
+            alive = running(home)
+            print(json.dumps({"running": alive, "api_healthy": api_healthy(args.port)}))
+            return 0 if len(alive) == len(COMPONENTS) else 1
+        elif args.command == "env":
+            for key, value in sorted(airflow_env(home, resolve_redis(home), args.port, {}).items()):
+                if key.startswith(("AIRFLOW", "TRIDENTFLOW", "SPARK", "PYSPARK")):
+                    print(f"export {key}='{value}'")
+        else:
+            if not args.dag_id:
+                parser.error("dags-test needs a DAG_ID")
+            return dags_test(home, args.dag_id)
+    except (TridentflowError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", None)
+        tail = f": {detail.decode(errors='replace').strip().splitlines()[-1]}" if detail else ""
+        sys.stderr.write(f"tridentflow-airflow: error: {exc}{tail}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Thin operators for coordinate -> emit -> commit. Each delegates to tridentflow.runs.
+
+The run's txid lives in Redis (the ledger binds it to the Airflow run_id); XCom only carries a
+copy for the UI and templating, because Airflow deletes a task's own XCom when it re-runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+
+import spark_jobs
+from state.ledger import DEFAULT_LEASE_MS
+from tridentflow.registry import load_pipeline
+from tridentflow.runs import commit_run, coordinate_run, release_run
+from tridentflow.runtime import Runtime, resolve_home
+from tridentflow.spark_engine import quiet_java_options
+from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
+
+EMIT_APPLICATION = Path(spark_jobs.__file__).with_name("emit_batch.py")
+FORWARDED_ENV = ("TRIDENTFLOW_FAULTS", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
+log = logging.getLogger(__name__)
+
+
+class TridentflowTask:
+    """What every tridentflow task knows: the pipeline, the Redis connection, the home dir."""
+
+    pipeline: str
+    redis_conn_id: str
+    home: str | None
+    lease: timedelta
+
+    def _init_tridentflow(
+        self, pipeline: str, redis_conn_id: str, home: str | None, lease: timedelta
+    ) -> None:
+        self.pipeline = pipeline
+        self.redis_conn_id = redis_conn_id
+        self.home = home
+        self.lease = lease
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease.total_seconds() * 1000) or DEFAULT_LEASE_MS
+
+    def runtime(self) -> Runtime:
+        url = TridentflowRedisHook(self.redis_conn_id).get_url()
+        return Runtime.open(load_pipeline(self.pipeline), redis_url=url, home=self.home)
+
+
+def release_on_failure(context: Any) -> None:
+    """on_failure_callback: the run gave up, so the next run adopts its txid at once."""
+    task = context["task"]
+    try:
+        released = release_run(task.runtime(), context["run_id"])
+        log.warning("tridentflow: run %s failed; txid released: %s", context["run_id"], released)
+    except Exception:  # a callback must never raise
+        log.exception("tridentflow: could not release the txid of run %s", context["run_id"])
+
+
+class CoordinateOperator(TridentflowTask, BaseOperator):
+    """Binds the run to its txid and creates (first attempt) or reuses the batch metadata."""
+
+    template_fields = ("batch_size",)
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        redis_conn_id: str = "redis_default",
+        home: str | None = None,
+        batch_size: int | str | None = None,
+        lease: timedelta = timedelta(minutes=30),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._init_tridentflow(pipeline, redis_conn_id, home, lease)
+        self.batch_size = batch_size
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        size = int(self.batch_size) if self.batch_size not in (None, "", "None") else None
+        result = coordinate_run(self.runtime(), context["run_id"], size, self.lease_ms)
+        self.log.info(
+            "run %s -> txid %s (%s)", context["run_id"], result["txid"], result["binding"]
+        )
+        return result
+
+
+class EmitOperator(TridentflowTask, SparkSubmitOperator):
+    """spark-submit of spark_jobs/emit_batch.py for the run's txid."""
+
+    ui_color = "#fff4e5"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        redis_conn_id: str = "redis_default",
+        home: str | None = None,
+        lease: timedelta = timedelta(minutes=30),
+        conn_id: str = "spark_default",
+        conf: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        spark_conf = {
+            "spark.ui.enabled": "false",
+            "spark.driver.extraJavaOptions": quiet_java_options(),
+            **(conf or {}),
+        }
+        super().__init__(
+            application=str(EMIT_APPLICATION),
+            application_args=["--pipeline", pipeline, "--run-id", "{{ run_id }}"],
+            conn_id=conn_id,
+            conf=spark_conf,
+            name=f"tridentflow-emit-{pipeline}",
+            **kwargs,
+        )
+        self._init_tridentflow(pipeline, redis_conn_id, home, lease)
+
+    def emit_env(self) -> dict[str, str]:
+        """Environment of the spark-submit process (keeps the Redis URL off the argv)."""
+        env = {
+            "TRIDENTFLOW_REDIS_URL": TridentflowRedisHook(self.redis_conn_id).get_url(),
+            "TRIDENTFLOW_HOME": str(resolve_home(self.home)),
+        }
+        env.update({k: os.environ[k] for k in FORWARDED_ENV if k in os.environ})
+        return env
+
+    def execute(self, context: Any) -> None:
+        check_spark_connection(self._conn_id)
+        self.env_vars = {**self.emit_env(), **(self.env_vars or {})}
+        super().execute(context)
+
+
+class CommitOperator(TridentflowTask, BaseOperator):
+    """Applies the run's staged batch to the states, in txid order (checked in Redis)."""
+
+    ui_color = "#e6f4ea"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        redis_conn_id: str = "redis_default",
+        home: str | None = None,
+        lease: timedelta = timedelta(minutes=30),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._init_tridentflow(pipeline, redis_conn_id, home, lease)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        result = commit_run(self.runtime(), context["run_id"], self.lease_ms)
+        self.log.info("commit of txid %s: %s", result["txid"], result["status"])
+        return result

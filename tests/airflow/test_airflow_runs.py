@@ -1,0 +1,216 @@
+"""Real Airflow, real spark-submit, real Redis.
+
+* ``airflow dags test``: several runs of the word count; an emit that fails once and a commit
+  that fails mid-way are retried by Airflow; every run keeps its txid and the counts are exact.
+* A live api-server + scheduler + dag-processor (LocalExecutor, SQLite): runs triggered through
+  REST API v2 with ``logical_date: null``; a commit killed mid-way (SIGKILL) is retried; a
+  finished coordinator is cleared through ``clearTaskInstances`` as the UI does, and the re-run
+  reports the same txid with unchanged counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SEED_SENTENCES
+from tests.helpers import runtime, sentences, word_counts
+from tridentflow import devredis
+from tridentflow.audit import audit
+from tridentflow.query import query
+from tridentflow_airflow import launcher
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("airflow")]
+DAG = "tridentflow_wordcount"
+
+
+def counts(rt, words):
+    persist = rt.pipeline.states["counts"]
+    return dict(zip(words, query(rt, persist, [(w,) for w in words])[1], strict=True))
+
+
+def produce(rt, lines):
+    rt.source_heads()
+    rt.log.append_spread(lines)
+
+
+@pytest.fixture
+def af_env(redis_url, redis_client, home) -> dict[str, str]:
+    env = launcher.airflow_env(home, redis_url, port=devredis.free_port())
+    env["TRIDENTFLOW_RETRY_DELAY_SECONDS"] = "1"
+    env.pop("TRIDENTFLOW_FAULTS", None)
+    launcher.migrate(env)
+    return env
+
+
+def dags_test(env: dict[str, str], faults: str = "") -> str:
+    proc = subprocess.run(
+        ["airflow", "dags", "test", DAG],
+        env={**env, "TRIDENTFLOW_FAULTS": faults},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "DagRun Finished" in out and "state=success" in out.split("DagRun Finished")[-1]
+    return out
+
+
+def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, home):
+    rt = runtime("wordcount", redis_url, home)
+    batches = [SEED_SENTENCES, sentences(40, seed=1), sentences(40, seed=2)]
+    faults = ["in-emit@1", "mid-commit@2", ""]
+    for txid, (lines, fault) in enumerate(zip(batches, faults, strict=True), start=1):
+        produce(rt, lines)
+        out = dags_test(af_env, fault)
+        assert f"-> txid {txid} (new)" in out
+        if fault:
+            assert f"injected fault {fault.split('@')[0]}@{txid}#1=raise" in out
+            assert "up_for_retry" in out
+        assert rt.ledger.committed_txid() == txid
+    expected = word_counts([line for b in batches for line in b])
+    assert counts(rt, list(expected)) == expected
+    assert audit(rt).ok
+
+
+# -- the live stack -------------------------------------------------------------------------
+class Api:
+    def __init__(self, base: str, password: str) -> None:
+        self.base = base
+        req = urllib.request.Request(
+            f"{base}/auth/token",
+            data=json.dumps({"username": "admin", "password": password}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            self.token = json.loads(resp.read())["access_token"]
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        req = urllib.request.Request(
+            f"{self.base}/api/v2{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            method=method,
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def wait_run(self, run_id: str, timeout: float = 420) -> str:
+        deadline = time.monotonic() + timeout
+        quoted = urllib.request.quote(run_id)
+        while time.monotonic() < deadline:
+            state = self.call("GET", f"/dags/{DAG}/dagRuns/{quoted}")["state"]
+            if state in ("success", "failed"):
+                return state
+            time.sleep(2)
+        raise TimeoutError(f"run {run_id} still {state} after {timeout}s")
+
+    def xcom(self, run_id: str, task_id: str) -> Any:
+        quoted = urllib.request.quote(run_id)
+        entry = self.call(
+            "GET", f"/dags/{DAG}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/return_value"
+        )
+        value = entry["value"]
+        return json.loads(value) if isinstance(value, str) else value
+
+    def task(self, run_id: str, task_id: str) -> dict[str, Any]:
+        quoted = urllib.request.quote(run_id)
+        return self.call("GET", f"/dags/{DAG}/dagRuns/{quoted}/taskInstances/{task_id}")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> Iterator[tuple[Api, str, Path]]:
+    home = tmp_path_factory.mktemp("live-home")
+    port = devredis.free_port()
+    redis_proc = devredis.start(port, home / "redis", appendonly=False)
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    api_port = devredis.free_port()
+    saved = dict(os.environ)
+    os.environ.update(TRIDENTFLOW_RETRY_DELAY_SECONDS="1", TRIDENTFLOW_FAULTS="mid-commit@2=kill")
+    try:
+        info = launcher.up(home, api_port, redis_url)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        api = Api(info["url"], launcher.admin_password(home))
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                api.call("GET", f"/dags/{DAG}")
+                break
+            except urllib.error.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+        for other in ("tridentflow_partitioned_count", "tridentflow_wordcount_continuous"):
+            try:
+                api.call("PATCH", f"/dags/{other}", {"is_paused": True})
+            except urllib.error.HTTPError:
+                pass
+        yield api, redis_url, home
+    finally:
+        launcher.down(home)
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+
+
+def trigger(api: Api) -> str:
+    run = api.call("POST", f"/dags/{DAG}/dagRuns", {"logical_date": None})
+    assert run["logical_date"] is None
+    return run["dag_run_id"]
+
+
+def test_live_runs_kill_and_clear_keep_their_txid(live):
+    api, redis_url, home = live
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, SEED_SENTENCES)
+    run1 = trigger(api)
+    assert api.wait_run(run1) == "success"
+    first = api.xcom(run1, "coordinate")
+    assert (first["txid"], first["binding"]) == (1, "new")
+    before = counts(rt, ["you", "how"])
+    assert before == {"you": 2, "how": 1}
+
+    # txid 2: its commit is SIGKILLed half-way (TRIDENTFLOW_FAULTS of the stack) and retried
+    more = sentences(30, seed=5)
+    produce(rt, more)
+    run2 = trigger(api)
+    assert api.wait_run(run2) == "success"
+    assert api.xcom(run2, "coordinate")["txid"] == 2
+    assert api.task(run2, "commit")["try_number"] >= 2
+    after2 = counts(rt, ["you", "how"])
+    assert audit(rt).ok
+
+    # clear run 1's finished coordinator (and downstream) the way the UI does
+    api.call(
+        "POST",
+        f"/dags/{DAG}/clearTaskInstances",
+        {
+            "dry_run": False,
+            "dag_run_id": run1,
+            "task_ids": ["coordinate"],
+            "include_downstream": True,
+            "only_failed": False,
+            "reset_dag_runs": True,
+        },
+    )
+    time.sleep(3)
+    assert api.wait_run(run1) == "success"
+    again = api.xcom(run1, "coordinate")
+    assert (again["txid"], again["binding"]) == (1, "committed")
+    assert api.xcom(run1, "commit")["status"] == "already-committed"
+    assert counts(rt, ["you", "how"]) == after2
+    expected = word_counts(SEED_SENTENCES + more)
+    assert counts(rt, list(expected)) == expected
+    assert audit(rt).ok

@@ -1,0 +1,127 @@
+"""DAG integrity: every DAG parses, has coordinate -> emit -> commit, retries, the Spark
+application exists, and the spark-submit argv is exactly what we expect."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from airflow.models.dagbag import DagBag
+
+from tests.airflow.conftest import ROOT
+from tridentflow.spark_engine import quiet_java_options
+from tridentflow_airflow.hooks import (
+    MissingConnectionError,
+    TridentflowRedisHook,
+    check_spark_connection,
+)
+from tridentflow_airflow.operators import EMIT_APPLICATION, EmitOperator
+
+EXPECTED_DAGS = {
+    "tridentflow_wordcount": None,
+    "tridentflow_partitioned_count": "*/10 * * * *",
+    "tridentflow_wordcount_continuous": "@continuous",
+}
+
+
+@pytest.fixture(scope="module")
+def dagbag() -> DagBag:
+    return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+def test_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == set(EXPECTED_DAGS)
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED_DAGS))
+def test_each_dag_is_coordinate_emit_commit(dagbag, dag_id):
+    dag = dagbag.dags[dag_id]
+    assert [t.task_id for t in dag.topological_sort()] == ["coordinate", "emit", "commit"]
+    assert dag.get_task("coordinate").downstream_task_ids == {"emit"}
+    assert dag.get_task("emit").downstream_task_ids == {"commit"}
+    assert dag.max_active_runs == 1
+    assert not dag.catchup
+    for task in dag.tasks:
+        assert task.retries >= 1
+        assert task.on_failure_callback
+    emit = dag.get_task("emit")
+    assert isinstance(emit, EmitOperator)
+    assert Path(emit.application).is_file()
+    assert Path(emit.application) == EMIT_APPLICATION
+
+
+def test_schedules(dagbag):
+    for dag_id, schedule in EXPECTED_DAGS.items():
+        assert dagbag.dags[dag_id].schedule == schedule
+
+
+def test_dag_files_do_no_heavy_work():
+    for path in (ROOT / "dags").glob("*.py"):
+        text = path.read_text()
+        assert "sys.path" not in text
+        assert "pyspark" not in text and "redis" not in text.replace("redis_conn", "")
+
+
+def _argv(emit: EmitOperator) -> list[str]:
+    op = copy.copy(emit)
+    op.application_args = ["--pipeline", "wordcount", "--run-id", "RUN"]
+    op._hook = None
+    return op._get_hook()._build_spark_submit_command(op.application)
+
+
+COMMON = [
+    "--conf",
+    "spark.ui.enabled=false",
+    "--conf",
+    f"spark.driver.extraJavaOptions={quiet_java_options()}",
+    "--name",
+    "tridentflow-emit-wordcount",
+    str(EMIT_APPLICATION),
+    "--pipeline",
+    "wordcount",
+    "--run-id",
+    "RUN",
+]
+
+
+@pytest.mark.parametrize(
+    ("conn", "master"),
+    [
+        ('{"conn_type":"spark","host":"local[*]"}', "local[*]"),
+        (
+            '{"conn_type":"spark","host":"spark://spark-master","port":7077}',
+            "spark://spark-master:7077",
+        ),
+    ],
+)
+def test_spark_submit_argv_is_exact(dagbag, monkeypatch, conn, master):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", conn)
+    emit = dagbag.dags["tridentflow_wordcount"].get_task("emit")
+    assert _argv(emit) == ["spark-submit", "--master", master, *COMMON]
+
+
+def test_missing_connections_are_clear_errors(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_REDIS_DEFAULT", raising=False)
+    with pytest.raises(MissingConnectionError, match="AIRFLOW_CONN_SPARK_DEFAULT"):
+        check_spark_connection("spark_default")
+    with pytest.raises(MissingConnectionError, match="'redis_default' is not defined"):
+        TridentflowRedisHook().get_url()
+
+
+@pytest.mark.parametrize(
+    ("conn", "url"),
+    [
+        ("redis://127.0.0.1:6390/2", "redis://127.0.0.1:6390/2"),
+        (
+            '{"conn_type":"redis","host":"r","port":6379,"password":"p@ss","extra":{"db":3}}',
+            "redis://:p%40ss@r:6379/3",
+        ),
+        ('{"conn_type":"redis","host":"r","extra":{"ssl":true}}', "rediss://r:6379/0"),
+    ],
+)
+def test_redis_connection_urls(monkeypatch, conn, url):
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", conn)
+    assert TridentflowRedisHook().get_url() == url
