@@ -54,7 +54,8 @@ def pipeline_dag(
 ) -> DAG:
     """A DAG for ``pipeline`` (a bundled name or module:attribute).
 
-    ``retry_delay`` defaults to TRIDENTFLOW_RETRY_DELAY_SECONDS (10 s). ``schedule`` may be a cron expression, a preset, ``@continuous`` (back-to-back runs) or
+    ``retry_delay`` defaults to TRIDENTFLOW_RETRY_DELAY_SECONDS (10 s). ``schedule`` may be
+    a cron expression, a preset, ``@continuous`` (back-to-back runs) or
     None (manual triggers). ``max_active_runs`` stays 1 by default: commits are ordered in Redis
     anyway, and later txids would only wait for earlier ones.
     """

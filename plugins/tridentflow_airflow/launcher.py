@@ -14,6 +14,7 @@ redis-server on port 6390 (started if needed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -195,18 +196,14 @@ def down(home: Path, grace: float = 20) -> list[str]:
     except (FileNotFoundError, ValueError):
         return []
     for pid in pids.values():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + grace
     while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.3)
     for pid in pids.values():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _pids_file(home).unlink(missing_ok=True)
     return list(pids)
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -154,10 +155,8 @@ def live(tmp_path_factory) -> Iterator[tuple[Api, str, Path]]:
                     raise
                 time.sleep(2)
         for other in ("tridentflow_partitioned_count", "tridentflow_wordcount_continuous"):
-            try:
+            with contextlib.suppress(urllib.error.HTTPError):
                 api.call("PATCH", f"/dags/{other}", {"is_paused": True})
-            except urllib.error.HTTPError:
-                pass
         yield api, redis_url, home
     finally:
         launcher.down(home)
