@@ -49,6 +49,15 @@ class KeySpace:
     def offsets(self) -> str:
         return f"{self.base}:offsets"
 
+    @property
+    def quarantine(self) -> str:
+        """Hash "partition:offset" -> JSON of a quarantined (bad) record."""
+        return f"{self.base}:quarantine"
+
+    def quarantine_written(self, txid: int) -> str:
+        """Fields of the quarantine written by commit attempts of ``txid``."""
+        return f"{self.base}:qwritten:{int(txid)}"
+
     def tx(self, txid: int) -> str:
         return f"{self.base}:tx:{int(txid)}"
 

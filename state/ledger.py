@@ -178,12 +178,16 @@ class Ledger:
         txid = ticket.txid
         keys = [self.keys.ledger, self.keys.tx(txid), self.keys.offsets, self.keys.tx(txid - 1)]
         keys += [self.keys.written(name, txid) for name in state_names]
+        keys.append(self.keys.quarantine_written(txid))
         args: list[Any] = [txid, ticket.token, json.dumps(dict(stats or {}), sort_keys=True)]
         for partition, offset in sorted(offsets.items()):
             args += [int(partition), int(offset)]
         return bool(MARK_COMMITTED(self.client, keys, args))
 
     # -- maintenance ------------------------------------------------------------------------
+    def quarantined(self) -> int:
+        return int(self.client.hlen(self.keys.quarantine))
+
     def pending_txids(self) -> list[int]:
         return list(range(self.committed_txid() + 1, self.last_txid() + 1))
 

@@ -41,19 +41,8 @@ class RedisBackingMap:
 
     def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
         txid = 0 if fence is None else fence.txid
-        script_keys = [
-            self.key,
-            self.keyspace.ledger,
-            self.keyspace.tx(txid),
-            self.keyspace.written(self.state_name, txid),
-        ]
-        head = ["", ""] if fence is None else [str(fence.txid), str(fence.token)]
-        for i in range(0, len(items), CHUNK):
-            args: list[str] = list(head)
-            for key, value in items[i : i + CHUNK]:
-                args.append(key)
-                args.append(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
-            FENCED_HSET(self.client, script_keys, args)
+        written = self.keyspace.written(self.state_name, txid)
+        fenced_hset(self.client, self.keyspace, self.key, written, items, fence)
 
     def keys_written_in(self, txid: int) -> set[str]:
         members = self.client.smembers(self.keyspace.written(self.state_name, txid))
@@ -65,6 +54,26 @@ class RedisBackingMap:
 
     def count(self) -> int:
         return int(self.client.hlen(self.key))
+
+
+def fenced_hset(
+    client: redis.Redis,
+    keyspace: KeySpace,
+    hash_key: str,
+    written_key: str,
+    items: Sequence[tuple[str, Any]],
+    fence: Fence | None,
+) -> None:
+    """HSET JSON values into ``hash_key`` in chunks, each chunk atomic and fenced (FENCED_HSET)."""
+    txid = 0 if fence is None else fence.txid
+    script_keys = [hash_key, keyspace.ledger, keyspace.tx(txid), written_key]
+    head = ["", ""] if fence is None else [str(fence.txid), str(fence.token)]
+    for i in range(0, len(items), CHUNK):
+        args: list[str] = list(head)
+        for key, value in items[i : i + CHUNK]:
+            args.append(key)
+            args.append(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+        FENCED_HSET(client, script_keys, args)
 
 
 def query_committed(

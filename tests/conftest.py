@@ -102,6 +102,7 @@ def tf(cli_env):
             capture_output=True,
             env={**cli_env, **(env or {})},
             timeout=timeout,
+            cwd=ROOT,
         )
 
     return run

@@ -32,13 +32,17 @@ def test_spark_engine_matches_the_local_reference(spark, tmp_path):
     rng = random.Random(11)
     for p in range(5):
         log.append(p, sentences(rng.randint(0, 700), seed=p))
-    plan = compile_pipeline(load_pipeline("wordcount"))
+        log.append_lines(p, ['"a BOOM"', "{undecodable", "42"])  # quarantined by both
+        log.append(p, sentences(50, seed=p + 10))
+    plan = compile_pipeline(load_pipeline("tests.pipelines:poison"))
     ranges = {p: (rng.randint(0, h // 2), h) for p, h in log.heads().items()}
     ranges[4] = (log.heads()[4], log.heads()[4])  # an empty range
     local = LocalEngine().compute(plan, str(log.root), ranges)
     on_spark = SparkEngine(spark).compute(plan, str(log.root), ranges)
     assert on_spark.counts == local.counts
     assert dict(on_spark.partials["counts"]) == dict(local.partials["counts"])
+    assert on_spark.bad == local.bad
+    assert len(local.bad) >= 8
 
 
 def test_split_ranges_bounds_task_size():

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from state.codec import encode_key
 from state.maps import StoredValue
 from tridentflow.engine import LocalEngine
 from tridentflow.runtime import Runtime
@@ -49,7 +48,7 @@ def audit(rt: Runtime) -> AuditReport:
     result = LocalEngine().compute(rt.plan, str(rt.log.root), ranges) if ranges else None
     report.records = sum(c.n for c in result.counts.values()) if result else 0
     for name, persist in rt.pipeline.states.items():
-        expected = {encode_key(k): v for k, v in (result.partials[name] if result else [])}
+        expected = dict(result.partials[name]) if result else {}
         actual: dict[str, Any] = {}
         for key, raw in rt.backing(name).scan_items():
             value = StoredValue.from_json(raw, key).committed_view(committed)

@@ -5,6 +5,7 @@
     tridentflow query PIPELINE KEY... [--state NAME] [--json]
     tridentflow status PIPELINE [--json]
     tridentflow audit PIPELINE [--json]
+    tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow reset PIPELINE --yes [--source]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -85,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("pipeline")
         p.add_argument("--json", action="store_true")
         _common(p)
+
+    p = sub.add_parser("quarantine", help="list the bad records set aside by commits")
+    p.add_argument("pipeline")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    _common(p)
 
     p = sub.add_parser("reset", help="delete a pipeline's ledger and state (and --source)")
     p.add_argument("pipeline")
@@ -274,6 +282,27 @@ def cmd_audit(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if report.ok else EXIT_AUDIT_FAILED
 
 
+def cmd_quarantine(args: argparse.Namespace, out: TextIO) -> int:
+    rt = _runtime(args)
+    entries = []
+    for _field, raw in rt.client.hscan_iter(rt.keyspace.quarantine, count=500):
+        entries.append(json.loads(raw))
+        if len(entries) >= args.limit:
+            break
+    entries.sort(key=lambda e: (e["partition"], e["offset"]))
+    total = rt.ledger.quarantined()
+    if args.json:
+        json.dump({"total": total, "entries": entries}, out)
+        out.write("\n")
+        return 0
+    for e in entries:
+        out.write(
+            f"txid {e['txid']} p{e['partition']}@{e['offset']}: {e['error']}: {e['record']}\n"
+        )
+    out.write(f"{total} quarantined record(s)\n")
+    return 0
+
+
 def cmd_reset(args: argparse.Namespace, out: TextIO) -> int:
     pipeline = load_pipeline(args.pipeline)
     if not args.yes:
@@ -309,6 +338,7 @@ COMMANDS = {
     "query": cmd_query,
     "status": cmd_status,
     "audit": cmd_audit,
+    "quarantine": cmd_quarantine,
     "reset": cmd_reset,
     "dev-redis": cmd_dev_redis,
 }
@@ -322,6 +352,9 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = out or sys.stdout
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # like `python -m` and uvicorn: a user's `module:attribute` resolves from the cwd
+        sys.path.insert(0, os.getcwd())
     try:
         return COMMANDS[args.command](args, out)
     except (TridentflowError, StateError, InjectedFault) as exc:

@@ -8,7 +8,8 @@
    a partial batch fails here) and that it starts where the committed offsets stand.
 3. Applies every key's partial with the state's rule (transactional / opaque / non-
    transactional), in chunks; every write is fenced, so a superseded attempt cannot land.
-4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks.
+4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks, and
+   records the batch's bad records in the quarantine (fenced too).
 5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
    after every key is written. A crash anywhere before this replays safely.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from state.backing import Fence
 from state.maps import MapState, make_map_state
-from state.redis_backing import CHUNK
+from state.redis_backing import CHUNK, fenced_hset
 from tridentflow.errors import IncompleteBatchError, NotReadyError
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
@@ -37,6 +38,7 @@ class CommitResult:
     emit_attempt: int | None = None
     commit_attempt: int | None = None
     rolled_back: int = 0
+    quarantined: int = 0
     skipped_partitions: tuple[int, ...] = ()
 
 
@@ -76,6 +78,20 @@ def check_continuity(staged: StagedBatch, committed_offsets: dict[int, int]) -> 
             )
 
 
+def quarantine(rt: Runtime, staged: StagedBatch, fence: Fence) -> int:
+    """Record the batch's bad records (fenced, idempotent: keyed by partition:offset)."""
+    items = [
+        (f"{bad['partition']}:{bad['offset']}", {"txid": staged.txid, **bad})
+        for bad in staged.bad_records()
+    ]
+    if items:
+        keys = rt.keyspace
+        fenced_hset(
+            rt.client, keys, keys.quarantine, keys.quarantine_written(staged.txid), items, fence
+        )
+    return len(items)
+
+
 def commit(rt: Runtime, txid: int) -> CommitResult:
     ledger = rt.ledger
     ticket = ledger.begin_commit(txid)
@@ -106,6 +122,7 @@ def commit(rt: Runtime, txid: int) -> CommitResult:
             if before < half <= written:
                 rt.faults.fire("mid-commit", txid, ticket.token)
     rolled_back = sum(state.rollback_stray_keys() for state, _ in maps.values())
+    quarantined = quarantine(rt, staged, fence)
     rt.faults.fire("before-ledger", txid, ticket.token)
 
     offsets = {p: end for p, (_start, end) in staged.ranges.items()}
@@ -115,6 +132,7 @@ def commit(rt: Runtime, txid: int) -> CommitResult:
         "emit_attempt": attempt,
         "commit_attempt": ticket.token,
         "skipped": staged.manifest.get("skipped", []),
+        "quarantined": quarantined,
     }
     marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats)
     for state, _ in maps.values():
@@ -130,5 +148,6 @@ def commit(rt: Runtime, txid: int) -> CommitResult:
         emit_attempt=attempt,
         commit_attempt=ticket.token,
         rolled_back=rolled_back,
+        quarantined=quarantined,
         skipped_partitions=tuple(staged.manifest.get("skipped", [])),
     )

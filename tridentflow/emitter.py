@@ -7,6 +7,10 @@ after its manifest is durable. A committed txid is a no-op. Safe to re-run at an
 * transactional source: the ranges are the ones frozen in the metadata. A dark partition with
   records in its range makes the emit fail (PartitionUnavailable): the batch cannot be replayed
   without it, and the pipeline waits - Trident's documented weakness of this source kind.
+Records that cannot be processed (undecodable, missing fields, a function raising) are staged
+as bad records and quarantined at commit; they never fail the batch unless the pipeline's
+max_bad_records / max_bad_fraction is exceeded (TooManyBadRecords).
+
 * opaque / non-transactional source: each partition is read from its committed position up to
   ``batch_size`` records; a dark partition is skipped and its records arrive in a later txid.
   Requires txid-1 to be committed (the start positions are the committed ones).
@@ -17,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from tridentflow.engine import Engine
-from tridentflow.errors import NotReadyError, PartitionUnavailable
+from tridentflow.errors import NotReadyError, PartitionUnavailable, TooManyBadRecords
 from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
@@ -56,6 +60,23 @@ def emit_ranges(
     return ranges, skipped
 
 
+def check_bad_records(rt: Runtime, txid: int, records: int, bad: int) -> None:
+    """Fail the batch (TooManyBadRecords) when it has more bad records than allowed."""
+    pipeline = rt.pipeline
+    if pipeline.max_bad_records is not None and bad > pipeline.max_bad_records:
+        raise TooManyBadRecords(
+            f"txid {txid}: {bad} of {records} records are bad (max_bad_records="
+            f"{pipeline.max_bad_records}); see them with `tridentflow quarantine` after fixing"
+            " the limit, or fix the input"
+        )
+    limit = pipeline.max_bad_fraction
+    if limit is not None and records and bad / records > limit:
+        raise TooManyBadRecords(
+            f"txid {txid}: {bad} of {records} records are bad, more than max_bad_fraction="
+            f"{pipeline.max_bad_fraction}"
+        )
+
+
 def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     """Stage txid's batch as a new attempt; None if the txid is already committed."""
     ledger = rt.ledger
@@ -76,10 +97,12 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         "skipped": sorted(skipped),
     }
     result = engine.compute(rt.plan, str(rt.log.root), ranges)
+    check_bad_records(rt, txid, sum(c.n for c in result.counts.values()), len(result.bad))
     staged = rt.staging.write(
         header,
         result.counts,
         result.partials,
+        result.bad,
         before_manifest=lambda: rt.faults.fire("in-emit", txid, attempt),
     )
     ledger.record_staged(txid, attempt)

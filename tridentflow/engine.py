@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tridentflow.filelog import FileLog
-from tridentflow.plan import Plan, Row
+from tridentflow.plan import BadRecord, Plan, Processed, process
 
 Ranges = Mapping[int, tuple[int, int]]
 """partition -> [start, end) offsets to read."""
@@ -39,8 +39,11 @@ class PartitionCount:
 @dataclass
 class ComputeResult:
     counts: dict[int, PartitionCount]
-    partials: dict[str, Iterable[tuple[Row, Any]]]
-    """state name -> (group key, partial) pairs, one per key; may be consumed once, lazily."""
+    """Records read per partition, bad ones included."""
+    partials: dict[str, Iterable[tuple[str, Any]]]
+    """state name -> (encoded group key, partial) pairs, one per key; consumed once, lazily."""
+    bad: list[BadRecord]
+    """Records that could not be processed (quarantined)."""
 
 
 class Engine(Protocol):
@@ -49,13 +52,12 @@ class Engine(Protocol):
     def compute(self, plan: Plan, log_root: str, ranges: Ranges) -> ComputeResult: ...
 
 
-def read_rows(
+def read_processed(
     log_root: str, plan: Plan, partition: int, start: int, end: int
-) -> Iterator[tuple[int, int, Row]]:
-    """(partition, offset, tuple) for each record of one range. Runs on Spark executors too."""
-    decode = plan.decoder
-    for offset, record in FileLog(log_root).read(partition, start, end):
-        yield partition, offset, decode(record)
+) -> Iterator[Processed]:
+    """Every record of one range, processed. Runs on Spark executors too."""
+    for offset, raw in FileLog(log_root).read_raw(partition, start, end):
+        yield process(plan, partition, offset, raw)
 
 
 class LocalEngine:
@@ -64,18 +66,23 @@ class LocalEngine:
     name = "local"
 
     def compute(self, plan: Plan, log_root: str, ranges: Ranges) -> ComputeResult:
-        counts: dict[int, PartitionCount] = {p: PartitionCount(0, None, None) for p in ranges}
-        partials: dict[str, dict[Row, Any]] = {pp.state.name: {} for pp in plan.persists}
+        counts: dict[int, PartitionCount] = {}
+        partials: list[dict[str, Any]] = [{} for _ in plan.persists]
+        combines = [pp.aggregator.combine for pp in plan.persists]
+        bad: list[BadRecord] = []
         for partition, (start, end) in sorted(ranges.items()):
             n, first, last = 0, None, None
-            for _p, offset, row in read_rows(log_root, plan, partition, start, end):
+            for _p, offset, pairs, failure in read_processed(log_root, plan, partition, start, end):
                 n += 1
                 first = offset if first is None else first
                 last = offset
-                for pp in plan.persists:
-                    acc = partials[pp.state.name]
-                    combine = pp.aggregator.combine
-                    for key, part in pp.pairs(row):
+                if failure is not None:
+                    bad.append(failure)
+                    continue
+                for acc, combine, state_pairs in zip(partials, combines, pairs, strict=True):
+                    for key, part in state_pairs:
                         acc[key] = combine(acc[key], part) if key in acc else part
             counts[partition] = PartitionCount(n, first, last)
-        return ComputeResult(counts, {name: acc.items() for name, acc in partials.items()})
+        names = [pp.state.name for pp in plan.persists]
+        named = {name: acc.items() for name, acc in zip(names, partials, strict=True)}
+        return ComputeResult(counts, named, bad)

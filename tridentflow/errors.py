@@ -33,3 +33,7 @@ class NotReadyError(TridentflowError):
 
 class IncompleteBatchError(TridentflowError):
     """Staged output is missing or disagrees with its record counts: it must not commit."""
+
+
+class TooManyBadRecords(TridentflowError):
+    """A batch has more quarantined records than the pipeline allows: it fails, visibly."""

@@ -121,12 +121,16 @@ class FileLog:
     # -- append -----------------------------------------------------------------------------
     def append(self, partition: int, records: Iterable[Any]) -> tuple[int, int]:
         """Append ``records`` to ``partition``; return the offset range [start, end) they got."""
+        encoded = [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in records]
+        return self.append_lines(partition, encoded)
+
+    def append_lines(self, partition: int, encoded: list[str]) -> tuple[int, int]:
+        """Append pre-encoded lines as they are (tests use it to plant undecodable records)."""
         self._check_partition(partition)
         pdir = self._pdir(partition)
-        encoded = [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in records]
         for line in encoded:
-            if "\n" in line:  # json.dumps escapes newlines; this guards custom encoders
-                raise SourceError("a record encodes to more than one line")
+            if "\n" in line:
+                raise SourceError("a record must be a single line")
         with self._lock(pdir / ".lock"):
             head = self._head(partition)
             start = offset = int(head["offset"])
@@ -194,7 +198,18 @@ class FileLog:
         )
 
     def read(self, partition: int, start: int, end: int) -> Iterator[tuple[int, Any]]:
-        """Yield (offset, record) for offsets in [start, end). ``end`` must not pass HEAD."""
+        """Yield (offset, record) for offsets in [start, end). ``end`` must not pass HEAD.
+
+        A line that is not JSON raises SourceError; use read_raw to handle it per record."""
+        for offset, raw in self.read_raw(partition, start, end):
+            try:
+                yield offset, json.loads(raw)
+            except ValueError as exc:
+                where = f"partition {partition} offset {offset}"
+                raise SourceError(f"{where}: not JSON ({exc})") from exc
+
+    def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+        """Yield (offset, line without its newline) for offsets in [start, end)."""
         if start < 0 or end < start:
             raise SourceError(f"partition {partition}: bad range [{start}, {end})")
         if start == end:
@@ -219,12 +234,7 @@ class FileLog:
                     if current >= min(end, limit):
                         break
                     if current >= offset:
-                        try:
-                            yield current, json.loads(raw)
-                        except ValueError as exc:
-                            raise SourceError(
-                                f"partition {partition} offset {current}: not JSON ({exc})"
-                            ) from exc
+                        yield current, raw.rstrip(b"\n")
                     current += 1
             if current < min(end, limit):
                 raise SourceError(

@@ -211,10 +211,18 @@ class Pipeline:
     source: LogSource
     allow_at_least_once: bool = False
     description: str = ""
+    max_bad_records: int | None = None
+    """Fail a batch with more quarantined records than this (None: no limit)."""
+    max_bad_fraction: float | None = None
+    """Fail a batch whose quarantined share of records exceeds this (None: no limit)."""
     persists: list[Persist] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)
+        if self.max_bad_records is not None and self.max_bad_records < 0:
+            raise PipelineError(f"max_bad_records must be >= 0, got {self.max_bad_records}")
+        if self.max_bad_fraction is not None and not 0 <= self.max_bad_fraction <= 1:
+            raise PipelineError(f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
 
     @property
     def stream(self) -> Stream:

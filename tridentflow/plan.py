@@ -7,10 +7,12 @@ local) only decide where these run; the semantics live here once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from state.codec import encode_key
 from tridentflow.aggregators import Combiner
 from tridentflow.errors import BadRecordError, PipelineError
 from tridentflow.pipeline import Each, Persist, Pipeline, StateSpec
@@ -125,3 +127,47 @@ def compile_pipeline(pipeline: Pipeline) -> Plan:
         RowDecoder(source_fields),
         tuple(compile_persist(p, source_fields) for p in pipeline.persists),
     )
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record that could not be processed: it goes to the quarantine, not into any state."""
+
+    partition: int
+    offset: int
+    error: str
+    record: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "offset": self.offset,
+            "error": self.error,
+            "record": self.record,
+        }
+
+
+Pairs = list[list[tuple[str, Any]]]
+"""Per persisted state, the (encoded group key, partial) pairs one record makes."""
+
+Processed = tuple[int, int, Pairs | None, BadRecord | None]
+"""(partition, offset, pairs or None, bad record or None)."""
+
+MAX_QUARANTINED_RECORD = 2000
+
+
+def evaluate(plan: Plan, raw: bytes) -> Pairs:
+    """All (encoded key, partial) pairs of one raw record; raises if the record is bad."""
+    row = plan.decoder(json.loads(raw))
+    return [[(encode_key(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
+
+
+def process(plan: Plan, partition: int, offset: int, raw: bytes) -> Processed:
+    """Evaluate one record; any failure (undecodable, missing field, a function raising, an
+    unencodable key) quarantines the whole record: none of its tuples count."""
+    try:
+        return partition, offset, evaluate(plan, raw), None
+    except Exception as exc:
+        text = raw.decode("utf-8", "replace")[:MAX_QUARANTINED_RECORD]
+        error = f"{type(exc).__name__}: {exc}"[:MAX_QUARANTINED_RECORD]
+        return partition, offset, None, BadRecord(partition, offset, error, text)

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.engine import ComputeResult, PartitionCount, Ranges, read_rows
-from tridentflow.plan import PersistPlan, Plan
+from tridentflow.engine import ComputeResult, PartitionCount, Ranges, read_processed
+from tridentflow.plan import Plan
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,20 +33,29 @@ def split_ranges(ranges: Ranges, task_records: int = TASK_RECORDS) -> list[tuple
 
 def _read_task(log_root: str, plan: Plan, task: tuple[int, int, int]):
     partition, start, end = task
-    return read_rows(log_root, plan, partition, start, end)
+    return read_processed(log_root, plan, partition, start, end)
 
 
 def _count(record) -> tuple[int, tuple[int, int, int]]:
-    partition, offset, _row = record
+    partition, offset, _pairs, _bad = record
     return partition, (1, offset, offset)
+
+
+def _is_bad(record) -> bool:
+    return record[3] is not None
+
+
+def _bad(record):
+    return record[3]
 
 
 def _merge_counts(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
     return a[0] + b[0], min(a[1], b[1]), max(a[2], b[2])
 
 
-def _pairs(pp: PersistPlan, record) -> Any:
-    return pp.pairs(record[2])
+def _pairs(index: int, record) -> Any:
+    pairs = record[2]
+    return () if pairs is None else pairs[index]
 
 
 class SparkEngine:
@@ -62,17 +71,18 @@ class SparkEngine:
         tasks = split_ranges(ranges)
         counts = {p: PartitionCount(0, None, None) for p in ranges}
         if not tasks:
-            return ComputeResult(counts, {pp.state.name: [] for pp in plan.persists})
+            return ComputeResult(counts, {pp.state.name: [] for pp in plan.persists}, [])
         records = sc.parallelize(tasks, len(tasks)).flatMap(
             functools.partial(_read_task, log_root, plan)
         )
         records.persist(StorageLevel.MEMORY_AND_DISK)
         for partition, (n, first, last) in records.map(_count).reduceByKey(_merge_counts).collect():
             counts[partition] = PartitionCount(n, first, last)
+        bad = records.filter(_is_bad).map(_bad).collect()
         reducers = max(1, min(sc.defaultParallelism, len(tasks)))
         partials: dict[str, Any] = {}
-        for pp in plan.persists:
-            aggregated = records.flatMap(functools.partial(_pairs, pp)).reduceByKey(
+        for index, pp in enumerate(plan.persists):
+            aggregated = records.flatMap(functools.partial(_pairs, index)).reduceByKey(
                 pp.aggregator.combine, reducers
             )
             # Materialise now so the cached input can be released; stream to the driver after.
@@ -80,9 +90,8 @@ class SparkEngine:
             aggregated.count()
             partials[pp.state.name] = aggregated
         records.unpersist()
-        return ComputeResult(
-            counts, {name: _stream_and_release(rdd) for name, rdd in partials.items()}
-        )
+        streams = {name: _stream_and_release(rdd) for name, rdd in partials.items()}
+        return ComputeResult(counts, streams, sorted(bad, key=lambda b: (b.partition, b.offset)))
 
 
 def _stream_and_release(rdd):

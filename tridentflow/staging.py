@@ -1,11 +1,13 @@
 """Durable staging of a batch's emitted output, keyed by txid and emit attempt.
 
     {root}/tx-000000000007/attempt-2/state-counts.jsonl   one [encoded key, partial] per line
+    {root}/tx-000000000007/attempt-2/bad.jsonl            records to quarantine, one per line
     {root}/tx-000000000007/attempt-2/MANIFEST.json        written last, atomically
 
 An attempt counts as staged only once its manifest exists. The manifest records the source
 ranges read, the record counts per partition, and for each state file its line count and
-SHA-256, so that ``load`` refuses a torn or tampered batch (IncompleteBatchError) instead of
+SHA-256 (and the same for the bad records), so that ``load`` refuses a torn or tampered
+batch (IncompleteBatchError) instead of
 committing part of it.
 """
 
@@ -20,12 +22,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from state.codec import encode_key
 from tridentflow.engine import PartitionCount
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.filelog import _fsync_dir, _write_atomic
+from tridentflow.plan import BadRecord
 
 MANIFEST = "MANIFEST.json"
+BAD_FILE = "bad.jsonl"
+
+
+def _write_jsonl(path: Path, values: Iterable[Any]) -> dict[str, Any]:
+    """Write one JSON value per line, fsync; return {file, lines, sha256}."""
+    digest, lines = hashlib.sha256(), 0
+    with open(path, "wb") as fh:
+        for value in values:
+            line = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            fh.write(line)
+            digest.update(line)
+            lines += 1
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"file": path.name, "lines": lines, "sha256": digest.hexdigest()}
+
+
+def _verify_jsonl(directory: Path, info: dict[str, Any], what: str) -> None:
+    digest, lines = hashlib.sha256(), 0
+    try:
+        with open(directory / info["file"], "rb") as fh:
+            for line in fh:
+                digest.update(line)
+                lines += 1
+    except FileNotFoundError:
+        raise IncompleteBatchError(f"{directory}: staged file for {what} is missing") from None
+    if lines != info["lines"] or digest.hexdigest() != info["sha256"]:
+        raise IncompleteBatchError(
+            f"{directory}: staged file for {what} has {lines} lines (manifest: "
+            f"{info['lines']}) or a different checksum"
+        )
 
 
 @dataclass(frozen=True)
@@ -52,6 +85,18 @@ class StagedBatch:
     @property
     def records(self) -> int:
         return sum(c.n for c in self.counts.values())
+
+    @property
+    def bad_count(self) -> int:
+        return int(self.manifest.get("bad", {}).get("lines", 0))
+
+    def bad_records(self) -> Iterator[dict[str, Any]]:
+        info = self.manifest.get("bad")
+        if not info:
+            return
+        with open(self.directory / info["file"], encoding="utf-8") as fh:
+            for line in fh:
+                yield json.loads(line)
 
     def key_count(self, state: str) -> int:
         return int(self.manifest["states"][state]["lines"])
@@ -100,7 +145,8 @@ class StagingArea:
         self,
         header: dict[str, Any],
         counts: dict[int, PartitionCount],
-        partials: dict[str, Iterable[tuple[tuple[Any, ...], Any]]],
+        partials: dict[str, Iterable[tuple[str, Any]]],
+        bad: Iterable[BadRecord] = (),
         before_manifest: Callable[[], None] | None = None,
     ) -> StagedBatch:
         """Write one attempt's output; the manifest goes last. Returns the staged batch."""
@@ -109,30 +155,18 @@ class StagingArea:
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        states: dict[str, dict[str, Any]] = {}
-        for name, pairs in partials.items():
-            file = f"state-{name}.jsonl"
-            digest, lines = hashlib.sha256(), 0
-            with open(directory / file, "wb") as fh:
-                for key, partial in pairs:
-                    line = (
-                        json.dumps(
-                            [encode_key(key), partial], ensure_ascii=False, separators=(",", ":")
-                        ).encode("utf-8")
-                        + b"\n"
-                    )
-                    fh.write(line)
-                    digest.update(line)
-                    lines += 1
-                fh.flush()
-                os.fsync(fh.fileno())
-            states[name] = {"file": file, "lines": lines, "sha256": digest.hexdigest()}
+        states = {
+            name: _write_jsonl(directory / f"state-{name}.jsonl", ([k, v] for k, v in pairs))
+            for name, pairs in partials.items()
+        }
+        bad_info = _write_jsonl(directory / BAD_FILE, (b.to_json() for b in bad))
         _fsync_dir(directory)
         if before_manifest is not None:
             before_manifest()
         manifest = dict(header)
         manifest["counts"] = {str(p): c.to_json() for p, c in sorted(counts.items())}
         manifest["states"] = states
+        manifest["bad"] = bad_info
         _write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         return StagedBatch(directory, manifest)
 
@@ -150,21 +184,9 @@ class StagingArea:
         if (int(manifest.get("txid", -1)), int(manifest.get("attempt", -1))) != (txid, attempt):
             raise IncompleteBatchError(f"{directory}: manifest is for another txid/attempt")
         for name, info in manifest["states"].items():
-            digest, lines = hashlib.sha256(), 0
-            try:
-                with open(directory / info["file"], "rb") as fh:
-                    for line in fh:
-                        digest.update(line)
-                        lines += 1
-            except FileNotFoundError:
-                raise IncompleteBatchError(
-                    f"txid {txid} attempt {attempt}: staged file for state {name} is missing"
-                ) from None
-            if lines != info["lines"] or digest.hexdigest() != info["sha256"]:
-                raise IncompleteBatchError(
-                    f"txid {txid} attempt {attempt}: staged file for state {name} has {lines} "
-                    f"lines (manifest: {info['lines']}) or a different checksum"
-                )
+            _verify_jsonl(directory, info, f"state {name}")
+        if "bad" in manifest:
+            _verify_jsonl(directory, manifest["bad"], "bad records")
         batch = StagedBatch(directory, manifest)
         batch.check_complete()
         return batch

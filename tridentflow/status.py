@@ -47,6 +47,7 @@ def status(rt: Runtime) -> dict[str, Any]:
         "committed_txid": committed,
         "last_commit": json.loads(last["stats"]) if "stats" in last else None,
         "pending": pending,
+        "quarantined": ledger.quarantined(),
         "partitions": partitions,
         "lag": sum(p["lag"] for p in partitions),
     }
@@ -69,6 +70,7 @@ def format_status(info: dict[str, Any]) -> str:
             )
     else:
         lines.append("pending txid   none")
+    lines.append(f"quarantined    {info['quarantined']} bad records")
     lines.append("partition  committed       head        lag")
     for p in info["partitions"]:
         lines.append(f"{p['partition']:>9}  {p['committed']:>9}  {p['head']:>9}  {p['lag']:>9}")

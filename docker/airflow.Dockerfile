@@ -1,0 +1,25 @@
+# Airflow 3.3.2 + Java 17 + the pinned tridentflow dependencies (see pyproject.toml).
+# PYTHON_VERSION must match the python3 of the Spark image (PySpark needs the same minor
+# version on the driver and the executors).
+ARG PYTHON_VERSION=3.11
+FROM apache/airflow:3.3.2-python${PYTHON_VERSION}
+
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/*
+ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
+
+USER airflow
+COPY --chown=airflow:root pyproject.toml README.md /opt/tridentflow/
+COPY --chown=airflow:root state /opt/tridentflow/state
+COPY --chown=airflow:root tridentflow /opt/tridentflow/tridentflow
+COPY --chown=airflow:root spark_jobs /opt/tridentflow/spark_jobs
+COPY --chown=airflow:root plugins /opt/tridentflow/plugins
+# Same recipe as scripts/bootstrap.sh: the Spark provider's pyspark-client overwrites pyspark's
+# files, so the pinned pyspark is force-reinstalled afterwards and checked.
+RUN pip install --no-cache-dir "apache-airflow==3.3.2" /opt/tridentflow \
+ && pip install --no-cache-dir --force-reinstall --no-deps "pyspark==4.3.0" \
+ && python -c "import pyspark; assert pyspark.__version__ == '4.3.0', pyspark.__version__"
+# The mounted sources (docker-compose.yaml) win over the installed copy.
+ENV PYTHONPATH=/opt/tridentflow:/opt/airflow/plugins
