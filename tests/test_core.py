@@ -147,7 +147,7 @@ def test_commit_before_emit_and_out_of_order_steps_are_refused(redis_url, redis_
     with pytest.raises(NotReadyError, match="no staged output"):
         commit(rt, 1)
     coordinate(rt, 2)
-    with pytest.raises(NotReadyError, match="must commit first"):
+    with pytest.raises(NotReadyError, match="emit txid 1 first"):
         emit(rt, 2, ENGINE)
     emit(rt, 1, ENGINE)
     assert commit(rt, 1).status == "committed"
@@ -189,3 +189,65 @@ def test_keys_are_namespaced_per_pipeline(redis_url, redis_client, home):
     run_batches(b, ENGINE)
     assert counts(a, ["x"]) == {"x": 1} and counts(b, ["x"]) == {"x": 1}
     assert redis_client.hget(a.keyspace.state("counts"), encode_key(("y",))) is not None
+
+
+def test_a_later_txid_that_finished_emitting_first_waits_and_commits_after(
+    redis_url, redis_client, home
+):
+    import threading
+    import time
+
+    rt = runtime("wordcount", redis_url, home)
+    lines = sentences(40)
+    produce(rt, lines)
+    coordinate(rt, 1, batch_size=4)
+    coordinate(rt, 2, batch_size=4)
+    emit(rt, 2, ENGINE)  # txid 2 is ready first
+    finished: dict[int, float] = {}
+
+    def commit_two():
+        commit(runtime("wordcount", redis_url, home), 2, wait=30)
+        finished[2] = time.monotonic()
+
+    waiter = threading.Thread(target=commit_two)
+    waiter.start()
+    time.sleep(0.5)
+    assert rt.ledger.committed_txid() == 0 and 2 not in finished  # it waits
+    emit(rt, 1, ENGINE)
+    commit(rt, 1)
+    finished[1] = time.monotonic()
+    waiter.join(timeout=30)
+    assert finished[1] < finished[2]
+    assert rt.ledger.committed_txid() == 2
+    run_batches(rt, ENGINE)
+    assert audit(rt).ok
+
+
+def test_opaque_pipelining_and_a_stale_base_is_re_emitted(redis_url, redis_client, home):
+    rt = runtime("wordcount-opaque", redis_url, home)
+    lines = sentences(20)
+    produce(rt, lines[:10])
+    for txid in (1, 2):
+        coordinate(rt, txid, batch_size=1)
+    emit(rt, 1, ENGINE)
+    emit(rt, 2, ENGINE)  # starts where txid 1's staged attempt stops
+    produce(rt, lines[10:])
+    emit(rt, 1, ENGINE)  # txid 1 replayed: same start, so same base for txid 2 here
+    assert commit(rt, 1).status == "committed"
+    assert commit(rt, 2).status == "committed"
+    coordinate(rt, 3, batch_size=1)
+    coordinate(rt, 4, batch_size=1)
+    emit(rt, 3, ENGINE)
+    emit(rt, 4, ENGINE)
+    rt.faults = FaultPlan.parse("dark:0@3")
+    emit(rt, 3, ENGINE)  # txid 3 replayed without partition 0: txid 4's base is now stale
+    rt.faults = FaultPlan()
+    commit(rt, 3)
+    with pytest.raises(IncompleteBatchError, match="emit it again"):
+        commit(rt, 4)
+    emit(rt, 4, ENGINE)
+    assert commit(rt, 4).status == "committed"
+    run_batches(rt, ENGINE)
+    assert audit(rt).ok
+    expected = word_counts(lines)
+    assert counts(rt, list(expected)) == expected

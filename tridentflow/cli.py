@@ -7,6 +7,7 @@
     tridentflow audit PIPELINE [--json]
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow reset PIPELINE --yes [--source]
+    tridentflow chaos [--schedules N] [--seed S] [--verbose]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
 
 Common options: --redis-url / TRIDENTFLOW_REDIS_URL, --home / TRIDENTFLOW_HOME,
@@ -99,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="really delete")
     p.add_argument("--source", action="store_true", help="also delete its source log")
     _common(p)
+
+    p = sub.add_parser("chaos", help="random fault schedules, resume, audit (own redis-server)")
+    p.add_argument("--schedules", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0, help="first schedule's seed (then +1, +2, ...)")
+    p.add_argument(
+        "--pipelines", default=",".join(("wordcount", "wordcount-opaque", "partitioned-count"))
+    )
+    p.add_argument("--no-redis-restarts", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="print every schedule")
 
     p = sub.add_parser("dev-redis", help="start (or --stop) a local redis-server, print its URL")
     p.add_argument("--port", type=int, default=6390)
@@ -320,6 +330,37 @@ def cmd_reset(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.chaos import run_chaos
+
+    started = time.monotonic()
+    faults = 0
+
+    def report(result) -> None:
+        nonlocal faults
+        faults += len(result.events)
+        if args.verbose or not result.ok:
+            out.write(result.line() + "\n")
+            out.flush()
+
+    results = run_chaos(
+        args.schedules,
+        args.seed,
+        [p for p in args.pipelines.split(",") if p],
+        on_result=report,
+        redis_restarts=not args.no_redis_restarts,
+    )
+    failed = [r for r in results if not r.ok]
+    last = results[-1].seed if results else args.seed
+    out.write(
+        f"chaos: {len(results)} schedules (seeds {args.seed}..{last}), {faults} fault events, "
+        f"{sum(r.txids for r in results)} txids, {time.monotonic() - started:.1f}s: "
+        + (f"FAILED at seed {failed[0].seed}: {failed[0].line()}" if failed else "lost=0 doubled=0")
+        + "\n"
+    )
+    return EXIT_AUDIT_FAILED if failed else 0
+
+
 def cmd_dev_redis(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow import devredis
 
@@ -340,6 +381,7 @@ COMMANDS = {
     "audit": cmd_audit,
     "quarantine": cmd_quarantine,
     "reset": cmd_reset,
+    "chaos": cmd_chaos,
     "dev-redis": cmd_dev_redis,
 }
 

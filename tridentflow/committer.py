@@ -16,12 +16,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from state.backing import Fence
+from state.errors import CommitOrderError
 from state.maps import MapState, make_map_state
 from state.redis_backing import CHUNK, fenced_hset
 from tridentflow.errors import IncompleteBatchError, NotReadyError
@@ -92,8 +94,24 @@ def quarantine(rt: Runtime, staged: StagedBatch, fence: Fence) -> int:
     return len(items)
 
 
-def commit(rt: Runtime, txid: int) -> CommitResult:
+def wait_turn(rt: Runtime, txid: int, timeout: float, poll: float = 0.2) -> None:
+    """Block until txid-1 is committed (commits are strictly ordered); CommitOrderError after
+    ``timeout`` seconds. Trident: a batch that finished processing early waits for its turn."""
+    deadline = time.monotonic() + timeout
+    while rt.ledger.committed_txid() < txid - 1:
+        if time.monotonic() >= deadline:
+            committed = rt.ledger.committed_txid()
+            raise CommitOrderError(
+                f"txid {txid} waited {timeout:.0f}s for txid {committed + 1} to commit"
+            )
+        time.sleep(poll)
+
+
+def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
+    """Commit ``txid``; with ``wait`` > 0, first wait up to that many seconds for its turn."""
     ledger = rt.ledger
+    if wait > 0:
+        wait_turn(rt, txid, wait)
     ticket = ledger.begin_commit(txid)
     if ticket is None:
         return CommitResult(txid, "already-committed")

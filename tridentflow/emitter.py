@@ -11,9 +11,9 @@ Records that cannot be processed (undecodable, missing fields, a function raisin
 as bad records and quarantined at commit; they never fail the batch unless the pipeline's
 max_bad_records / max_bad_fraction is exceeded (TooManyBadRecords).
 
-* opaque / non-transactional source: each partition is read from its committed position up to
-  ``batch_size`` records; a dark partition is skipped and its records arrive in a later txid.
-  Requires txid-1 to be committed (the start positions are the committed ones).
+* opaque / non-transactional source: each partition is read from its committed position (or,
+  pipelined, from where txid-1's staged attempt stopped) up to ``batch_size`` records; a dark
+  partition is skipped and its records arrive in a later txid.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from tridentflow.staging import StagedBatch
 
 def emit_ranges(
     rt: Runtime, txid: int, meta: dict[str, Any]
-) -> tuple[dict[int, tuple[int, int]], list[int]]:
-    """(ranges to read, partitions skipped) for this attempt of ``txid``."""
+) -> tuple[dict[int, tuple[int, int]], list[int], dict[int, int]]:
+    """(ranges to read, partitions skipped, positions after this batch) for ``txid``."""
     dark = rt.faults.dark_partitions(txid)
     if meta["mode"] == SourceMode.TRANSACTIONAL.value:
         ranges = {int(p): (int(r[0]), int(r[1])) for p, r in meta["ranges"].items()}
@@ -41,23 +41,35 @@ def emit_ranges(
                     f"unreadable while txid {txid} emits; a transactional source replays exactly "
                     f"[{start}, {end}) and must wait for it",
                 )
-        return ranges, []
-    committed = rt.ledger.committed_txid()
-    if committed != txid - 1:
-        raise NotReadyError(
-            f"{meta['mode']} txid {txid} reads from the committed positions: txid {committed + 1}"
-            " must commit first"
-        )
-    offsets = rt.ledger.committed_offsets()
+        return ranges, [], {p: end for p, (_start, end) in ranges.items()}
+    positions = start_positions(rt, txid, meta)
     size = int(meta["batch_size"])
     ranges, skipped = {}, []
     for partition, head in rt.source_heads().items():
+        start = positions.get(partition, 0)
         if partition in dark:
             skipped.append(partition)
             continue
-        start = offsets.get(partition, 0)
         ranges[partition] = (start, min(head, start + size))
-    return ranges, skipped
+    after = {p: ranges[p][1] if p in ranges else positions.get(p, 0) for p in rt.source_heads()}
+    return ranges, skipped, after
+
+
+def start_positions(rt: Runtime, txid: int, meta: dict[str, Any]) -> dict[int, int]:
+    """Where an opaque txid starts reading: the committed positions, or - pipelined, while
+    txid-1 is not committed yet - where txid-1's newest staged attempt stopped. The commit
+    re-checks the start against the committed positions, so a base that changed fails there."""
+    committed = rt.ledger.committed_txid()
+    if committed == txid - 1:
+        return rt.ledger.committed_offsets()
+    previous = rt.ledger.staged_attempt(txid - 1)
+    if previous is None:
+        raise NotReadyError(
+            f"{meta['mode']} txid {txid} starts where txid {txid - 1} stops: emit txid "
+            f"{txid - 1} first (the ledger stands at {committed})"
+        )
+    staged = rt.staging.load(txid - 1, previous)
+    return {int(p): int(v) for p, v in staged.manifest["next_positions"].items()}
 
 
 def check_bad_records(rt: Runtime, txid: int, records: int, bad: int) -> None:
@@ -86,7 +98,7 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     if meta is None:
         raise NotReadyError(f"txid {txid} has no batch metadata: run its coordinator first")
     attempt = ledger.next_attempt(txid, "emit")
-    ranges, skipped = emit_ranges(rt, txid, meta)
+    ranges, skipped, next_positions = emit_ranges(rt, txid, meta)
     header = {
         "pipeline": rt.pipeline.name,
         "txid": txid,
@@ -95,6 +107,7 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         "engine": engine.name,
         "ranges": {str(p): [s, e] for p, (s, e) in sorted(ranges.items())},
         "skipped": sorted(skipped),
+        "next_positions": {str(p): v for p, v in sorted(next_positions.items())},
     }
     result = engine.compute(rt.plan, str(rt.log.root), ranges)
     check_bad_records(rt, txid, sum(c.n for c in result.counts.values()), len(result.bad))

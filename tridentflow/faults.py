@@ -39,6 +39,11 @@ class InjectedFault(RuntimeError):
     """Raised by a ``raise`` fault."""
 
 
+class SimulatedCrash(BaseException):
+    """Raised by a ``crash`` fault (chaos harness only): like ``kill``, nothing after the fault
+    point runs - no ``except Exception`` handler sees it - but the process survives."""
+
+
 @dataclass(frozen=True)
 class Fault:
     point: str
@@ -113,6 +118,8 @@ class FaultPlan:
         fault = self.armed(point, txid, attempt)
         if fault is None:
             return
+        if fault.action == "crash":
+            raise SimulatedCrash(f"simulated crash at {fault}")
         if fault.action == "kill":
             sys.stdout.flush()
             sys.stderr.write(f"tridentflow: injected fault {fault}: killing process\n")
