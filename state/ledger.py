@@ -25,7 +25,14 @@ import redis
 
 from state.errors import MetadataError
 from state.keys import KeySpace
-from state.scripts import BEGIN_COMMIT, BIND_RUN, MARK_COMMITTED, RECORD_STAGED, RENEW_LEASE
+from state.scripts import (
+    BEGIN_COMMIT,
+    BIND_RUN,
+    CLAIM_TXID,
+    MARK_COMMITTED,
+    RECORD_STAGED,
+    RENEW_LEASE,
+)
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
 
@@ -108,6 +115,15 @@ class Ledger:
             [run_id, int(lease_ms), "1" if adopt_live else "0", self.keys.tx(0)[:-1]],
         )
         return Binding(int(txid), _s(how) or "", int(committed))
+
+    def claim(self, txid: int, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> Binding:
+        """Bind ``run_id`` to this exact ``txid`` (pending, or the next new one). Atomic."""
+        got, how = CLAIM_TXID(
+            self.client,
+            [self.keys.ledger, self.keys.runs, self.keys.tx(txid)],
+            [int(txid), run_id, int(lease_ms)],
+        )
+        return Binding(int(got), _s(how) or "", self.committed_txid())
 
     def renew_lease(self, txid: int, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> bool:
         return bool(RENEW_LEASE(self.client, [self.keys.tx(txid)], [run_id, int(lease_ms)]))

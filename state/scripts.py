@@ -211,3 +211,33 @@ end
 return current
 """,
 )
+
+CLAIM_TXID = LuaScript(
+    "claim_txid",
+    """
+-- Claim a specific txid for a run (a single driver pipelining its own txids).
+-- KEYS[1] ledger hash  KEYS[2] runs hash  KEYS[3] tx hash of ARGV[1]
+-- ARGV[1] txid  ARGV[2] run id  ARGV[3] lease in ms
+-- The txid must be pending (committed < txid <= last) or the next new one (last + 1), which
+-- then becomes the last. Returns {txid, how} with how in committed|adopted|new; refused
+-- (TFORDER) for a txid beyond last + 1 (that would skip one).
+local txid = tonumber(ARGV[1])
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_txid') or '0')
+if last < committed then last = committed end
+if txid <= committed then return {txid, 'committed'} end
+if txid > last + 1 then
+  return redis.error_reply('TFORDER txid ' .. txid .. ' would skip txid ' .. (last + 1))
+end
+local how = 'adopted'
+if txid == last + 1 then
+  redis.call('HSET', KEYS[1], 'last_txid', txid)
+  how = 'new'
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[3], 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[2], ARGV[2], txid)
+return {txid, how}
+""",
+)

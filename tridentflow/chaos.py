@@ -88,9 +88,9 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
+    def start(self, appendonly: bool = True) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        args = devredis.server_args(self.port, self.directory, appendonly=True)
+        args = devredis.server_args(self.port, self.directory, appendonly=appendonly)
         args[args.index("everysec")] = "always"  # no acknowledged write is lost on a crash
         self.proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

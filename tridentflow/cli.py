@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, help="run at most N txids")
     p.add_argument("--batch-size", type=int, help="records per partition per txid")
     p.add_argument("--engine", choices=("spark", "local"), default="spark")
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=1,
+        help="txids emitting at once while commits stay ordered (max.spout.pending)",
+    )
     p.add_argument("--master", help="Spark master (default: spark.master, else local[*])")
     p.add_argument("--no-progress", action="store_true")
     _common(p)
@@ -176,7 +182,7 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.driver import backlog, run_batches
+    from tridentflow.driver import backlog, run_batches, run_pipelined
     from tridentflow.engine import LocalEngine
 
     rt = _runtime(args)
@@ -216,7 +222,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             out.flush()
 
     try:
-        summary = run_batches(rt, engine, args.batches, args.batch_size, on_commit=progress)
+        if args.depth > 1:
+            summary = run_pipelined(
+                rt, engine, args.depth, args.batches, args.batch_size, on_commit=progress
+            )
+        else:
+            summary = run_batches(rt, engine, args.batches, args.batch_size, on_commit=progress)
     finally:
         if bar is not None:
             bar.close()

@@ -3,18 +3,27 @@
 The driver binds each txid through the ledger like any orchestrator run; being the single
 driver of the pipeline it adopts a pending txid at once (a crashed earlier run's), so resuming
 after a crash replays the same txid with the same metadata.
+
+``run_pipelined`` is Trident's max.spout.pending: up to ``depth`` txids are emitted at once (in
+threads: concurrent Spark jobs) while commits stay strictly ordered; a later txid that is
+ready first waits for its turn, and one whose base changed (an opaque txid-1 re-emitted) is
+emitted again before it commits.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tridentflow.committer import CommitResult, commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
 from tridentflow.engine import Engine
+from tridentflow.errors import IncompleteBatchError, NotReadyError
 from tridentflow.runtime import Runtime
 
 
@@ -63,4 +72,84 @@ def run_batches(
             on_commit(result)
         if max_batches is None and result.records == 0 and not rt.ledger.pending_txids():
             break
+    return summary
+
+
+def _emit_when_ready(
+    rt: Runtime, txid: int, engine: Engine, stop: threading.Event, timeout: float = 3600
+) -> None:
+    """Emit ``txid``, waiting while it is not ready (an opaque txid-1 not yet staged); gives
+    up when ``stop`` is set (the driver is failing)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            emit(rt, txid, engine)
+            return
+        except NotReadyError:
+            if stop.is_set() or time.monotonic() > deadline:
+                raise
+            stop.wait(0.05)
+
+
+def run_pipelined(
+    rt: Runtime,
+    engine: Engine,
+    depth: int,
+    max_batches: int | None = None,
+    batch_size: int | None = None,
+    on_commit: Callable[[CommitResult], None] | None = None,
+) -> RunSummary:
+    """Like run_batches, with up to ``depth`` txids in flight (emitting) at once."""
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    summary = RunSummary()
+    driver = f"cli-{uuid.uuid4().hex[:12]}"
+    next_txid = rt.ledger.committed_txid() + 1
+    in_flight: dict[int, Future] = {}
+    launched = 0
+    exhausted = False
+    stop = threading.Event()
+
+    def launch() -> None:
+        nonlocal next_txid, launched, exhausted
+        txid = next_txid
+        rt.ledger.claim(txid, f"{driver}-{txid}")
+        meta = coordinate(rt, txid, batch_size)
+        if "ranges" in meta and max_batches is None:  # transactional: is anything left after it?
+            heads = rt.log.heads()
+            exhausted = all(
+                int(meta["ranges"].get(str(p), [0, 0])[1]) >= h for p, h in heads.items()
+            )
+        in_flight[txid] = pool.submit(_emit_when_ready, rt, txid, engine, stop)
+        next_txid += 1
+        launched += 1
+
+    with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="tf-emit") as pool:
+        try:
+            while True:
+                while (
+                    len(in_flight) < depth
+                    and not exhausted
+                    and (max_batches is None or launched < max_batches)
+                ):
+                    if max_batches is None and not rt.ledger.pending_txids() and not backlog(rt):
+                        exhausted = True
+                        break
+                    launch()
+                if not in_flight:
+                    break
+                txid = min(in_flight)
+                in_flight.pop(txid).result()
+                try:
+                    result = commit(rt, txid)
+                except IncompleteBatchError:  # its base moved: emit it again, then commit
+                    emit(rt, txid, engine)
+                    result = commit(rt, txid)
+                summary.results.append(result)
+                if on_commit is not None:
+                    on_commit(result)
+                if max_batches is None and result.records == 0:
+                    exhausted = True  # the source is drained; the txids in flight commit, empty
+        finally:
+            stop.set()  # a failing driver: emits waiting for their turn give up
     return summary

@@ -97,8 +97,8 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     meta = ledger.metadata(txid)
     if meta is None:
         raise NotReadyError(f"txid {txid} has no batch metadata: run its coordinator first")
-    attempt = ledger.next_attempt(txid, "emit")
     ranges, skipped, next_positions = emit_ranges(rt, txid, meta)
+    attempt = ledger.next_attempt(txid, "emit")  # only attempts that get to read count
     header = {
         "pipeline": rt.pipeline.name,
         "txid": txid,
