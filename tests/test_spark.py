@@ -96,3 +96,26 @@ def test_emit_through_real_spark_submit(redis_url, redis_client, home, cli_env):
 
     expected = word_counts(lines)
     assert query(rt, persist, [(w,) for w in expected])[1] == list(expected.values())
+
+
+def test_spark_runs_every_operation_like_the_local_reference(spark, tmp_path):
+    from tests.test_operations import pipeline
+    from tridentflow.filelog import FileLog
+
+    log = FileLog(tmp_path / "log")
+    log.ensure(3)
+    rng = random.Random(5)
+    log.append_spread(
+        {
+            "user": rng.choice("abcd"),
+            "score": rng.randint(-9, 9),
+            "tags": rng.choice(["x y", "y", ""]),
+        }
+        for _ in range(500)
+    )
+    plan = compile_pipeline(pipeline())
+    ranges = {p: (0, h) for p, h in log.heads().items()}
+    local = LocalEngine().compute(plan, str(log.root), ranges)
+    on_spark = SparkEngine(spark).compute(plan, str(log.root), ranges)
+    for name in local.partials:
+        assert dict(on_spark.partials[name]) == dict(local.partials[name]), name

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from state.maps import StateKind
-from tridentflow.aggregators import Combiner, Count, Reducer, Sum
+from tridentflow.aggregators import Combiner, Count, Max, Mean, Min, Reducer, Sum
 from tridentflow.pipeline import (
     GUARANTEES,
     Guarantee,
@@ -20,6 +20,9 @@ __all__ = [
     "Count",
     "Guarantee",
     "LogSource",
+    "Max",
+    "Mean",
+    "Min",
     "Pipeline",
     "Reducer",
     "SourceMode",

@@ -24,6 +24,10 @@ class Combiner(ABC):
     @abstractmethod
     def zero(self) -> Any: ...
 
+    def present(self, value: Any) -> Any:
+        """How a stored value is shown to queries (identity unless overridden, e.g. Mean)."""
+        return value
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -68,3 +72,56 @@ class Sum(Combiner):
 
     def zero(self) -> int:
         return 0
+
+
+def _pick(a: Any, b: Any, better) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if better(a, b) else b
+
+
+class Min(Combiner):
+    """Smallest value of one field (None for no tuples)."""
+
+    def init(self, *values: Any) -> Any:
+        return values[0]
+
+    def combine(self, a: Any, b: Any) -> Any:
+        return _pick(a, b, lambda x, y: x <= y)
+
+    def zero(self) -> Any:
+        return None
+
+
+class Max(Combiner):
+    """Largest value of one field (None for no tuples)."""
+
+    def init(self, *values: Any) -> Any:
+        return values[0]
+
+    def combine(self, a: Any, b: Any) -> Any:
+        return _pick(a, b, lambda x, y: x >= y)
+
+    def zero(self) -> Any:
+        return None
+
+
+class Mean(Combiner):
+    """Arithmetic mean of one numeric field, as a combiner: the partial (and the stored value)
+    is ``[sum, count]``; ``present`` turns it into the mean."""
+
+    def init(self, *values: Any) -> list[Any]:
+        return [Sum().init(*values), 1]
+
+    def combine(self, a: list[Any], b: list[Any]) -> list[Any]:
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def zero(self) -> list[Any]:
+        return [0, 0]
+
+    def present(self, value: Any) -> Any:
+        if not value or not value[1]:
+            return None
+        return value[0] / value[1]

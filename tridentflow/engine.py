@@ -7,12 +7,12 @@ Both engines run the same compiled plan (tridentflow.plan): ``LocalEngine`` in p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tridentflow.filelog import FileLog
-from tridentflow.plan import BadRecord, Plan, Processed, process
+from tridentflow.plan import BadRecord, KeyEncoder, Plan, bad_record, evaluate
 
 Ranges = Mapping[int, tuple[int, int]]
 """partition -> [start, end) offsets to read."""
@@ -52,12 +52,57 @@ class Engine(Protocol):
     def compute(self, plan: Plan, log_root: str, ranges: Ranges) -> ComputeResult: ...
 
 
-def read_processed(
-    log_root: str, plan: Plan, partition: int, start: int, end: int
-) -> Iterator[Processed]:
-    """Every record of one range, processed. Runs on Spark executors too."""
+@dataclass
+class TaskOutput:
+    """What one task makes of one range: its record count, its bad records, and per persisted
+    state the partial aggregate of every key (combined within the task: Trident's partial
+    aggregation per partition)."""
+
+    partition: int
+    count: PartitionCount
+    bad: list[BadRecord]
+    partials: list[dict[str, Any]]
+
+
+def aggregate_range(log_root: str, plan: Plan, partition: int, start: int, end: int) -> TaskOutput:
+    """Read [start, end) of one partition and pre-aggregate it. Runs on Spark executors too.
+
+    A record is all or nothing: every pair it makes is computed before any is combined, so a
+    bad record (quarantined) contributes to no state."""
+    combines = [pp.aggregator.combine for pp in plan.persists]
+    partials: list[dict[str, Any]] = [{} for _ in plan.persists]
+    encode = KeyEncoder()
+    bad: list[BadRecord] = []
+    n, first, last = 0, None, None
     for offset, raw in FileLog(log_root).read_raw(partition, start, end):
-        yield process(plan, partition, offset, raw)
+        n += 1
+        first = offset if first is None else first
+        last = offset
+        try:
+            pairs = evaluate(plan, raw, encode)
+        except Exception as exc:
+            bad.append(bad_record(partition, offset, raw, exc))
+            continue
+        for acc, combine, state_pairs in zip(partials, combines, pairs, strict=True):
+            for key, part in state_pairs:
+                acc[key] = combine(acc[key], part) if key in acc else part
+    return TaskOutput(partition, PartitionCount(n, first, last), bad, partials)
+
+
+def merge_outputs(plan: Plan, ranges: Ranges, outputs: Iterable[TaskOutput]) -> ComputeResult:
+    """Combine task outputs (driver side, for the local engine)."""
+    counts = {p: PartitionCount(0, None, None) for p in ranges}
+    partials: list[dict[str, Any]] = [{} for _ in plan.persists]
+    combines = [pp.aggregator.combine for pp in plan.persists]
+    bad: list[BadRecord] = []
+    for out in outputs:
+        counts[out.partition] = PartitionCount.merge(counts[out.partition], out.count)
+        bad.extend(out.bad)
+        for acc, combine, task_partials in zip(partials, combines, out.partials, strict=True):
+            for key, part in task_partials.items():
+                acc[key] = combine(acc[key], part) if key in acc else part
+    names = [pp.state.name for pp in plan.persists]
+    return ComputeResult(counts, {n: a.items() for n, a in zip(names, partials, strict=True)}, bad)
 
 
 class LocalEngine:
@@ -66,23 +111,8 @@ class LocalEngine:
     name = "local"
 
     def compute(self, plan: Plan, log_root: str, ranges: Ranges) -> ComputeResult:
-        counts: dict[int, PartitionCount] = {}
-        partials: list[dict[str, Any]] = [{} for _ in plan.persists]
-        combines = [pp.aggregator.combine for pp in plan.persists]
-        bad: list[BadRecord] = []
-        for partition, (start, end) in sorted(ranges.items()):
-            n, first, last = 0, None, None
-            for _p, offset, pairs, failure in read_processed(log_root, plan, partition, start, end):
-                n += 1
-                first = offset if first is None else first
-                last = offset
-                if failure is not None:
-                    bad.append(failure)
-                    continue
-                for acc, combine, state_pairs in zip(partials, combines, pairs, strict=True):
-                    for key, part in state_pairs:
-                        acc[key] = combine(acc[key], part) if key in acc else part
-            counts[partition] = PartitionCount(n, first, last)
-        names = [pp.state.name for pp in plan.persists]
-        named = {name: acc.items() for name, acc in zip(names, partials, strict=True)}
-        return ComputeResult(counts, named, bad)
+        return merge_outputs(
+            plan,
+            ranges,
+            (aggregate_range(log_root, plan, p, s, e) for p, (s, e) in sorted(ranges.items())),
+        )

@@ -108,7 +108,32 @@ class Each:
     out_fields: tuple[str, ...]
 
 
-Operation = Each
+@dataclass(frozen=True)
+class Filter:
+    """Trident's filter(): keep a tuple when ``predicate(*in_values)`` is truthy."""
+
+    in_fields: tuple[str, ...]
+    predicate: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Map:
+    """Trident's map(): ``function(*values)`` returns one tuple that replaces the input;
+    ``flat`` (flatMap) returns 0..n of them. The stream's fields become ``out_fields``."""
+
+    function: Callable[..., Any]
+    out_fields: tuple[str, ...]
+    flat: bool = False
+
+
+@dataclass(frozen=True)
+class Project:
+    """Trident's project(): keep only ``fields``, in that order."""
+
+    fields: tuple[str, ...]
+
+
+Operation = Each | Filter | Map | Project
 
 
 @dataclass(frozen=True)
@@ -122,6 +147,10 @@ class Persist:
     out_field: str
     operations: tuple[Operation, ...]
     fields: tuple[str, ...]
+
+
+def _name(function: Any) -> str:
+    return getattr(function, "__name__", type(function).__name__)
 
 
 def _fields(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -148,7 +177,7 @@ class Stream:
         out_fields: str | Sequence[str],
     ) -> Stream:
         ins, outs = _fields(in_fields), _fields(out_fields)
-        name = getattr(function, "__name__", type(function).__name__)
+        name = _name(function)
         self._require(ins, f"each({name})")
         clash = [f for f in outs if f in self.fields]
         if clash:
@@ -157,6 +186,30 @@ class Stream:
             raise PipelineError(f"each(): {function!r} is not callable")
         op = Each(ins, function, outs)
         return Stream(self.pipeline, self.fields + outs, (*self.operations, op))
+
+    def filter(self, in_fields: str | Sequence[str], predicate: Callable[..., Any]) -> Stream:
+        ins = _fields(in_fields)
+        self._require(ins, f"filter({_name(predicate)})")
+        return Stream(self.pipeline, self.fields, (*self.operations, Filter(ins, predicate)))
+
+    def map(
+        self, function: Callable[..., Any], out_fields: str | Sequence[str] | None = None
+    ) -> Stream:
+        """One output tuple per input tuple, from all of its values."""
+        outs = self.fields if out_fields is None else _fields(out_fields)
+        return Stream(self.pipeline, outs, (*self.operations, Map(function, outs)))
+
+    def flat_map(
+        self, function: Callable[..., Any], out_fields: str | Sequence[str] | None = None
+    ) -> Stream:
+        """0..n output tuples per input tuple, from all of its values."""
+        outs = self.fields if out_fields is None else _fields(out_fields)
+        return Stream(self.pipeline, outs, (*self.operations, Map(function, outs, flat=True)))
+
+    def project(self, fields: str | Sequence[str]) -> Stream:
+        keep = _fields(fields)
+        self._require(keep, "project")
+        return Stream(self.pipeline, keep, (*self.operations, Project(keep)))
 
     def group_by(self, fields: str | Sequence[str]) -> GroupedStream:
         group = _fields(fields)

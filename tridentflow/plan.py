@@ -8,14 +8,14 @@ local) only decide where these run; the semantics live here once.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from state.codec import encode_key
 from tridentflow.aggregators import Combiner
 from tridentflow.errors import BadRecordError, PipelineError
-from tridentflow.pipeline import Each, Persist, Pipeline, StateSpec
+from tridentflow.pipeline import Each, Filter, Map, Persist, Pipeline, Project, StateSpec
 
 Row = tuple[Any, ...]
 
@@ -48,36 +48,72 @@ class EachStep:
     n_out: int
     name: str
 
-    def __call__(self, row: Row) -> Iterator[Row]:
-        produced = self.function(*(row[i] for i in self.in_idx))
-        if produced is None:
-            return
-        for out in produced:
-            values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-            if len(values) != self.n_out:
-                raise PipelineError(
-                    f"each({self.name}) emitted {values!r}: {len(values)} values for "
-                    f"{self.n_out} output field(s)"
-                )
-            yield row + values
+    def __call__(self, row: Row) -> list[Row]:
+        produced = self.function(*[row[i] for i in self.in_idx])
+        out_rows = []
+        n_out = self.n_out
+        for out in produced or ():
+            values = out if type(out) is tuple else _as_tuple(out)
+            if len(values) != n_out:
+                _check_width(values, n_out, f"each({self.name})")
+            out_rows.append(row + values)
+        return out_rows
+
+
+def _check_width(values: tuple[Any, ...], n_out: int, what: str) -> tuple[Any, ...]:
+    if len(values) != n_out:
+        raise PipelineError(f"{what} emitted {values!r}: {len(values)} values for {n_out} field(s)")
+    return values
+
+
+def _as_tuple(out: Any) -> tuple[Any, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+@dataclass(frozen=True)
+class FilterStep:
+    predicate: Callable[..., Any]
+    in_idx: tuple[int, ...]
+
+    def __call__(self, row: Row) -> list[Row]:
+        return [row] if self.predicate(*[row[i] for i in self.in_idx]) else []
+
+
+@dataclass(frozen=True)
+class MapStep:
+    function: Callable[..., Any]
+    n_out: int
+    flat: bool
+    name: str
+
+    def __call__(self, row: Row) -> list[Row]:
+        what = f"{'flat_map' if self.flat else 'map'}({self.name})"
+        outs = self.function(*row) if self.flat else (self.function(*row),)
+        return [_check_width(_as_tuple(out), self.n_out, what) for out in outs or ()]
+
+
+@dataclass(frozen=True)
+class ProjectStep:
+    idx: tuple[int, ...]
+
+    def __call__(self, row: Row) -> list[Row]:
+        return [tuple([row[i] for i in self.idx])]
+
+
+Step = EachStep | FilterStep | MapStep | ProjectStep
 
 
 @dataclass(frozen=True)
 class Expander:
-    """Applies a chain of each() steps to one tuple; yields the resulting tuples."""
+    """Applies a chain of per-tuple steps to one tuple; yields the resulting tuples."""
 
-    steps: tuple[EachStep, ...]
+    steps: tuple[Step, ...]
 
-    def __call__(self, row: Row) -> Iterator[Row]:
+    def __call__(self, row: Row) -> Iterable[Row]:
         rows: Iterable[Row] = (row,)
         for step in self.steps:
-            rows = _chain(step, rows)
-        yield from rows
-
-
-def _chain(step: EachStep, rows: Iterable[Row]) -> Iterator[Row]:
-    for r in rows:
-        yield from step(r)
+            rows = [out for r in rows for out in step(r)]
+        return rows
 
 
 @dataclass(frozen=True)
@@ -88,23 +124,39 @@ class PersistPlan:
     key_idx: tuple[int, ...]
     arg_idx: tuple[int, ...]
 
-    def pairs(self, row: Row) -> Iterator[tuple[Row, Any]]:
+    def pairs(self, row: Row) -> list[tuple[Row, Any]]:
         """(group key, partial) for every tuple the stream makes of one input ``row``."""
         init = self.aggregator.init
-        for out in self.expand(row):
-            yield tuple(out[i] for i in self.key_idx), init(*(out[i] for i in self.arg_idx))
+        key_idx, arg_idx = self.key_idx, self.arg_idx
+        if len(key_idx) == 1:
+            k = key_idx[0]
+            return [((out[k],), init(*[out[i] for i in arg_idx])) for out in self.expand(row)]
+        return [
+            (tuple([out[i] for i in key_idx]), init(*[out[i] for i in arg_idx]))
+            for out in self.expand(row)
+        ]
 
 
 def compile_persist(persist: Persist, source_fields: tuple[str, ...]) -> PersistPlan:
     fields = list(source_fields)
-    steps: list[EachStep] = []
+    steps: list[Step] = []
     for op in persist.operations:
-        if not isinstance(op, Each):  # pragma: no cover - only each() exists so far
+        if isinstance(op, Each):
+            name = getattr(op.function, "__name__", type(op.function).__name__)
+            in_idx = tuple(fields.index(f) for f in op.in_fields)
+            steps.append(EachStep(op.function, in_idx, len(op.out_fields), name))
+            fields += op.out_fields
+        elif isinstance(op, Filter):
+            steps.append(FilterStep(op.predicate, tuple(fields.index(f) for f in op.in_fields)))
+        elif isinstance(op, Map):
+            name = getattr(op.function, "__name__", type(op.function).__name__)
+            steps.append(MapStep(op.function, len(op.out_fields), op.flat, name))
+            fields = list(op.out_fields)
+        elif isinstance(op, Project):
+            steps.append(ProjectStep(tuple(fields.index(f) for f in op.fields)))
+            fields = list(op.fields)
+        else:  # pragma: no cover - the Stream API builds only these
             raise PipelineError(f"unsupported operation {op!r}")
-        name = getattr(op.function, "__name__", type(op.function).__name__)
-        in_idx = tuple(fields.index(f) for f in op.in_fields)
-        steps.append(EachStep(op.function, in_idx, len(op.out_fields), name))
-        fields += op.out_fields
     return PersistPlan(
         persist.state,
         persist.aggregator,
@@ -147,27 +199,45 @@ class BadRecord:
         }
 
 
-Pairs = list[list[tuple[str, Any]]]
-"""Per persisted state, the (encoded group key, partial) pairs one record makes."""
-
-Processed = tuple[int, int, Pairs | None, BadRecord | None]
-"""(partition, offset, pairs or None, bad record or None)."""
-
 MAX_QUARANTINED_RECORD = 2000
 
 
-def evaluate(plan: Plan, raw: bytes) -> Pairs:
-    """All (encoded key, partial) pairs of one raw record; raises if the record is bad."""
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class KeyEncoder:
+    """encode_key with a per-task cache: each distinct key of scalars is encoded once.
+
+    The cache is keyed by (type, value) pairs, because 1 == 1.0 == True in Python while their
+    encodings differ; keys holding containers are encoded every time."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], str] = {}
+        self._strings: dict[str, str] = {}
+
+    def __call__(self, key: tuple[Any, ...]) -> str:
+        if len(key) == 1 and type(key[0]) is str:  # the common case: one string field
+            encoded = self._strings.get(key[0])
+            if encoded is None:
+                encoded = self._strings[key[0]] = encode_key(key)
+            return encoded
+        if not all(type(v) in _SCALARS for v in key):
+            return encode_key(key)
+        typed = tuple((type(v), v) for v in key)
+        encoded = self._cache.get(typed)
+        if encoded is None:
+            encoded = self._cache[typed] = encode_key(key)
+        return encoded
+
+
+def evaluate(plan: Plan, raw: bytes, encode: Callable[[tuple], str] = encode_key) -> list[list]:
+    """Per persisted state, the (encoded key, partial) pairs one raw record makes; raises if
+    the record is bad (undecodable, missing field, a function raising, an unencodable key)."""
     row = plan.decoder(json.loads(raw))
-    return [[(encode_key(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
+    return [[(encode(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
 
 
-def process(plan: Plan, partition: int, offset: int, raw: bytes) -> Processed:
-    """Evaluate one record; any failure (undecodable, missing field, a function raising, an
-    unencodable key) quarantines the whole record: none of its tuples count."""
-    try:
-        return partition, offset, evaluate(plan, raw), None
-    except Exception as exc:
-        text = raw.decode("utf-8", "replace")[:MAX_QUARANTINED_RECORD]
-        error = f"{type(exc).__name__}: {exc}"[:MAX_QUARANTINED_RECORD]
-        return partition, offset, None, BadRecord(partition, offset, error, text)
+def bad_record(partition: int, offset: int, raw: bytes, exc: BaseException) -> BadRecord:
+    text = raw.decode("utf-8", "replace")[:MAX_QUARANTINED_RECORD]
+    error = f"{type(exc).__name__}: {exc}"[:MAX_QUARANTINED_RECORD]
+    return BadRecord(partition, offset, error, text)

@@ -54,10 +54,12 @@ def parse_key(text: str, persist: Persist) -> tuple[Any, ...]:
 
 
 def query(rt: Runtime, persist: Persist, keys: Sequence[tuple[Any, ...]]) -> tuple[int, list[Any]]:
-    """(committed txid, committed value per key); an unknown key gives the aggregator's zero."""
+    """(committed txid, committed value per key, as the aggregator presents it); an unknown key
+    gives the aggregator's zero."""
     if not persist.group_fields:
         keys = [()]
     encoded = [encode_key(k) for k in keys]
     committed, values = query_committed(rt.client, rt.keyspace, persist.state.name, encoded)
-    zero = persist.aggregator.zero()
-    return committed, [zero if v is None else v for v in values]
+    agg = persist.aggregator
+    zero = agg.zero()
+    return committed, [agg.present(zero if v is None else v) for v in values]

@@ -1,10 +1,11 @@
-"""The Spark engine: a batch's ranges are read by executors, pre-aggregated per key.
+"""The Spark engine: a batch's ranges are read and pre-aggregated by executors.
 
 Every source range is split into tasks of at most TASK_RECORDS records; each task reads its
-range through the file log's index (no rescans). The decoded records are cached once and used
-for two things: the per-partition record counts (Trident's completeness check) and, for each
-persisted state, ``flatMap(pairs).reduceByKey(combine)`` - a Combiner's partial aggregation per
-Spark partition, then combine. The result streams to the driver with toLocalIterator.
+range through the file log's index (no rescans) and runs ``aggregate_range``: per-record plan,
+quarantine of bad records, and the Combiner's partial aggregation within the task (one dict per
+state, each distinct key encoded once). Only those small task outputs are cached; the driver
+collects the record counts (Trident's completeness check) and the bad records, and each state's
+partials are combined across tasks with ``reduceByKey`` and streamed back with toLocalIterator.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.engine import ComputeResult, PartitionCount, Ranges, read_processed
+from tridentflow.engine import ComputeResult, PartitionCount, Ranges, TaskOutput, aggregate_range
 from tridentflow.plan import Plan
 
 if TYPE_CHECKING:
@@ -31,31 +32,20 @@ def split_ranges(ranges: Ranges, task_records: int = TASK_RECORDS) -> list[tuple
     return tasks
 
 
-def _read_task(log_root: str, plan: Plan, task: tuple[int, int, int]):
-    partition, start, end = task
-    return read_processed(log_root, plan, partition, start, end)
+def _run_task(log_root: str, plan: Plan, task: tuple[int, int, int]) -> TaskOutput:
+    return aggregate_range(log_root, plan, *task)
 
 
-def _count(record) -> tuple[int, tuple[int, int, int]]:
-    partition, offset, _pairs, _bad = record
-    return partition, (1, offset, offset)
+def _count(out: TaskOutput) -> tuple[int, PartitionCount]:
+    return out.partition, out.count
 
 
-def _is_bad(record) -> bool:
-    return record[3] is not None
+def _bad(out: TaskOutput) -> list:
+    return out.bad
 
 
-def _bad(record):
-    return record[3]
-
-
-def _merge_counts(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
-    return a[0] + b[0], min(a[1], b[1]), max(a[2], b[2])
-
-
-def _pairs(index: int, record) -> Any:
-    pairs = record[2]
-    return () if pairs is None else pairs[index]
+def _partials(index: int, out: TaskOutput) -> Any:
+    return out.partials[index].items()
 
 
 class SparkEngine:
@@ -72,24 +62,24 @@ class SparkEngine:
         counts = {p: PartitionCount(0, None, None) for p in ranges}
         if not tasks:
             return ComputeResult(counts, {pp.state.name: [] for pp in plan.persists}, [])
-        records = sc.parallelize(tasks, len(tasks)).flatMap(
-            functools.partial(_read_task, log_root, plan)
+        outputs = sc.parallelize(tasks, len(tasks)).map(
+            functools.partial(_run_task, log_root, plan)
         )
-        records.persist(StorageLevel.MEMORY_AND_DISK)
-        for partition, (n, first, last) in records.map(_count).reduceByKey(_merge_counts).collect():
-            counts[partition] = PartitionCount(n, first, last)
-        bad = records.filter(_is_bad).map(_bad).collect()
+        outputs.persist(StorageLevel.MEMORY_AND_DISK)
+        for partition, count in outputs.map(_count).collect():
+            counts[partition] = PartitionCount.merge(counts[partition], count)
+        bad = outputs.flatMap(_bad).collect()
         reducers = max(1, min(sc.defaultParallelism, len(tasks)))
         partials: dict[str, Any] = {}
         for index, pp in enumerate(plan.persists):
-            aggregated = records.flatMap(functools.partial(_pairs, index)).reduceByKey(
+            aggregated = outputs.flatMap(functools.partial(_partials, index)).reduceByKey(
                 pp.aggregator.combine, reducers
             )
-            # Materialise now so the cached input can be released; stream to the driver after.
+            # Materialise now so the cached task outputs can be released; stream after.
             aggregated.persist(StorageLevel.MEMORY_AND_DISK)
             aggregated.count()
             partials[pp.state.name] = aggregated
-        records.unpersist()
+        outputs.unpersist()
         streams = {name: _stream_and_release(rdd) for name, rdd in partials.items()}
         return ComputeResult(counts, streams, sorted(bad, key=lambda b: (b.partition, b.offset)))
 
