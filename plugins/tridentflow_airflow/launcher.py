@@ -145,10 +145,10 @@ def running(home: Path) -> dict[str, int]:
     return {name: pid for name, pid in pids.items() if _alive(pid)}
 
 
-def api_healthy(port: int) -> bool:
+def api_healthy(port: int, timeout: float = 5) -> bool:
     try:
         with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2
+            f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=timeout
         ) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
