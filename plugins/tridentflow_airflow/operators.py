@@ -29,16 +29,21 @@ log = logging.getLogger(__name__)
 
 
 class TridentflowTask:
-    """What every tridentflow task knows: the pipeline, the Redis connection, the home dir."""
+    """Mixin: what every tridentflow task knows - the pipeline (bundled name or
+    module:attribute), the Redis connection, the home directory, the txid lease.
 
-    pipeline: str
-    redis_conn_id: str
-    home: str | None
-    lease: timedelta
+    Put it first in the bases; each operator class must define __init__ (see CommitOperator)."""
 
-    def _init_tridentflow(
-        self, pipeline: str, redis_conn_id: str, home: str | None, lease: timedelta
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        redis_conn_id: str = "redis_default",
+        home: str | None = None,
+        lease: timedelta = timedelta(minutes=30),
+        **kwargs: Any,
     ) -> None:
+        super().__init__(**kwargs)
         self.pipeline = pipeline
         self.redis_conn_id = redis_conn_id
         self.home = home
@@ -69,18 +74,8 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
     template_fields = ("batch_size",)
     ui_color = "#e8f0fe"
 
-    def __init__(
-        self,
-        *,
-        pipeline: str,
-        redis_conn_id: str = "redis_default",
-        home: str | None = None,
-        batch_size: int | str | None = None,
-        lease: timedelta = timedelta(minutes=30),
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, batch_size: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._init_tridentflow(pipeline, redis_conn_id, home, lease)
         self.batch_size = batch_size
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -101,9 +96,6 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         self,
         *,
         pipeline: str,
-        redis_conn_id: str = "redis_default",
-        home: str | None = None,
-        lease: timedelta = timedelta(minutes=30),
         conn_id: str = "spark_default",
         conf: dict[str, Any] | None = None,
         **kwargs: Any,
@@ -114,6 +106,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             **(conf or {}),
         }
         super().__init__(
+            pipeline=pipeline,
             application=str(EMIT_APPLICATION),
             application_args=["--pipeline", pipeline, "--run-id", "{{ run_id }}"],
             conn_id=conn_id,
@@ -121,7 +114,6 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             name=f"tridentflow-emit-{pipeline}",
             **kwargs,
         )
-        self._init_tridentflow(pipeline, redis_conn_id, home, lease)
 
     def emit_env(self) -> dict[str, str]:
         """Environment of the spark-submit process (keeps the Redis URL off the argv)."""
@@ -143,17 +135,10 @@ class CommitOperator(TridentflowTask, BaseOperator):
 
     ui_color = "#e6f4ea"
 
-    def __init__(
-        self,
-        *,
-        pipeline: str,
-        redis_conn_id: str = "redis_default",
-        home: str | None = None,
-        lease: timedelta = timedelta(minutes=30),
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, **kwargs: Any) -> None:
+        # Airflow's operator metaclass wraps the __init__ a concrete operator class defines
+        # (default_args); the mixin's own __init__ is not wrapped, so every operator keeps one.
         super().__init__(**kwargs)
-        self._init_tridentflow(pipeline, redis_conn_id, home, lease)
 
     def execute(self, context: Any) -> dict[str, Any]:
         result = commit_run(self.runtime(), context["run_id"], self.lease_ms)
