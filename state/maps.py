@@ -25,7 +25,7 @@ a key it no longer touches, and the record would be counted again when it arrive
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -254,8 +254,3 @@ _MAPS: dict[StateKind, type[MapState]] = {
 
 def make_map_state(kind: StateKind | str, backing: BackingMap, name: str = "state") -> MapState:
     return _MAPS[StateKind.parse(kind)](backing, name)
-
-
-def committed_values(stored: Iterable[StoredValue | None], committed_txid: int) -> list[Any]:
-    """Committed view of raw stored values (None for an absent key)."""
-    return [None if s is None else s.committed_view(committed_txid) for s in stored]

@@ -162,13 +162,12 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     current = log.partitions() if log.exists() else 0
     log.ensure(max(args.partitions or 0, pipeline.source.partitions, current))
     records = _records(pipeline, args.file, args.json)
-    appended = log.append_spread(records)
+    log.append_spread(records)
     heads = log.heads()
     out.write(
         f"appended {len(records)} records to {pipeline.name} "
         f"({len(heads)} partitions, {sum(heads.values())} in the log)\n"
     )
-    _ = appended
     return 0
 
 
