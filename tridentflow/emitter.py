@@ -45,13 +45,14 @@ def emit_ranges(
     positions = start_positions(rt, txid, meta)
     size = int(meta["batch_size"])
     ranges, skipped = {}, []
-    for partition, head in rt.source_heads().items():
+    heads = rt.source_heads()
+    for partition, head in heads.items():
         start = positions.get(partition, 0)
         if partition in dark:
             skipped.append(partition)
             continue
         ranges[partition] = (start, min(head, start + size))
-    after = {p: ranges[p][1] if p in ranges else positions.get(p, 0) for p in rt.source_heads()}
+    after = {p: ranges[p][1] if p in ranges else positions.get(p, 0) for p in heads}
     return ranges, skipped, after
 
 

@@ -111,7 +111,8 @@ class FileLog:
         return int(self._head(partition)["offset"])
 
     def heads(self) -> dict[int, int]:
-        return {p: self.head(p) for p in range(self.partitions())}
+        """Head offset of every partition (partitions.json is read once)."""
+        return {p: int(self._head(p)["offset"]) for p in range(self.partitions())}
 
     def _check_partition(self, partition: int) -> None:
         n = self.partitions()

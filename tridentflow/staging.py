@@ -7,8 +7,7 @@
 An attempt counts as staged only once its manifest exists. The manifest records the source
 ranges read, the record counts per partition, and for each state file its line count and
 SHA-256 (and the same for the bad records), so that ``load`` refuses a torn or tampered
-batch (IncompleteBatchError) instead of
-committing part of it.
+batch (IncompleteBatchError) instead of committing part of it.
 """
 
 from __future__ import annotations
