@@ -4,7 +4,7 @@ import pytest
 
 from state.maps import StateKind
 from tridentflow import GUARANTEES, Count, Guarantee, LogSource, Pipeline, SourceMode, StateSpec
-from tridentflow.aggregators import Reducer
+from tridentflow.aggregators import Aggregator, Reducer, Sum
 from tridentflow.errors import PipelineError
 from tridentflow.registry import load_pipeline
 
@@ -44,17 +44,77 @@ def test_definition_errors_are_clear():
     with pytest.raises(PipelineError, match="persists no state"):
         p.validate()
 
-    class Last(Reducer):
-        def init(self):
-            return None
-
-        def reduce(self, acc, *values):
-            return values[0]
-
-    with pytest.raises(PipelineError, match="Combiner"):
-        p.stream.group_by("sentence").persistent_aggregate(StateSpec("s"), Last())
     with pytest.raises(ValueError, match="state name"):
         StateSpec("bad name")
+
+
+class Last(Reducer):
+    def init(self):
+        return None
+
+    def reduce(self, acc, *values):
+        return values[0]
+
+
+class Pairs(Aggregator):
+    def init(self, batch):
+        return []
+
+    def aggregate(self, acc, *values):
+        return [*acc, values]
+
+    def complete(self, acc):
+        return acc
+
+
+def test_a_full_aggregator_cannot_be_persisted():
+    p = Pipeline("p", LogSource(fields=("a", "b")))
+    with pytest.raises(PipelineError, match=r"full Aggregator .* cannot be persisted"):
+        p.stream.group_by("a").persistent_aggregate(StateSpec("s"), Pairs(), "b")
+    with pytest.raises(PipelineError, match="not a StateUpdater"):
+        p.stream.partition_persist(StateSpec("s"), Pairs())
+    # a Reducer can be persisted; a full Aggregator can be aggregated, then persisted
+    p.stream.group_by("a").persistent_aggregate(StateSpec("last"), Last(), "b")
+    pairs = p.stream.aggregate(["a", "b"], Pairs(), ["a2", "b2"])
+    pairs.group_by("a2").persistent_aggregate(StateSpec("n"), Count())
+    assert sorted(p.states) == ["last", "n"]
+
+
+def test_batch_operation_errors_name_the_problem():
+    p = Pipeline("p", LogSource(fields=("a", "b")))
+    s = p.stream
+    with pytest.raises(PipelineError, match="no repartitioning stage"):
+        s.each("a", lambda a: [(a,)], "c").parallelism_hint(2)
+    with pytest.raises(PipelineError, match="positive integer"):
+        s.shuffle().parallelism_hint(0)
+    with pytest.raises(PipelineError, match="one result per batch"):
+        s.aggregate("a", Count(), "n").parallelism_hint(2)
+    with pytest.raises(PipelineError, match="2 and 1 fields"):
+        p.merge(s, s.project("a"))
+    with pytest.raises(PipelineError, match="needs 3 distinct output field names"):
+        p.join(s, "a", s, "a", ["a", "b"])
+    with pytest.raises(PipelineError, match="equally many"):
+        p.join(s, ["a", "b"], s, "a", ["a", "b"])
+    with pytest.raises(PipelineError, match="makes one value"):
+        s.aggregate("a", Count(), ["x", "y"])
+    with pytest.raises(PipelineError, match="cannot be mixed"):
+        s.chained_agg().aggregate("a", Count(), "x").partition_aggregate("a", Count(), "y")
+    with pytest.raises(PipelineError, match="repeat a name"):
+        s.chained_agg().aggregate("a", Count(), "x").aggregate("b", Count(), "x").chain_end()
+    other = Pipeline("q", LogSource(fields=("a",)))
+    with pytest.raises(PipelineError, match="cannot be used in"):
+        p.merge(s.project("a"), other.stream)
+    counts = s.group_by("a").persistent_aggregate(StateSpec("counts"), Count())
+    with pytest.raises(PipelineError, match="keyed by 1 field"):
+        s.state_query(counts, ["a", "b"])
+    looked_up = s.state_query(counts, "a", "count")
+    with pytest.raises(PipelineError, match=r"state query .* Use an opaque state"):
+        looked_up.group_by("a").persistent_aggregate(
+            StateSpec("t", StateKind.TRANSACTIONAL), Sum(), "count"
+        )
+    # a hint sets the nearest repartition, through per-tuple operations and partition aggregates
+    hinted = s.partition_by("a").partition_aggregate("b", Count(), "n").parallelism_hint(3)
+    assert hinted.node.parent.parallelism == 3
 
 
 def test_registry_finds_examples_and_module_attributes():

@@ -50,6 +50,7 @@ def test_split_ranges_bounds_task_size():
         (0, 5, 8),
         (0, 8, 11),
         (0, 11, 12),
+        (1, 3, 3),  # an empty task: every partition read is a partition of the source stage
     ]
 
 

@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 from state.maps import StateKind
-from tridentflow.aggregators import Combiner, Count, Max, Mean, Min, Reducer, Sum
+from tridentflow.aggregators import (
+    Aggregator,
+    BatchInfo,
+    Combiner,
+    Count,
+    First,
+    Max,
+    Mean,
+    Min,
+    Reducer,
+    StateUpdater,
+    Sum,
+)
 from tridentflow.pipeline import (
     GUARANTEES,
     Guarantee,
@@ -16,8 +28,11 @@ from tridentflow.pipeline import (
 
 __all__ = [
     "GUARANTEES",
+    "Aggregator",
+    "BatchInfo",
     "Combiner",
     "Count",
+    "First",
     "Guarantee",
     "LogSource",
     "Max",
@@ -28,6 +43,7 @@ __all__ = [
     "SourceMode",
     "StateKind",
     "StateSpec",
+    "StateUpdater",
     "Sum",
     "guarantee_of",
 ]

@@ -1,17 +1,35 @@
-"""Aggregator kinds (Trident's CombinerAggregator / ReducerAggregator) and built-ins.
+"""Aggregator kinds (Trident's CombinerAggregator / ReducerAggregator / Aggregator), state
+updaters, and the built-ins.
 
 * ``Combiner``: ``init(*values)`` makes a partial from one tuple, ``combine(a, b)`` merges two
   partials, ``zero()`` is the partial of an empty partition. Partial results are computed per
   partition, then combined; the stored value is updated with ``combine(stored, partial)``.
-* ``Reducer``: ``init()`` and ``reduce(acc, *values)``: a fold with no partial step.
+* ``Reducer``: ``init()`` and ``reduce(acc, *values)``: a fold with no partial step; a stored
+  value is updated by folding the batch's tuples into it (``init()`` when there is none).
+* ``Aggregator`` (Trident's full Aggregator): ``init(batch)``, ``aggregate(acc, *values)``,
+  ``complete(acc)`` -> 0..n output tuples. Batch operations only: it cannot be persisted.
+* ``StateUpdater`` (Trident's StateUpdater for partition_persist): ``update(current, tuples)``
+  gives a key's new value from its current one (None if absent) and the batch's tuples.
 
+Every fold sees its tuples in the batch's deterministic order (source order, and across a
+repartition, sender by sender; see tridentflow.batchops), so a replay reproduces it exactly.
 Aggregators must be deterministic and picklable (they are shipped to Spark executors).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What a full Aggregator's ``init`` is told: the txid and the partition it aggregates."""
+
+    txid: int
+    partition: int
 
 
 class Combiner(ABC):
@@ -39,8 +57,95 @@ class Reducer(ABC):
     @abstractmethod
     def reduce(self, acc: Any, *values: Any) -> Any: ...
 
+    def present(self, value: Any) -> Any:
+        return value
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class Aggregator(ABC):
+    """Trident's full Aggregator. ``complete`` returns the output tuples (a tuple/list per
+    output, or a bare value for a one-field output); None means no output."""
+
+    @abstractmethod
+    def init(self, batch: BatchInfo) -> Any: ...
+
+    @abstractmethod
+    def aggregate(self, acc: Any, *values: Any) -> Any:
+        """The new accumulator after one tuple (may mutate and return ``acc``)."""
+
+    @abstractmethod
+    def complete(self, acc: Any) -> Iterable[Any] | None: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class StateUpdater(ABC):
+    """A custom state update for ``partition_persist``: called once per key per txid."""
+
+    @abstractmethod
+    def update(self, current: Any, tuples: list[tuple[Any, ...]]) -> Any: ...
+
+    def present(self, value: Any) -> Any:
+        return value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+@dataclass(frozen=True)
+class FunctionUpdater(StateUpdater):
+    """A plain ``function(current, tuples) -> new value`` as a StateUpdater."""
+
+    function: Callable[[Any, list[tuple[Any, ...]]], Any]
+
+    def update(self, current: Any, tuples: list[tuple[Any, ...]]) -> Any:
+        return self.function(current, tuples)
+
+    def __repr__(self) -> str:
+        return getattr(self.function, "__name__", repr(self.function))
+
+
+AnyAggregator = Combiner | Reducer | Aggregator
+Persistable = Combiner | Reducer | StateUpdater
+
+
+def apply_staged(persisted: Persistable, current: Any, staged: Any) -> Any:
+    """A key's new stored value from its current one and what the batch staged for it: a
+    Combiner's partial, or a Reducer's / StateUpdater's tuples in batch order."""
+    if isinstance(persisted, Combiner):
+        return staged if current is None else persisted.combine(current, staged)
+    tuples = [tuple(t) for t in staged]
+    if isinstance(persisted, Reducer):
+        acc = persisted.init() if current is None else current
+        for values in tuples:
+            acc = persisted.reduce(acc, *values)
+        return acc
+    return persisted.update(current, tuples)
+
+
+def absent_value(persisted: Persistable) -> Any:
+    """What a query shows for a key that was never written."""
+    if isinstance(persisted, Combiner):
+        return persisted.zero()
+    if isinstance(persisted, Reducer):
+        return persisted.init()
+    return None
+
+
+def fold(aggregator: Combiner | Reducer, rows: Sequence[Sequence[Any]]) -> Any:
+    """A Combiner's or Reducer's value over ``rows`` (argument tuples), in order."""
+    if isinstance(aggregator, Reducer):
+        acc = aggregator.init()
+        for values in rows:
+            acc = aggregator.reduce(acc, *values)
+        return acc
+    acc = aggregator.zero()
+    for values in rows:
+        acc = aggregator.combine(acc, aggregator.init(*values))
+    return acc
 
 
 class Count(Combiner):
@@ -125,3 +230,17 @@ class Mean(Combiner):
         if not value or not value[1]:
             return None
         return value[0] / value[1]
+
+
+class First(Combiner):
+    """The first non-None value of one field, in the batch's deterministic order (None for no
+    tuples); persisted, the first value ever stored is kept."""
+
+    def init(self, *values: Any) -> Any:
+        return values[0]
+
+    def combine(self, a: Any, b: Any) -> Any:
+        return b if a is None else a
+
+    def zero(self) -> Any:
+        return None

@@ -265,8 +265,17 @@ def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
         out.write("\n")
     else:
         for label, value in zip(labels, values, strict=True):
-            out.write(f"{label}\t{'' if value is None else value}\n")
+            out.write(f"{label}\t{_show(value)}\n")
     return 0
+
+
+def _show(value: Any) -> str:
+    """A queried value on one line: empty for none, JSON for lists and maps."""
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
@@ -402,7 +411,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "query" and not any(e.startswith("-") for e in extra):
+        args.keys += extra  # keys after options: `query P --state S KEY...`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     out = out or sys.stdout
     if "" not in sys.path and os.getcwd() not in sys.path:
         # like `python -m` and uvicorn: a user's `module:attribute` resolves from the cwd

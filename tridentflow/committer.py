@@ -26,6 +26,7 @@ from state.backing import Fence
 from state.errors import CommitOrderError
 from state.maps import MapState, make_map_state
 from state.redis_backing import CHUNK, fenced_hset
+from tridentflow.aggregators import Persistable, apply_staged
 from tridentflow.errors import IncompleteBatchError, NotReadyError
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
@@ -45,15 +46,16 @@ class CommitResult:
 
 
 @dataclass(frozen=True)
-class _CombineInto:
-    """Updater: the stored value combined with this batch's partial (Trident's
-    CombinerValueUpdater)."""
+class _ApplyStaged:
+    """Updater: the stored value updated with what the batch staged for the key - combined
+    with a Combiner's partial (Trident's CombinerValueUpdater), folded over a Reducer's tuples
+    (ReducerValueUpdater), or a StateUpdater's update."""
 
-    combine: Any
-    partial: Any
+    persisted: Persistable
+    staged: Any
 
     def __call__(self, old: Any) -> Any:
-        return self.partial if old is None else self.combine(old, self.partial)
+        return apply_staged(self.persisted, old, self.staged)
 
 
 def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
@@ -126,16 +128,18 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     for name, persist in rt.pipeline.states.items():
         state = make_map_state(persist.state.kind, rt.backing(name), name)
         state.begin_commit(txid, fence)
-        maps[name] = (state, persist.aggregator.combine)
+        maps[name] = (state, persist.aggregator)
 
     total = sum(staged.key_count(name) for name in maps)
     half = total // 2
     written = 0
     if half == 0:
         rt.faults.fire("mid-commit", txid, ticket.token)
-    for name, (state, combine) in maps.items():
+    for name, (state, persisted) in maps.items():
         for chunk in _chunks(staged.items(name), CHUNK, max(0, half - written)):
-            state.multi_update([k for k, _ in chunk], [_CombineInto(combine, p) for _, p in chunk])
+            state.multi_update(
+                [k for k, _ in chunk], [_ApplyStaged(persisted, p) for _, p in chunk]
+            )
             before, written = written, written + len(chunk)
             if before < half <= written:
                 rt.faults.fire("mid-commit", txid, ticket.token)

@@ -9,7 +9,9 @@ after its manifest is durable. A committed txid is a no-op. Safe to re-run at an
   without it, and the pipeline waits - Trident's documented weakness of this source kind.
 Records that cannot be processed (undecodable, missing fields, a function raising) are staged
 as bad records and quarantined at commit; they never fail the batch unless the pipeline's
-max_bad_records / max_bad_fraction is exceeded (TooManyBadRecords).
+max_bad_records / max_bad_fraction is exceeded (TooManyBadRecords). Every exchange between
+stages reports its tuple counts; a batch whose counts disagree (a lost tuple) fails here, and
+the reports are staged so the commit checks them again.
 
 * opaque / non-transactional source: each partition is read from its committed position (or,
   pipelined, from where txid-1's staged attempt stopped) up to ``batch_size`` records; a dark
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tridentflow.engine import Engine
+from tridentflow.engine import Engine, check_stages
 from tridentflow.errors import NotReadyError, PartitionUnavailable, TooManyBadRecords
+from tridentflow.graph import ExecContext
 from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
@@ -110,8 +113,12 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         "skipped": sorted(skipped),
         "next_positions": {str(p): v for p, v in sorted(next_positions.items())},
     }
-    result = engine.compute(rt.plan, str(rt.log.root), ranges)
+    lose = rt.faults.armed("lose-tuple", txid, attempt) is not None
+    ctx = ExecContext(txid, rt.redis_url, lose_tuple=lose)
+    result = engine.compute(rt.plan, str(rt.log.root), ranges, ctx)
+    check_stages(txid, result.stages)
     check_bad_records(rt, txid, sum(c.n for c in result.counts.values()), len(result.bad))
+    header["stages"] = [r.to_json() for r in result.stages]
     staged = rt.staging.write(
         header,
         result.counts,

@@ -7,7 +7,9 @@ Syntax (``TRIDENTFLOW_FAULTS`` or ``--faults``), a comma-separated list of:
   (about half the keys written), ``before-ledger`` (all keys written, txid not yet marked
   committed). The fault fires only on that step's attempt ATTEMPT (default 1) of txid TXID, so
   resuming gets past it. ``raise`` (default) fails the step with InjectedFault; ``kill`` ends
-  the process at once with SIGKILL (exit code 137).
+  the process at once with SIGKILL (exit code 137). ``lose-tuple`` is a data fault instead: in
+  that emit attempt the first exchange between stages loses one tuple in transit, and the
+  completeness check must fail the batch.
 * ``dark:P@TXID`` or ``dark:P@FIRST-LAST`` - partition P is unreadable while those txids emit
   (every attempt).
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 from tridentflow.errors import TridentflowError
 
-POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger")
+POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger", "lose-tuple")
 ENV = "TRIDENTFLOW_FAULTS"
 
 _FAULT = re.compile(

@@ -6,22 +6,34 @@
         .group_by(["word"])
         .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count"))
 
-A stream is an immutable chain of operations; every method returns a new stream. Persisting
-registers the state on the pipeline. Which (source mode, state kind) pairs are exactly-once is
-``GUARANTEES``; the refused pairs raise PipelineError, the at-least-once ones need an explicit
-``allow_at_least_once=True`` and are labelled loudly everywhere.
+A stream is a node of an immutable graph rooted at the source: per-tuple operations (each,
+filter, map, flat_map, project), repartitions (partition_by, shuffle, global_, batch_global,
+broadcast, with parallelism_hint), batch aggregates (aggregate, partition_aggregate,
+group_by().aggregate, chained_agg), merge, join and state_query; every method returns a new
+stream, and branches of one stream share its computation. Persisting (persistent_aggregate,
+partition_persist) registers the state on the pipeline. Which (source mode, state kind) pairs
+are exactly-once is ``GUARANTEES``; the refused pairs raise PipelineError, the at-least-once
+ones need an explicit ``allow_at_least_once=True`` and are labelled loudly everywhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from state.keys import check_name
 from state.maps import StateKind
-from tridentflow.aggregators import Combiner, Reducer
+from tridentflow.aggregators import (
+    Aggregator,
+    AnyAggregator,
+    Combiner,
+    FunctionUpdater,
+    Persistable,
+    Reducer,
+    StateUpdater,
+)
 from tridentflow.errors import PipelineError
 
 
@@ -136,17 +148,152 @@ class Project:
 Operation = Each | Filter | Map | Project
 
 
+class Repartition(StrEnum):
+    PARTITION_BY = "partition_by"
+    SHUFFLE = "shuffle"
+    GLOBAL = "global"
+    BATCH_GLOBAL = "batch_global"
+    BROADCAST = "broadcast"
+
+
+class Scope(StrEnum):
+    PARTITION = "partition"  # partition_aggregate: per partition of the stream
+    BATCH = "batch"  # aggregate: once per batch
+    GROUP = "group"  # group_by().aggregate: once per group per batch
+
+
+# The stream graph. Nodes are immutable and compared by identity; a stream is a node.
+
+
+@dataclass(frozen=True, eq=False)
+class SourceNode:
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class OpNode:
+    parent: Node
+    op: Operation
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class RepartitionNode:
+    parent: Node
+    how: Repartition
+    key_fields: tuple[str, ...]
+    parallelism: int | None
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """One aggregator of an aggregate (several make a chained aggregate)."""
+
+    in_fields: tuple[str, ...]
+    aggregator: AnyAggregator
+    out_fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class AggregateNode:
+    parent: Node
+    scope: Scope
+    group_fields: tuple[str, ...]
+    specs: tuple[AggSpec, ...]
+    parallelism: int | None
+    fields: tuple[str, ...]
+
+    @property
+    def combiners_only(self) -> bool:
+        """All Combiners: partial aggregation per partition before any repartition."""
+        return all(isinstance(s.aggregator, Combiner) for s in self.specs)
+
+
+@dataclass(frozen=True, eq=False)
+class MergeNode:
+    inputs: tuple[Node, ...]
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class JoinNode:
+    left: Node
+    right: Node
+    left_fields: tuple[str, ...]
+    right_fields: tuple[str, ...]
+    parallelism: int | None
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class QueryNode:
+    """Trident's stateQuery with MapGet: appends the committed value of each tuple's key."""
+
+    parent: Node
+    pipeline_name: str
+    state_name: str
+    persisted: Persistable
+    key_fields: tuple[str, ...]
+    fields: tuple[str, ...]
+
+
+Node = SourceNode | OpNode | RepartitionNode | AggregateNode | MergeNode | JoinNode | QueryNode
+
+
+def parents_of(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, SourceNode):
+        return ()
+    if isinstance(node, MergeNode):
+        return node.inputs
+    if isinstance(node, JoinNode):
+        return (node.left, node.right)
+    return (node.parent,)
+
+
+def lineage(node: Node) -> list[Node]:
+    """Every node ``node`` depends on, itself included, each once, parents first."""
+    seen: dict[int, Node] = {}
+
+    def visit(n: Node) -> None:
+        if id(n) in seen:
+            return
+        for parent in parents_of(n):
+            visit(parent)
+        seen[id(n)] = n
+
+    visit(node)
+    return list(seen.values())
+
+
+def is_record_level(node: Node) -> bool:
+    """True if ``node`` is the source followed only by per-record operations."""
+    while isinstance(node, OpNode):
+        node = node.parent
+    return isinstance(node, SourceNode)
+
+
 @dataclass(frozen=True)
 class Persist:
-    """A persistent aggregate: the stream's tuples, grouped, aggregated into a map state."""
+    """A persisted state: the stream's tuples, grouped by ``group_fields``, folded into a map
+    state by a Combiner, a Reducer or a StateUpdater (``partition_persist``)."""
 
     state: StateSpec
-    aggregator: Combiner
+    aggregator: Persistable
     group_fields: tuple[str, ...]
     in_fields: tuple[str, ...]
     out_field: str
-    operations: tuple[Operation, ...]
-    fields: tuple[str, ...]
+    node: Node
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.node.fields
+
+    @property
+    def batch_invariant(self) -> bool:
+        """True if the state depends only on the records, not on how they were batched: then
+        ``audit`` can recompute it from the whole source as one batch."""
+        return is_record_level(self.node) and not isinstance(self.aggregator, StateUpdater)
 
 
 def _name(function: Any) -> str:
@@ -157,11 +304,73 @@ def _fields(value: str | Sequence[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
+def _check_parallelism(n: int | None) -> None:
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise PipelineError(f"parallelism must be a positive integer, got {n!r}")
+
+
+def _with_parallelism(node: Node, n: int) -> Node:
+    """``node`` with the nearest upstream repartitioning stage set to ``n`` partitions."""
+    if isinstance(node, RepartitionNode):
+        return replace(node, parallelism=n)
+    if isinstance(node, JoinNode):
+        return replace(node, parallelism=n)
+    if isinstance(node, AggregateNode):
+        if node.scope is Scope.GROUP:
+            return replace(node, parallelism=n)
+        if node.scope is Scope.BATCH:
+            raise PipelineError(
+                "parallelism_hint: an aggregate() makes one result per batch in one partition;"
+                " a hint has no meaning there"
+            )
+        return replace(node, parent=_with_parallelism(node.parent, n))
+    if isinstance(node, (OpNode, QueryNode)):
+        return replace(node, parent=_with_parallelism(node.parent, n))
+    raise PipelineError(
+        "parallelism_hint: no repartitioning stage (partition_by, shuffle, global_, "
+        "batch_global, broadcast, group_by().aggregate, join) before it: the source stage has "
+        "one partition per read task"
+    )
+
+
+def _check_specs(specs: Sequence[AggSpec], fields: tuple[str, ...], what: str) -> None:
+    if not specs:
+        raise PipelineError(f"{what}: no aggregators")
+    outs: list[str] = []
+    for spec in specs:
+        agg = spec.aggregator
+        if not isinstance(agg, (Combiner, Reducer, Aggregator)):
+            raise PipelineError(
+                f"{what}: {agg!r} is not a Combiner, Reducer or Aggregator"
+                + (
+                    " (a StateUpdater is for partition_persist)"
+                    if isinstance(agg, StateUpdater)
+                    else ""
+                )
+            )
+        missing = [f for f in spec.in_fields if f not in fields]
+        if missing:
+            raise PipelineError(f"{what}({agg!r}): no field(s) {missing} in {list(fields)}")
+        if not spec.out_fields:
+            raise PipelineError(f"{what}({agg!r}): needs at least one output field")
+        if not isinstance(agg, Aggregator) and len(spec.out_fields) != 1:
+            raise PipelineError(
+                f"{what}({agg!r}): a {type(agg).__mro__[1].__name__} makes one value; got "
+                f"output fields {list(spec.out_fields)}"
+            )
+        outs += spec.out_fields
+    if len(set(outs)) != len(outs):
+        raise PipelineError(f"{what}: output fields {outs} repeat a name")
+
+
 @dataclass(frozen=True)
 class Stream:
     pipeline: Pipeline
-    fields: tuple[str, ...]
-    operations: tuple[Operation, ...] = ()
+    node: Node
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.node.fields
 
     def _require(self, names: Sequence[str], what: str) -> None:
         missing = [n for n in names if n not in self.fields]
@@ -170,6 +379,10 @@ class Stream:
                 f"{what}: no field(s) {', '.join(missing)} in stream fields {list(self.fields)}"
             )
 
+    def _op(self, op: Operation, fields: tuple[str, ...]) -> Stream:
+        return Stream(self.pipeline, OpNode(self.node, op, fields))
+
+    # -- per-tuple operations ---------------------------------------------------------------
     def each(
         self,
         in_fields: str | Sequence[str],
@@ -184,32 +397,118 @@ class Stream:
             raise PipelineError(f"each({name}): output field(s) {clash} already exist")
         if not callable(function):
             raise PipelineError(f"each(): {function!r} is not callable")
-        op = Each(ins, function, outs)
-        return Stream(self.pipeline, self.fields + outs, (*self.operations, op))
+        return self._op(Each(ins, function, outs), self.fields + outs)
 
     def filter(self, in_fields: str | Sequence[str], predicate: Callable[..., Any]) -> Stream:
         ins = _fields(in_fields)
         self._require(ins, f"filter({_name(predicate)})")
-        return Stream(self.pipeline, self.fields, (*self.operations, Filter(ins, predicate)))
+        return self._op(Filter(ins, predicate), self.fields)
 
     def map(
         self, function: Callable[..., Any], out_fields: str | Sequence[str] | None = None
     ) -> Stream:
         """One output tuple per input tuple, from all of its values."""
         outs = self.fields if out_fields is None else _fields(out_fields)
-        return Stream(self.pipeline, outs, (*self.operations, Map(function, outs)))
+        return self._op(Map(function, outs), outs)
 
     def flat_map(
         self, function: Callable[..., Any], out_fields: str | Sequence[str] | None = None
     ) -> Stream:
         """0..n output tuples per input tuple, from all of its values."""
         outs = self.fields if out_fields is None else _fields(out_fields)
-        return Stream(self.pipeline, outs, (*self.operations, Map(function, outs, flat=True)))
+        return self._op(Map(function, outs, flat=True), outs)
 
     def project(self, fields: str | Sequence[str]) -> Stream:
         keep = _fields(fields)
         self._require(keep, "project")
-        return Stream(self.pipeline, keep, (*self.operations, Project(keep)))
+        return self._op(Project(keep), keep)
+
+    # -- repartitioning ---------------------------------------------------------------------
+    def _repartition(self, how: Repartition, keys: tuple[str, ...] = ()) -> Stream:
+        node = RepartitionNode(self.node, how, keys, None, self.fields)
+        return Stream(self.pipeline, node)
+
+    def partition_by(self, fields: str | Sequence[str]) -> Stream:
+        """Tuples with equal ``fields`` go to the same partition (a stable hash)."""
+        keys = _fields(fields)
+        if not keys:
+            raise PipelineError("partition_by() needs at least one field")
+        self._require(keys, "partition_by")
+        return self._repartition(Repartition.PARTITION_BY, keys)
+
+    def shuffle(self) -> Stream:
+        """Spread tuples evenly (round robin, deterministic) over the stage's partitions."""
+        return self._repartition(Repartition.SHUFFLE)
+
+    def global_(self) -> Stream:
+        """Every tuple of the batch to one partition (Trident's global())."""
+        return self._repartition(Repartition.GLOBAL)
+
+    def batch_global(self) -> Stream:
+        """Every tuple of a batch to one partition. One batch runs at a time per txid here, so
+        this is global_() (Trident spreads different batches over tasks)."""
+        return self._repartition(Repartition.BATCH_GLOBAL)
+
+    def broadcast(self) -> Stream:
+        """Every tuple to every partition of the next stage."""
+        return self._repartition(Repartition.BROADCAST)
+
+    def parallelism_hint(self, n: int) -> Stream:
+        """Run the stage since the last repartition as ``n`` partitions (Trident's
+        parallelismHint). Results never depend on it, except where a partition-level
+        operation (partition_aggregate) is asked for by the pipeline itself."""
+        _check_parallelism(n)
+        return Stream(self.pipeline, _with_parallelism(self.node, n))
+
+    # -- batch operations -------------------------------------------------------------------
+    def _aggregate(
+        self, scope: Scope, group: tuple[str, ...], specs: Sequence[AggSpec], what: str
+    ) -> Stream:
+        _check_specs(specs, self.fields, what)
+        outs = tuple(f for spec in specs for f in spec.out_fields)
+        clash = [f for f in outs if f in group]
+        if clash:
+            raise PipelineError(f"{what}: output field(s) {clash} repeat a group field")
+        node = AggregateNode(self.node, scope, group, tuple(specs), None, group + outs)
+        return Stream(self.pipeline, node)
+
+    def aggregate(
+        self,
+        in_fields: str | Sequence[str],
+        aggregator: AnyAggregator,
+        out_fields: str | Sequence[str],
+    ) -> Stream:
+        """One aggregate of the whole batch, in one partition (a Combiner aggregates each
+        partition first; an empty batch gives its zero(), a Reducer its init())."""
+        spec = AggSpec(_fields(in_fields), aggregator, _fields(out_fields))
+        return self._aggregate(Scope.BATCH, (), [spec], "aggregate")
+
+    def partition_aggregate(
+        self,
+        in_fields: str | Sequence[str],
+        aggregator: AnyAggregator,
+        out_fields: str | Sequence[str],
+    ) -> Stream:
+        """One aggregate per partition of the stream (an empty partition too)."""
+        spec = AggSpec(_fields(in_fields), aggregator, _fields(out_fields))
+        return self._aggregate(Scope.PARTITION, (), [spec], "partition_aggregate")
+
+    def chained_agg(self) -> ChainedAggregate:
+        """Several aggregators in one pass: ``.chained_agg().aggregate(..).aggregate(..)
+        .chain_end()``; the output is the cross product of their outputs."""
+        return ChainedAggregate(self, ())
+
+    def merge(self, *others: Stream) -> Stream:
+        return self.pipeline.merge(self, *others)
+
+    def join(
+        self,
+        fields: str | Sequence[str],
+        other: Stream,
+        other_fields: str | Sequence[str],
+        out_fields: str | Sequence[str],
+    ) -> Stream:
+        return self.pipeline.join(self, fields, other, other_fields, out_fields)
 
     def group_by(self, fields: str | Sequence[str]) -> GroupedStream:
         group = _fields(fields)
@@ -218,15 +517,66 @@ class Stream:
         self._require(group, "group_by")
         return GroupedStream(self, group)
 
+    def state_query(
+        self,
+        state: TridentState,
+        key_fields: str | Sequence[str],
+        out_field: str = "value",
+    ) -> Stream:
+        """Append the last committed value of ``state`` at each tuple's key (None if absent):
+        Trident's stateQuery with MapGet. Keys are fetched in batches, one Redis round trip per
+        partition and chunk of keys."""
+        keys = _fields(key_fields)
+        self._require(keys, f"state_query({state.name})")
+        width = len(state.persist.group_fields)
+        if len(keys) != width:
+            raise PipelineError(
+                f"state_query({state.name}): the state is keyed by {width} field(s) "
+                f"{list(state.persist.group_fields)}; got key fields {list(keys)}"
+            )
+        if out_field in self.fields:
+            raise PipelineError(f"state_query({state.name}): field {out_field!r} already exists")
+        node = QueryNode(
+            self.node,
+            state.pipeline.name,
+            state.name,
+            state.persist.aggregator,
+            keys,
+            (*self.fields, out_field),
+        )
+        return Stream(self.pipeline, node)
+
+    # -- persistence ------------------------------------------------------------------------
     def persistent_aggregate(
         self,
         state: StateSpec,
-        aggregator: Combiner,
+        aggregator: Combiner | Reducer,
         in_fields: str | Sequence[str] = (),
         out_field: str = "value",
     ) -> TridentState:
         """Ungrouped (global) persistent aggregate: a single value (Trident's Snapshottable)."""
         return self.pipeline._persist(self, (), state, aggregator, _fields(in_fields), out_field)
+
+    def partition_persist(
+        self,
+        state: StateSpec,
+        updater: StateUpdater | Callable[[Any, list[tuple[Any, ...]]], Any],
+        key_fields: str | Sequence[str] = (),
+        in_fields: str | Sequence[str] = (),
+    ) -> TridentState:
+        """Persist with a custom updater: per key (``key_fields``; none: one global value),
+        ``updater.update(current, tuples)`` once per txid, ``tuples`` being the batch's
+        ``in_fields`` values for that key in batch order."""
+        if not isinstance(updater, StateUpdater):
+            if not callable(updater) or isinstance(updater, (Combiner, Reducer, Aggregator)):
+                raise PipelineError(
+                    f"partition_persist({state.name}): {updater!r} is not a StateUpdater or a "
+                    "function(current, tuples); use persistent_aggregate for aggregators"
+                )
+            updater = FunctionUpdater(updater)
+        keys = _fields(key_fields)
+        self._require(keys, f"partition_persist({state.name})")
+        return self.pipeline._persist(self, keys, state, updater, _fields(in_fields), "value")
 
 
 @dataclass(frozen=True)
@@ -234,16 +584,74 @@ class GroupedStream:
     stream: Stream
     group_fields: tuple[str, ...]
 
+    def aggregate(
+        self,
+        in_fields: str | Sequence[str],
+        aggregator: AnyAggregator,
+        out_fields: str | Sequence[str],
+    ) -> Stream:
+        """One aggregate per group per batch; the output is the group fields then
+        ``out_fields``, partitioned by group."""
+        spec = AggSpec(_fields(in_fields), aggregator, _fields(out_fields))
+        return self.stream._aggregate(Scope.GROUP, self.group_fields, [spec], "aggregate")
+
+    def partition_aggregate(
+        self,
+        in_fields: str | Sequence[str],
+        aggregator: AnyAggregator,
+        out_fields: str | Sequence[str],
+    ) -> Stream:
+        """One aggregate per group within each partition (no repartitioning)."""
+        spec = AggSpec(_fields(in_fields), aggregator, _fields(out_fields))
+        return self.stream._aggregate(
+            Scope.PARTITION, self.group_fields, [spec], "partition_aggregate"
+        )
+
+    def chained_agg(self) -> ChainedAggregate:
+        return ChainedAggregate(self.stream, self.group_fields)
+
     def persistent_aggregate(
         self,
         state: StateSpec,
-        aggregator: Combiner,
+        aggregator: Combiner | Reducer,
         in_fields: str | Sequence[str] = (),
         out_field: str = "value",
     ) -> TridentState:
         return self.stream.pipeline._persist(
             self.stream, self.group_fields, state, aggregator, _fields(in_fields), out_field
         )
+
+
+@dataclass(frozen=True)
+class ChainedAggregate:
+    """Builder of a chained aggregate (Trident's chainedAgg()...chainEnd())."""
+
+    stream: Stream
+    group_fields: tuple[str, ...]
+    specs: tuple[AggSpec, ...] = ()
+    scope: Scope | None = None
+
+    def _add(self, scope: Scope, in_fields, aggregator, out_fields) -> ChainedAggregate:
+        if self.scope is not None and self.scope is not scope:
+            raise PipelineError(
+                "chained_agg: aggregate() and partition_aggregate() cannot be mixed in a chain"
+            )
+        spec = AggSpec(_fields(in_fields), aggregator, _fields(out_fields))
+        return ChainedAggregate(self.stream, self.group_fields, (*self.specs, spec), scope)
+
+    def aggregate(self, in_fields, aggregator: AnyAggregator, out_fields) -> ChainedAggregate:
+        scope = Scope.GROUP if self.group_fields else Scope.BATCH
+        return self._add(scope, in_fields, aggregator, out_fields)
+
+    def partition_aggregate(
+        self, in_fields, aggregator: AnyAggregator, out_fields
+    ) -> ChainedAggregate:
+        return self._add(Scope.PARTITION, in_fields, aggregator, out_fields)
+
+    def chain_end(self) -> Stream:
+        if self.scope is None:
+            raise PipelineError("chained_agg: chain_end() with no aggregators")
+        return self.stream._aggregate(self.scope, self.group_fields, self.specs, "chained_agg")
 
 
 @dataclass(frozen=True)
@@ -268,6 +676,9 @@ class Pipeline:
     """Fail a batch with more quarantined records than this (None: no limit)."""
     max_bad_fraction: float | None = None
     """Fail a batch whose quarantined share of records exceeds this (None: no limit)."""
+    default_parallelism: int = 4
+    """Partitions of a repartitioning stage without a parallelism_hint. Engine-independent, so
+    partition-level results are the same on Spark and on the local engine."""
     persists: list[Persist] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -276,10 +687,63 @@ class Pipeline:
             raise PipelineError(f"max_bad_records must be >= 0, got {self.max_bad_records}")
         if self.max_bad_fraction is not None and not 0 <= self.max_bad_fraction <= 1:
             raise PipelineError(f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
+        _check_parallelism(self.default_parallelism)
+        self._source_node = SourceNode(self.source.fields)
 
     @property
     def stream(self) -> Stream:
-        return Stream(self, self.source.fields)
+        """The source stream (the same node every time, so branches share one read)."""
+        return Stream(self, self._source_node)
+
+    def _own(self, streams: Sequence[Stream], what: str) -> None:
+        for s in streams:
+            if s.pipeline is not self:
+                raise PipelineError(
+                    f"{what}: a stream of pipeline {s.pipeline.name} cannot be used in {self.name}"
+                )
+
+    def merge(self, *streams: Stream) -> Stream:
+        """The union of streams of this batch (Trident's merge); fields are the first
+        stream's, and every stream must have as many."""
+        if len(streams) < 2:
+            raise PipelineError("merge() needs at least two streams")
+        self._own(streams, "merge")
+        width = len(streams[0].fields)
+        for s in streams[1:]:
+            if len(s.fields) != width:
+                raise PipelineError(
+                    f"merge(): streams have {width} and {len(s.fields)} fields "
+                    f"({list(streams[0].fields)} vs {list(s.fields)}); project them first"
+                )
+        return Stream(self, MergeNode(tuple(s.node for s in streams), streams[0].fields))
+
+    def join(
+        self,
+        left: Stream,
+        left_fields: str | Sequence[str],
+        right: Stream,
+        right_fields: str | Sequence[str],
+        out_fields: str | Sequence[str],
+    ) -> Stream:
+        """Inner join of two streams within each batch (Trident's join). Output: the join
+        fields, then the left stream's other fields, then the right's, named ``out_fields``."""
+        self._own((left, right), "join")
+        lkeys, rkeys, outs = _fields(left_fields), _fields(right_fields), _fields(out_fields)
+        left._require(lkeys, "join (left)")
+        right._require(rkeys, "join (right)")
+        if not lkeys or len(lkeys) != len(rkeys):
+            raise PipelineError(
+                f"join(): join fields {list(lkeys)} and {list(rkeys)} must be non-empty and "
+                "equally many"
+            )
+        width = len(lkeys) + len(left.fields) - len(lkeys) + len(right.fields) - len(rkeys)
+        if len(outs) != width or len(set(outs)) != len(outs):
+            raise PipelineError(
+                f"join(): needs {width} distinct output field names (join fields, left's "
+                f"others, right's others), got {list(outs)}"
+            )
+        node = JoinNode(left.node, right.node, lkeys, rkeys, None, outs)
+        return Stream(self, node)
 
     @property
     def states(self) -> dict[str, Persist]:
@@ -290,21 +754,30 @@ class Pipeline:
         stream: Stream,
         group: tuple[str, ...],
         state: StateSpec,
-        aggregator: Combiner,
+        aggregator: Persistable,
         in_fields: tuple[str, ...],
         out_field: str,
     ) -> TridentState:
-        if isinstance(aggregator, Reducer):
-            raise PipelineError(
-                f"state {state.name}: Reducer aggregators are not supported by"
-                " persistent_aggregate yet; use a Combiner"
+        if not isinstance(aggregator, (Combiner, Reducer, StateUpdater)):
+            hint = (
+                " (a full Aggregator may emit several tuples per batch and cannot be persisted;"
+                " aggregate() it first, then persist its output)"
+                if isinstance(aggregator, Aggregator)
+                else ""
             )
-        if not isinstance(aggregator, Combiner):
             raise PipelineError(
-                f"state {state.name}: persistent_aggregate needs a Combiner, got {aggregator!r}"
-                " (a full Aggregator cannot be persisted)"
+                f"state {state.name}: persistent_aggregate needs a Combiner or a Reducer, got "
+                f"{aggregator!r}{hint}"
             )
+        self._own((stream,), f"persistent_aggregate({state.name})")
         stream._require(in_fields, f"persistent_aggregate({state.name})")
+        queried = [n for n in lineage(stream.node) if isinstance(n, QueryNode)]
+        if queried and state.kind is StateKind.TRANSACTIONAL:
+            raise PipelineError(
+                f"pipeline {self.name}: state {state.name} is fed by a state query "
+                f"({queried[0].state_name}), whose answer can differ when a txid is replayed; "
+                "a transactional state would keep the first answer. Use an opaque state."
+            )
         if state.name in self.states:
             raise PipelineError(f"pipeline {self.name}: state {state.name!r} is persisted twice")
         verdict = guarantee_of(self.source.mode, state.kind)
@@ -320,9 +793,7 @@ class Pipeline:
                 f"{state.kind.value} state is only AT-LEAST-ONCE (a replay can count twice); "
                 "pass allow_at_least_once=True to accept that"
             )
-        persist = Persist(
-            state, aggregator, group, in_fields, out_field, stream.operations, stream.fields
-        )
+        persist = Persist(state, aggregator, group, in_fields, out_field, stream.node)
         self.persists.append(persist)
         return TridentState(self, persist)
 

@@ -1,8 +1,10 @@
 """Compiles a pipeline into small picklable callables, shared by every engine.
 
-``RowDecoder`` turns a source record into a tuple of the source's fields; ``PersistPlan`` turns
-one input tuple into the (group key, partial) pairs of one persisted state. Engines (Spark,
-local) only decide where these run; the semantics live here once.
+``RowDecoder`` turns a source record into a tuple of the source's fields; ``Expander`` runs a
+chain of per-tuple operations; ``PersistPlan`` turns one input tuple into the (group key,
+partial) pairs of one persisted state. The batch operations after the per-record stage are in
+tridentflow.batchops and tridentflow.graph. Engines (Spark, local) only decide where these run;
+the semantics live here once.
 """
 
 from __future__ import annotations
@@ -15,7 +17,22 @@ from typing import Any
 from state.codec import encode_key
 from tridentflow.aggregators import Combiner
 from tridentflow.errors import BadRecordError, PipelineError
-from tridentflow.pipeline import Each, Filter, Map, Persist, Pipeline, Project, StateSpec
+from tridentflow.pipeline import (
+    Each,
+    Filter,
+    Map,
+    Node,
+    Operation,
+    OpNode,
+    Persist,
+    Pipeline,
+    Project,
+    SourceNode,
+    StateSpec,
+    is_record_level,
+    lineage,
+    parents_of,
+)
 
 Row = tuple[Any, ...]
 
@@ -118,6 +135,9 @@ class Expander:
 
 @dataclass(frozen=True)
 class PersistPlan:
+    """A Combiner state fed straight by the source's per-record chain: its pairs are computed
+    per record and pre-aggregated inside the read task (the fast path)."""
+
     state: StateSpec
     aggregator: Combiner
     expand: Expander
@@ -137,30 +157,49 @@ class PersistPlan:
         ]
 
 
-def compile_persist(persist: Persist, source_fields: tuple[str, ...]) -> PersistPlan:
-    fields = list(source_fields)
+def compile_step(op: Operation, fields: list[str]) -> tuple[Step, list[str]]:
+    """One per-tuple operation over ``fields``: its step and the fields after it."""
+    if isinstance(op, Each):
+        in_idx = tuple(fields.index(f) for f in op.in_fields)
+        step: Step = EachStep(op.function, in_idx, len(op.out_fields), _name(op.function))
+        return step, fields + list(op.out_fields)
+    if isinstance(op, Filter):
+        return FilterStep(op.predicate, tuple(fields.index(f) for f in op.in_fields)), fields
+    if isinstance(op, Map):
+        step = MapStep(op.function, len(op.out_fields), op.flat, _name(op.function))
+        return step, list(op.out_fields)
+    if isinstance(op, Project):
+        return ProjectStep(tuple(fields.index(f) for f in op.fields)), list(op.fields)
+    raise PipelineError(f"unsupported operation {op!r}")  # pragma: no cover
+
+
+def _name(function: Any) -> str:
+    return getattr(function, "__name__", type(function).__name__)
+
+
+def compile_chain(node: Node) -> Expander:
+    """The per-record chain from the source to a record-level ``node``."""
+    ops: list[Operation] = []
+    while isinstance(node, OpNode):
+        ops.append(node.op)
+        node = node.parent
+    if not isinstance(node, SourceNode):
+        raise PipelineError("internal: compile_chain on a node that is not record-level")
+    fields = list(node.fields)
     steps: list[Step] = []
-    for op in persist.operations:
-        if isinstance(op, Each):
-            name = getattr(op.function, "__name__", type(op.function).__name__)
-            in_idx = tuple(fields.index(f) for f in op.in_fields)
-            steps.append(EachStep(op.function, in_idx, len(op.out_fields), name))
-            fields += op.out_fields
-        elif isinstance(op, Filter):
-            steps.append(FilterStep(op.predicate, tuple(fields.index(f) for f in op.in_fields)))
-        elif isinstance(op, Map):
-            name = getattr(op.function, "__name__", type(op.function).__name__)
-            steps.append(MapStep(op.function, len(op.out_fields), op.flat, name))
-            fields = list(op.out_fields)
-        elif isinstance(op, Project):
-            steps.append(ProjectStep(tuple(fields.index(f) for f in op.fields)))
-            fields = list(op.fields)
-        else:  # pragma: no cover - the Stream API builds only these
-            raise PipelineError(f"unsupported operation {op!r}")
+    for op in reversed(ops):
+        step, fields = compile_step(op, fields)
+        steps.append(step)
+    return Expander(tuple(steps))
+
+
+def compile_persist(persist: Persist) -> PersistPlan:
+    fields = list(persist.fields)
+    assert isinstance(persist.aggregator, Combiner)
     return PersistPlan(
         persist.state,
         persist.aggregator,
-        Expander(tuple(steps)),
+        compile_chain(persist.node),
         tuple(fields.index(f) for f in persist.group_fields),
         tuple(fields.index(f) for f in persist.in_fields),
     )
@@ -168,16 +207,63 @@ def compile_persist(persist: Persist, source_fields: tuple[str, ...]) -> Persist
 
 @dataclass(frozen=True)
 class Plan:
+    """A compiled pipeline.
+
+    * ``persists``: Combiner states fed straight by the source (pre-aggregated per read task).
+    * ``edges``: record-level streams that batch operations (or other states) consume; each
+      read task collects their tuples. Both are computed per record, all or nothing, so a bad
+      record (quarantined) reaches no state and no edge.
+    * ``graph_persists``: the states computed by the batch-operation graph (tridentflow.graph)
+      from the edges.
+    """
+
     decoder: RowDecoder
     persists: tuple[PersistPlan, ...]
+    edges: tuple[tuple[Node, Expander], ...] = ()
+    graph_persists: tuple[Persist, ...] = ()
+    default_parallelism: int = 4
+
+    def edge_index(self, node: Node) -> int | None:
+        for index, (edge_node, _expand) in enumerate(self.edges):
+            if edge_node is node:
+                return index
+        return None
+
+    @property
+    def state_names(self) -> list[str]:
+        return [pp.state.name for pp in self.persists] + [p.state.name for p in self.graph_persists]
+
+
+def _graph_edges(persists: Sequence[Persist]) -> list[Node]:
+    """Record-level nodes that a batch operation or a graph-computed state consumes."""
+    edges: dict[int, Node] = {}
+    for persist in persists:
+        if is_record_level(persist.node):
+            edges.setdefault(id(persist.node), persist.node)
+            continue
+        for node in lineage(persist.node):
+            if is_record_level(node):
+                continue
+            for parent in parents_of(node):
+                if is_record_level(parent):
+                    edges.setdefault(id(parent), parent)
+    return list(edges.values())
 
 
 def compile_pipeline(pipeline: Pipeline) -> Plan:
     pipeline.validate()
-    source_fields = pipeline.source.fields
+    fast = [
+        p
+        for p in pipeline.persists
+        if is_record_level(p.node) and isinstance(p.aggregator, Combiner)
+    ]
+    graph = [p for p in pipeline.persists if not any(p is f for f in fast)]
     return Plan(
-        RowDecoder(source_fields),
-        tuple(compile_persist(p, source_fields) for p in pipeline.persists),
+        RowDecoder(pipeline.source.fields),
+        tuple(compile_persist(p) for p in fast),
+        tuple((node, compile_chain(node)) for node in _graph_edges(graph)),
+        tuple(graph),
+        pipeline.default_parallelism,
     )
 
 
@@ -230,11 +316,15 @@ class KeyEncoder:
         return encoded
 
 
-def evaluate(plan: Plan, raw: bytes, encode: Callable[[tuple], str] = encode_key) -> list[list]:
-    """Per persisted state, the (encoded key, partial) pairs one raw record makes; raises if
-    the record is bad (undecodable, missing field, a function raising, an unencodable key)."""
+def evaluate(
+    plan: Plan, raw: bytes, encode: Callable[[tuple], str] = encode_key
+) -> tuple[list[list], list[list[Row]]]:
+    """What one raw record makes: per fast-path state its (encoded key, partial) pairs, and
+    per edge its tuples. Raises if the record is bad (undecodable, missing field, a function
+    raising, an unencodable key); then it contributes nothing anywhere."""
     row = plan.decoder(json.loads(raw))
-    return [[(encode(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
+    pairs = [[(encode(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
+    return pairs, [list(expand(row)) for _node, expand in plan.edges]
 
 
 def bad_record(partition: int, offset: int, raw: bytes, exc: BaseException) -> BadRecord:

@@ -12,6 +12,7 @@ from typing import Any
 
 from state.codec import encode_key
 from state.redis_backing import query_committed
+from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Persist
 from tridentflow.runtime import Runtime
@@ -55,11 +56,11 @@ def parse_key(text: str, persist: Persist) -> tuple[Any, ...]:
 
 def query(rt: Runtime, persist: Persist, keys: Sequence[tuple[Any, ...]]) -> tuple[int, list[Any]]:
     """(committed txid, committed value per key, as the aggregator presents it); an unknown key
-    gives the aggregator's zero."""
+    gives the aggregator's zero() (Combiner), init() (Reducer) or None (StateUpdater)."""
     if not persist.group_fields:
         keys = [()]
     encoded = [encode_key(k) for k in keys]
     committed, values = query_committed(rt.client, rt.keyspace, persist.state.name, encoded)
     agg = persist.aggregator
-    zero = agg.zero()
+    zero = absent_value(agg)
     return committed, [agg.present(zero if v is None else v) for v in values]

@@ -63,6 +63,8 @@ class Runtime:
     client: redis.Redis
     home: Path
     faults: FaultPlan = field(default_factory=FaultPlan)
+    url: str | None = None
+    """The Redis URL ``client`` was opened with (rebuilt from the client if not given)."""
 
     @classmethod
     def open(
@@ -77,6 +79,20 @@ class Runtime:
             connect(resolve_redis_url(redis_url)),
             resolve_home(home),
             faults if faults is not None else FaultPlan.from_env(),
+            resolve_redis_url(redis_url),
+        )
+
+    @property
+    def redis_url(self) -> str:
+        """A URL for other processes (Spark executors running a state query) to connect."""
+        if self.url:
+            return self.url
+        kw = self.client.connection_pool.connection_kwargs
+        auth = f":{kw['password']}@" if kw.get("password") else ""
+        if kw.get("path"):
+            return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
+        return (
+            f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
         )
 
     @cached_property

@@ -1,42 +1,51 @@
-"""The Spark engine: a batch's ranges are read and pre-aggregated by executors.
+"""The Spark engine: the record stage and the batch-operation graph on RDDs.
 
-Every source range is split into tasks of at most TASK_RECORDS records; each task reads its
-range through the file log's index (no rescans) and runs ``aggregate_range``: per-record plan,
-quarantine of bad records, and the Combiner's partial aggregation within the task (one dict per
-state, each distinct key encoded once). Only those small task outputs are cached; the driver
-collects the record counts (Trident's completeness check) and the bad records, and each state's
-partials are combined across tasks with ``reduceByKey`` and streamed back with toLocalIterator.
+Every source range is split into read tasks (tridentflow.engine.split_ranges); each task reads
+its range through the file log's index and runs ``read_task``: per-record plan, quarantine of
+bad records, the Combiner's partial aggregation within the task, and the tuples that batch
+operations consume. Only those task outputs are cached; the driver collects the record counts
+(Trident's completeness check) and the bad records.
+
+The graph (tridentflow.graph) then runs with ``SparkBackend``: a partition function is
+``mapPartitionsWithIndex``; an exchange is ``batchops.Exchange.send`` per sender partition, a
+``partitionBy`` on the target, and ``batchops.receive`` per target, whose first output element
+is its count report (collected from the cached result) and the rest its tuples, in
+deterministic order. RDDs rather than DataFrames: every operation runs arbitrary Python
+functions, and benchmarks/wordcount_vs_pyspark.py measures what that costs.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.engine import ComputeResult, PartitionCount, Ranges, TaskOutput, aggregate_range
+from tridentflow.batchops import Exchange, StageReport, receive
+from tridentflow.engine import (
+    ComputeResult,
+    LocalEngine,
+    Ranges,
+    TaskOutput,
+    build_states,
+    merge_counts,
+    read_task,
+    split_ranges,
+)
+from tridentflow.graph import ExecContext, GraphBuilder, PartitionFn
 from tridentflow.plan import Plan
 
 if TYPE_CHECKING:
+    from pyspark import RDD
     from pyspark.sql import SparkSession
-
-TASK_RECORDS = 50_000
-
-
-def split_ranges(ranges: Ranges, task_records: int = TASK_RECORDS) -> list[tuple[int, int, int]]:
-    tasks = []
-    for partition, (start, end) in sorted(ranges.items()):
-        for s in range(start, end, task_records):
-            tasks.append((partition, s, min(end, s + task_records)))
-    return tasks
 
 
 def _run_task(log_root: str, plan: Plan, task: tuple[int, int, int]) -> TaskOutput:
-    return aggregate_range(log_root, plan, *task)
+    return read_task(log_root, plan, *task)
 
 
-def _count(out: TaskOutput) -> tuple[int, PartitionCount]:
+def _count(out: TaskOutput) -> tuple[int, Any]:
     return out.partition, out.count
 
 
@@ -48,40 +57,112 @@ def _partials(index: int, out: TaskOutput) -> Any:
     return out.partials[index].items()
 
 
+def _edge(index: int, out: TaskOutput) -> Any:
+    return out.edges[index]
+
+
+def _target(target: int) -> int:
+    return target
+
+
+def _send(exchange: Exchange, sender: int, rows: Any) -> Any:
+    return exchange.send(sender, rows)
+
+
+def _receive(exchange: Exchange, senders: int, lose: bool, target: int, items: Any) -> Any:
+    rows, report = receive(exchange.stage, senders, target, (item for _t, item in items), lose)
+    yield report
+    yield from rows
+
+
+def _first(items: Any) -> Any:
+    return itertools.islice(items, 1)
+
+
+def _rest(items: Any) -> Any:
+    return itertools.islice(items, 1, None)
+
+
+class SparkBackend:
+    """Datasets as RDDs; partition indexes are preserved by every operation."""
+
+    def __init__(self, sc: Any, lose_tuple: bool = False) -> None:
+        self.sc = sc
+        self._lose = lose_tuple
+        self.received: list[RDD] = []
+
+    def map_partitions(self, data: RDD, fn: PartitionFn) -> RDD:
+        return data.mapPartitionsWithIndex(fn, preservesPartitioning=False)
+
+    def exchange(self, data: RDD, exchange: Exchange) -> RDD:
+        from pyspark import StorageLevel
+
+        senders = data.getNumPartitions()
+        routed = data.mapPartitionsWithIndex(functools.partial(_send, exchange))
+        received = routed.partitionBy(exchange.n, _target).mapPartitionsWithIndex(
+            functools.partial(_receive, exchange, senders, self._lose)
+        )
+        self._lose = False  # only the first exchange
+        received.persist(StorageLevel.MEMORY_AND_DISK)
+        self.received.append(received)
+        return received.mapPartitions(_rest, preservesPartitioning=True)
+
+    def union(self, parts: list[RDD]) -> RDD:
+        return self.sc.union(parts)
+
+    def num_partitions(self, data: RDD) -> int:
+        return data.getNumPartitions()
+
+    def reports(self) -> list[StageReport]:
+        reports: list[StageReport] = []
+        for received in self.received:
+            reports.extend(received.mapPartitions(_first).collect())
+        return reports
+
+    def release(self) -> None:
+        for received in self.received:
+            received.unpersist()
+
+
 class SparkEngine:
     name = "spark"
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
 
-    def compute(self, plan: Plan, log_root: str, ranges: Ranges) -> ComputeResult:
+    def compute(
+        self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
+    ) -> ComputeResult:
         from pyspark import StorageLevel
 
+        ctx = ctx or ExecContext(0, "")
         sc = self.spark.sparkContext
         tasks = split_ranges(ranges)
-        counts = {p: PartitionCount(0, None, None) for p in ranges}
-        if not tasks:
-            return ComputeResult(counts, {pp.state.name: [] for pp in plan.persists}, [])
+        if not tasks:  # nothing to read: no source partitions, nothing for executors
+            return LocalEngine().compute(plan, log_root, ranges, ctx)
         outputs = sc.parallelize(tasks, len(tasks)).map(
             functools.partial(_run_task, log_root, plan)
         )
         outputs.persist(StorageLevel.MEMORY_AND_DISK)
-        for partition, count in outputs.map(_count).collect():
-            counts[partition] = PartitionCount.merge(counts[partition], count)
+        counts = merge_counts(ranges, outputs.map(_count).collect())
         bad = outputs.flatMap(_bad).collect()
-        reducers = max(1, min(sc.defaultParallelism, len(tasks)))
-        partials: dict[str, Any] = {}
-        for index, pp in enumerate(plan.persists):
-            aggregated = outputs.flatMap(functools.partial(_partials, index)).reduceByKey(
-                pp.aggregator.combine, reducers
-            )
+        backend = SparkBackend(sc, ctx.lose_tuple)
+        edges = [outputs.flatMap(functools.partial(_edge, e)) for e in range(len(plan.edges))]
+        builder = GraphBuilder(plan, backend, edges, ctx)
+        task_partials = [
+            outputs.flatMap(functools.partial(_partials, i)) for i in range(len(plan.persists))
+        ]
+        datasets = build_states(plan, builder, task_partials)
+        for data in datasets.values():
             # Materialise now so the cached task outputs can be released; stream after.
-            aggregated.persist(StorageLevel.MEMORY_AND_DISK)
-            aggregated.count()
-            partials[pp.state.name] = aggregated
+            data.persist(StorageLevel.MEMORY_AND_DISK)
+            data.count()
+        reports = backend.reports()
+        backend.release()
         outputs.unpersist()
-        streams = {name: _stream_and_release(rdd) for name, rdd in partials.items()}
-        return ComputeResult(counts, streams, sorted(bad, key=lambda b: (b.partition, b.offset)))
+        streams = {name: _stream_and_release(rdd) for name, rdd in datasets.items()}
+        bad.sort(key=lambda b: (b.partition, b.offset))
+        return ComputeResult(counts, streams, bad, reports)
 
 
 def _stream_and_release(rdd):

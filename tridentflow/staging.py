@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tridentflow.batchops import StageReport
 from tridentflow.engine import PartitionCount
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.filelog import _fsync_dir, _write_atomic
@@ -113,7 +114,17 @@ class StagedBatch:
                 yield key, partial
 
     def check_complete(self) -> None:
-        """Trident's completeness check: the records read match the ranges, exactly."""
+        """Trident's completeness check: the records read match the ranges, exactly, and
+        every exchange received what its senders announced."""
+        failed = [
+            r for r in map(StageReport.from_json, self.manifest.get("stages", [])) if not r.ok
+        ]
+        if failed:
+            raise IncompleteBatchError(
+                f"txid {self.txid} attempt {self.attempt}: "
+                + "; ".join(r.describe() for r in failed)
+                + ": it must not commit; emit it again"
+            )
         counts = self.counts
         for partition, (start, end) in self.ranges.items():
             count = counts.get(partition)
