@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from state.maps import StateKind
-from tridentflow import Count, LogSource, Pipeline, SourceMode, StateSpec, Sum
+from tridentflow import (
+    Aggregator,
+    BatchInfo,
+    Count,
+    LogSource,
+    Pipeline,
+    Reducer,
+    SourceMode,
+    StateSpec,
+    Sum,
+)
 
 POISON = "BOOM"
 
@@ -45,3 +55,74 @@ def scores() -> Pipeline:
     )
     stream.group_by("user").persistent_aggregate(StateSpec("events", StateKind.OPAQUE), Count())
     return pipeline
+
+
+class Concat(Reducer):
+    """Order-sensitive on purpose: engines must agree on every fold's order."""
+
+    def init(self) -> str:
+        return ""
+
+    def reduce(self, acc: str, word: str) -> str:
+        return f"{acc}|{word}" if acc else word
+
+
+class Longest(Aggregator):
+    """A full Aggregator with several outputs: every word of the greatest length."""
+
+    def init(self, batch: BatchInfo) -> list:
+        return []
+
+    def aggregate(self, acc: list, word: str) -> list:
+        if not acc or len(word) > len(acc[0]):
+            return [word]
+        return [*acc, word] if len(word) == len(acc[0]) else acc
+
+    def complete(self, acc: list) -> list:
+        return [(w, len(w)) for w in acc]
+
+
+def keep_all(current, tuples):
+    return [*(current or []), *tuples]
+
+
+def words_of(sentence: str) -> Iterator[tuple[str, int]]:
+    for position, word in enumerate(sentence.split()):
+        yield (word, position)
+
+
+def first_word(word: str, position: int) -> bool:
+    return position == 0
+
+
+def everything() -> Pipeline:
+    """Every batch operation in one pipeline, with order-sensitive folds: the engines'
+    equality test runs it on Spark and on the local engine."""
+    p = Pipeline("everything", LogSource(fields=("sentence",), partitions=3))
+    words = p.stream.each("sentence", words_of, ["word", "position"])
+    counts = words.group_by("word").persistent_aggregate(StateSpec("counts"), Count())
+    words.partition_by("word").parallelism_hint(3).group_by("word").partition_aggregate(
+        "position", Concat(), "positions"
+    ).partition_persist(StateSpec("per_partition"), keep_all, in_fields=("word", "positions"))
+    firsts = words.filter(["word", "position"], first_word).project("word")
+    lasts = words.shuffle().parallelism_hint(2).project("word")
+    merged = p.merge(firsts, lasts)
+    merged.group_by("word").persistent_aggregate(StateSpec("concat"), Concat(), "word")
+    chained = (
+        words.global_()
+        .chained_agg()
+        .aggregate("word", Count(), "n")
+        .aggregate("word", Longest(), ["longest", "length"])
+        .chain_end()
+    )
+    chained.partition_persist(StateSpec("chain"), keep_all, in_fields=chained.fields)
+    looked_up = words.state_query(counts, "word", "before")
+    looked_up.partition_persist(StateSpec("answers"), keep_all, in_fields=["word", "before"])
+    by_sentence = words.group_by("word").aggregate("position", Sum(), "total")
+    joined = p.join(
+        looked_up, "word", by_sentence, "word", ["word", "sentence", "position", "before", "total"]
+    )
+    joined.broadcast().parallelism_hint(2).partition_aggregate(
+        ["word"], Concat(), "all"
+    ).partition_persist(StateSpec("joined"), keep_all, in_fields="all")
+    return p

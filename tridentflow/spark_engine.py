@@ -114,10 +114,10 @@ class SparkBackend:
         return data.getNumPartitions()
 
     def reports(self) -> list[StageReport]:
-        reports: list[StageReport] = []
-        for received in self.received:
-            reports.extend(received.mapPartitions(_first).collect())
-        return reports
+        """Every exchange's reports, in one job (the exchanges are cached)."""
+        if not self.received:
+            return []
+        return self.sc.union([r.mapPartitions(_first) for r in self.received]).collect()
 
     def release(self) -> None:
         for received in self.received:
@@ -153,23 +153,70 @@ class SparkEngine:
             outputs.flatMap(functools.partial(_partials, i)) for i in range(len(plan.persists))
         ]
         datasets = build_states(plan, builder, task_partials)
-        for data in datasets.values():
-            # Materialise now so the cached task outputs can be released; stream after.
-            data.persist(StorageLevel.MEMORY_AND_DISK)
-            data.count()
+        # One job materialises every state (tagged with its index) and counts its keys, so the
+        # cached task outputs and exchanges can be released before the driver reads them.
+        tagged = sc.union(
+            [data.map(functools.partial(_tag, i)) for i, data in enumerate(datasets.values())]
+        )
+        tagged.persist(StorageLevel.MEMORY_AND_DISK)
+        sizes = tagged.map(_tag_of).countByValue()
         reports = backend.reports()
         backend.release()
         outputs.unpersist()
-        streams = {name: _stream_and_release(rdd) for name, rdd in datasets.items()}
+        names = list(datasets.keys())
+        streams: dict[str, Any]
+        if sum(sizes.values()) <= COLLECT_KEYS:  # small: every state in one job
+            collected: dict[int, list] = {i: [] for i in range(len(names))}
+            for index, item in tagged.collect():
+                collected[index].append(item)
+            tagged.unpersist()
+            streams = {name: collected[i] for i, name in enumerate(names)}
+        else:
+            reader = _StateReader(tagged, len(names))
+            streams = {name: reader.items(i, sizes.get(i, 0)) for i, name in enumerate(names)}
         bad.sort(key=lambda b: (b.partition, b.offset))
         return ComputeResult(counts, streams, bad, reports)
 
 
-def _stream_and_release(rdd):
-    try:
-        yield from rdd.toLocalIterator()
-    finally:
-        rdd.unpersist()
+COLLECT_KEYS = 200_000
+"""A state with at most this many keys is collected in one job; a bigger one is streamed
+partition by partition (toLocalIterator), so the driver never holds it whole."""
+
+
+def _tag(index: int, item: Any) -> tuple[int, Any]:
+    return index, item
+
+
+def _tag_of(item: tuple[int, Any]) -> int:
+    return item[0]
+
+
+def _is(index: int, item: tuple[int, Any]) -> bool:
+    return item[0] == index
+
+
+def _untag(item: tuple[int, Any]) -> Any:
+    return item[1]
+
+
+class _StateReader:
+    """Reads each state's items out of the cached, tagged RDD; releases it after the last."""
+
+    def __init__(self, tagged: RDD, states: int) -> None:
+        self.tagged = tagged
+        self.open = states
+
+    def items(self, index: int, size: int) -> Any:
+        try:
+            selected = self.tagged.filter(functools.partial(_is, index)).map(_untag)
+            if size <= COLLECT_KEYS:
+                yield from selected.collect() if size else ()
+            else:
+                yield from selected.toLocalIterator()
+        finally:
+            self.open -= 1
+            if self.open == 0:
+                self.tagged.unpersist()
 
 
 LOG4J2 = Path(__file__).with_name("log4j2.properties")

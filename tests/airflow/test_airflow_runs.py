@@ -52,9 +52,9 @@ def af_env(redis_url, redis_client, home) -> dict[str, str]:
     return env
 
 
-def dags_test(env: dict[str, str], faults: str = "") -> str:
+def dags_test(env: dict[str, str], faults: str = "", dag: str = DAG) -> str:
     proc = subprocess.run(
-        ["airflow", "dags", "test", DAG],
+        ["airflow", "dags", "test", dag],
         env={**env, "TRIDENTFLOW_FAULTS": faults},
         capture_output=True,
         text=True,
@@ -64,6 +64,33 @@ def dags_test(env: dict[str, str], faults: str = "") -> str:
     assert proc.returncode == 0, out[-4000:]
     assert "DagRun Finished" in out and "state=success" in out.split("DagRun Finished")[-1]
     return out
+
+
+def test_batch_operation_examples_under_airflow(af_env, redis_url, home):
+    """Seed 002 through spark-submit, with a tuple lost between stages in the first emit
+    (Airflow retries it); then the DRPC word count, whose Spark executors query Redis."""
+    from tridentflow.committer import commit
+    from tridentflow.coordinator import coordinate
+    from tridentflow.emitter import emit
+    from tridentflow.engine import LocalEngine
+    from tridentflow.examples.user_scores import SEED_BATCH
+
+    scores = runtime("user-scores", redis_url, home)
+    produce(scores, SEED_BATCH)
+    out = dags_test(af_env, "lose-tuple@1", dag="tridentflow_user_scores")
+    assert "batch is incomplete" in out and "up_for_retry" in out
+    _txid, values = query(scores, scores.pipeline.states["per_batch"], [(1,)])
+    assert values == [{"nickt1": 1, "nickt2": 1, "nickt3": 1}]
+
+    drpc = runtime("wordcount-drpc", redis_url, home)
+    produce(drpc, [{"kind": "sentence", "text": s} for s in SEED_SENTENCES])
+    coordinate(drpc, 1)
+    emit(drpc, 1, LocalEngine())
+    commit(drpc, 1)
+    produce(drpc, [{"kind": "query", "text": q} for q in ("how are you", "you nope")])
+    dags_test(af_env, dag="tridentflow_wordcount_drpc")
+    answers = query(drpc, drpc.pipeline.states["answers"], [("how are you",), ("you nope",)])
+    assert drpc.ledger.committed_txid() == 2 and answers[1] == [4, 2]
 
 
 def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, home):

@@ -22,6 +22,8 @@ EXPECTED_DAGS = {
     "tridentflow_wordcount": None,
     "tridentflow_partitioned_count": "*/10 * * * *",
     "tridentflow_wordcount_continuous": "@continuous",
+    "tridentflow_user_scores": None,
+    "tridentflow_wordcount_drpc": None,
 }
 
 
