@@ -4,7 +4,8 @@
 
 Same data for all: --records sentences in a 4-partition file log (one JSON string per line).
 * compiled: SparkEngine.compute over every range (read through the log's index, per-record
-  plan with quarantine, reduceByKey, results streamed to the driver) - what an emit does
+  plan with quarantine and per-task partial aggregation, an exchange by key with count
+  reports, combine in sender order, results to the driver) - what an emit does
   before staging;
 * hand-written RDD: textFile(segments) -> json.loads -> split -> (w, 1) -> reduceByKey -> collect;
 * hand-written DataFrame: read.text -> from_json -> split/explode -> groupBy.count -> collect

@@ -28,6 +28,11 @@ def query_json(tf, pipeline: str, state: str, *keys: str) -> dict:
     return json.loads(out.stdout)
 
 
+def produce_json(tf, pipeline: str, records: list) -> None:
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    assert tf("produce", pipeline, "-", "--json", input=lines).returncode == 0
+
+
 def test_seed_002_user_scores(tf):
     assert tf("produce", "user-scores", "-", "--json", input=SEED_JSON).returncode == 0
     lost = tf("run", "user-scores", "--engine", "local", "--faults", "lose-tuple@1")
@@ -60,25 +65,13 @@ def test_seed_002_user_scores(tf):
 def test_word_count_with_a_state_query_stream(tf):
     sentences = ["the cat sat", "the dog sat", "the end"]
     records = [{"kind": "sentence", "text": s} for s in sentences]
-    tf(
-        "produce",
-        "wordcount-drpc",
-        "-",
-        "--json",
-        input="".join(json.dumps(r) + "\n" for r in records),
-    )
+    produce_json(tf, "wordcount-drpc", records)
     assert tf("run", "wordcount-drpc", "--engine", "local").returncode == 0
     queries = ["the sat", "cat unicorn", "unicorn", "the sat"]
     later = ["the the the"]  # counted in the same txid as the queries: not seen by them
     records = [{"kind": "query", "text": q} for q in queries]
     records += [{"kind": "sentence", "text": s} for s in later]
-    tf(
-        "produce",
-        "wordcount-drpc",
-        "-",
-        "--json",
-        input="".join(json.dumps(r) + "\n" for r in records),
-    )
+    produce_json(tf, "wordcount-drpc", records)
     run = tf("run", "wordcount-drpc", "--engine", "local")
     assert run.returncode == 0, run.stderr
     answers = query_json(tf, "wordcount-drpc", "answers", "the sat", "cat unicorn", "unicorn")
@@ -106,7 +99,7 @@ def letters() -> Pipeline:
     return p
 
 
-def test_a_reducer_state_folds_batches_in_order_and_replays_exactly(redis_url, home):
+def test_a_reducer_state_folds_batches_in_order_and_replays_exactly(redis_url, redis_client, home):
     rt = Runtime.open(letters(), redis_url, home, FaultPlan.parse("mid-commit@1"))
     rt.source_heads()
     rt.log.append(0, [["a", "h"], ["b", "w"], ["a", "e"]])
@@ -129,7 +122,9 @@ def test_a_reducer_state_folds_batches_in_order_and_replays_exactly(redis_url, h
     assert values == ["hello", "world", ""]
 
 
-def test_a_lost_tuple_fails_the_emit_and_a_doctored_manifest_fails_the_commit(redis_url, home):
+def test_a_lost_tuple_fails_the_emit_and_a_doctored_manifest_fails_the_commit(
+    redis_url, redis_client, home
+):
     rt = runtime("user-scores", redis_url, home, faults="lose-tuple@1")
     rt.source_heads()
     rt.log.append_spread(SEED_BATCH)
@@ -153,3 +148,33 @@ def test_a_lost_tuple_fails_the_emit_and_a_doctored_manifest_fails_the_commit(re
     assert rt.ledger.committed_txid() == 0
     emit(rt, 1, LocalEngine())
     assert commit(rt, 1).status == "committed"
+
+
+def test_a_state_query_stream_sees_the_last_committed_value_during_a_pending_commit(
+    redis_url, redis_client, home
+):
+    rt = runtime("wordcount-drpc", redis_url, home, faults="mid-commit@2")
+    rt.source_heads()
+    rt.log.append_spread([{"kind": "sentence", "text": "a b c d e f g h"}])
+    for txid in (1, 2):
+        coordinate(rt, txid)
+        emit(rt, txid, LocalEngine())
+        if txid == 2:
+            try:
+                commit(rt, txid)
+            except Exception as exc:  # half of txid 2's keys are written, it is not committed
+                assert "injected fault" in str(exc)
+        else:
+            commit(rt, txid)
+            rt.log.append_spread([{"kind": "sentence", "text": "a b c d e f g h"}])
+    stored = rt.backing("counts").multi_get([f'["{w}"]' for w in "abcdefgh"])
+    assert 2 in [s[0] for s in stored] and 1 in [s[0] for s in stored]  # half-applied txid 2
+
+    from tridentflow.batchops import StateQuery
+
+    counts = rt.pipeline.states["counts"]
+    lookup = StateQuery(redis_url, "wordcount-drpc", "counts", counts.aggregator, (0,))
+    rows = lookup(0, [(w,) for w in "abcdefgh"] + [("zzz",)])
+    assert rows == [(w, 1) for w in "abcdefgh"] + [("zzz", None)]
+    assert commit(rt, 2).status == "committed"
+    assert lookup(0, [("a",)]) == [("a", 2)]

@@ -123,7 +123,9 @@ def test_spark_runs_every_operation_like_the_local_reference(spark, tmp_path):
         assert dict(on_spark.partials[name]) == dict(local.partials[name]), name
 
 
-def test_every_batch_operation_matches_the_local_engine_exactly(spark, redis_url, home):
+def test_every_batch_operation_matches_the_local_engine_exactly(
+    spark, redis_url, redis_client, home
+):
     """Same staged values, in the same order, from Spark and the local reference: exchanges,
     partition/global/grouped/chained aggregates, merge, join, broadcast and a state query that
     reads what txid 1 committed."""

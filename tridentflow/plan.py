@@ -322,9 +322,12 @@ def evaluate(
     """What one raw record makes: per fast-path state its (encoded key, partial) pairs, and
     per edge its tuples. Raises if the record is bad (undecodable, missing field, a function
     raising, an unencodable key); then it contributes nothing anywhere."""
-    row = plan.decoder(json.loads(raw))
+    row = plan.decoder(_decode_json(raw.decode("utf-8")))
     pairs = [[(encode(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
-    return pairs, [list(expand(row)) for _node, expand in plan.edges]
+    return pairs, [list(expand(row)) for _node, expand in plan.edges] if plan.edges else []
+
+
+_decode_json = json.JSONDecoder().decode
 
 
 def bad_record(partition: int, offset: int, raw: bytes, exc: BaseException) -> BadRecord:
