@@ -178,3 +178,30 @@ def test_a_state_query_stream_sees_the_last_committed_value_during_a_pending_com
     assert rows == [(w, 1) for w in "abcdefgh"] + [("zzz", None)]
     assert commit(rt, 2).status == "committed"
     assert lookup(0, [("a",)]) == [("a", 2)]
+
+
+def test_a_state_query_stream_over_another_pipelines_state(redis_url, redis_client, home):
+    from tridentflow.examples.user_scores import keep_latest
+    from tridentflow.query import query
+    from tridentflow.registry import load_pipeline
+
+    counted = runtime("wordcount", redis_url, home)
+    counted.source_heads()
+    counted.log.append_spread(["a b a", "c a"])
+    coordinate(counted, 1)
+    emit(counted, 1, LocalEngine())
+    commit(counted, 1)
+
+    lookup = Pipeline("lookup", LogSource(fields=("word",), partitions=1))
+    counts = load_pipeline("wordcount").state("counts")
+    lookup.stream.state_query(counts, "word", "count").partition_persist(
+        StateSpec("seen"), keep_latest, key_fields="word", in_fields="count"
+    )
+    rt = Runtime.open(lookup, redis_url, home)
+    rt.source_heads()
+    rt.log.append(0, ["a", "c", "zzz"])
+    coordinate(rt, 1)
+    emit(rt, 1, LocalEngine())
+    commit(rt, 1)
+    _txid, values = query(rt, rt.pipeline.states["seen"], [("a",), ("c",), ("zzz",)])
+    assert values == [3, 1, None]

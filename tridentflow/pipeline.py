@@ -749,6 +749,15 @@ class Pipeline:
     def states(self) -> dict[str, Persist]:
         return {p.state.name: p for p in self.persists}
 
+    def state(self, name: str) -> TridentState:
+        """The handle of persisted state ``name``, e.g. to state_query it from another
+        pipeline: ``other.stream.state_query(wordcount().state("counts"), "word")``."""
+        if name not in self.states:
+            raise PipelineError(
+                f"pipeline {self.name} has no state {name!r} (states: {sorted(self.states)})"
+            )
+        return TridentState(self, self.states[name])
+
     def _persist(
         self,
         stream: Stream,
