@@ -49,3 +49,11 @@ def test_the_harness_catches_a_missing_stray_key_rollback(monkeypatch, seed):
     # the staged key order); 400 leaves room without making the run long when it is caught.
     results = run_chaos(400, seed=seed, redis_restarts=False)
     assert not results[-1].ok, "400 schedules did not expose the Trident stray-key hole"
+
+
+def test_fixed_seed_schedules_through_batch_operations_are_exact():
+    """The same faults with every count going through exchanges and batch aggregates."""
+    results = run_chaos(25, seed=2000, pipelines=("wordcount-batched",))
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    assert len(results) == 25

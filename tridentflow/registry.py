@@ -15,6 +15,7 @@ EXAMPLES = {
     "wordcount": "tridentflow.examples.wordcount:wordcount",
     "wordcount-opaque": "tridentflow.examples.wordcount:wordcount_opaque",
     "partitioned-count": "tridentflow.examples.wordcount:partitioned_count",
+    "wordcount-batched": "tridentflow.examples.wordcount:wordcount_batched",
     "user-scores": "tridentflow.examples.user_scores:user_scores",
     "wordcount-drpc": "tridentflow.examples.wordcount_drpc:wordcount_drpc",
 }

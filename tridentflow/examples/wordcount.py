@@ -5,6 +5,7 @@
 * ``wordcount-opaque``: the same over an opaque source.
 * ``partitioned-count``: a global count over 16 partitions of an opaque source (seed 003: a
   partition may go dark during a txid; its records land in a later one).
+* ``wordcount-batched``: the same counts through batch operations (for the chaos harness).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from state.maps import StateKind
-from tridentflow.aggregators import Count
+from tridentflow.aggregators import Count, Sum
 from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
 
 
@@ -52,5 +53,31 @@ def partitioned_count() -> Pipeline:
     )
     pipeline.stream.persistent_aggregate(
         StateSpec("total", StateKind.OPAQUE), Count(), out_field="count"
+    )
+    return pipeline
+
+
+def wordcount_batched() -> Pipeline:
+    """The word count routed through batch operations, over an opaque source: words are
+    partitioned by word, counted per word per batch (group_by().aggregate), and the batch counts
+    are summed into the state; the sentences per batch (a global aggregate) are summed into
+    ``total``. The states equal the plain word count's, so the chaos harness can check them
+    exactly while every fault hits the exchange path."""
+    pipeline = Pipeline(
+        "wordcount-batched",
+        LogSource(fields=("sentence",), mode=SourceMode.OPAQUE, partitions=4, batch_size=1000),
+        description="word count through partition_by, group_by().aggregate and aggregate",
+    )
+    words = pipeline.stream.each("sentence", split, "word")
+    (
+        words.partition_by("word")
+        .parallelism_hint(3)
+        .group_by("word")
+        .aggregate("word", Count(), "n")
+        .group_by("word")
+        .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Sum(), "n", "count")
+    )
+    pipeline.stream.aggregate("sentence", Count(), "n").persistent_aggregate(
+        StateSpec("total", StateKind.OPAQUE), Sum(), "n", "count"
     )
     return pipeline
