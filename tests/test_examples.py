@@ -79,6 +79,8 @@ def test_word_count_with_a_state_query_stream(tf):
     assert [v["value"] for v in answers["values"]] == [10, 1, None]
     counts = tf("query", "wordcount-drpc", "--state", "counts", "the", "cat", "unicorn")
     assert counts.stdout == "the\t6\ncat\t1\nunicorn\t0\n"
+    audit = tf("audit", "wordcount-drpc")
+    assert audit.stdout.strip() == "lost=0 doubled=0 unaudited=answers", audit.stdout
 
 
 class Concat(Reducer):

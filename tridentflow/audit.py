@@ -20,6 +20,7 @@ from typing import Any
 from state.maps import StoredValue
 from tridentflow.aggregators import absent_value, apply_staged
 from tridentflow.engine import LocalEngine
+from tridentflow.plan import compile_pipeline
 from tridentflow.runtime import Runtime
 
 
@@ -55,7 +56,9 @@ def audit(rt: Runtime) -> AuditReport:
     offsets = rt.ledger.committed_offsets()
     report = AuditReport(committed)
     ranges = {p: (0, end) for p, end in offsets.items()}
-    result = LocalEngine().compute(rt.plan, str(rt.log.root), ranges) if ranges else None
+    auditable = [n for n, p in rt.pipeline.states.items() if p.batch_invariant]
+    plan = compile_pipeline(rt.pipeline, auditable)  # no batch operations, no state queries
+    result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
     report.records = sum(c.n for c in result.counts.values()) if result else 0
     for name, persist in rt.pipeline.states.items():
         if not persist.batch_invariant:

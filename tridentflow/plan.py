@@ -10,7 +10,7 @@ the semantics live here once.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,14 +250,12 @@ def _graph_edges(persists: Sequence[Persist]) -> list[Node]:
     return list(edges.values())
 
 
-def compile_pipeline(pipeline: Pipeline) -> Plan:
+def compile_pipeline(pipeline: Pipeline, states: Collection[str] | None = None) -> Plan:
+    """The plan of every persisted state, or of the ``states`` named."""
     pipeline.validate()
-    fast = [
-        p
-        for p in pipeline.persists
-        if is_record_level(p.node) and isinstance(p.aggregator, Combiner)
-    ]
-    graph = [p for p in pipeline.persists if not any(p is f for f in fast)]
+    persists = [p for p in pipeline.persists if states is None or p.state.name in states]
+    fast = [p for p in persists if is_record_level(p.node) and isinstance(p.aggregator, Combiner)]
+    graph = [p for p in persists if not any(p is f for f in fast)]
     return Plan(
         RowDecoder(pipeline.source.fields),
         tuple(compile_persist(p) for p in fast),
