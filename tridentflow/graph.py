@@ -191,10 +191,15 @@ class GraphBuilder(Generic[D]):
         return self.stage_by_key(data, persist.state.name, combiner)
 
     def stage_by_key(self, keyed: D, state: str, combiner: Combiner | None) -> D:
-        """Exchange (key, value) pairs by key, then one staged value per key."""
-        n = self.plan.default_parallelism
-        moved = self.exchange(keyed, Repartition.PARTITION_BY, n, f"persist({state})", key_idx=(0,))
-        return self.backend.map_partitions(moved, StageByKey(combiner))
+        """Exchange (key, value) pairs by key, then one staged value per key. The number of
+        partitions here changes nothing but speed (at most one per sender); a single
+        partition needs no exchange."""
+        senders = self.backend.num_partitions(keyed)
+        if senders > 1:
+            n = min(self.plan.default_parallelism, senders)
+            label = f"persist({state})"
+            keyed = self.exchange(keyed, Repartition.PARTITION_BY, n, label, key_idx=(0,))
+        return self.backend.map_partitions(keyed, StageByKey(combiner))
 
 
 # -- the local backend --------------------------------------------------------------------------

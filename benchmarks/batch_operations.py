@@ -1,0 +1,86 @@
+"""Benchmark: the fixed cost of batch operations on Spark vs the local engine.
+
+    python -m benchmarks.batch_operations [--sentences 900,20000] [--repeat 2]
+
+Runs one batch of the test pipeline that uses every batch operation (tests.pipelines:
+everything: 13 exchanges - partition_by, shuffle, global, broadcast, a join, grouped and
+global aggregates, a state query, eight states) on SparkEngine (local[2]) and on LocalEngine,
+and reports the best wall time of each, with the Spark jobs, stages and tasks of one batch.
+Needs a Redis for the state query (TRIDENTFLOW_REDIS_URL, default 127.0.0.1:6379; it is only
+read). Run from the repository root (it imports the test pipeline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tests.helpers import sentences
+from tridentflow.engine import LocalEngine
+from tridentflow.filelog import FileLog
+from tridentflow.graph import ExecContext
+from tridentflow.plan import compile_pipeline
+from tridentflow.registry import load_pipeline
+from tridentflow.runtime import resolve_redis_url
+from tridentflow.spark_engine import SparkEngine, spark_session
+
+
+def timed(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.monotonic()
+        fn()
+        best = min(best, time.monotonic() - started)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sentences", default="900,20000")
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    plan = compile_pipeline(load_pipeline("tests.pipelines:everything"))
+    ctx = ExecContext(1, resolve_redis_url())
+    spark = spark_session("tridentflow-bench-batchops", "local[2]")
+    sc = spark.sparkContext
+    work = Path(tempfile.mkdtemp(prefix="tf-bench-ops-"))
+    try:
+        for n in (int(x) for x in args.sentences.split(",")):
+            log = FileLog(work / f"log-{n}")
+            log.ensure(3)
+            log.append_spread(sentences(n, seed=4))
+            ranges = {p: (0, h) for p, h in log.heads().items()}
+
+            def on_spark(log=log, ranges=ranges):
+                result = SparkEngine(spark).compute(plan, str(log.root), ranges, ctx)
+                for items in result.partials.values():
+                    list(items)
+
+            def local(log=log, ranges=ranges):
+                result = LocalEngine().compute(plan, str(log.root), ranges, ctx)
+                for items in result.partials.values():
+                    list(items)
+
+            on_spark()  # warm up
+            sc.setJobGroup(f"n{n}", "one batch")
+            on_spark()
+            tracker = sc.statusTracker()
+            jobs = tracker.getJobIdsForGroup(f"n{n}")
+            stages = {s for j in jobs for s in tracker.getJobInfo(j).stageIds}
+            tasks = sum(tracker.getStageInfo(s).numTasks for s in stages)
+            t_spark = timed(on_spark, args.repeat)
+            t_local = timed(local, args.repeat)
+            print(
+                f"{n} sentences: spark {t_spark:.2f}s ({len(jobs)} jobs, {len(stages)} stages, "
+                f"{tasks} tasks), local {t_local:.2f}s"
+            )
+        spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
