@@ -3,7 +3,7 @@
     python -m benchmarks.batch_operations [--sentences 900,20000] [--repeat 2]
 
 Runs one batch of the test pipeline that uses every batch operation (tests.pipelines:
-everything: 13 exchanges - partition_by, shuffle, global, broadcast, a join, grouped and
+everything: 12 exchanges - partition_by, shuffle, global, broadcast, a join, grouped and
 global aggregates, a state query, eight states) on SparkEngine (local[2]) and on LocalEngine,
 and reports the best wall time of each, with the Spark jobs, stages and tasks of one batch.
 Needs a Redis for the state query (TRIDENTFLOW_REDIS_URL, default 127.0.0.1:6379; it is only
