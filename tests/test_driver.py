@@ -45,3 +45,33 @@ def test_a_failed_txid_blocks_later_commits_until_it_succeeds(redis_url, redis_c
     assert audit(rt).ok
     expected = word_counts(lines)
     assert counts(rt, list(expected)) == expected
+
+
+def test_an_opaque_emit_whose_base_commits_meanwhile_starts_from_the_commit(
+    redis_url, redis_client, home
+):
+    """Pipelined: txid 2 starts where txid 1's staged attempt stops, but txid 1 commits (and its
+    staging is discarded) between the emit's ledger check and its read of that manifest."""
+    from tridentflow.committer import commit
+    from tridentflow.coordinator import coordinate
+    from tridentflow.emitter import emit
+
+    rt = runtime("wordcount-opaque", redis_url, home)
+    lines = sentences(30)
+    produce(rt, lines)
+    coordinate(rt, 1, batch_size=2)
+    emit(rt, 1, ENGINE)
+    coordinate(rt, 2, batch_size=2)
+    read_manifest = rt.staging.manifest
+
+    def commit_first(txid, attempt):
+        rt.staging.manifest = read_manifest
+        commit(rt, 1)  # discards txid 1's staging
+        return read_manifest(txid, attempt)
+
+    rt.staging.manifest = commit_first
+    staged = emit(rt, 2, ENGINE)
+    assert staged is not None and rt.ledger.committed_txid() == 1
+    assert commit(rt, 2).status == "committed"
+    run_pipelined(rt, ENGINE, depth=2, batch_size=2)
+    assert counts(rt, ["man", "dog"]) == {w: word_counts(lines).get(w, 0) for w in ["man", "dog"]}

@@ -23,7 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 from tridentflow.engine import Engine, check_stages
-from tridentflow.errors import NotReadyError, PartitionUnavailable, TooManyBadRecords
+from tridentflow.errors import (
+    IncompleteBatchError,
+    NotReadyError,
+    PartitionUnavailable,
+    TooManyBadRecords,
+)
 from tridentflow.graph import ExecContext
 from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
@@ -63,17 +68,23 @@ def start_positions(rt: Runtime, txid: int, meta: dict[str, Any]) -> dict[int, i
     """Where an opaque txid starts reading: the committed positions, or - pipelined, while
     txid-1 is not committed yet - where txid-1's newest staged attempt stopped. The commit
     re-checks the start against the committed positions, so a base that changed fails there."""
-    committed = rt.ledger.committed_txid()
-    if committed == txid - 1:
-        return rt.ledger.committed_offsets()
-    previous = rt.ledger.staged_attempt(txid - 1)
-    if previous is None:
-        raise NotReadyError(
-            f"{meta['mode']} txid {txid} starts where txid {txid - 1} stops: emit txid "
-            f"{txid - 1} first (the ledger stands at {committed})"
-        )
-    staged = rt.staging.load(txid - 1, previous)
-    return {int(p): int(v) for p, v in staged.manifest["next_positions"].items()}
+    while True:
+        committed = rt.ledger.committed_txid()
+        if committed >= txid - 1:
+            return rt.ledger.committed_offsets()
+        previous = rt.ledger.staged_attempt(txid - 1)
+        if previous is None:
+            raise NotReadyError(
+                f"{meta['mode']} txid {txid} starts where txid {txid - 1} stops: emit txid "
+                f"{txid - 1} first (the ledger stands at {committed})"
+            )
+        try:
+            manifest = rt.staging.manifest(txid - 1, previous)
+        except IncompleteBatchError:
+            if rt.ledger.committed_txid() >= txid - 1:
+                continue  # txid-1 committed meanwhile and its staging was discarded
+            raise
+        return {int(p): int(v) for p, v in manifest["next_positions"].items()}
 
 
 def check_bad_records(rt: Runtime, txid: int, records: int, bad: int) -> None:

@@ -183,6 +183,19 @@ class StagingArea:
     def load(self, txid: int, attempt: int) -> StagedBatch:
         """Load and verify a staged attempt; IncompleteBatchError if torn or missing."""
         directory = self.attempt_dir(txid, attempt)
+        manifest = self.manifest(txid, attempt)
+        for name, info in manifest["states"].items():
+            _verify_jsonl(directory, info, f"state {name}")
+        if "bad" in manifest:
+            _verify_jsonl(directory, manifest["bad"], "bad records")
+        batch = StagedBatch(directory, manifest)
+        batch.check_complete()
+        return batch
+
+    def manifest(self, txid: int, attempt: int) -> dict[str, Any]:
+        """An attempt's manifest only (written last, atomically: present means complete);
+        IncompleteBatchError if missing - e.g. discarded after its txid committed."""
+        directory = self.attempt_dir(txid, attempt)
         try:
             manifest = json.loads((directory / MANIFEST).read_text())
         except FileNotFoundError:
@@ -193,13 +206,7 @@ class StagingArea:
             raise IncompleteBatchError(f"txid {txid}: manifest is not JSON: {exc}") from exc
         if (int(manifest.get("txid", -1)), int(manifest.get("attempt", -1))) != (txid, attempt):
             raise IncompleteBatchError(f"{directory}: manifest is for another txid/attempt")
-        for name, info in manifest["states"].items():
-            _verify_jsonl(directory, info, f"state {name}")
-        if "bad" in manifest:
-            _verify_jsonl(directory, manifest["bad"], "bad records")
-        batch = StagedBatch(directory, manifest)
-        batch.check_complete()
-        return batch
+        return manifest
 
     def discard(self, txid: int) -> None:
         shutil.rmtree(self.tx_dir(txid), ignore_errors=True)
