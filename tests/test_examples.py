@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from state.maps import StateKind
 from tests.helpers import runtime
 from tridentflow import LogSource, Pipeline, Reducer, StateSpec
@@ -13,7 +15,7 @@ from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
 from tridentflow.engine import LocalEngine
-from tridentflow.errors import IncompleteBatchError
+from tridentflow.errors import IncompleteBatchError, StagingValueError, StateUpdateError
 from tridentflow.examples.user_scores import SEED_BATCH
 from tridentflow.faults import FaultPlan
 from tridentflow.runtime import Runtime
@@ -207,3 +209,59 @@ def test_a_state_query_stream_over_another_pipelines_state(redis_url, redis_clie
     commit(rt, 1)
     _txid, values = query(rt, rt.pipeline.states["seen"], [("a",), ("c",), ("zzz",)])
     assert values == [3, 1, None]
+
+
+class Boom(Reducer):
+    def init(self):
+        return 0
+
+    def reduce(self, acc, value):
+        if value == "boom":
+            raise ValueError("no booms")
+        return acc + 1
+
+
+def as_set(current, tuples):
+    return {t[0] for t in tuples}
+
+
+def test_bad_aggregator_output_fails_with_a_clear_error_and_loses_nothing(
+    redis_url, redis_client, home
+):
+    p = Pipeline("bad-agg", LogSource(fields=("key", "value"), partitions=1))
+    p.stream.group_by("key").persistent_aggregate(StateSpec("n"), Boom(), "value")
+    rt = Runtime.open(p, redis_url, home)
+    rt.source_heads()
+    rt.log.append(0, [["a", "x"], ["b", "y"]])
+    for txid in (1, 2):
+        coordinate(rt, txid)
+        emit(rt, txid, LocalEngine())
+        if txid == 2:
+            break
+        commit(rt, txid)
+        rt.log.append(0, [["a", "x"], ["b", "boom"]])
+    try:
+        commit(rt, 2)
+        raise AssertionError("the commit should have failed")
+    except StateUpdateError as exc:
+        assert "state n: Boom() failed on key" in str(exc) and "no booms" in str(exc)
+    from tridentflow.query import query
+
+    assert rt.ledger.committed_txid() == 1
+    assert query(rt, rt.pipeline.states["n"], [("a",), ("b",)])[1] == [1, 1]  # txid 1's values
+
+    q = Pipeline("bad-value", LogSource(fields=("key",), partitions=1))
+    q.stream.partition_persist(StateSpec("s"), as_set, key_fields="key", in_fields="key")
+    rt = Runtime.open(q, redis_url, home)
+    rt.source_heads()
+    rt.log.append(0, ["a"])
+    coordinate(rt, 1)
+    emit(rt, 1, LocalEngine())  # the set is made at commit: staging holds tuples
+    try:
+        commit(rt, 1)
+        raise AssertionError("the commit should have failed")
+    except StateUpdateError as exc:
+        assert "state s: as_set failed on key" in str(exc) and "not JSON serializable" in str(exc)
+    assert rt.ledger.committed_txid() == 0
+    with pytest.raises(StagingValueError, match="state s: cannot stage"):
+        rt.staging.write({"txid": 9, "attempt": 1}, {}, {"s": [("k", {1, 2})]})

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from state.errors import CommitOrderError
 from state.maps import MapState, make_map_state
 from state.redis_backing import CHUNK, fenced_hset
 from tridentflow.aggregators import Persistable, apply_staged
-from tridentflow.errors import IncompleteBatchError, NotReadyError
+from tridentflow.errors import IncompleteBatchError, NotReadyError, StateUpdateError
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
 
@@ -53,9 +54,19 @@ class _ApplyStaged:
 
     persisted: Persistable
     staged: Any
+    state: str
+    key: str
 
     def __call__(self, old: Any) -> Any:
-        return apply_staged(self.persisted, old, self.staged)
+        try:
+            new = apply_staged(self.persisted, old, self.staged)
+            json.dumps(new)  # what the store will write: fail here, naming the key
+        except Exception as exc:
+            raise StateUpdateError(
+                f"state {self.state}: {self.persisted!r} failed on key {self.key}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return new
 
 
 def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
@@ -138,7 +149,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     for name, (state, persisted) in maps.items():
         for chunk in _chunks(staged.items(name), CHUNK, max(0, half - written)):
             state.multi_update(
-                [k for k, _ in chunk], [_ApplyStaged(persisted, p) for _, p in chunk]
+                [k for k, _ in chunk], [_ApplyStaged(persisted, p, name, k) for k, p in chunk]
             )
             before, written = written, written + len(chunk)
             if before < half <= written:

@@ -35,5 +35,14 @@ class IncompleteBatchError(TridentflowError):
     """Staged output is missing or disagrees with its record counts: it must not commit."""
 
 
+class StateUpdateError(TridentflowError):
+    """A persisted aggregator or updater failed on a key at commit: the txid is not committed,
+    and its retry replays safely (the failure repeats until the code or the input is fixed)."""
+
+
+class StagingValueError(TridentflowError):
+    """A value to stage cannot be written as JSON (an aggregator returned e.g. a set)."""
+
+
 class TooManyBadRecords(TridentflowError):
     """A batch has more quarantined records than the pipeline allows: it fails, visibly."""

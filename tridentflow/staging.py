@@ -23,7 +23,7 @@ from typing import Any
 
 from tridentflow.batchops import StageReport
 from tridentflow.engine import PartitionCount
-from tridentflow.errors import IncompleteBatchError
+from tridentflow.errors import IncompleteBatchError, StagingValueError
 from tridentflow.filelog import _fsync_dir, _write_atomic
 from tridentflow.plan import BadRecord
 
@@ -31,12 +31,19 @@ MANIFEST = "MANIFEST.json"
 BAD_FILE = "bad.jsonl"
 
 
-def _write_jsonl(path: Path, values: Iterable[Any]) -> dict[str, Any]:
+def _write_jsonl(path: Path, values: Iterable[Any], what: str = "value") -> dict[str, Any]:
     """Write one JSON value per line, fsync; return {file, lines, sha256}."""
     digest, lines = hashlib.sha256(), 0
     with open(path, "wb") as fh:
         for value in values:
-            line = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            try:
+                text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise StagingValueError(
+                    f"{what}: cannot stage {value!r:.200} as JSON ({exc}); aggregators and "
+                    "updaters must return JSON values (numbers, strings, lists, maps, null)"
+                ) from None
+            line = text.encode() + b"\n"
             fh.write(line)
             digest.update(line)
             lines += 1
@@ -166,7 +173,9 @@ class StagingArea:
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
         states = {
-            name: _write_jsonl(directory / f"state-{name}.jsonl", ([k, v] for k, v in pairs))
+            name: _write_jsonl(
+                directory / f"state-{name}.jsonl", ([k, v] for k, v in pairs), f"state {name}"
+            )
             for name, pairs in partials.items()
         }
         bad_info = _write_jsonl(directory / BAD_FILE, (b.to_json() for b in bad))
