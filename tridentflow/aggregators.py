@@ -19,7 +19,7 @@ Aggregators must be deterministic and picklable (they are shipped to Spark execu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,19 +133,6 @@ def absent_value(persisted: Persistable) -> Any:
     if isinstance(persisted, Reducer):
         return persisted.init()
     return None
-
-
-def fold(aggregator: Combiner | Reducer, rows: Sequence[Sequence[Any]]) -> Any:
-    """A Combiner's or Reducer's value over ``rows`` (argument tuples), in order."""
-    if isinstance(aggregator, Reducer):
-        acc = aggregator.init()
-        for values in rows:
-            acc = aggregator.reduce(acc, *values)
-        return acc
-    acc = aggregator.zero()
-    for values in rows:
-        acc = aggregator.combine(acc, aggregator.init(*values))
-    return acc
 
 
 class Count(Combiner):

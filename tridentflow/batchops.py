@@ -33,8 +33,8 @@ from tridentflow.aggregators import (
     Persistable,
     Reducer,
 )
-from tridentflow.errors import PipelineError
 from tridentflow.pipeline import AggSpec, Repartition
+from tridentflow.plan import as_rows
 
 Row = tuple[Any, ...]
 REPORT = -1
@@ -156,18 +156,6 @@ PHASE_PARTIAL = "partial"
 PHASE_COMBINE = "combine"
 
 
-def _as_outputs(produced: Any, width: int, what: str) -> list[Row]:
-    rows = []
-    for out in produced or ():
-        values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        if len(values) != width:
-            raise PipelineError(
-                f"{what} emitted {values!r}: {len(values)} values for {width} field(s)"
-            )
-        rows.append(values)
-    return rows
-
-
 @dataclass(frozen=True)
 class CompiledAgg:
     aggregator: Combiner | Reducer | Aggregator
@@ -194,7 +182,7 @@ class CompiledAgg:
     def outputs(self, acc: Any) -> list[Row]:
         agg = self.aggregator
         if isinstance(agg, Aggregator):
-            return _as_outputs(agg.complete(acc), self.width, f"{agg!r}.complete")
+            return as_rows(agg.complete(acc), self.width, f"{agg!r}.complete")
         return [(acc,)]
 
 

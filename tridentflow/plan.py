@@ -87,6 +87,12 @@ def _as_tuple(out: Any) -> tuple[Any, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
+def as_rows(produced: Iterable[Any] | None, width: int, what: str) -> list[Row]:
+    """A function's outputs as tuples of ``width`` values (a bare value is a 1-tuple);
+    PipelineError naming ``what`` for a wrong width."""
+    return [_check_width(_as_tuple(out), width, what) for out in produced or ()]
+
+
 @dataclass(frozen=True)
 class FilterStep:
     predicate: Callable[..., Any]
@@ -106,7 +112,7 @@ class MapStep:
     def __call__(self, row: Row) -> list[Row]:
         what = f"{'flat_map' if self.flat else 'map'}({self.name})"
         outs = self.function(*row) if self.flat else (self.function(*row),)
-        return [_check_width(_as_tuple(out), self.n_out, what) for out in outs or ()]
+        return as_rows(outs, self.n_out, what)
 
 
 @dataclass(frozen=True)
@@ -228,10 +234,6 @@ class Plan:
             if edge_node is node:
                 return index
         return None
-
-    @property
-    def state_names(self) -> list[str]:
-        return [pp.state.name for pp in self.persists] + [p.state.name for p in self.graph_persists]
 
 
 def _graph_edges(persists: Sequence[Persist]) -> list[Node]:
