@@ -8,10 +8,11 @@ for, never lands. ``MemoryBackingMap`` has the same contract, for fast unit test
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from state.codec import decode_value, encode_value
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,13 @@ class MemoryBackingMap:
 
     def multi_get(self, keys: Sequence[str]) -> list[Any | None]:
         self.round_trips += 1
-        return [json.loads(self._data[k]) if k in self._data else None for k in keys]
+        return [decode_value(self._data.get(k)) for k in keys]
 
     def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
         self.round_trips += 1
         if fence is not None and self._guard is not None:
             self._guard(fence)
-        encoded = [(k, json.dumps(v)) for k, v in items]
+        encoded = [(k, encode_value(v)) for k, v in items]
         for key, value in encoded:
             self._data[key] = value
         if fence is not None:
@@ -85,4 +86,4 @@ class MemoryBackingMap:
 
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         for key, value in list(self._data.items()):
-            yield key, json.loads(value)
+            yield key, decode_value(value)

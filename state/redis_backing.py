@@ -6,23 +6,20 @@ write is atomic and refused if the commit attempt was superseded or the ledger i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
 
 from state.backing import Fence
+from state.codec import decode_value, encode_value
+from state.errors import KeyEncodingError
 from state.keys import KeySpace
 from state.maps import StoredValue
 from state.scripts import FENCED_HSET, QUERY_COMMITTED
 
 CHUNK = 1000
 """Fields per round trip (keeps Lua's unpack() and a single script's run time small)."""
-
-
-def _decode(raw: bytes | None) -> Any:
-    return None if raw is None else json.loads(raw)
 
 
 class RedisBackingMap:
@@ -36,7 +33,7 @@ class RedisBackingMap:
         out: list[Any | None] = []
         for i in range(0, len(keys), CHUNK):
             chunk = keys[i : i + CHUNK]
-            out.extend(_decode(raw) for raw in self.client.hmget(self.key, chunk))
+            out.extend(decode_value(raw) for raw in self.client.hmget(self.key, chunk))
         return out
 
     def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
@@ -50,7 +47,7 @@ class RedisBackingMap:
 
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         for field, raw in self.client.hscan_iter(self.key, count=1000):
-            yield (field.decode() if isinstance(field, bytes) else field), _decode(raw)
+            yield (field.decode() if isinstance(field, bytes) else field), decode_value(raw)
 
     def count(self) -> int:
         return int(self.client.hlen(self.key))
@@ -71,8 +68,11 @@ def fenced_hset(
     for i in range(0, len(items), CHUNK):
         args: list[str] = list(head)
         for key, value in items[i : i + CHUNK]:
-            args.append(key)
-            args.append(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+            try:
+                encoded = encode_value(value)
+            except KeyEncodingError as exc:  # before the chunk's write: nothing of it lands
+                raise KeyEncodingError(f"key {key}: {exc}") from exc
+            args += (key, encoded)
         FENCED_HSET(client, script_keys, args)
 
 
@@ -91,7 +91,7 @@ def query_committed(
         reply = QUERY_COMMITTED(client, [keyspace.ledger, keyspace.state(state_name)], chunk)
         committed = int(reply[0])
         for key, raw in zip(chunk, reply[1:], strict=True):
-            stored = None if raw is None else StoredValue.from_json(json.loads(raw), key)
+            stored = None if raw is None else StoredValue.from_json(decode_value(raw), key)
             values.append(None if stored is None else stored.committed_view(committed))
     if not keys:
         committed = int(client.hget(keyspace.ledger, "committed") or 0)

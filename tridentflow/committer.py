@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from itertools import islice
 from typing import Any
 
 from state.backing import Fence
-from state.errors import CommitOrderError
+from state.errors import CommitOrderError, KeyEncodingError
 from state.maps import MapState, make_map_state
 from state.redis_backing import CHUNK, fenced_hset
 from tridentflow.aggregators import Persistable, apply_staged
@@ -59,14 +58,12 @@ class _ApplyStaged:
 
     def __call__(self, old: Any) -> Any:
         try:
-            new = apply_staged(self.persisted, old, self.staged)
-            json.dumps(new)  # what the store will write: fail here, naming the key
+            return apply_staged(self.persisted, old, self.staged)
         except Exception as exc:
             raise StateUpdateError(
                 f"state {self.state}: {self.persisted!r} failed on key {self.key}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        return new
 
 
 def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
@@ -148,9 +145,12 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         rt.faults.fire("mid-commit", txid, ticket.token)
     for name, (state, persisted) in maps.items():
         for chunk in _chunks(staged.items(name), CHUNK, max(0, half - written)):
-            state.multi_update(
-                [k for k, _ in chunk], [_ApplyStaged(persisted, p, name, k) for k, p in chunk]
-            )
+            try:
+                state.multi_update(
+                    [k for k, _ in chunk], [_ApplyStaged(persisted, p, name, k) for k, p in chunk]
+                )
+            except KeyEncodingError as exc:  # a new value the store cannot write as JSON
+                raise StateUpdateError(f"state {name}: {persisted!r} failed on {exc}") from exc
             before, written = written, written + len(chunk)
             if before < half <= written:
                 rt.faults.fire("mid-commit", txid, ticket.token)

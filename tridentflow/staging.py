@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from state.codec import encode_value
+from state.errors import KeyEncodingError
 from tridentflow.batchops import StageReport
 from tridentflow.engine import PartitionCount
 from tridentflow.errors import IncompleteBatchError, StagingValueError
@@ -37,11 +39,12 @@ def _write_jsonl(path: Path, values: Iterable[Any], what: str = "value") -> dict
     with open(path, "wb") as fh:
         for value in values:
             try:
-                text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-            except (TypeError, ValueError) as exc:
+                text = encode_value(value)
+            except KeyEncodingError as exc:
                 raise StagingValueError(
-                    f"{what}: cannot stage {value!r:.200} as JSON ({exc}); aggregators and "
-                    "updaters must return JSON values (numbers, strings, lists, maps, null)"
+                    f"{what}: cannot stage {value!r:.200} as JSON ({exc.__cause__}); "
+                    "aggregators and updaters must return JSON values (numbers, strings, lists, "
+                    "maps, null)"
                 ) from None
             line = text.encode() + b"\n"
             fh.write(line)
