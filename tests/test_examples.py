@@ -133,22 +133,18 @@ def test_a_lost_tuple_fails_the_emit_and_a_doctored_manifest_fails_the_commit(
     rt.source_heads()
     rt.log.append_spread(SEED_BATCH)
     coordinate(rt, 1)
-    try:
+    with pytest.raises(IncompleteBatchError) as exc:
         emit(rt, 1, LocalEngine())
-        raise AssertionError("the emit should have failed")
-    except IncompleteBatchError as exc:
-        assert "must not commit" in str(exc) and "announced tuples" in str(exc)
+    assert "must not commit" in str(exc.value) and "announced tuples" in str(exc.value)
     assert rt.ledger.staged_attempt(1) is None  # nothing staged, nothing to commit
     staged = emit(rt, 1, LocalEngine())  # attempt 2: no fault
     manifest = json.loads((staged.directory / MANIFEST).read_text())
     assert manifest["stages"] and all(s[4] == s[5] for s in manifest["stages"])
     manifest["stages"][0][5] -= 1  # received one tuple fewer than announced
     (staged.directory / MANIFEST).write_text(json.dumps(manifest))
-    try:
+    with pytest.raises(IncompleteBatchError) as exc:
         commit(rt, 1)
-        raise AssertionError("the commit should have failed")
-    except IncompleteBatchError as exc:
-        assert "it must not commit" in str(exc)
+    assert "it must not commit" in str(exc.value)
     assert rt.ledger.committed_txid() == 0
     emit(rt, 1, LocalEngine())
     assert commit(rt, 1).status == "committed"
@@ -240,11 +236,9 @@ def test_bad_aggregator_output_fails_with_a_clear_error_and_loses_nothing(
             break
         commit(rt, txid)
         rt.log.append(0, [["a", "x"], ["b", "boom"]])
-    try:
+    with pytest.raises(StateUpdateError) as exc:
         commit(rt, 2)
-        raise AssertionError("the commit should have failed")
-    except StateUpdateError as exc:
-        assert "state n: Boom() failed on key" in str(exc) and "no booms" in str(exc)
+    assert "state n: Boom() failed on key" in str(exc.value) and "no booms" in str(exc.value)
     from tridentflow.query import query
 
     assert rt.ledger.committed_txid() == 1
@@ -257,11 +251,11 @@ def test_bad_aggregator_output_fails_with_a_clear_error_and_loses_nothing(
     rt.log.append(0, ["a"])
     coordinate(rt, 1)
     emit(rt, 1, LocalEngine())  # the set is made at commit: staging holds tuples
-    try:
+    with pytest.raises(StateUpdateError) as exc:
         commit(rt, 1)
-        raise AssertionError("the commit should have failed")
-    except StateUpdateError as exc:
-        assert "state s: as_set failed on key" in str(exc) and "not JSON serializable" in str(exc)
+    assert "state s: as_set failed on key" in str(exc.value) and "not JSON serializable" in str(
+        exc.value
+    )
     assert rt.ledger.committed_txid() == 0
     with pytest.raises(StagingValueError, match="state s: cannot stage"):
         rt.staging.write({"txid": 9, "attempt": 1}, {}, {"s": [("k", {1, 2})]})

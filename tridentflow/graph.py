@@ -1,8 +1,9 @@
 """The batch-operation graph: from the record stage's streams to the persisted states.
 
-``build_states`` walks the pipeline's stream graph once per batch and asks a ``Backend`` (the
-local engine's lists, or Spark RDDs) for three things only: run a function on every partition,
-exchange tuples between partitions (with Trident's count reports), and concatenate datasets.
+``GraphBuilder`` walks the pipeline's stream graph once per batch (each node built once) and
+asks a ``Backend`` (the local engine's lists, or Spark RDDs) for three things only: run a
+function on every partition, exchange tuples between partitions (with Trident's count
+reports), and concatenate datasets.
 The operations themselves are tridentflow.batchops, written once for both engines.
 """
 

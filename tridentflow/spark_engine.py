@@ -45,12 +45,8 @@ def _run_task(log_root: str, plan: Plan, task: tuple[int, int, int]) -> TaskOutp
     return read_task(log_root, plan, *task)
 
 
-def _count(out: TaskOutput) -> tuple[int, Any]:
-    return out.partition, out.count
-
-
-def _bad(out: TaskOutput) -> list:
-    return out.bad
+def _summary(out: TaskOutput) -> tuple[int, Any, list]:
+    return out.partition, out.count, out.bad
 
 
 def _partials(index: int, out: TaskOutput) -> Any:
@@ -144,8 +140,9 @@ class SparkEngine:
             functools.partial(_run_task, log_root, plan)
         )
         outputs.persist(StorageLevel.MEMORY_AND_DISK)
-        counts = merge_counts(ranges, outputs.map(_count).collect())
-        bad = outputs.flatMap(_bad).collect()
+        summaries = outputs.map(_summary).collect()  # one job: counts and bad records
+        counts = merge_counts(ranges, ((p, count) for p, count, _bad in summaries))
+        bad = [b for _p, _count, task_bad in summaries for b in task_bad]
         backend = SparkBackend(sc, ctx.lose_tuple)
         edges = [outputs.flatMap(functools.partial(_edge, e)) for e in range(len(plan.edges))]
         builder = GraphBuilder(plan, backend, edges, ctx)
@@ -179,8 +176,9 @@ class SparkEngine:
 
 
 COLLECT_KEYS = 200_000
-"""A state with at most this many keys is collected in one job; a bigger one is streamed
-partition by partition (toLocalIterator), so the driver never holds it whole."""
+"""States with at most this many keys in all are collected in one job; past that, each state
+is read on its own, and one bigger than this is streamed partition by partition
+(toLocalIterator), so the driver never holds it whole."""
 
 
 def _tag(index: int, item: Any) -> tuple[int, Any]:
