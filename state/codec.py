@@ -5,11 +5,18 @@ Keys: a group key is a tuple of field values; it is encoded as compact JSON of a
 dict members are sorted. The encoding is a pure function of the value: the same key always
 maps to the same Redis field, whichever process computed it.
 
+The key encoding is injective on values as JSON sees them: ``0.0`` and ``-0.0``, ``1``,
+``1.0`` and ``True`` are five different keys even though Python compares some of them equal.
+Strings must be valid Unicode (a lone surrogate such as ``"\\ud800"`` cannot be written to
+Redis or a UTF-8 file) and floats finite; anything else raises KeyEncodingError.
+
 Values: JSON with int/float preserved (``1`` vs ``1.0``); tuples come back as lists.
+``private`` gives user code a value it may mutate without touching anyone else's copy.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -22,6 +29,9 @@ _SCALARS = (str, int, float, bool, type(None))
 def _check_key_part(value: Any, path: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise KeyEncodingError(f"group key {path} is {value!r}: NaN/inf have no stable encoding")
+    if isinstance(value, str):
+        check_unicode(value, f"group key {path}")
+        return
     if isinstance(value, _SCALARS):
         return
     if isinstance(value, (list, tuple)):
@@ -38,6 +48,20 @@ def _check_key_part(value: Any, path: str) -> None:
         f"group key {path} is a {type(value).__name__} ({value!r}); use str, int, float, bool,"
         " None, or lists/tuples/dicts of them"
     )
+
+
+def check_unicode(text: str, what: str) -> None:
+    """Refuse a string that is not valid Unicode (a lone surrogate): it has no UTF-8 form."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise KeyEncodingError(
+            f"{what} holds a lone surrogate {bad.encode('unicode_escape').decode()!r} at index "
+            f"{exc.start}: not valid Unicode (a cut emoji?)"
+        ) from None
 
 
 def encode_key(key: tuple[Any, ...] | list[Any]) -> str:
@@ -65,11 +89,35 @@ def decode_key(encoded: str | bytes) -> tuple[Any, ...]:
 
 
 def encode_value(value: Any) -> str:
-    """Encode a stored value as JSON (int and float stay distinct)."""
+    """Encode a stored value as JSON (int and float stay distinct); the text is valid UTF-8."""
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
-        raise KeyEncodingError(f"value {value!r} is not JSON-serialisable: {exc}") from exc
+        raise KeyEncodingError(f"value {value!r:.200} is not JSON-serialisable: {exc}") from exc
+    check_unicode(text, f"value {value!r:.200}")
+    return text
+
+
+def private(value: Any) -> Any:
+    """A copy of a JSON-like value that shares no mutable part with ``value``.
+
+    Scalars (immutable) are returned as they are, so numeric states pay one type check; lists,
+    dicts and tuples are copied recursively. Given to user code (Combiner.combine, Reducer.reduce,
+    StateUpdater.update) wherever the original is still referenced elsewhere.
+    """
+    kind = type(value)
+    if kind is list:
+        return [private(v) for v in value]
+    if kind is dict:
+        return {k: private(v) for k, v in value.items()}
+    if kind is tuple:
+        return tuple(private(v) for v in value)
+    if kind in _SCALARS_EXACT:
+        return value
+    return copy.deepcopy(value)
+
+
+_SCALARS_EXACT = frozenset((str, int, float, bool, type(None)))
 
 
 def decode_value(encoded: str | bytes | None) -> Any:

@@ -13,6 +13,11 @@ Every stored value has the layout ``[txid, curr, prev]`` (JSON):
 
 S > T is refused with StaleTxidError in both transactional and opaque maps.
 
+User code never sees a stored object: every updater is handed a private copy of its base
+(``state.codec.private``: free for numbers and strings), so a Combiner that does
+``a["n"] += b["n"]; return a`` or a Reducer that appends to its accumulator cannot alias ``curr``
+and ``prev`` of one stored value, nor a value cached earlier in the same commit.
+
 Within one commit, a key written earlier in the same commit is "cached" (Trident's
 CachedBatchReadsMap): a second update of it in the same commit adds up instead of being skipped.
 
@@ -31,7 +36,7 @@ from enum import StrEnum
 from typing import Any
 
 from state.backing import BackingMap, Fence
-from state.codec import encode_key
+from state.codec import encode_key, private
 from state.errors import StaleTxidError, StateError
 
 GLOBAL_KEY = encode_key(())
@@ -209,7 +214,7 @@ class NonTransactionalMap(MapState):
     kind = StateKind.NON_TRANSACTIONAL
 
     def _next(self, key, stored, cached, update):
-        return StoredValue(None, update(None if stored is None else stored.curr), None)
+        return StoredValue(None, update(None if stored is None else private(stored.curr)), None)
 
 
 class TransactionalMap(MapState):
@@ -225,8 +230,8 @@ class TransactionalMap(MapState):
         if stored.txid == txid:
             if not cached:
                 return None  # already applied by an earlier attempt of this txid
-            return StoredValue(txid, update(stored.curr), stored.prev)
-        return StoredValue(txid, update(stored.curr), stored.curr)
+            return StoredValue(txid, update(private(stored.curr)), stored.prev)
+        return StoredValue(txid, update(private(stored.curr)), stored.curr)
 
 
 class OpaqueMap(MapState):
@@ -241,8 +246,8 @@ class OpaqueMap(MapState):
         self._check_not_behind(key, stored)
         if stored.txid == txid:
             base = stored.curr if cached else stored.prev
-            return StoredValue(txid, update(base), stored.prev)
-        return StoredValue(txid, update(stored.curr), stored.curr)
+            return StoredValue(txid, update(private(base)), stored.prev)
+        return StoredValue(txid, update(private(stored.curr)), stored.curr)
 
 
 _MAPS: dict[StateKind, type[MapState]] = {

@@ -8,6 +8,7 @@ from state.maps import StateKind
 from tridentflow import (
     Aggregator,
     BatchInfo,
+    Combiner,
     Count,
     LogSource,
     Pipeline,
@@ -126,3 +127,42 @@ def everything() -> Pipeline:
         ["word"], Concat(), "all"
     ).partition_persist(StateSpec("joined"), keep_all, in_fields="all")
     return p
+
+
+class AddN(Combiner):
+    """The issue's Combiner: mutates and returns its left argument."""
+
+    def init(self, *values):
+        return {"n": 1}
+
+    def combine(self, a, b):
+        a["n"] += b["n"]
+        return a
+
+    def zero(self):
+        return {"n": 0}
+
+
+class AppendAll(Reducer):
+    """The issue's Reducer: appends to its accumulator in place."""
+
+    def init(self):
+        return []
+
+    def reduce(self, acc, word):
+        acc.append(word)
+        return acc
+
+
+def in_place() -> Pipeline:
+    """An opaque source, opaque states fed by aggregators that mutate their arguments."""
+    pipeline = Pipeline(
+        "in-place", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE, partitions=2)
+    )
+    words = pipeline.stream.each("sentence", split_or_raise, "word")
+    words.group_by("word").persistent_aggregate(StateSpec("n", StateKind.OPAQUE), AddN())
+    words.group_by("word").persistent_aggregate(
+        StateSpec("all", StateKind.OPAQUE), AppendAll(), "word"
+    )
+    pipeline.stream.persistent_aggregate(StateSpec("total", StateKind.OPAQUE), AddN())
+    return pipeline

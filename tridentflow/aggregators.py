@@ -11,6 +11,13 @@ updaters, and the built-ins.
 * ``StateUpdater`` (Trident's StateUpdater for partition_persist): ``update(current, tuples)``
   gives a key's new value from its current one (None if absent) and the batch's tuples.
 
+**Mutating arguments is allowed.** Ordinary Python such as ``a["n"] += b["n"]; return a`` or
+``acc.append(x); return acc`` is safe: ``guard`` wraps every user aggregator so that each
+accumulator it is given belongs to that fold alone (stored ``curr``/``prev``, staged partials,
+partials merged in tasks and exchanges, tuples shared by branches are never aliased). Only
+containers are copied; aggregators that never mutate (the built-ins) set ``pure = True`` and
+are not wrapped.
+
 Every fold sees its tuples in the batch's deterministic order (source order, and across a
 repartition, sender by sender; see tridentflow.batchops), so a replay reproduces it exactly.
 Aggregators must be deterministic and picklable (they are shipped to Spark executors).
@@ -23,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from state.codec import private
+
 
 @dataclass(frozen=True)
 class BatchInfo:
@@ -33,6 +42,10 @@ class BatchInfo:
 
 
 class Combiner(ABC):
+    pure: bool = False
+    """True if init/combine/zero never mutate their arguments nor return shared objects:
+    the engine then skips its defensive copies (the built-ins)."""
+
     @abstractmethod
     def init(self, *values: Any) -> Any: ...
 
@@ -51,6 +64,8 @@ class Combiner(ABC):
 
 
 class Reducer(ABC):
+    pure: bool = False
+
     @abstractmethod
     def init(self) -> Any: ...
 
@@ -67,6 +82,8 @@ class Reducer(ABC):
 class Aggregator(ABC):
     """Trident's full Aggregator. ``complete`` returns the output tuples (a tuple/list per
     output, or a bare value for a one-field output); None means no output."""
+
+    pure: bool = False
 
     @abstractmethod
     def init(self, batch: BatchInfo) -> Any: ...
@@ -111,6 +128,88 @@ class FunctionUpdater(StateUpdater):
 AnyAggregator = Combiner | Reducer | Aggregator
 Persistable = Combiner | Reducer | StateUpdater
 
+_IMMUTABLE = frozenset((str, int, float, bool, type(None)))
+
+
+def _private_args(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    for v in values:
+        if type(v) not in _IMMUTABLE:
+            return tuple(private(x) for x in values)
+    return values
+
+
+class _Guarded:
+    """Shared part of the guards: delegates everything else (present, attributes, repr)."""
+
+    inner: Any
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # during unpickling, before __init__ ran
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def present(self, value: Any) -> Any:
+        return self.inner.present(value)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Guarded) and self.inner == other.inner
+
+    def __hash__(self) -> int:
+        return hash(self.inner)
+
+
+class GuardedCombiner(_Guarded, Combiner):
+    """A user Combiner whose partials are never shared: ``init``/``zero`` results and the
+    incoming ``b`` are private copies; ``a`` is always the fold's own accumulator."""
+
+    def init(self, *values: Any) -> Any:
+        return private(self.inner.init(*_private_args(values)))
+
+    def combine(self, a: Any, b: Any) -> Any:
+        return self.inner.combine(a, private(b))
+
+    def zero(self) -> Any:
+        return private(self.inner.zero())
+
+
+class GuardedReducer(_Guarded, Reducer):
+    def init(self) -> Any:
+        return private(self.inner.init())
+
+    def reduce(self, acc: Any, *values: Any) -> Any:
+        return self.inner.reduce(acc, *_private_args(values))
+
+
+class GuardedAggregator(_Guarded, Aggregator):
+    def init(self, batch: BatchInfo) -> Any:
+        return private(self.inner.init(batch))
+
+    def aggregate(self, acc: Any, *values: Any) -> Any:
+        return self.inner.aggregate(acc, *_private_args(values))
+
+    def complete(self, acc: Any) -> Iterable[Any] | None:
+        return self.inner.complete(acc)
+
+
+def guard(aggregator: Any) -> Any:
+    """``aggregator`` made safe to mutate its arguments (see the module doc); pure ones, a
+    StateUpdater (handed private values by the map state) and guards are returned as they are."""
+    if isinstance(aggregator, _Guarded) or getattr(aggregator, "pure", False):
+        return aggregator
+    if isinstance(aggregator, Combiner):
+        return GuardedCombiner(aggregator)
+    if isinstance(aggregator, Reducer):
+        return GuardedReducer(aggregator)
+    if isinstance(aggregator, Aggregator):
+        return GuardedAggregator(aggregator)
+    return aggregator
+
 
 def apply_staged(persisted: Persistable, current: Any, staged: Any) -> Any:
     """A key's new stored value from its current one and what the batch staged for it: a
@@ -138,6 +237,8 @@ def absent_value(persisted: Persistable) -> Any:
 class Count(Combiner):
     """Number of tuples."""
 
+    pure = True
+
     def init(self, *values: Any) -> int:
         return 1
 
@@ -150,6 +251,8 @@ class Count(Combiner):
 
 class Sum(Combiner):
     """Sum of one numeric field (int stays int, float stays float)."""
+
+    pure = True
 
     def init(self, *values: Any) -> Any:
         if len(values) != 1:
@@ -177,6 +280,8 @@ def _pick(a: Any, b: Any, better) -> Any:
 class Min(Combiner):
     """Smallest value of one field (None for no tuples)."""
 
+    pure = True
+
     def init(self, *values: Any) -> Any:
         return values[0]
 
@@ -189,6 +294,8 @@ class Min(Combiner):
 
 class Max(Combiner):
     """Largest value of one field (None for no tuples)."""
+
+    pure = True
 
     def init(self, *values: Any) -> Any:
         return values[0]
@@ -203,6 +310,8 @@ class Max(Combiner):
 class Mean(Combiner):
     """Arithmetic mean of one numeric field, as a combiner: the partial (and the stored value)
     is ``[sum, count]``; ``present`` turns it into the mean."""
+
+    pure = True
 
     def init(self, *values: Any) -> list[Any]:
         return [Sum().init(*values), 1]
@@ -222,6 +331,8 @@ class Mean(Combiner):
 class First(Combiner):
     """The first non-None value of one field, in the batch's deterministic order (None for no
     tuples); persisted, the first value ever stored is kept."""
+
+    pure = True
 
     def init(self, *values: Any) -> Any:
         return values[0]

@@ -37,12 +37,17 @@ class AuditReport:
     doubled: int | float = 0
     mismatched: list[tuple[str, str, Any, Any]] = field(default_factory=list)
     unaudited: list[str] = field(default_factory=list)
+    unreadable: dict[int, str] = field(default_factory=dict)
+    """Partitions holding committed records that cannot be read now: nothing was compared."""
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.doubled == 0 and not self.mismatched
+        return self.lost == 0 and self.doubled == 0 and not self.mismatched and not self.unreadable
 
     def line(self) -> str:
+        if self.unreadable:
+            where = "; ".join(f"partition {p} {r}" for p, r in sorted(self.unreadable.items()))
+            return f"cannot audit: {where}; lost/doubled unknown until it is readable"
         text = f"lost={self.lost} doubled={self.doubled}"
         if self.mismatched:
             text += f" mismatched={len(self.mismatched)}"
@@ -56,6 +61,22 @@ def audit(rt: Runtime) -> AuditReport:
     offsets = rt.ledger.committed_offsets()
     report = AuditReport(committed)
     ranges = {p: (0, end) for p, end in offsets.items()}
+    scan = rt.log.scan() if rt.log.exists() else None
+    for partition, end in sorted(offsets.items()):
+        if end == 0:
+            continue
+        if scan is None or partition in scan.unavailable:
+            report.unreadable[partition] = (
+                scan.unavailable[partition] if scan else "unavailable: the source log is missing"
+            )
+        elif scan.heads[partition] < end:
+            report.unreadable[partition] = (
+                f"unavailable: its head {scan.heads[partition]} is behind the committed offset "
+                f"{end}"
+            )
+    if report.unreadable:
+        report.unaudited = list(rt.pipeline.states)
+        return report
     auditable = [n for n, p in rt.pipeline.states.items() if p.batch_invariant]
     plan = compile_pipeline(rt.pipeline, auditable)  # no batch operations, no state queries
     result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None

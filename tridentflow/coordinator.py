@@ -6,7 +6,9 @@ copy back unchanged. Idempotent.
 
 * transactional source: the metadata freezes each partition's range [start, end) for the txid:
   start is where txid-1 ended, end is at most ``batch_size`` records further, bounded by the
-  partition's head. Partitions added later join at the next txid.
+  partition's head. Partitions added later join at the next txid. A partition that cannot be
+  read at that moment (missing, unreadable, or its head behind where it should start) gets
+  an empty range and is listed under ``unavailable``: its records come in a later txid.
 * opaque and non-transactional sources: the metadata holds only the batch size; the emitter
   reads from the committed positions whatever is readable (see tridentflow.emitter).
 """
@@ -54,13 +56,16 @@ def new_metadata(
             )
         prev_ends = {int(p): int(r[1]) for p, r in prev["ranges"].items()}
     ranges: dict[str, list[int]] = {}
-    for partition, head in rt.source_heads().items():
+    scan = rt.source_scan()
+    unavailable = []
+    for partition in scan.partitions:
         start = prev_ends.get(partition, 0)
-        if start > head:
-            raise SourceError(
-                f"partition {partition}: txid {txid} would start at offset {start}, past the "
-                f"head {head} (was the source log replaced?)"
-            )
+        head = scan.heads.get(partition)
+        if head is None or head < start:  # unreadable now, or behind: nothing to freeze
+            unavailable.append(partition)
+            head = start
         ranges[str(partition)] = [start, min(head, start + size)]
     meta["ranges"] = ranges
+    if unavailable:
+        meta["unavailable"] = unavailable
     return meta

@@ -41,7 +41,8 @@ def backlog(rt: Runtime) -> int:
     if not rt.log.exists():
         return 0
     offsets = rt.ledger.committed_offsets()
-    return sum(head - offsets.get(p, 0) for p, head in rt.log.heads().items())
+    heads = rt.log.scan().heads  # an unavailable partition's records cannot be read now
+    return sum(max(0, head - offsets.get(p, 0)) for p, head in heads.items())
 
 
 def run_one(rt: Runtime, engine: Engine, batch_size: int | None = None) -> CommitResult:
@@ -116,7 +117,7 @@ def run_pipelined(
         rt.ledger.claim(txid, f"{driver}-{txid}")
         meta = coordinate(rt, txid, batch_size)
         if "ranges" in meta and max_batches is None:  # transactional: is anything left after it?
-            heads = rt.log.heads()
+            heads = rt.log.scan().heads
             exhausted = all(
                 int(meta["ranges"].get(str(p), [0, 0])[1]) >= h for p, h in heads.items()
             )

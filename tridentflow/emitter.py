@@ -35,33 +35,51 @@ from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
 
 
+def unreadable_partitions(rt: Runtime, txid: int) -> tuple[dict[int, int], dict[int, str]]:
+    """(head of every readable partition, reason for every other one) while ``txid`` reads:
+    really unavailable partitions (missing, unreadable, torn HEAD) and injected dark ones."""
+    scan = rt.source_scan()
+    heads, unavailable = dict(scan.heads), dict(scan.unavailable)
+    for partition in rt.faults.dark_partitions(txid):
+        if partition in heads:
+            del heads[partition]
+            unavailable[partition] = "dark (injected fault)"
+    return heads, unavailable
+
+
 def emit_ranges(
     rt: Runtime, txid: int, meta: dict[str, Any]
 ) -> tuple[dict[int, tuple[int, int]], list[int], dict[int, int]]:
     """(ranges to read, partitions skipped, positions after this batch) for ``txid``."""
-    dark = rt.faults.dark_partitions(txid)
+    heads, unavailable = unreadable_partitions(rt, txid)
     if meta["mode"] == SourceMode.TRANSACTIONAL.value:
         ranges = {int(p): (int(r[0]), int(r[1])) for p, r in meta["ranges"].items()}
         for partition, (start, end) in sorted(ranges.items()):
-            if partition in dark and end > start:
+            if end <= start:
+                continue
+            reason = unavailable.get(partition)
+            if reason is None and heads.get(partition, 0) < end:
+                reason = f"unavailable: its head {heads.get(partition, 0)} is before {end}"
+            if reason is not None:
                 raise PartitionUnavailable(
                     partition,
-                    f"unreadable while txid {txid} emits; a transactional source replays exactly "
-                    f"[{start}, {end}) and must wait for it",
+                    f"{reason}; txid {txid} of a transactional source replays exactly "
+                    f"[{start}, {end}) and waits for it",
                 )
-        return ranges, [], {p: end for p, (_start, end) in ranges.items()}
+        skipped = [int(p) for p in meta.get("unavailable", [])]
+        return ranges, skipped, {p: end for p, (_start, end) in ranges.items()}
     positions = start_positions(rt, txid, meta)
     size = int(meta["batch_size"])
-    ranges, skipped = {}, []
-    heads = rt.source_heads()
+    ranges, skipped = {}, sorted(unavailable)
     for partition, head in heads.items():
         start = positions.get(partition, 0)
-        if partition in dark:
+        if head < start:  # restored from an older copy, or replaced: not readable as it is
             skipped.append(partition)
             continue
         ranges[partition] = (start, min(head, start + size))
-    after = {p: ranges[p][1] if p in ranges else positions.get(p, 0) for p in heads}
-    return ranges, skipped, after
+    known = set(heads) | set(unavailable) | set(positions)
+    after = {p: ranges[p][1] if p in ranges else positions.get(p, 0) for p in sorted(known)}
+    return ranges, sorted(skipped), after
 
 
 def start_positions(rt: Runtime, txid: int, meta: dict[str, Any]) -> dict[int, int]:

@@ -21,6 +21,7 @@ class PartitionUnavailable(SourceError):
     def __init__(self, partition: int, reason: str = "unreadable") -> None:
         super().__init__(f"partition {partition} is {reason}")
         self.partition = partition
+        self.reason = reason
 
 
 class BadRecordError(SourceError):

@@ -14,7 +14,11 @@ Contracts:
   A crash mid-append leaves bytes past HEAD; the next append truncates them.
 * ``read(p, start, end)`` costs one index lookup and at most INDEX_EVERY skipped lines, whatever
   the log's length (no rescans as the log grows).
-* The partition count can grow, never shrink.
+* The partition count can grow, never shrink. A partition's directory and HEAD are created
+  only when the log is created or grown (``ensure``): a partition that ``partitions.json``
+  lists but whose directory or HEAD is missing or unreadable (a dropped mount, a permission or
+  I/O error) is *unavailable* (PartitionUnavailable), never silently empty, and nothing
+  recreates it. ``scan`` reports every partition's head or why it cannot be read.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tridentflow.errors import SourceError
+from state.codec import check_unicode
+from state.errors import KeyEncodingError
+from tridentflow.errors import PartitionUnavailable, SourceError
 
 SEGMENT_RECORDS = 100_000
 INDEX_EVERY = 512
@@ -52,6 +59,40 @@ def _write_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+EMPTY_HEAD = {"offset": 0, "segment": 0, "size": 0}
+
+
+@dataclass(frozen=True)
+class LogScan:
+    """Every partition's head, and the partitions that cannot be read now, with the reason."""
+
+    heads: dict[int, int]
+    unavailable: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted([*self.heads, *self.unavailable])
+
+
+def encode_record(record: Any, what: str = "record") -> str:
+    """One record as its log line: compact JSON, one line, valid Unicode; SourceError if not."""
+    try:
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise SourceError(f"{what} is not JSON-serialisable: {exc}") from None
+    check_line(line, what)
+    return line
+
+
+def check_line(line: str, what: str = "record") -> None:
+    if "\n" in line:
+        raise SourceError(f"{what} must be a single line")
+    try:
+        check_unicode(line, what)
+    except KeyEncodingError as exc:
+        raise SourceError(str(exc)) from None
+
+
 class FileLog:
     def __init__(self, root: str | os.PathLike[str], segment_records: int = SEGMENT_RECORDS):
         self.root = Path(root)
@@ -70,7 +111,9 @@ class FileLog:
             raise SourceError(f"{self.root}/partitions.json is malformed: {exc}") from exc
 
     def ensure(self, partitions: int) -> int:
-        """Create the log with ``partitions`` partitions, or grow it to that many."""
+        """Create the log with ``partitions`` partitions, or grow it to that many. Only the new
+        partitions' directories are created: an existing partition that has gone missing is
+        left alone (it is unavailable until it comes back), never recreated empty."""
         if partitions < 1:
             raise SourceError(f"a log needs at least one partition, got {partitions}")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -81,8 +124,11 @@ class FileLog:
                     f"the log at {self.root} has {current} partitions; it cannot shrink to "
                     f"{partitions}"
                 )
-            for p in range(partitions):
-                self._pdir(p).mkdir(exist_ok=True)
+            for p in range(current, partitions):
+                pdir = self._pdir(p)
+                pdir.mkdir(exist_ok=True)
+                if not (pdir / "HEAD").exists():
+                    _write_atomic(pdir / "HEAD", json.dumps(EMPTY_HEAD))
             if partitions != current:
                 meta = json.dumps({"partitions": partitions})
                 _write_atomic(self.root / "partitions.json", meta)
@@ -101,18 +147,49 @@ class FileLog:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _head(self, partition: int) -> dict[str, int]:
+        """The partition's HEAD; PartitionUnavailable if its directory or HEAD is missing or
+        cannot be read (both are created with the partition, so either missing means the
+        storage under it went away)."""
+        pdir = self._pdir(partition)
         try:
-            return json.loads((self._pdir(partition) / "HEAD").read_text())
+            head = json.loads((pdir / "HEAD").read_text())
+            offset, segment, size = int(head["offset"]), int(head["segment"]), int(head["size"])
         except FileNotFoundError:
-            return {"offset": 0, "segment": 0, "size": 0}
+            what = "HEAD is missing" if pdir.is_dir() else f"directory {pdir.name} is missing"
+            raise PartitionUnavailable(
+                partition, f"unavailable: {what} (storage not mounted?)"
+            ) from None
+        except OSError as exc:
+            raise PartitionUnavailable(
+                partition, f"unavailable: cannot read {pdir.name}/HEAD: {exc.strerror or exc}"
+            ) from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PartitionUnavailable(
+                partition, f"unavailable: {pdir.name}/HEAD is torn or unreadable ({exc})"
+            ) from None
+        if min(offset, segment, size) < 0 or segment > offset:
+            raise PartitionUnavailable(partition, f"unavailable: {pdir.name}/HEAD is corrupt")
+        return {"offset": offset, "segment": segment, "size": size}
 
     def head(self, partition: int) -> int:
         self._check_partition(partition)
         return int(self._head(partition)["offset"])
 
     def heads(self) -> dict[int, int]:
-        """Head offset of every partition (partitions.json is read once)."""
+        """Head offset of every partition (partitions.json is read once); PartitionUnavailable
+        if any cannot be read (see ``scan`` to go on without it)."""
         return {p: int(self._head(p)["offset"]) for p in range(self.partitions())}
+
+    def scan(self) -> LogScan:
+        """Head of every readable partition, and why each other one cannot be read."""
+        heads: dict[int, int] = {}
+        unavailable: dict[int, str] = {}
+        for p in range(self.partitions()):
+            try:
+                heads[p] = int(self._head(p)["offset"])
+            except PartitionUnavailable as exc:
+                unavailable[p] = exc.reason
+        return LogScan(heads, unavailable)
 
     def _check_partition(self, partition: int) -> None:
         n = self.partitions()
@@ -121,17 +198,20 @@ class FileLog:
 
     # -- append -----------------------------------------------------------------------------
     def append(self, partition: int, records: Iterable[Any]) -> tuple[int, int]:
-        """Append ``records`` to ``partition``; return the offset range [start, end) they got."""
-        encoded = [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in records]
+        """Append ``records`` to ``partition``; return the offset range [start, end) they got.
+        Every record is checked before any is written."""
+        encoded = [encode_record(r, f"record {i + 1}") for i, r in enumerate(records)]
         return self.append_lines(partition, encoded)
 
     def append_lines(self, partition: int, encoded: list[str]) -> tuple[int, int]:
-        """Append pre-encoded lines as they are (tests use it to plant undecodable records)."""
+        """Append pre-encoded lines as they are (tests use it to plant undecodable records).
+        Refused before anything is written if a line is not one valid-Unicode line, or if the
+        partition is unavailable (it is never recreated here)."""
         self._check_partition(partition)
         pdir = self._pdir(partition)
-        for line in encoded:
-            if "\n" in line:
-                raise SourceError("a record must be a single line")
+        for i, line in enumerate(encoded):
+            check_line(line, f"record {i + 1}")
+        self._head(partition)  # PartitionUnavailable before the lock file could recreate pdir
         with self._lock(pdir / ".lock"):
             head = self._head(partition)
             start = offset = int(head["offset"])
@@ -181,14 +261,32 @@ class FileLog:
         if len(keep) != len(lines):
             _write_atomic(path, "".join(f"{ln}\n" for ln in keep))
 
-    def append_spread(self, records: Iterable[Any]) -> dict[int, tuple[int, int]]:
-        """Append records round-robin over all partitions, continuing where the log stands."""
-        n = self.partitions()
-        total = sum(self.heads().values())
-        buckets: dict[int, list[Any]] = {p: [] for p in range(n)}
-        for i, record in enumerate(records):
-            buckets[(total + i) % n].append(record)
-        return {p: self.append(p, recs) for p, recs in buckets.items() if recs}
+    def append_spread(
+        self, records: Iterable[Any], skip_unavailable: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Append records round-robin over all partitions, continuing where the log stands.
+
+        All records are encoded and every target partition checked before anything is
+        written: a bad record or an unavailable partition appends nothing (SourceError /
+        PartitionUnavailable). With ``skip_unavailable`` the records go round-robin over the
+        readable partitions only."""
+        encoded = [encode_record(r, f"record {i + 1}") for i, r in enumerate(records)]
+        scan = self.scan()
+        if scan.unavailable and not skip_unavailable:
+            partition, reason = min(scan.unavailable.items())
+            raise PartitionUnavailable(
+                partition,
+                reason + "; nothing appended (produce --skip-unavailable "
+                "spreads over the readable partitions)",
+            )
+        targets = sorted(scan.heads)
+        if not targets:
+            raise SourceError(f"no partition of {self.root} is readable; nothing appended")
+        total = sum(scan.heads.values())
+        buckets: dict[int, list[str]] = {p: [] for p in targets}
+        for i, line in enumerate(encoded):
+            buckets[targets[(total + i) % len(targets)]].append(line)
+        return {p: self.append_lines(p, lines) for p, lines in buckets.items() if lines}
 
     # -- read -------------------------------------------------------------------------------
     def _segments(self, partition: int) -> list[int]:
@@ -210,7 +308,18 @@ class FileLog:
                 raise SourceError(f"{where}: not JSON ({exc})") from exc
 
     def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-        """Yield (offset, line without its newline) for offsets in [start, end)."""
+        """Yield (offset, line without its newline) for offsets in [start, end).
+
+        A partition whose files cannot be read (missing, permission denied, I/O error) raises
+        PartitionUnavailable, a torn segment SourceError."""
+        try:
+            yield from self._read_raw(partition, start, end)
+        except OSError as exc:
+            raise PartitionUnavailable(
+                partition, f"unavailable: {exc.strerror or exc} reading [{start}, {end})"
+            ) from None
+
+    def _read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         if start < 0 or end < start:
             raise SourceError(f"partition {partition}: bad range [{start}, {end})")
         if start == end:

@@ -33,6 +33,7 @@ from tridentflow.aggregators import (
     Persistable,
     Reducer,
     StateUpdater,
+    guard,
 )
 from tridentflow.errors import PipelineError
 
@@ -194,6 +195,9 @@ class AggSpec:
     aggregator: AnyAggregator
     out_fields: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aggregator", guard(self.aggregator))
+
 
 @dataclass(frozen=True, eq=False)
 class AggregateNode:
@@ -284,6 +288,9 @@ class Persist:
     in_fields: tuple[str, ...]
     out_field: str
     node: Node
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aggregator", guard(self.aggregator))
 
     @property
     def fields(self) -> tuple[str, ...]:

@@ -14,7 +14,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.codec import encode_key
+from state.codec import check_unicode, encode_key
+from state.errors import KeyEncodingError
 from tridentflow.aggregators import Combiner
 from tridentflow.errors import BadRecordError, PipelineError
 from tridentflow.pipeline import (
@@ -294,8 +295,10 @@ _SCALARS = (str, int, float, bool, type(None))
 class KeyEncoder:
     """encode_key with a per-task cache: each distinct key of scalars is encoded once.
 
-    The cache is keyed by (type, value) pairs, because 1 == 1.0 == True in Python while their
-    encodings differ; keys holding containers are encoded every time."""
+    The cache must never change an encoding, so its key is the value's exact identity as JSON
+    sees it: the type with the value (1 == 1.0 == True in Python, but their encodings differ)
+    and, for floats, the bit pattern (0.0 == -0.0, but they are two keys). Keys holding
+    containers are encoded every time."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[Any, ...], str] = {}
@@ -309,7 +312,7 @@ class KeyEncoder:
             return encoded
         if not all(type(v) in _SCALARS for v in key):
             return encode_key(key)
-        typed = tuple((type(v), v) for v in key)
+        typed = tuple((float, v.hex()) if type(v) is float else (type(v), v) for v in key)
         encoded = self._cache.get(typed)
         if encoded is None:
             encoded = self._cache[typed] = encode_key(key)
@@ -322,12 +325,28 @@ def evaluate(
     """What one raw record makes: per fast-path state its (encoded key, partial) pairs, and
     per edge its tuples. Raises if the record is bad (undecodable, missing field, a function
     raising, an unencodable key); then it contributes nothing anywhere."""
-    row = plan.decoder(_decode_json(raw.decode("utf-8")))
+    row = plan.decoder(decode_record(raw))
     pairs = [[(encode(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
     return pairs, [list(expand(row)) for _node, expand in plan.edges] if plan.edges else []
 
 
 _decode_json = json.JSONDecoder().decode
+
+
+def decode_record(raw: bytes) -> Any:
+    """A source line as its JSON value; BadRecordError unless it is valid UTF-8 JSON whose
+    strings are valid Unicode (``"\\ud800"`` is valid JSON, but no UTF-8 file or Redis value
+    can hold the lone surrogate it decodes to: JavaScript writes it for a cut emoji)."""
+    try:
+        value = _decode_json(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadRecordError(f"record is not UTF-8: {exc}") from None
+    if b"\\u" in raw:  # only escapes can smuggle a lone surrogate into valid UTF-8
+        try:
+            check_unicode(json.dumps(value, ensure_ascii=False), "record")
+        except KeyEncodingError as exc:
+            raise BadRecordError(str(exc)) from None
+    return value
 
 
 def bad_record(partition: int, offset: int, raw: bytes, exc: BaseException) -> BadRecord:

@@ -18,6 +18,8 @@ EXAMPLES = {
     "wordcount-batched": "tridentflow.examples.wordcount:wordcount_batched",
     "user-scores": "tridentflow.examples.user_scores:user_scores",
     "wordcount-drpc": "tridentflow.examples.wordcount_drpc:wordcount_drpc",
+    "mutating": "tridentflow.examples.mutating:mutating",
+    "mutating-opaque": "tridentflow.examples.mutating:mutating_opaque",
 }
 
 

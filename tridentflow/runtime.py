@@ -13,9 +13,9 @@ import redis
 from state.keys import KeySpace
 from state.ledger import Ledger
 from state.redis_backing import RedisBackingMap
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import PartitionUnavailable, TridentflowError
 from tridentflow.faults import FaultPlan
-from tridentflow.filelog import FileLog
+from tridentflow.filelog import FileLog, LogScan
 from tridentflow.pipeline import Pipeline
 from tridentflow.plan import Plan, compile_pipeline
 from tridentflow.staging import StagingArea
@@ -115,12 +115,21 @@ class Runtime:
     def staging(self) -> StagingArea:
         return StagingArea(self.home / "staging" / self.pipeline.name)
 
-    def source_heads(self) -> dict[int, int]:
-        """Head offset of every partition; creates the log (source.partitions) if missing."""
+    def source_scan(self) -> LogScan:
+        """Every partition's head, or why it cannot be read; creates the log (or grows it to
+        source.partitions) first. An unavailable partition is never recreated."""
         current = self.log.partitions() if self.log.exists() else 0
         if current < self.pipeline.source.partitions:
             self.log.ensure(self.pipeline.source.partitions)
-        return self.log.heads()
+        return self.log.scan()
+
+    def source_heads(self) -> dict[int, int]:
+        """Head offset of every partition (PartitionUnavailable if one cannot be read)."""
+        scan = self.source_scan()
+        if scan.unavailable:
+            partition, reason = min(scan.unavailable.items())
+            raise PartitionUnavailable(partition, reason)
+        return scan.heads
 
     def backing(self, state_name: str) -> RedisBackingMap:
         return RedisBackingMap(self.client, self.keyspace, state_name)

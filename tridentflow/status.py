@@ -12,14 +12,21 @@ def status(rt: Runtime) -> dict[str, Any]:
     ledger = rt.ledger
     committed = ledger.committed_txid()
     offsets = ledger.committed_offsets()
-    heads = rt.log.heads() if rt.log.exists() else {}
+    scan = rt.log.scan() if rt.log.exists() else None
+    heads = scan.heads if scan else {}
+    unavailable = scan.unavailable if scan else {}
     pending = []
+    now_ms = _redis_now_ms(rt)
     for txid in ledger.pending_txids():
         info = ledger.tx_info(txid)
+        lease_until = int(info.get("lease_until", 0) or 0)
+        live = "owner" in info and lease_until > now_ms
         pending.append(
             {
                 "txid": txid,
-                "owner": info.get("owner"),
+                # a released or expired claim has no owner any more: the next run adopts it
+                "owner": info.get("owner") if live else None,
+                "lease_expires_in_s": round((lease_until - now_ms) / 1000, 1) if live else None,
                 "coordinate_attempts": int(info.get("coordinate_attempts", 0)),
                 "emit_attempts": int(info.get("emit_attempts", 0)),
                 "staged_attempt": int(info["staged_attempt"]) if "staged_attempt" in info else None,
@@ -27,15 +34,28 @@ def status(rt: Runtime) -> dict[str, Any]:
             }
         )
     last = ledger.tx_info(committed) if committed else {}
-    partitions = [
-        {
-            "partition": p,
-            "committed": offsets.get(p, 0),
-            "head": heads.get(p, 0),
-            "lag": heads.get(p, 0) - offsets.get(p, 0),
-        }
-        for p in sorted(set(heads) | set(offsets))
-    ]
+    partitions = []
+    for p in sorted(set(heads) | set(offsets) | set(unavailable)):
+        if p in heads:
+            lag = heads[p] - offsets.get(p, 0)
+            entry = {"partition": p, "committed": offsets.get(p, 0), "head": heads[p]}
+            if lag < 0:  # the partition's head is behind what was committed from it
+                entry.update(
+                    lag=None,
+                    unavailable=f"head {heads[p]} is behind the committed"
+                    f" offset {offsets.get(p, 0)} (restored from an older copy?)",
+                )
+            else:
+                entry.update(lag=lag, unavailable=None)
+        else:
+            entry = {
+                "partition": p,
+                "committed": offsets.get(p, 0),
+                "head": None,
+                "lag": None,
+                "unavailable": unavailable.get(p, "missing from the source log"),
+            }
+        partitions.append(entry)
     return {
         "pipeline": rt.pipeline.name,
         "guarantee": rt.pipeline.guarantee.value,
@@ -49,8 +69,14 @@ def status(rt: Runtime) -> dict[str, Any]:
         "pending": pending,
         "quarantined": ledger.quarantined(),
         "partitions": partitions,
-        "lag": sum(p["lag"] for p in partitions),
+        "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
+        "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
     }
+
+
+def _redis_now_ms(rt: Runtime) -> int:
+    seconds, micros = rt.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def format_status(info: dict[str, Any]) -> str:
@@ -66,13 +92,27 @@ def format_status(info: dict[str, Any]) -> str:
             lines.append(
                 f"pending txid   {p['txid']}: coordinate x{p['coordinate_attempts']}, emit "
                 f"x{p['emit_attempts']} (staged: {p['staged_attempt']}), commit "
-                f"x{p['commit_attempts']}, owner {p['owner']}"
+                f"x{p['commit_attempts']}, "
+                + (
+                    f"owner {p['owner']} (lease {p['lease_expires_in_s']:.0f}s)"
+                    if p["owner"]
+                    else "no live owner (the next run adopts it)"
+                )
             )
     else:
         lines.append("pending txid   none")
     lines.append(f"quarantined    {info['quarantined']} bad records")
     lines.append("partition  committed       head        lag")
     for p in info["partitions"]:
-        lines.append(f"{p['partition']:>9}  {p['committed']:>9}  {p['head']:>9}  {p['lag']:>9}")
-    lines.append(f"total lag      {info['lag']}")
+        if p["unavailable"]:
+            head = "?" if p["head"] is None else p["head"]
+            lines.append(
+                f"{p['partition']:>9}  {p['committed']:>9}  {head:>9}          ?  "
+                f"UNAVAILABLE: {p['unavailable']}"
+            )
+        else:
+            lines.append(f"{p['partition']:>9}  {p['committed']:>9}  {p['head']:>9}  {p['lag']:>9}")
+    unavailable = info["unavailable_partitions"]
+    suffix = f" (not counting unavailable partitions {unavailable})" if unavailable else ""
+    lines.append(f"total lag      {info['lag']}{suffix}")
     return "\n".join(lines)

@@ -32,3 +32,121 @@ def test_values_keep_int_and_float_apart():
     assert decode_value(encode_value([1, 1.0])) == [1, 1.0]
     assert type(decode_value(encode_value(1.0))) is float
     assert decode_value(None) is None
+
+
+# -- the key encoding is a pure, injective function of the value -------------------------------
+
+import math  # noqa: E402
+import random  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from state.codec import private  # noqa: E402
+from tridentflow.plan import KeyEncoder  # noqa: E402
+
+SPECIAL = [
+    0.0,
+    -0.0,
+    1,
+    1.0,
+    True,
+    False,
+    0,
+    None,
+    "1",
+    "",
+    "ünï",
+    "\ud800",
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    2**63,
+    -(2**63),
+    1e-300,
+    5e-324,
+]
+scalars = st.one_of(
+    st.sampled_from(SPECIAL),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),  # includes lone surrogates
+    st.booleans(),
+    st.none(),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+keys = st.lists(values, min_size=0, max_size=3).map(tuple)
+
+
+def _encode(encoder, key):
+    try:
+        return encoder(key)
+    except KeyEncodingError:
+        return "REFUSED"
+
+
+def _same(a, b) -> bool:
+    """Identity as JSON sees it: type, float bits, recursively (lists and tuples alike)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return math.copysign(1, a) == math.copysign(1, b) and (a == b or (a != a and b != b))
+    return a == b
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(keys, min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_an_encoded_key_never_depends_on_the_rest_of_the_batch(batch, rnd: random.Random):
+    alone = [_encode(encode_key, k) for k in batch]
+    shared = KeyEncoder()
+    in_order = [_encode(shared, k) for k in batch]
+    shuffled = list(range(len(batch)))
+    rnd.shuffle(shuffled)
+    other = KeyEncoder()
+    out_of_order = {i: _encode(other, batch[i]) for i in shuffled}
+    assert in_order == alone
+    assert [out_of_order[i] for i in range(len(batch))] == alone
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys, keys)
+def test_the_key_encoding_is_injective(a, b):
+    ea, eb = _encode(encode_key, a), _encode(encode_key, b)
+    if "REFUSED" in (ea, eb):
+        return
+    assert (ea == eb) == _same(a, b)
+    assert _same(decode_key(ea), a)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), "a\ud800b", ["\udfff"]])
+def test_nan_infinities_and_lone_surrogates_are_refused_with_a_clear_error(bad):
+    with pytest.raises(KeyEncodingError, match=r"NaN/inf|lone surrogate"):
+        encode_key((bad,))
+
+
+def test_zero_and_negative_zero_are_two_keys_whatever_comes_first():
+    for order in ([0.0, -0.0], [-0.0, 0.0]):
+        encoder = KeyEncoder()
+        assert [encoder((v,)) for v in order] == [encode_key((v,)) for v in order]
+    assert encode_key((0.0,)) == "[0.0]" and encode_key((-0.0,)) == "[-0.0]"
+
+
+def test_private_copies_containers_and_shares_immutables():
+    nested = {"a": [1, {"b": [2]}], "c": (3, [4])}
+    copy = private(nested)
+    assert copy == nested
+    copy["a"][1]["b"].append(9)
+    copy["c"][1].append(9)
+    assert nested == {"a": [1, {"b": [2]}], "c": (3, [4])}
+    text = "x" * 10
+    assert private(text) is text and private(5) == 5
