@@ -53,7 +53,7 @@ def main() -> None:
         print(f"{args.records} records, {args.batches} txids of {per_partition}/partition")
         for depth in [int(d) for d in args.depths.split(",")]:
             rt.ledger.reset()
-            shutil.rmtree(rt.staging.root, ignore_errors=True)
+            shutil.rmtree(rt.staging_root, ignore_errors=True)
             started = time.monotonic()
             if depth == 1:
                 summary = run_batches(rt, engine, batch_size=per_partition)

@@ -17,14 +17,16 @@ from state.codec import decode_value, encode_value
 
 @dataclass(frozen=True)
 class Fence:
-    """Proof that a writer holds commit attempt ``token`` of ``txid``.
+    """Proof that a writer holds commit attempt ``token`` of ``txid`` in ``generation``.
 
-    Writes carrying a fence are refused unless the ledger stands at ``txid - 1`` and ``token``
-    is the newest commit token of ``txid``.
+    Writes carrying a fence are refused unless the pipeline is still in ``generation`` (no
+    reset since), the ledger stands at ``txid - 1`` and ``token`` is the newest commit token
+    of ``txid``.
     """
 
     txid: int
     token: int
+    generation: str = ""
 
 
 class BackingMap(Protocol):

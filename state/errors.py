@@ -23,6 +23,19 @@ class MetadataError(StateError):
     """Batch metadata is missing, malformed, or does not survive a JSON round trip."""
 
 
+class GenerationError(StateError):
+    """A step started before the pipeline was reset (or Redis lost its data): refused, so
+    nothing of an old run lands in the fresh pipeline."""
+
+
+class PipelineBusyError(StateError):
+    """A reset was refused: a run holds a live lease on a pending txid (use --force)."""
+
+
+class RetryError(StateError):
+    """The ledger moved while a script ran; the caller retries (never surfaces)."""
+
+
 class KeyEncodingError(StateError, TypeError):
     """A group key holds a value that has no deterministic encoding."""
 
@@ -33,6 +46,9 @@ LUA_ERROR_PREFIXES: dict[str, type[StateError]] = {
     "TFFENCED": FencedError,
     "TFSTALE": StaleTxidError,
     "TFMETA": MetadataError,
+    "TFGENERATION": GenerationError,
+    "TFBUSY": PipelineBusyError,
+    "TFRETRY": RetryError,
 }
 
 

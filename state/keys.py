@@ -42,6 +42,12 @@ class KeySpace:
         return f"{self.base}:ledger"
 
     @property
+    def generation(self) -> str:
+        """The pipeline's current generation (a random token, replaced by every reset; the only
+        key a reset keeps)."""
+        return f"{self.base}:generation"
+
+    @property
     def runs(self) -> str:
         return f"{self.base}:runs"
 

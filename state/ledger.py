@@ -12,26 +12,34 @@ What it records, and the contract of each operation:
 * the last committed txid and committed source offsets, moved together by ``mark_committed``
   only after every key of the txid was written; ``begin_commit`` hands out fencing tokens and
   refuses txid N unless the ledger stands at N-1.
+* the pipeline's generation: a ``Ledger`` pins the generation current when it is first used,
+  and every write it makes (every script, every fenced state write) is refused with
+  GenerationError once a ``reset`` (or a Redis that lost its data) replaced it. ``reset``
+  refuses while a run holds a live lease on a pending txid, unless forced.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from state.errors import MetadataError
+from state.errors import GenerationError, MetadataError, RetryError
 from state.keys import KeySpace
 from state.scripts import (
     BEGIN_COMMIT,
     BIND_RUN,
     CLAIM_TXID,
+    COUNT_ATTEMPT,
     MARK_COMMITTED,
+    NEW_GENERATION,
     RECORD_STAGED,
     RENEW_LEASE,
+    STORE_METADATA,
 )
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
@@ -52,10 +60,12 @@ class Binding:
 
 @dataclass(frozen=True)
 class CommitTicket:
-    """A commit attempt: ``token`` fences out older attempts of the same txid."""
+    """A commit attempt: ``token`` fences out older attempts of the same txid, ``generation``
+    any attempt started before a reset."""
 
     txid: int
     token: int
+    generation: str = ""
 
 
 def _s(value: bytes | str | None) -> str | None:
@@ -77,11 +87,41 @@ def check_json_round_trip(what: str, value: Any) -> str:
     return encoded
 
 
+def _new_generation() -> str:
+    return secrets.token_hex(6)
+
+
 class Ledger:
-    def __init__(self, client: redis.Redis, pipeline: str) -> None:
+    def __init__(self, client: redis.Redis, pipeline: str, generation: str | None = None) -> None:
         self.client = client
         self.keys = KeySpace(pipeline)
         self.pipeline = pipeline
+        self._generation = generation
+
+    @property
+    def generation(self) -> str:
+        """The generation this ledger works in: pinned on first use (created if the pipeline
+        has none yet). Every write is refused once the pipeline's generation differs."""
+        if self._generation is None:
+            key = self.keys.generation
+            self.client.set(key, _new_generation(), nx=True)
+            self._generation = _s(self.client.get(key)) or ""
+        return self._generation
+
+    def current_generation(self) -> str | None:
+        """The pipeline's generation in Redis now (None if it has none)."""
+        return _s(self.client.get(self.keys.generation))
+
+    def check_generation(self) -> None:
+        """GenerationError if the pipeline was reset since this ledger pinned its generation.
+        A step calls it first, for a clear error; the scripts check again, atomically."""
+        pinned, current = self.generation, self.current_generation()
+        if current != pinned:
+            now = f"generation {current}" if current else "no generation: Redis lost its data?"
+            raise GenerationError(
+                f"this step belongs to generation {pinned} of pipeline {self.pipeline}, which "
+                f"was reset since ({now}); it must not touch the new pipeline: start a new run"
+            )
 
     # -- reads ------------------------------------------------------------------------------
     def committed_txid(self) -> int:
@@ -109,34 +149,44 @@ class Ledger:
         """Bind ``run_id`` to a txid (see module doc). Atomic; idempotent per run id."""
         if not run_id:
             raise ValueError("run id must be a non-empty string")
-        txid, how, committed = BIND_RUN(
-            self.client,
-            [self.keys.ledger, self.keys.runs],
-            [run_id, int(lease_ms), "1" if adopt_live else "0", self.keys.tx(0)[:-1]],
-        )
-        return Binding(int(txid), _s(how) or "", int(committed))
+        generation = self.generation
+        while True:
+            raw_committed, raw_last = self.client.hmget(self.keys.ledger, "committed", "last_txid")
+            committed = int(raw_committed or 0)
+            last = max(int(raw_last or 0), committed)
+            keys = [self.keys.ledger, self.keys.runs, self.keys.generation]
+            keys += [self.keys.tx(n) for n in range(committed + 1, last + 2)]
+            args = [run_id, int(lease_ms), "1" if adopt_live else "0", generation]
+            try:
+                txid, how, committed = BIND_RUN(self.client, keys, [*args, committed, last])
+            except RetryError:
+                continue  # another run committed or bound meanwhile
+            return Binding(int(txid), _s(how) or "", int(committed))
 
     def claim(self, txid: int, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> Binding:
         """Bind ``run_id`` to this exact ``txid`` (pending, or the next new one). Atomic."""
         got, how = CLAIM_TXID(
             self.client,
-            [self.keys.ledger, self.keys.runs, self.keys.tx(txid)],
-            [int(txid), run_id, int(lease_ms)],
+            [self.keys.ledger, self.keys.runs, self.keys.tx(txid), self.keys.generation],
+            [int(txid), run_id, int(lease_ms), self.generation],
         )
         return Binding(int(got), _s(how) or "", self.committed_txid())
 
     def renew_lease(self, txid: int, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> bool:
-        return bool(RENEW_LEASE(self.client, [self.keys.tx(txid)], [run_id, int(lease_ms)]))
+        keys = [self.keys.tx(txid), self.keys.generation]
+        return bool(RENEW_LEASE(self.client, keys, [run_id, int(lease_ms), self.generation]))
 
     def release(self, txid: int, run_id: str) -> bool:
         """Give up ``run_id``'s claim on ``txid`` so the next run adopts it at once."""
-        return bool(RENEW_LEASE(self.client, [self.keys.tx(txid)], [run_id, 0]))
+        keys = [self.keys.tx(txid), self.keys.generation]
+        return bool(RENEW_LEASE(self.client, keys, [run_id, 0, self.generation]))
 
     # -- metadata and attempts ----------------------------------------------------------------
     def store_metadata(self, txid: int, meta: Mapping[str, Any]) -> dict[str, Any]:
         """Store ``meta`` for ``txid`` unless some is stored already; return what is stored."""
         encoded = check_json_round_trip(f"metadata of txid {txid}", dict(meta))
-        self.client.hsetnx(self.keys.tx(txid), "meta", encoded)
+        keys = [self.keys.tx(txid), self.keys.generation]
+        STORE_METADATA(self.client, keys, [encoded, self.generation])
         stored = self.metadata(txid)
         assert stored is not None
         return stored
@@ -155,7 +205,8 @@ class Ledger:
 
     def next_attempt(self, txid: int, step: str) -> int:
         """Count one more attempt of ``step`` (coordinate/emit/...) for ``txid``; return it."""
-        return int(self.client.hincrby(self.keys.tx(txid), f"{step}_attempts", 1))
+        keys = [self.keys.tx(txid), self.keys.generation]
+        return int(COUNT_ATTEMPT(self.client, keys, [f"{step}_attempts", self.generation]))
 
     def attempts(self, txid: int, step: str) -> int:
         return int(self.client.hget(self.keys.tx(txid), f"{step}_attempts") or 0)
@@ -163,7 +214,8 @@ class Ledger:
     def record_staged(self, txid: int, attempt: int) -> int:
         """Record that emit ``attempt`` of ``txid`` staged complete output; the newest attempt
         wins (a zombie's older attempt finishing late is ignored). Returns the recorded one."""
-        return int(RECORD_STAGED(self.client, [self.keys.tx(txid)], [int(attempt)]))
+        keys = [self.keys.tx(txid), self.keys.generation]
+        return int(RECORD_STAGED(self.client, keys, [int(attempt), self.generation]))
 
     def staged_attempt(self, txid: int) -> int | None:
         raw = self.client.hget(self.keys.tx(txid), "staged_attempt")
@@ -175,10 +227,11 @@ class Ledger:
 
         Raises CommitOrderError unless the ledger stands at txid-1.
         """
-        keys = [self.keys.ledger, self.keys.tx(txid)]
-        token, _committed = BEGIN_COMMIT(self.client, keys, [txid])
+        generation = self.generation
+        keys = [self.keys.ledger, self.keys.tx(txid), self.keys.generation]
+        token, _committed = BEGIN_COMMIT(self.client, keys, [txid, generation])
         token = int(token)
-        return None if token == 0 else CommitTicket(txid, token)
+        return None if token == 0 else CommitTicket(txid, token, generation)
 
     def mark_committed(
         self,
@@ -192,10 +245,12 @@ class Ledger:
         Raises FencedError if ``ticket`` was superseded, CommitOrderError if out of order.
         """
         txid = ticket.txid
-        keys = [self.keys.ledger, self.keys.tx(txid), self.keys.offsets, self.keys.tx(txid - 1)]
+        keys = [self.keys.ledger, self.keys.tx(txid), self.keys.offsets, self.keys.generation]
+        keys.append(self.keys.tx(txid - 1))
         keys += [self.keys.written(name, txid) for name in state_names]
         keys.append(self.keys.quarantine_written(txid))
-        args: list[Any] = [txid, ticket.token, json.dumps(dict(stats or {}), sort_keys=True)]
+        stats_json = json.dumps(dict(stats or {}), sort_keys=True)
+        args: list[Any] = [txid, ticket.token, ticket.generation, stats_json]
         for partition, offset in sorted(offsets.items()):
             args += [int(partition), int(offset)]
         return bool(MARK_COMMITTED(self.client, keys, args))
@@ -207,11 +262,29 @@ class Ledger:
     def pending_txids(self) -> list[int]:
         return list(range(self.committed_txid() + 1, self.last_txid() + 1))
 
-    def reset(self) -> int:
-        """Delete every key of this pipeline (ledger and states). Returns the number deleted."""
+    def reset(self, force: bool = False) -> int:
+        """Start a new generation and delete every other key of this pipeline (ledger and
+        states). Returns the number deleted.
+
+        The new generation is set first, atomically with the check that no run holds a live
+        lease on a pending txid (PipelineBusyError unless ``force``): from that moment every
+        step of a run still in flight is refused (GenerationError), so none of it can land in
+        the fresh pipeline. This ledger moves to the new generation."""
+        committed = self.committed_txid()
+        pending = [self.keys.tx(n) for n in range(committed + 1, self.last_txid() + 1)]
+        generation = _new_generation()
+        NEW_GENERATION(
+            self.client,
+            [self.keys.generation, self.keys.ledger, *pending],
+            [generation, "1" if force else "0"],
+        )
+        self._generation = generation
+        keep = self.keys.generation.encode()
         n = 0
         batch: list[bytes] = []
         for key in self.client.scan_iter(match=self.keys.pattern, count=1000):
+            if key == keep or key == self.keys.generation:
+                continue
             batch.append(key)
             if len(batch) >= 500:
                 n += int(self.client.delete(*batch))

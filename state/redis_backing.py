@@ -63,8 +63,8 @@ def fenced_hset(
 ) -> None:
     """HSET JSON values into ``hash_key`` in chunks, each chunk atomic and fenced (FENCED_HSET)."""
     txid = 0 if fence is None else fence.txid
-    script_keys = [hash_key, keyspace.ledger, keyspace.tx(txid), written_key]
-    head = ["", ""] if fence is None else [str(fence.txid), str(fence.token)]
+    script_keys = [hash_key, keyspace.ledger, keyspace.tx(txid), written_key, keyspace.generation]
+    head = ["", "", ""] if fence is None else [str(fence.txid), str(fence.token), fence.generation]
     for i in range(0, len(items), CHUNK):
         args: list[str] = list(head)
         for key, value in items[i : i + CHUNK]:

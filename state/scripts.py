@@ -42,8 +42,28 @@ class LuaScript:
             raise
 
 
+# Shared Lua helper: the generation check every writing script makes. A pipeline's generation
+# is a random token in its generation key, replaced by every reset (and gone if Redis lost its
+# data): a step that started in another generation is refused, so nothing of a run that was in
+# flight during a reset can land in the fresh pipeline. '' = unchecked (unfenced writes).
+_GEN_CHECK = """
+local function gen_check(genkey, expected)
+  if expected == '' then return nil end
+  local current = redis.call('GET', genkey)
+  if current ~= expected then
+    local now = current and ('generation ' .. current) or 'no generation: Redis lost its data?'
+    return 'TFGENERATION this step belongs to generation ' .. expected ..
+      ' of the pipeline, which was reset since (' .. now .. '); it must not touch the new' ..
+      ' pipeline: start a new run'
+  end
+  return nil
+end
+"""
+
 # Shared Lua helper: the ordering and fencing check every fenced write makes.
-_FENCE_CHECK = """
+_FENCE_CHECK = (
+    _GEN_CHECK
+    + """
 local function fence_check(ledger, txkey, txid, token)
   local committed = tonumber(redis.call('HGET', ledger, 'committed') or '0')
   if committed ~= txid - 1 then
@@ -57,6 +77,7 @@ local function fence_check(ledger, txkey, txid, token)
   return nil
 end
 """
+)
 
 FENCED_HSET = LuaScript(
     "fenced_hset",
@@ -64,17 +85,21 @@ FENCED_HSET = LuaScript(
     + """
 -- Write fields of one map state, atomically, if the writer holds the newest commit attempt.
 -- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] written-set
--- ARGV[1] txid ('' = unfenced write)  ARGV[2] commit token  ARGV[3..] field, value, ...
--- Fenced: refused (TFORDER) unless the ledger's committed txid is ARGV[1]-1, refused
--- (TFFENCED) unless ARGV[2] is the txid's newest commit token; the fields are also added to
--- the written-set. Returns the number of fields written.
+-- KEYS[5] generation key
+-- ARGV[1] txid ('' = unfenced write)  ARGV[2] commit token  ARGV[3] generation
+-- ARGV[4..] field, value, ...
+-- Fenced: refused (TFGENERATION) unless the pipeline is still in generation ARGV[3], (TFORDER)
+-- unless the ledger's committed txid is ARGV[1]-1, (TFFENCED) unless ARGV[2] is the txid's
+-- newest commit token; the fields are also added to the written-set. Returns the number of
+-- fields written.
 local fenced = ARGV[1] ~= ''
 if fenced then
-  local err = fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
+  local err = gen_check(KEYS[5], ARGV[3]) or
+    fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
   if err then return redis.error_reply(err) end
 end
 local n = 0
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   if fenced then redis.call('SADD', KEYS[4], ARGV[i]) end
   n = n + 1
@@ -98,22 +123,32 @@ return out
 
 BIND_RUN = LuaScript(
     "bind_run",
-    """
+    _GEN_CHECK
+    + """
 -- Bind an orchestrator run to a txid. Idempotent per run id while the run owns its txid.
--- KEYS[1] ledger hash  KEYS[2] runs hash (run id -> txid)
+-- KEYS[1] ledger hash  KEYS[2] runs hash (run id -> txid)  KEYS[3] generation key
+-- KEYS[4..] tx hashes of txids committed+1 .. last+1 (every txid the script may read or own)
 -- ARGV[1] run id  ARGV[2] lease in ms  ARGV[3] '1' = adopt a pending txid even if its owner's
--- lease is live (a single driver taking over)  ARGV[4] tx key prefix ('...:tx:')
+-- lease is live (a single driver taking over)  ARGV[4] generation  ARGV[5] committed txid and
+-- ARGV[6] last txid the caller read to name KEYS[4..]: if the ledger moved since, TFRETRY
+-- (the caller reads again and retries).
 -- Order of preference: the txid this run already owns (or that it committed); else the lowest
 -- pending txid whose owner is gone (released, or lease expired); else a new txid (last + 1).
 -- Returns {txid, how, committed} with how in committed|bound|adopted|new.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gerr = gen_check(KEYS[3], ARGV[4])
+if gerr then return redis.error_reply(gerr) end
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_txid') or '0')
 if last < committed then last = committed end
+if committed ~= tonumber(ARGV[5]) or last ~= tonumber(ARGV[6]) then
+  return redis.error_reply('TFRETRY the ledger moved while binding')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local run, lease = ARGV[1], tonumber(ARGV[2])
+local function txkey(n) return KEYS[3 + n - committed] end
 local function own(n, how)
-  redis.call('HSET', ARGV[4] .. n, 'owner', run, 'lease_until', now + lease)
+  redis.call('HSET', txkey(n), 'owner', run, 'lease_until', now + lease)
   redis.call('HSET', KEYS[2], run, n)
   return {n, how, committed}
 end
@@ -121,11 +156,11 @@ local bound = redis.call('HGET', KEYS[2], run)
 if bound then
   local n = tonumber(bound)
   if n <= committed then return {n, 'committed', committed} end
-  if redis.call('HGET', ARGV[4] .. n, 'owner') == run then return own(n, 'bound') end
+  if redis.call('HGET', txkey(n), 'owner') == run then return own(n, 'bound') end
   -- another run adopted this txid after this run stopped: bind this run afresh
 end
 for n = committed + 1, last do
-  local key = ARGV[4] .. n
+  local key = txkey(n)
   local owner = redis.call('HGET', key, 'owner')
   local lease_until = tonumber(redis.call('HGET', key, 'lease_until') or '0')
   if (not owner) or lease_until < now or ARGV[3] == '1' then
@@ -139,10 +174,14 @@ return own(last + 1, 'new')
 
 RENEW_LEASE = LuaScript(
     "renew_lease",
-    """
+    _GEN_CHECK
+    + """
 -- Extend (ARGV[2] > 0) or release (ARGV[2] = 0) the lease of run ARGV[1] on a txid it owns.
--- KEYS[1] tx hash   ARGV[1] run id  ARGV[2] lease in ms
+-- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] run id  ARGV[2] lease in ms
+-- ARGV[3] generation (TFGENERATION if the pipeline was reset since)
 -- Returns 1 if the run owns the txid, 0 otherwise (nothing changed).
+local gerr = gen_check(KEYS[2], ARGV[3])
+if gerr then return redis.error_reply(gerr) end
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -155,11 +194,16 @@ return 1
 
 BEGIN_COMMIT = LuaScript(
     "begin_commit",
-    """
+    _GEN_CHECK
+    + """
 -- Start a commit attempt of a txid: hands out a new fencing token.
--- KEYS[1] ledger hash  KEYS[2] tx hash   ARGV[1] txid
+-- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] generation key   ARGV[1] txid
+-- ARGV[2] generation
 -- Returns {0, committed} if the txid is already committed (a re-commit is a no-op),
--- {token, committed} otherwise; refused (TFORDER) unless the ledger stands at txid-1.
+-- {token, committed} otherwise; refused (TFORDER) unless the ledger stands at txid-1,
+-- (TFGENERATION) if the pipeline was reset since the caller started.
+local gerr = gen_check(KEYS[3], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
 local txid = tonumber(ARGV[1])
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 if committed >= txid then return {0, committed} end
@@ -177,31 +221,39 @@ MARK_COMMITTED = LuaScript(
     + """
 -- Mark a txid committed, with the source offsets it advanced to. Call only after every key of
 -- the txid is written. Atomic: the committed txid and the offsets move together.
--- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] tx hash of txid-1
--- (deleted: its metadata is no longer needed)  KEYS[5..] written-sets of this txid (deleted)
--- ARGV[1] txid  ARGV[2] commit token  ARGV[3] stats JSON  ARGV[4..] partition, offset, ...
+-- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] generation key
+-- KEYS[5] tx hash of txid-1 (deleted: its metadata is no longer needed)
+-- KEYS[6..] written-sets of this txid (deleted)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON
+-- ARGV[5..] partition, offset, ...
 -- Returns 1 when marked, 0 if the txid was already committed (no-op).
+local err = gen_check(KEYS[4], ARGV[3])
+if err then return redis.error_reply(err) end
 local txid = tonumber(ARGV[1])
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 if committed >= txid then return 0 end
-local err = fence_check(KEYS[1], KEYS[2], txid, ARGV[2])
+err = fence_check(KEYS[1], KEYS[2], txid, ARGV[2])
 if err then return redis.error_reply(err) end
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'committed', txid)
-for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-redis.call('HSET', KEYS[2], 'status', 'committed', 'stats', ARGV[3],
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[2], 'status', 'committed', 'stats', ARGV[4],
   'committed_at', t[1])
-for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1
 """,
 )
 
 RECORD_STAGED = LuaScript(
     "record_staged",
-    """
+    _GEN_CHECK
+    + """
 -- Record that emit attempt ARGV[1] staged complete output, unless a newer attempt already did
 -- (the output of an attempt older than the newest seen is ignored, as Trident's workers do).
--- KEYS[1] tx hash   ARGV[1] attempt.  Returns the staged attempt now recorded.
+-- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] attempt  ARGV[2] generation.
+-- Returns the staged attempt now recorded.
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
 local current = tonumber(redis.call('HGET', KEYS[1], 'staged_attempt') or '0')
 local attempt = tonumber(ARGV[1])
 if attempt > current then
@@ -214,13 +266,16 @@ return current
 
 CLAIM_TXID = LuaScript(
     "claim_txid",
-    """
+    _GEN_CHECK
+    + """
 -- Claim a specific txid for a run (a single driver pipelining its own txids).
--- KEYS[1] ledger hash  KEYS[2] runs hash  KEYS[3] tx hash of ARGV[1]
--- ARGV[1] txid  ARGV[2] run id  ARGV[3] lease in ms
+-- KEYS[1] ledger hash  KEYS[2] runs hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] generation key
+-- ARGV[1] txid  ARGV[2] run id  ARGV[3] lease in ms  ARGV[4] generation
 -- The txid must be pending (committed < txid <= last) or the next new one (last + 1), which
 -- then becomes the last. Returns {txid, how} with how in committed|adopted|new; refused
 -- (TFORDER) for a txid beyond last + 1 (that would skip one).
+local gerr = gen_check(KEYS[4], ARGV[4])
+if gerr then return redis.error_reply(gerr) end
 local txid = tonumber(ARGV[1])
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_txid') or '0')
@@ -239,5 +294,57 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[3], 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[2], ARGV[2], txid)
 return {txid, how}
+""",
+)
+
+STORE_METADATA = LuaScript(
+    "store_metadata",
+    _GEN_CHECK
+    + """
+-- Store a txid's batch metadata unless some is stored already (the first writer wins).
+-- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] metadata JSON  ARGV[2] generation
+-- Returns the stored metadata (this call's or the earlier one).
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+redis.call('HSETNX', KEYS[1], 'meta', ARGV[1])
+return redis.call('HGET', KEYS[1], 'meta')
+""",
+)
+
+COUNT_ATTEMPT = LuaScript(
+    "count_attempt",
+    _GEN_CHECK
+    + """
+-- Count one more attempt of a step of a txid.
+-- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] counter field  ARGV[2] generation
+-- Returns the attempt number.
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+""",
+)
+
+NEW_GENERATION = LuaScript(
+    "new_generation",
+    """
+-- Start a new generation of a pipeline (reset): every step of the old one is refused from
+-- now on. Refused (TFBUSY) while a pending txid has an owner whose lease is live, unless forced.
+-- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3..] tx hashes of the pending txids
+-- ARGV[1] the new generation  ARGV[2] '1' = force
+-- Returns the new generation.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[2] ~= '1' then
+  for i = 3, #KEYS do
+    local owner = redis.call('HGET', KEYS[i], 'owner')
+    local lease_until = tonumber(redis.call('HGET', KEYS[i], 'lease_until') or '0')
+    if owner and lease_until > now then
+      return redis.error_reply('TFBUSY run ' .. owner .. ' holds a pending txid (lease ' ..
+        math.ceil((lease_until - now) / 1000) .. ' s left): stop it first, or reset --force')
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
 """,
 )

@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pipeline")
     p.add_argument("--yes", action="store_true", help="really delete")
     p.add_argument("--source", action="store_true", help="also delete its source log")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="reset even while a run holds a live lease (its later steps are refused)",
+    )
     _common(p)
 
     p = sub.add_parser("chaos", help="random fault schedules, resume, audit (own redis-server)")
@@ -337,8 +342,8 @@ def cmd_reset(args: argparse.Namespace, out: TextIO) -> int:
     if not args.yes:
         raise TridentflowError(f"reset deletes pipeline {pipeline.name}'s state: add --yes")
     rt = _runtime(args, pipeline)
-    deleted = rt.ledger.reset()
-    shutil.rmtree(rt.staging.root, ignore_errors=True)
+    deleted = rt.ledger.reset(force=args.force)
+    shutil.rmtree(rt.staging_root, ignore_errors=True)
     if args.source:
         shutil.rmtree(rt.log.root, ignore_errors=True)
     out.write(

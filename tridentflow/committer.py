@@ -131,7 +131,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     staged = rt.staging.load(txid, attempt)
     check_continuity(staged, ledger.committed_offsets())
 
-    fence = Fence(txid, ticket.token)
+    fence = Fence(txid, ticket.token, ticket.generation)
     maps: dict[str, tuple[MapState, Any]] = {}
     for name, persist in rt.pipeline.states.items():
         state = make_map_state(persist.state.kind, rt.backing(name), name)

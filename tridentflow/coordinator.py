@@ -25,6 +25,7 @@ from tridentflow.runtime import Runtime
 def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[str, Any]:
     """Return the batch metadata of ``txid``, creating and storing it on the first call."""
     ledger = rt.ledger
+    ledger.check_generation()
     attempt = ledger.next_attempt(txid, "coordinate")
     meta = ledger.metadata(txid)
     if meta is None:

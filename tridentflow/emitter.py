@@ -125,6 +125,7 @@ def check_bad_records(rt: Runtime, txid: int, records: int, bad: int) -> None:
 def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     """Stage txid's batch as a new attempt; None if the txid is already committed."""
     ledger = rt.ledger
+    ledger.check_generation()
     if txid <= ledger.committed_txid():
         return None
     meta = ledger.metadata(txid)

@@ -53,10 +53,15 @@ def coordinate_run(
 
 
 def owned_txid(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> int:
-    """The txid ``run_id`` is bound to; renews its lease. Refuses a txid another run adopted."""
+    """The txid ``run_id`` is bound to; renews its lease. Refuses a txid another run adopted,
+    and (GenerationError) any step of a run once its pipeline was reset."""
+    rt.ledger.check_generation()
     txid = rt.ledger.txid_of_run(run_id)
     if txid is None:
-        raise RunNotBoundError(f"run {run_id} has no txid: its coordinator has not run")
+        raise RunNotBoundError(
+            f"run {run_id} has no txid in pipeline {rt.pipeline.name}: its coordinator has not "
+            "run, or the pipeline was reset since (clear the whole run to start it afresh)"
+        )
     if txid <= rt.ledger.committed_txid():
         return txid
     if not rt.ledger.renew_lease(txid, run_id, lease_ms):

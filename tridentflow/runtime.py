@@ -111,9 +111,16 @@ class Runtime:
     def log(self) -> FileLog:
         return FileLog(self.home / "sources" / self.pipeline.name)
 
+    @property
+    def staging_root(self) -> Path:
+        """Staging of every generation of this pipeline."""
+        return self.home / "staging" / self.pipeline.name
+
     @cached_property
     def staging(self) -> StagingArea:
-        return StagingArea(self.home / "staging" / self.pipeline.name)
+        """Staging of this runtime's generation: an emit still running from before a reset
+        can never write over (or be read as) a new generation's attempt."""
+        return StagingArea(self.staging_root / f"g-{self.ledger.generation}")
 
     def source_scan(self) -> LogScan:
         """Every partition's head, or why it cannot be read; creates the log (or grows it to
