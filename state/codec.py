@@ -21,7 +21,7 @@ import json
 import math
 from typing import Any
 
-from state.errors import KeyEncodingError
+from state.errors import KeyEncodingError, StoredValueError
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -120,9 +120,16 @@ def private(value: Any) -> Any:
 _SCALARS_EXACT = frozenset((str, int, float, bool, type(None)))
 
 
-def decode_value(encoded: str | bytes | None) -> Any:
+def decode_value(encoded: str | bytes | None, what: str = "stored value") -> Any:
+    """Inverse of encode_value; StoredValueError naming ``what`` if it is not JSON."""
     if encoded is None:
         return None
-    if isinstance(encoded, bytes):
-        encoded = encoded.decode("utf-8")
-    return json.loads(encoded)
+    try:
+        if isinstance(encoded, bytes):
+            encoded = encoded.decode("utf-8")
+        return json.loads(encoded)
+    except ValueError as exc:
+        raise StoredValueError(
+            f"{what}: found {encoded!r:.80}, which is not JSON ({exc}); was it written by "
+            "something other than tridentflow?"
+        ) from None

@@ -36,6 +36,10 @@ class RetryError(StateError):
     """The ledger moved while a script ran; the caller retries (never surfaces)."""
 
 
+class StoredValueError(StateError):
+    """A value stored in Redis is not what tridentflow writes (``[txid, curr, prev]`` JSON)."""
+
+
 class KeyEncodingError(StateError, TypeError):
     """A group key holds a value that has no deterministic encoding."""
 

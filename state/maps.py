@@ -37,7 +37,7 @@ from typing import Any
 
 from state.backing import BackingMap, Fence
 from state.codec import encode_key, private
-from state.errors import StaleTxidError, StateError
+from state.errors import StaleTxidError, StateError, StoredValueError
 
 GLOBAL_KEY = encode_key(())
 """The key of an ungrouped (global) aggregate: Trident's Snapshottable single value."""
@@ -71,12 +71,17 @@ class StoredValue:
         return [self.txid, self.curr, self.prev]
 
     @classmethod
-    def from_json(cls, raw: Any, key: str = "?") -> StoredValue:
+    def from_json(cls, raw: Any, key: str = "?", state: str | None = None) -> StoredValue:
+        """The stored value; StoredValueError naming the state, the key and what was found."""
+        where = f"state {state}, key {key}" if state else f"key {key}"
         if not (isinstance(raw, list) and len(raw) == 3):
-            raise StateError(f"key {key}: stored value {raw!r} is not [txid, curr, prev]")
+            raise StoredValueError(
+                f"{where}: found {raw!r:.80}, not [txid, curr, prev]; was it written by "
+                "something other than tridentflow?"
+            )
         txid = raw[0]
-        if txid is not None and not isinstance(txid, int):
-            raise StateError(f"key {key}: stored txid {txid!r} is not an integer")
+        if txid is not None and (not isinstance(txid, int) or isinstance(txid, bool)):
+            raise StoredValueError(f"{where}: stored txid {txid!r:.40} is not an integer")
         return cls(txid, raw[1], raw[2])
 
     def committed_view(self, committed_txid: int) -> Any:
@@ -155,7 +160,7 @@ class MapState(ABC):
                 stored, cached = self._written_now[key], True
             else:
                 raw = fetched[key]
-                stored = None if raw is None else StoredValue.from_json(raw, key)
+                stored = None if raw is None else StoredValue.from_json(raw, key, self.name)
                 cached = False
             new = self._next(key, stored, cached, update)
             if new is not None:
@@ -189,7 +194,7 @@ class MapState(ABC):
         for key, raw in zip(stray, raws, strict=True):
             if raw is None:
                 continue
-            stored = StoredValue.from_json(raw, key)
+            stored = StoredValue.from_json(raw, key, self.name)
             if stored.txid == txid:
                 resets.append((key, StoredValue(txid, stored.prev, stored.prev).to_json()))
         if resets:
@@ -199,7 +204,7 @@ class MapState(ABC):
     def read(self, keys: Sequence[str]) -> list[StoredValue | None]:
         """Raw stored values (for queries use state.redis_backing.query_committed)."""
         return [
-            None if raw is None else StoredValue.from_json(raw, key)
+            None if raw is None else StoredValue.from_json(raw, key, self.name)
             for key, raw in zip(keys, self.backing.multi_get(keys), strict=True)
         ]
 

@@ -33,7 +33,11 @@ class RedisBackingMap:
         out: list[Any | None] = []
         for i in range(0, len(keys), CHUNK):
             chunk = keys[i : i + CHUNK]
-            out.extend(decode_value(raw) for raw in self.client.hmget(self.key, chunk))
+            raws = self.client.hmget(self.key, chunk)
+            out.extend(
+                decode_value(raw, f"state {self.state_name}, key {key}")
+                for key, raw in zip(chunk, raws, strict=True)
+            )
         return out
 
     def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
@@ -47,7 +51,8 @@ class RedisBackingMap:
 
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         for field, raw in self.client.hscan_iter(self.key, count=1000):
-            yield (field.decode() if isinstance(field, bytes) else field), decode_value(raw)
+            key = field.decode() if isinstance(field, bytes) else field
+            yield key, decode_value(raw, f"state {self.state_name}, key {key}")
 
     def count(self) -> int:
         return int(self.client.hlen(self.key))
@@ -91,7 +96,12 @@ def query_committed(
         reply = QUERY_COMMITTED(client, [keyspace.ledger, keyspace.state(state_name)], chunk)
         committed = int(reply[0])
         for key, raw in zip(chunk, reply[1:], strict=True):
-            stored = None if raw is None else StoredValue.from_json(decode_value(raw), key)
+            where = f"state {state_name}, key {key}"
+            stored = (
+                None
+                if raw is None
+                else StoredValue.from_json(decode_value(raw, where), key, state_name)
+            )
             values.append(None if stored is None else stored.committed_view(committed))
     if not keys:
         committed = int(client.hget(keyspace.ledger, "committed") or 0)

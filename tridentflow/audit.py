@@ -90,7 +90,7 @@ def audit(rt: Runtime) -> AuditReport:
         expected = {key: apply_staged(agg, None, value) for key, value in staged}
         actual: dict[str, Any] = {}
         for key, raw in rt.backing(name).scan_items():
-            value = StoredValue.from_json(raw, key).committed_view(committed)
+            value = StoredValue.from_json(raw, key, name).committed_view(committed)
             if value is not None:
                 actual[key] = value
         zero = absent_value(agg)

@@ -31,7 +31,7 @@ import redis
 from state.errors import StateError
 from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.filelog import FileLog
+from tridentflow.filelog import FileLog, encode_record
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import Runtime, resolve_home
@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="input file, '-' for stdin")
     p.add_argument("--partitions", type=int, help="create or grow the log to P partitions")
     p.add_argument("--json", action="store_true", help="each line is a JSON record")
+    p.add_argument(
+        "--skip-unavailable",
+        action="store_true",
+        help="spread over the readable partitions when some are unavailable (default: refuse)",
+    )
     _common(p)
 
     p = sub.add_parser("run", help="run txids until the source is drained (or --batches)")
@@ -130,50 +135,62 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- commands ---------------------------------------------------------------------------------
-def _lines(path: str) -> Iterator[str]:
-    if path == "-":
-        yield from (line.rstrip("\n") for line in sys.stdin)
-        return
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line; a line that is not UTF-8 is an error naming it."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            yield from (line.rstrip("\n") for line in fh)
+        fh = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
     except OSError as exc:
         raise TridentflowError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        for number, raw in enumerate(fh, 1):
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise TridentflowError(f"{path}:{number}: not UTF-8 ({exc.reason})") from None
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
 
 
-def _records(pipeline: Pipeline, path: str, as_json: bool) -> list[Any]:
+def _records(pipeline: Pipeline, path: str, as_json: bool) -> list[str]:
+    """Every record of the file as its log line, all checked before any is appended."""
     fields = pipeline.source.fields
+    if not as_json and len(fields) != 1:
+        raise TridentflowError(
+            f"pipeline {pipeline.name} has fields {list(fields)}: give JSON lines with --json"
+        )
     records = []
-    for number, line in enumerate(_lines(path), 1):
+    for number, line in _lines(path):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         if as_json:
             try:
-                records.append(json.loads(line))
+                value = json.loads(line)
             except ValueError as exc:
-                raise TridentflowError(f"{path}:{number}: not JSON: {exc}") from None
-        elif len(fields) == 1:
-            records.append(line)
+                raise TridentflowError(f"{where}: not JSON: {exc}") from None
         else:
-            raise TridentflowError(
-                f"pipeline {pipeline.name} has fields {list(fields)}: give JSON lines with --json"
-            )
+            value = line
+        records.append(encode_record(value, where))
     return records
 
 
 def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     pipeline = load_pipeline(args.pipeline)
     log = FileLog(resolve_home(args.home) / "sources" / pipeline.name)
+    records = _records(pipeline, args.file, args.json)  # every record checked first
     current = log.partitions() if log.exists() else 0
     log.ensure(max(args.partitions or 0, pipeline.source.partitions, current))
-    records = _records(pipeline, args.file, args.json)
-    log.append_spread(records)
-    heads = log.heads()
+    appended = log.append_lines_spread(records, skip_unavailable=args.skip_unavailable)
+    scan = log.scan()
+    skipped = sorted(scan.unavailable)
     out.write(
         f"appended {len(records)} records to {pipeline.name} "
-        f"({len(heads)} partitions, {sum(heads.values())} in the log)\n"
+        f"({len(scan.partitions)} partitions, {sum(scan.heads.values())} in the readable log"
+        + (f"; skipped unavailable partitions {skipped}" if skipped else "")
+        + ")\n"
     )
-    return 0
+    return 0 if appended is not None else EXIT_ERROR
 
 
 def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runtime:

@@ -47,6 +47,15 @@ def unreadable_partitions(rt: Runtime, txid: int) -> tuple[dict[int, int], dict[
     return heads, unavailable
 
 
+def _probe(rt: Runtime, partition: int, start: int, end: int) -> str | None:
+    """Why [start, end) of ``partition`` cannot be read now, or None if it can."""
+    try:
+        rt.log.probe(partition, start, end)
+    except PartitionUnavailable as exc:
+        return exc.reason
+    return None
+
+
 def emit_ranges(
     rt: Runtime, txid: int, meta: dict[str, Any]
 ) -> tuple[dict[int, tuple[int, int]], list[int], dict[int, int]]:
@@ -60,6 +69,8 @@ def emit_ranges(
             reason = unavailable.get(partition)
             if reason is None and heads.get(partition, 0) < end:
                 reason = f"unavailable: its head {heads.get(partition, 0)} is before {end}"
+            if reason is None:
+                reason = _probe(rt, partition, start, end)
             if reason is not None:
                 raise PartitionUnavailable(
                     partition,
@@ -73,10 +84,12 @@ def emit_ranges(
     ranges, skipped = {}, sorted(unavailable)
     for partition, head in heads.items():
         start = positions.get(partition, 0)
-        if head < start:  # restored from an older copy, or replaced: not readable as it is
+        end = min(head, start + size)
+        # behind its start (restored from an older copy, replaced), or its files unreadable
+        if head < start or _probe(rt, partition, start, end) is not None:
             skipped.append(partition)
             continue
-        ranges[partition] = (start, min(head, start + size))
+        ranges[partition] = (start, end)
     known = set(heads) | set(unavailable) | set(positions)
     after = {p: ranges[p][1] if p in ranges else positions.get(p, 0) for p in sorted(known)}
     return ranges, sorted(skipped), after

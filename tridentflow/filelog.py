@@ -271,6 +271,12 @@ class FileLog:
         PartitionUnavailable). With ``skip_unavailable`` the records go round-robin over the
         readable partitions only."""
         encoded = [encode_record(r, f"record {i + 1}") for i, r in enumerate(records)]
+        return self.append_lines_spread(encoded, skip_unavailable)
+
+    def append_lines_spread(
+        self, encoded: list[str], skip_unavailable: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """append_spread for lines already encoded (and checked: see encode_record)."""
         scan = self.scan()
         if scan.unavailable and not skip_unavailable:
             partition, reason = min(scan.unavailable.items())
@@ -289,6 +295,33 @@ class FileLog:
         return {p: self.append_lines(p, lines) for p, lines in buckets.items() if lines}
 
     # -- read -------------------------------------------------------------------------------
+    def probe(self, partition: int, start: int, end: int) -> None:
+        """Check that [start, end) can be read now: every segment file it needs (and its index)
+        opens and yields bytes. PartitionUnavailable if not. Cheap: a few opens, no scan."""
+        if end <= start:
+            return
+        pdir = self._pdir(partition)
+        try:
+            segments = self._segments(partition)
+            first = bisect.bisect_right(segments, start) - 1
+            if first < 0:
+                raise PartitionUnavailable(
+                    partition, f"unavailable: no segment holds offset {start} (files missing?)"
+                )
+            for base in segments[first:]:
+                if base >= end:
+                    break
+                with open(pdir / f"seg-{base:012d}.jsonl", "rb") as fh:
+                    fh.read(1)
+                index = pdir / f"seg-{base:012d}.idx"
+                if index.exists():
+                    with open(index, "rb") as fh:
+                        fh.read(1)
+        except OSError as exc:
+            raise PartitionUnavailable(
+                partition, f"unavailable: {exc.strerror or exc} reading [{start}, {end})"
+            ) from None
+
     def _segments(self, partition: int) -> list[int]:
         return sorted(
             int(f.name[4:16])
