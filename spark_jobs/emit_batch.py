@@ -1,26 +1,30 @@
 """spark-submit application: emit one txid of a pipeline.
 
     spark-submit spark_jobs/emit_batch.py --pipeline wordcount (--txid 7 | --run-id RUN) \
-        [--redis-url redis://...] [--home DIR] [--faults SPEC]
+        [--lease-ms MS] [--redis-url redis://...] [--home DIR] [--faults SPEC]
 
-With --run-id, the txid is the one the orchestrator run is bound to (see tridentflow.runs).
+With --run-id, the txid is the one the orchestrator run is bound to (see tridentflow.runs);
+its lease is renewed for --lease-ms (the DAG's ``lease``).
 The Redis URL may also come from TRIDENTFLOW_REDIS_URL (keeps passwords off the command line).
 Reads the txid's batch metadata from the ledger, computes the per-key partial aggregates on
 Spark, stages them under (txid, attempt) and records the attempt as staged. A committed txid
-is a no-op. Prints one JSON line with the result; exits 1 with a one-line error on failure.
+is a no-op. Prints one JSON line with the result; on any failure exits 1 with one line on
+stderr naming the cause (a Python exception in a Spark task included), also written to the
+file TRIDENTFLOW_ERROR_FILE names, if set (the Airflow operator reports it as its own error).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
-from state.errors import StateError
+from state.ledger import DEFAULT_LEASE_MS
 from tridentflow.emitter import emit
-from tridentflow.errors import TridentflowError
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.errors import one_line
+from tridentflow.faults import FaultPlan
 from tridentflow.registry import load_pipeline
 from tridentflow.runs import owned_txid
 from tridentflow.runtime import Runtime
@@ -33,6 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--txid", type=int)
     which.add_argument("--run-id")
+    parser.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS)
     parser.add_argument("--redis-url")
     parser.add_argument("--home")
     parser.add_argument("--faults")
@@ -48,14 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             home=args.home,
             faults=FaultPlan.from_env(args.faults),
         )
-        txid = args.txid if args.run_id is None else owned_txid(rt, args.run_id)
+        run_id, lease_ms = args.run_id, args.lease_ms
+        txid = args.txid if run_id is None else owned_txid(rt, run_id, lease_ms)
         spark = spark_session(f"tridentflow-emit-{rt.pipeline.name}-{txid}")
         try:
             staged = emit(rt, txid, SparkEngine(spark))
         finally:
             spark.stop()
-    except (TridentflowError, StateError, InjectedFault) as exc:
-        sys.stderr.write(f"emit_batch: error: {exc}\n")
+    except Exception as exc:  # every failure is one line naming its cause
+        report_error(one_line(exc))
         return 1
     result = {"pipeline": rt.pipeline.name, "txid": txid, "status": "already-committed"}
     if staged is not None:
@@ -68,6 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(json.dumps(result))
     return 0
+
+
+def report_error(line: str) -> None:
+    sys.stderr.write(f"emit_batch: error: {line}\n")
+    sys.stderr.flush()
+    path = os.environ.get("TRIDENTFLOW_ERROR_FILE")
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(line + "\n")
 
 
 if __name__ == "__main__":

@@ -139,8 +139,17 @@ class Ledger:
         return {_s(k): _s(v) for k, v in raw.items()}  # type: ignore[misc]
 
     def txid_of_run(self, run_id: str) -> int | None:
-        raw = self.client.hget(self.keys.runs, run_id)
-        return None if raw is None else int(raw)
+        """The txid ``run_id`` is bound to; None if none, or if another run adopted it."""
+        raw = _s(self.client.hget(self.keys.runs, run_id))
+        return None if raw is None or raw.startswith("lost:") else int(raw)
+
+    def lost_txid(self, run_id: str) -> tuple[int, str] | None:
+        """(txid, adopting run) if another run adopted the txid ``run_id`` was bound to."""
+        raw = _s(self.client.hget(self.keys.runs, run_id))
+        if raw is None or not raw.startswith("lost:"):
+            return None
+        _lost, txid, adopter = raw.split(":", 2)
+        return int(txid), adopter
 
     # -- runs -------------------------------------------------------------------------------
     def bind_run(

@@ -134,6 +134,8 @@ BIND_RUN = LuaScript(
 -- (the caller reads again and retries).
 -- Order of preference: the txid this run already owns (or that it committed); else the lowest
 -- pending txid whose owner is gone (released, or lease expired); else a new txid (last + 1).
+-- Adopting a txid marks the previous owner's entry 'lost:<txid>:<adopter>', so that run, if
+-- cleared later, binds a fresh txid (it never reports a txid another run committed).
 -- Returns {txid, how, committed} with how in committed|bound|adopted|new.
 local gerr = gen_check(KEYS[3], ARGV[4])
 if gerr then return redis.error_reply(gerr) end
@@ -148,13 +150,17 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local run, lease = ARGV[1], tonumber(ARGV[2])
 local function txkey(n) return KEYS[3 + n - committed] end
 local function own(n, how)
+  local previous = redis.call('HGET', txkey(n), 'owner')
+  if previous and previous ~= run then
+    redis.call('HSET', KEYS[2], previous, 'lost:' .. n .. ':' .. run)
+  end
   redis.call('HSET', txkey(n), 'owner', run, 'lease_until', now + lease)
   redis.call('HSET', KEYS[2], run, n)
   return {n, how, committed}
 end
-local bound = redis.call('HGET', KEYS[2], run)
+local bound = tonumber(redis.call('HGET', KEYS[2], run) or '')
 if bound then
-  local n = tonumber(bound)
+  local n = bound
   if n <= committed then return {n, 'committed', committed} end
   if redis.call('HGET', txkey(n), 'owner') == run then return own(n, 'bound') end
   -- another run adopted this txid after this run stopped: bind this run afresh
@@ -291,6 +297,10 @@ if txid == last + 1 then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local previous = redis.call('HGET', KEYS[3], 'owner')
+if previous and previous ~= ARGV[2] then
+  redis.call('HSET', KEYS[2], previous, 'lost:' .. txid .. ':' .. ARGV[2])
+end
 redis.call('HSET', KEYS[3], 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[2], ARGV[2], txid)
 return {txid, how}

@@ -166,3 +166,27 @@ def in_place() -> Pipeline:
     )
     pipeline.stream.persistent_aggregate(StateSpec("total", StateKind.OPAQUE), AddN())
     return pipeline
+
+
+class Explodes(Aggregator):
+    """A full Aggregator that raises inside a Spark task (after the record stage, so the
+    batch fails visibly instead of quarantining a record)."""
+
+    def init(self, batch: BatchInfo) -> int:
+        return 0
+
+    def aggregate(self, acc: int, word: str) -> int:
+        if word == POISON:
+            raise ValueError(f"cannot aggregate {word!r}")
+        return acc + 1
+
+    def complete(self, acc: int) -> list:
+        return [acc]
+
+
+def explodes() -> Pipeline:
+    pipeline = Pipeline("explodes", LogSource(fields=("word",), mode=SourceMode.OPAQUE))
+    pipeline.stream.partition_by("word").group_by("word").aggregate(
+        "word", Explodes(), "n"
+    ).partition_persist(StateSpec("n", StateKind.OPAQUE), keep_all, "word", "n")
+    return pipeline

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import redis
 
 from state.errors import StateError
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.filelog import FileLog, encode_record
 from tridentflow.pipeline import Guarantee, Pipeline
@@ -427,11 +427,6 @@ COMMANDS = {
 }
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -445,15 +440,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         return COMMANDS[args.command](args, out)
-    except (TridentflowError, StateError, InjectedFault) as exc:
-        sys.stderr.write(f"tridentflow: error: {_one_line(exc)}\n")
-    except redis.RedisError as exc:
-        sys.stderr.write(f"tridentflow: error: Redis: {_one_line(exc)}\n")
+    except (TridentflowError, StateError, InjectedFault, redis.RedisError) as exc:
+        sys.stderr.write(f"tridentflow: error: {one_line(exc)}\n")
     except KeyboardInterrupt:
         sys.stderr.write("tridentflow: interrupted\n")
     except Exception as exc:  # Spark/Py4J errors carry pages of JVM trace: keep one line
         if type(exc).__module__.startswith(("py4j", "pyspark")):
-            sys.stderr.write(f"tridentflow: error: Spark: {_one_line(exc)}\n")
+            sys.stderr.write(f"tridentflow: error: {one_line(exc)}\n")
         else:
             raise
     return EXIT_ERROR

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class TridentflowError(Exception):
     """Base class of errors the CLI reports as a single line."""
@@ -47,3 +49,42 @@ class StagingValueError(TridentflowError):
 
 class TooManyBadRecords(TridentflowError):
     """A batch has more quarantined records than the pipeline allows: it fails, visibly."""
+
+
+_EXCEPTION_LINE = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Unavailable|Fault|Exit|Interrupt)\b.*)$"
+)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line that names its cause.
+
+    Spark wraps a Python exception raised in a task in pages of JVM and Python traces whose
+    first line says only "An exception was thrown from the Python worker": the line returned
+    is then the Python exception itself (``ValueError: bad word``), found after the last
+    ``Traceback``. Redis errors are prefixed ``Redis:``; others give their first line.
+    """
+    text = str(exc).strip()
+    module = type(exc).__module__
+    if module.startswith(("py4j", "pyspark")):
+        cause = _python_cause(text)
+        return f"Spark task failed: {cause}" if cause else f"Spark: {_first(text, exc)}"
+    if module.startswith("redis"):
+        return f"Redis: {type(exc).__name__}: {_first(text, exc)}"
+    return _first(text, exc)
+
+
+def _first(text: str, exc: BaseException) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(exc).__name__
+
+
+def _python_cause(text: str) -> str | None:
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1 :]:
+        if line and not line[0].isspace() and _EXCEPTION_LINE.match(line):
+            return line.strip()
+    return None

@@ -8,6 +8,10 @@ metadata, and a run whose owner stopped is adopted by the next run.
 * ``coordinate_run``: bind (or re-bind) the run, then coordinate its txid. Idempotent.
 * ``emit_run`` / ``commit_run``: the txid the run owns; refused with a clear error if another
   run adopted it meanwhile (clear this run's coordinator to bind it afresh).
+
+A run that stopped and whose txid another run adopted (and committed) is bound to a *fresh*
+txid if it is cleared later: every green run in the grid committed (or found committed) the
+txid it owns, and each txid belongs to exactly one run.
 * ``release_run``: the run gave up (its last retry failed): the next run adopts the txid now.
 """
 
@@ -57,6 +61,12 @@ def owned_txid(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> in
     and (GenerationError) any step of a run once its pipeline was reset."""
     rt.ledger.check_generation()
     txid = rt.ledger.txid_of_run(run_id)
+    lost = rt.ledger.lost_txid(run_id) if txid is None else None
+    if lost is not None:
+        raise RunNotBoundError(
+            f"txid {lost[0]} of run {run_id} was adopted by run {lost[1]} after this run "
+            "stopped; clear this run's coordinator to bind a fresh txid"
+        )
     if txid is None:
         raise RunNotBoundError(
             f"run {run_id} has no txid in pipeline {rt.pipeline.name}: its coordinator has not "

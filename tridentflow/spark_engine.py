@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -225,7 +226,10 @@ def quiet_java_options() -> str:
 
 
 def spark_session(app_name: str = "tridentflow", master: str | None = None) -> SparkSession:
-    """A SparkSession configured for tridentflow (UI off, warnings-only logging)."""
+    """A SparkSession configured for tridentflow (UI off, warnings-only logging). Python
+    workers run this interpreter unless PYSPARK_PYTHON says otherwise (a venv's packages,
+    redis among them, are then there even when the venv is not on PATH)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if "PYSPARK_SUBMIT_ARGS" not in os.environ:  # in-process JVM: quiet its logging too
         os.environ["PYSPARK_SUBMIT_ARGS"] = (
             f'--driver-java-options "{quiet_java_options()}" pyspark-shell'

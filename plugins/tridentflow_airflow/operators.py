@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from airflow.sdk import BaseOperator
 
 import spark_jobs
 from state.ledger import DEFAULT_LEASE_MS
+from tridentflow.errors import TridentflowError
 from tridentflow.registry import load_pipeline
 from tridentflow.runs import commit_run, coordinate_run, release_run
 from tridentflow.runtime import Runtime, resolve_home
@@ -87,8 +90,14 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
         return result
 
 
+class EmitFailed(TridentflowError):
+    """The emit job failed; the message is its one-line cause."""
+
+
 class EmitOperator(TridentflowTask, SparkSubmitOperator):
-    """spark-submit of spark_jobs/emit_batch.py for the run's txid."""
+    """spark-submit of spark_jobs/emit_batch.py for the run's txid. The run's lease is renewed
+    for the DAG's ``lease``; a failure ends the task with the job's one-line cause (a Python
+    exception in a Spark task included) instead of spark-submit's exit code."""
 
     ui_color = "#fff4e5"
 
@@ -98,6 +107,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         pipeline: str,
         conn_id: str = "spark_default",
         conf: dict[str, Any] | None = None,
+        lease: timedelta = timedelta(minutes=30),
         **kwargs: Any,
     ) -> None:
         spark_conf = {
@@ -105,10 +115,19 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             "spark.driver.extraJavaOptions": quiet_java_options(),
             **(conf or {}),
         }
+        lease_ms = int(lease.total_seconds() * 1000) or DEFAULT_LEASE_MS
         super().__init__(
             pipeline=pipeline,
+            lease=lease,
             application=str(EMIT_APPLICATION),
-            application_args=["--pipeline", pipeline, "--run-id", "{{ run_id }}"],
+            application_args=[
+                "--pipeline",
+                pipeline,
+                "--run-id",
+                "{{ run_id }}",
+                "--lease-ms",
+                str(lease_ms),
+            ],
             conn_id=conn_id,
             conf=spark_conf,
             name=f"tridentflow-emit-{pipeline}",
@@ -122,12 +141,27 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             "TRIDENTFLOW_HOME": str(resolve_home(self.home)),
         }
         env.update({k: os.environ[k] for k in FORWARDED_ENV if k in os.environ})
+        # executors run the worker's interpreter (its packages: redis, tridentflow) by default
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
         return env
 
     def execute(self, context: Any) -> None:
         check_spark_connection(self._conn_id)
-        self.env_vars = {**self.emit_env(), **(self.env_vars or {})}
-        super().execute(context)
+        with tempfile.TemporaryDirectory(prefix="tridentflow-emit-") as scratch:
+            error_file = Path(scratch) / "error"
+            self.env_vars = {
+                **self.emit_env(),
+                **(self.env_vars or {}),
+                "TRIDENTFLOW_ERROR_FILE": str(error_file),
+            }
+            try:
+                super().execute(context)
+            except Exception as exc:
+                cause = error_file.read_text().strip() if error_file.exists() else ""
+                if not cause:
+                    raise
+                self.log.error("emit failed: %s", cause)
+                raise EmitFailed(cause) from exc
 
 
 class CommitOperator(TridentflowTask, BaseOperator):

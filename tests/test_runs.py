@@ -1,0 +1,128 @@
+"""Orchestrator runs bound to txids: adoption, release, leases, one-line failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from spark_jobs import emit_batch
+from tests.conftest import ROOT
+from tests.helpers import produce, runtime, sentences
+from tridentflow.engine import LocalEngine
+from tridentflow.errors import one_line
+from tridentflow.runs import (
+    RunNotBoundError,
+    commit_run,
+    coordinate_run,
+    emit_run,
+    release_run,
+)
+from tridentflow.status import format_status, status
+
+ENGINE = LocalEngine()
+
+
+def run_all(rt, run_id):
+    coordinate_run(rt, run_id)
+    emit_run(rt, run_id, ENGINE)
+    return commit_run(rt, run_id)
+
+
+def test_a_cleared_run_whose_txid_was_adopted_binds_a_fresh_txid(redis_url, redis_client, home):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(6))
+    assert coordinate_run(rt, "run-a", batch_size=1)["txid"] == 1
+    release_run(rt, "run-a")  # run-a's last retry failed: it gave up
+    assert run_all(rt, "run-b")["txid"] == 1  # run-b adopts and commits txid 1
+    with pytest.raises(RunNotBoundError, match="txid 1 of run run-a was adopted by run run-b"):
+        emit_run(rt, "run-a", ENGINE)  # only run-a's emit cleared: refused, clearly
+    cleared = coordinate_run(rt, "run-a", batch_size=1)  # the whole run cleared
+    assert (cleared["txid"], cleared["binding"], cleared["committed"]) == (2, "new", False)
+    assert emit_run(rt, "run-a", ENGINE) is not None
+    assert commit_run(rt, "run-a")["status"] == "committed"
+    # run-b, cleared later, finds its own txid committed
+    assert coordinate_run(rt, "run-b")["binding"] == "committed"
+
+
+def test_status_shows_no_owner_for_a_released_txid(redis_url, redis_client, home):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(4))
+    coordinate_run(rt, "live-run", lease_ms=120_000)
+    (pending,) = status(rt)["pending"]
+    assert pending["owner"] == "live-run" and 100 < pending["lease_expires_in_s"] <= 120
+    release_run(rt, "live-run")
+    (pending,) = status(rt)["pending"]
+    assert (pending["owner"], pending["lease_expires_in_s"]) == (None, None)
+    assert "no live owner" in format_status(status(rt))
+
+
+def test_the_emit_job_renews_the_lease_it_is_given(redis_url, redis_client, home, monkeypatch):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(4))
+    coordinate_run(rt, "r", lease_ms=1_000)
+    assert emit_batch.parse_args(["--pipeline", "p", "--txid", "1"]).lease_ms == 15 * 60_000
+    args = emit_batch.parse_args(["--pipeline", "p", "--run-id", "r", "--lease-ms", "1800000"])
+    from tridentflow.runs import owned_txid
+
+    owned_txid(rt, "r", args.lease_ms)
+    (pending,) = status(rt)["pending"]
+    assert 1790 < pending["lease_expires_in_s"] <= 1800
+
+
+def test_the_emit_job_reports_an_unreachable_redis_in_one_line(tmp_path, home):
+    error_file = tmp_path / "error"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TRIDENTFLOW_REDIS_URL": "redis://127.0.0.1:1/0",
+        "TRIDENTFLOW_HOME": str(home),
+        "TRIDENTFLOW_ERROR_FILE": str(error_file),
+    }
+    job = str(ROOT / "spark_jobs" / "emit_batch.py")
+    out = subprocess.run(
+        [sys.executable, job, "--pipeline", "wordcount", "--run-id", "r"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"emit_batch: error: {error_file.read_text().strip()}"
+    ]
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in out.stderr
+
+
+class FakeSparkError(Exception):
+    """Stands in for pyspark.errors.PythonException (same module prefix, same text)."""
+
+
+FakeSparkError.__module__ = "pyspark.errors.exceptions.captured"
+
+
+def test_one_line_finds_the_python_exception_inside_a_spark_trace():
+    trace = "\n".join(
+        [
+            "An exception was thrown from the Python worker. Please see the stack trace below.",
+            "Traceback (most recent call last):",
+            '  File "/w/worker.py", line 1, in main',
+            "    process()",
+            "tridentflow.errors.PartitionUnavailable: partition 2 is unavailable: gone",
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+            "Traceback (most recent call last):",
+            '  File "/w/aggregate.py", line 9, in aggregate',
+            "    raise ValueError(\"cannot aggregate 'BOOM'\")",
+            "ValueError: cannot aggregate 'BOOM'",
+            "",
+            "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handle",
+        ]
+    )
+    assert (
+        one_line(FakeSparkError(trace)) == "Spark task failed: ValueError: cannot aggregate 'BOOM'"
+    )
+    assert one_line(FakeSparkError("Job aborted")) == "Spark: Job aborted"
+    assert one_line(ValueError("first\nsecond")) == "first"
