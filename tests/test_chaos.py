@@ -15,6 +15,7 @@ def test_fixed_seed_schedules_are_exact():
     failures = [r.line() for r in results if not r.ok]
     assert not failures, failures[0]
     assert len(results) == CI_SCHEDULES
+    assert {r.pipeline for r in results} >= {"mutating", "mutating-opaque", "partitioned-count"}
     events = " ".join(e for r in results for e in r.events)
     for kind in (
         "=crash",
@@ -25,6 +26,10 @@ def test_fixed_seed_schedules_are_exact():
         "append+",
         "clear:",
         "mid-txid",
+        "bad-record",
+        "outage:unmount",
+        "outage:torn-head",
+        "reset",
     ):
         assert kind in events, f"no {kind} event in {CI_SCHEDULES} schedules"
 
@@ -39,7 +44,8 @@ def test_the_harness_catches_an_opaque_replay_applied_on_curr(monkeypatch):
 
     monkeypatch.setattr(OpaqueMap, "_next", replay_on_curr)
     results = run_chaos(100, seed=0, redis_restarts=False)
-    assert not results[-1].ok and results[-1].doubled > 0
+    last = results[-1]
+    assert not last.ok and (last.doubled > 0 or "stored" in (last.difference or ""))
 
 
 @pytest.mark.parametrize("seed", [0])
@@ -57,3 +63,39 @@ def test_fixed_seed_schedules_through_batch_operations_are_exact():
     failures = [r.line() for r in results if not r.ok]
     assert not failures, failures[0]
     assert len(results) == 25
+
+
+def test_the_harness_catches_a_map_state_that_aliases_user_updates(monkeypatch):
+    """The class 'user code that mutates its arguments': without private bases, an in-place
+    Combiner turns a stored value's prev into its curr."""
+    import state.maps
+
+    monkeypatch.setattr(state.maps, "private", lambda value: value)
+    results = run_chaos(200, seed=0, pipelines=("mutating", "mutating-opaque"))
+    assert not results[-1].ok, "200 schedules did not expose aliased stored values"
+
+
+def test_the_harness_catches_a_key_cache_keyed_on_equality(monkeypatch):
+    """The class 'keys that compare equal but differ': 0.0/-0.0 and 1/1.0/True."""
+    from state.codec import encode_key
+    from tridentflow.plan import KeyEncoder
+
+    def equality_cache(self, key):
+        return self._cache.setdefault(key, encode_key(key))
+
+    monkeypatch.setattr(KeyEncoder, "__call__", equality_cache)
+    results = run_chaos(50, seed=0, pipelines=("mutating",), redis_restarts=False)
+    assert not results[-1].ok, "50 schedules did not expose an equality-keyed encoder cache"
+
+
+def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
+    """The class 'an operator acting while a run is in flight': a runtime that follows the
+    pipeline's current generation instead of the one it started in."""
+    from state.ledger import Ledger
+
+    monkeypatch.setattr(
+        Ledger, "generation", property(lambda self: self.current_generation() or "")
+    )
+    results = run_chaos(200, seed=0, redis_restarts=False)
+    assert not results[-1].ok, "200 schedules did not expose a step that ignores a reset"
+    assert "after a reset was not refused" in (results[-1].difference or "")

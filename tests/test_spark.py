@@ -66,6 +66,26 @@ def test_seed_word_count_on_spark_with_a_kill_inside_the_emit(tf):
     assert tf("audit", "wordcount").stdout.strip() == "lost=0 doubled=0"
 
 
+def test_spark_task_failures_are_one_line_and_workers_use_this_interpreter(tf, cli_env):
+    """`.venv/bin/tridentflow run` with the venv off PATH and PYSPARK_PYTHON unset: workers
+    run this interpreter (they import redis); a Python exception inside a Spark task is the
+    one line the CLI prints."""
+    env = {k: v for k, v in cli_env.items() if not k.startswith("PYSPARK_")}
+    env["PATH"] = "/usr/bin:/bin"
+    tf("produce", "tests.pipelines:explodes", "-", input="a\nb\nBOOM\n", env=env)
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("tridentflow")), "run", "tests.pipelines:explodes"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 1
+    lines = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith("WARNING: Using")]
+    assert lines == ["tridentflow: error: Spark task failed: ValueError: cannot aggregate 'BOOM'"]
+
+
 def test_emit_through_real_spark_submit(redis_url, redis_client, home, cli_env):
     rt = runtime("wordcount-opaque", redis_url, home)
     lines = sentences(200)

@@ -10,8 +10,16 @@ retries a task) through a random mix of:
   the outage is repaired after a few failed emits;
 * concurrent duplicate commit attempts (a zombie and its retry race; fencing lets one land);
 * Redis restarts (SIGKILL of the server, AOF with ``appendfsync always``) between steps;
-* source appends between the steps of a batch;
+* source appends between the steps of a batch, with undecodable records among them (not
+  JSON, a lone surrogate, the wrong arity: quarantined, never counted);
+* real partition outages: a partition's directory moved aside (a dropped mount) or its HEAD
+  torn, for a few steps; appends meanwhile go to the readable partitions;
+* an operator's ``reset --source`` while a run is in flight: the run's next step must be
+  refused (GenerationError), and only what is produced afterwards may be counted;
 * runs that give up (their txid is released and adopted by the next run).
+
+The pipelines include ``mutating`` and ``mutating-opaque`` (every aggregator kind mutating its
+arguments; typed keys where ``0.0``/``-0.0`` and ``1``/``1.0``/``true`` differ).
 
 Then it drains the source without faults and checks two things: the audit (state vs the
 source up to the committed offsets) and the exact expected counts of every record produced.
@@ -32,20 +40,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from state.errors import StateError
+from state.codec import decode_key, encode_key
+from state.errors import GenerationError, PipelineBusyError, StateError
 from tridentflow import devredis
 from tridentflow.audit import audit
 from tridentflow.driver import backlog, run_batches
 from tridentflow.engine import LocalEngine
 from tridentflow.errors import PartitionUnavailable, TridentflowError
+from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.query import query
 from tridentflow.registry import load_pipeline
 from tridentflow.runs import coordinate_run, emit_run, release_run
 from tridentflow.runtime import Runtime, connect
 
-WORDS = ("man", "dog", "apple", "how", "are", "you", "nice", "day", "good", "a", "ünï", "1")
-PIPELINES = ("wordcount", "wordcount-opaque", "partitioned-count")
+WORDS = (
+    "man", "dog", "apple", "how", "are", "you", "nice", "day", "good", "a", "ünï", "中文",
+    "1", "1.0", "true", "0.0", "-0.0",
+)  # fmt: skip
+BAD_LINES = ('{"not json', '"bad \\ud800 word"', '["wrong", "arity"]', "\xff")
+"""Undecodable records an external producer could write; each must be quarantined."""
+PIPELINES = ("wordcount", "wordcount-opaque", "partitioned-count", "mutating", "mutating-opaque")
 RETRIES = 3
 ENGINE = LocalEngine()
 
@@ -139,30 +154,21 @@ class Chaos:
         home = self.workdir / f"schedule-{seed}"
         shutil.rmtree(home, ignore_errors=True)
         rt = Runtime(load_pipeline(name), connect(self.redis.url), home)
-        rt.ledger.reset()
-        produced: list[str] = []
-
-        def append(n: int, during: str | None = None) -> None:
-            lines = [
-                " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(n)
-            ]
-            rt.source_heads()
-            rt.log.append_spread(lines)
-            produced.extend(lines)
-            if during:
-                result.events.append(f"append+{n}@{during}")
-
-        append(rng.randint(5, 60))
+        rt.ledger.reset(force=True)
+        sched = _Schedule(rng, rt, result, home / "aside")
+        sched.append(rng.randint(5, 60))
         runs = rng.randint(3, 8)
         rt.faults = self._fault_plan(rng, runs, rt.pipeline.source.partitions, result.events)
         batch_size = rng.choice([1, 2, 3, 5, 20])
-        self._drive(rng, rt, runs, batch_size, append, result)
+        self._drive(sched, runs, batch_size)
 
+        sched.end_outage("drain")
+        rt = sched.rt
         rt.faults = FaultPlan()  # resume: drain what is left, with no faults
         run_batches(rt, ENGINE)
         result.txids = rt.ledger.committed_txid()
-        result.records = len(produced)
-        self._check(rt, produced, result)
+        result.records = len(sched.produced)
+        self._check(rt, sched.produced, result)
         rt.client.close()
         shutil.rmtree(home, ignore_errors=True)
         result.seconds = time.monotonic() - started
@@ -185,19 +191,13 @@ class Chaos:
             events.append(f"dark:{dark.partition}@{dark.first}-{dark.last}")
         return FaultPlan(tuple(faults), tuple(darks))
 
-    def _drive(
-        self,
-        rng: random.Random,
-        rt: Runtime,
-        runs: int,
-        batch_size: int,
-        append: Callable[..., None],
-        result: ScheduleResult,
-    ) -> None:
+    def _drive(self, sched: _Schedule, runs: int, batch_size: int) -> None:
+        rng, result = sched.rng, sched.result
         run_no, failures, dark_failures, step_index = 0, 0, 0, 0
         run_id = f"run-{run_no}"
         steps = ("coordinate", "emit", "commit")
         for step in range(runs * 10):
+            rt = sched.rt
             if rt.ledger.committed_txid() >= runs:
                 return
             roll = rng.random()
@@ -206,7 +206,15 @@ class Chaos:
                 result.events.append(f"redis-restart@step{step}")
                 continue
             if roll < 0.15:
-                append(rng.randint(1, 10), during=f"step{step}")
+                sched.append(rng.randint(1, 10), during=f"step{step}")
+                continue
+            if roll < 0.19:
+                sched.toggle_outage(f"step{step}")
+                continue
+            if roll < 0.2 and not sched.was_reset:
+                self._reset_in_flight(sched, run_id, steps[step_index], step)
+                run_no, failures, step_index = run_no + 1, 0, 0
+                run_id = f"run-{run_no}"
                 continue
             try:
                 for index in range(step_index, len(steps)):
@@ -221,13 +229,14 @@ class Chaos:
                             result.events.append(f"duplicate-commit@{run_id}")
                         self._commit_race(rt, run_id, racers)
                     if index < 2 and rng.random() < 0.15:
-                        append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
+                        sched.append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
                 run_no, failures, step_index = run_no + 1, 0, 0
                 run_id = f"run-{run_no}"
             except PartitionUnavailable:
                 dark_failures += 1
                 if dark_failures >= 3:  # the operator repairs the partition
                     rt.faults = FaultPlan(rt.faults.faults, ())
+                    sched.end_outage(f"step{step}")
                     result.events.append(f"repaired-dark@step{step}")
             except (SimulatedCrash, InjectedFault, TridentflowError, StateError):
                 failures += 1
@@ -244,6 +253,40 @@ class Chaos:
                     result.events.append(f"gave-up:{run_id}")
                     run_no, failures, step_index = run_no + 1, 0, 0
                     run_id = f"run-{run_no}"
+
+    def _reset_in_flight(self, sched: _Schedule, run_id: str, next_step: str, step: int) -> None:
+        """An operator resets the pipeline (and its source) while ``run_id`` is in flight: its
+        next step must be refused; a new runtime (a new process) goes on from scratch."""
+        old = sched.rt
+        sched.end_outage(f"reset@step{step}")
+        fresh = Runtime(old.pipeline, connect(self.redis.url), old.home, old.faults)
+        try:
+            fresh.ledger.reset()
+            sched.result.events.append(f"reset@step{step}")
+        except PipelineBusyError:  # a run holds a live lease: the operator insists
+            fresh.ledger.reset(force=True)
+            sched.result.events.append(f"reset-forced@step{step}")
+        shutil.rmtree(fresh.staging_root, ignore_errors=True)
+        shutil.rmtree(fresh.log.root, ignore_errors=True)
+        sched.produced.clear()
+        try:
+            if next_step == "coordinate":
+                coordinate_run(old, run_id, lease_ms=60_000)
+            elif next_step == "emit":
+                emit_run(old, run_id, ENGINE, lease_ms=60_000)
+            else:
+                from tridentflow.runs import commit_run
+
+                commit_run(old, run_id)
+        except GenerationError:
+            pass
+        except BaseException as exc:
+            sched.result.difference = f"{next_step} after a reset failed with {exc!r}"
+        else:
+            sched.result.difference = f"{next_step} of {run_id} after a reset was not refused"
+        old.client.close()
+        sched.rt = fresh
+        sched.was_reset = True
 
     def _commit_race(self, rt: Runtime, run_id: str, racers: int) -> None:
         from tridentflow.runs import commit_run
@@ -273,33 +316,96 @@ class Chaos:
 
     def _check(self, rt: Runtime, produced: list[str], result: ScheduleResult) -> None:
         left = backlog(rt)
-        if left:
+        if left and not result.difference:
             result.difference = f"{left} records were never committed"
         report = audit(rt)
         result.lost, result.doubled = report.lost, report.doubled
-        if report.mismatched and not result.difference:
-            name, key, exp, act = report.mismatched[0]
-            result.difference = f"{name} {key}: expected {exp!r}, stored {act!r}"
-        expected = _expected(rt, produced)
-        for state_name, values in expected.items():
+        if (report.mismatched or report.unreadable) and not result.difference:
+            if report.unreadable:
+                result.difference = report.line()
+            else:
+                name, key, exp, act = report.mismatched[0]
+                result.difference = f"{name} {key}: expected {exp!r}, stored {act!r}"
+        for state_name, values in _expected(rt, produced).items():
             persist = rt.pipeline.states[state_name]
             keys = sorted(values)
-            _committed, got = query(rt, persist, keys)
+            _committed, got = query(rt, persist, [decode_key(k) for k in keys])
             for key, want, have in zip(keys, (values[k] for k in keys), got, strict=True):
                 if want != have and not result.difference:
                     result.difference = f"{state_name} {key}: produced {want}, stored {have}"
 
 
-def _expected(rt: Runtime, produced: list[str]) -> dict[str, dict[tuple, int]]:
-    """Exact counts of everything produced, for the bundled pipelines."""
-    expected: dict[str, dict[tuple, int]] = {}
+def _expected(rt: Runtime, produced: list[str]) -> dict[str, dict[str, int]]:
+    """Exact counts of everything produced, by encoded key, for the bundled pipelines."""
+    if rt.pipeline.name in ("mutating", "mutating-opaque"):
+        return expected_counts(produced)
+    expected: dict[str, dict[str, int]] = {}
     for name, persist in rt.pipeline.states.items():
         if persist.group_fields:
-            counter = Counter((w,) for line in produced for w in line.split())
+            counter = Counter(encode_key((w,)) for line in produced for w in line.split())
             expected[name] = dict(counter)
         else:
-            expected[name] = {(): len(produced)}
+            expected[name] = {encode_key(()): len(produced)}
     return expected
+
+
+class _Schedule:
+    """What one schedule changes as it goes: its runtime (replaced after a reset), the lines
+    produced since the last reset, and a real outage in progress."""
+
+    def __init__(self, rng: random.Random, rt: Runtime, result: ScheduleResult, aside: Path):
+        self.rng, self.rt, self.result, self.aside = rng, rt, result, aside
+        self.produced: list[str] = []
+        self.was_reset = False
+        self.outage: tuple[str, int, bytes] | None = None
+
+    def append(self, n: int, during: str | None = None) -> None:
+        rng = self.rng
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(n)]
+        self.rt.source_scan()
+        self.rt.log.append_spread(lines, skip_unavailable=True)
+        self.produced.extend(lines)
+        if during:
+            self.result.events.append(f"append+{n}@{during}")
+        if rng.random() < 0.15:  # an external producer writes records that cannot be decoded
+            bad = rng.choice(BAD_LINES)
+            readable = sorted(self.rt.log.scan().heads)
+            if readable:
+                self.rt.log.append_lines(rng.choice(readable), [bad])
+                self.result.events.append(f"bad-record{BAD_LINES.index(bad)}")
+
+    def toggle_outage(self, when: str) -> None:
+        if self.outage is not None:
+            self.end_outage(when)
+            return
+        log = self.rt.log
+        if not log.exists():
+            return
+        partition = self.rng.randrange(log.partitions())
+        pdir = log.root / f"p-{partition:04d}"
+        if not (pdir / "HEAD").exists():
+            return
+        if self.rng.random() < 0.7:  # the mount drops: the directory is gone
+            self.aside.mkdir(parents=True, exist_ok=True)
+            pdir.rename(self.aside / pdir.name)
+            self.outage = ("unmount", partition, b"")
+        else:  # a torn HEAD (an I/O error mid-write on the storage)
+            head = (pdir / "HEAD").read_bytes()
+            (pdir / "HEAD").write_bytes(head[: len(head) // 2])
+            self.outage = ("torn-head", partition, head)
+        self.result.events.append(f"outage:{self.outage[0]}:{partition}@{when}")
+
+    def end_outage(self, when: str) -> None:
+        if self.outage is None:
+            return
+        kind, partition, head = self.outage
+        pdir = self.rt.log.root / f"p-{partition:04d}"
+        if kind == "unmount":
+            (self.aside / pdir.name).rename(pdir)
+        else:
+            (pdir / "HEAD").write_bytes(head)
+        self.outage = None
+        self.result.events.append(f"outage-over:{partition}@{when}")
 
 
 def run_chaos(

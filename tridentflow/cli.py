@@ -121,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", type=int, default=100)
     p.add_argument("--seed", type=int, default=0, help="first schedule's seed (then +1, +2, ...)")
     p.add_argument(
-        "--pipelines", default=",".join(("wordcount", "wordcount-opaque", "partitioned-count"))
+        "--pipelines",
+        default="wordcount,wordcount-opaque,partitioned-count,mutating,mutating-opaque",
+        help="comma-separated bundled pipelines to draw from",
     )
     p.add_argument("--no-redis-restarts", action="store_true")
     p.add_argument("--verbose", action="store_true", help="print every schedule")

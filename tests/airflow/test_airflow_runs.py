@@ -93,7 +93,7 @@ def test_batch_operation_examples_under_airflow(af_env, redis_url, home):
     assert drpc.ledger.committed_txid() == 2 and answers[1] == [4, 2]
 
 
-def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, home):
+def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, home, tmp_path):
     rt = runtime("wordcount", redis_url, home)
     batches = [SEED_SENTENCES, sentences(40, seed=1), sentences(40, seed=2)]
     faults = ["in-emit@1", "mid-commit@2", ""]
@@ -104,8 +104,26 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
         if fault:
             assert f"injected fault {fault.split('@')[0]}@{txid}#1=raise" in out
             assert "up_for_retry" in out
+        if fault.startswith("in-emit"):  # the failed emit ends with its one-line cause
+            assert "EmitFailed: injected fault in-emit@1#1=raise" in out
         assert rt.ledger.committed_txid() == txid
-    expected = word_counts([line for b in batches for line in b])
+
+    # a partition really goes away (its directory moved, as when a mount drops) between runs:
+    # the run commits without it, the records appended meanwhile go elsewhere, none is lost
+    partition = rt.log.root / "p-0001"
+    partition.rename(tmp_path / "p-0001")
+    during = sentences(12, seed=3)
+    rt.log.append_spread(during, skip_unavailable=True)
+    out = dags_test(af_env)
+    assert "-> txid 4 (new)" in out
+    assert json.loads(rt.ledger.tx_info(4)["stats"])["skipped"] == [1]
+    (tmp_path / "p-0001").rename(partition)
+    after = sentences(8, seed=4)
+    produce(rt, after)
+    dags_test(af_env)
+    assert rt.ledger.committed_txid() == 5
+
+    expected = word_counts([line for b in [*batches, during, after] for line in b])
     assert counts(rt, list(expected)) == expected
     assert audit(rt).ok
 
