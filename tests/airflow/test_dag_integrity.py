@@ -4,6 +4,8 @@ application exists, and the spark-submit argv is exactly what we expect."""
 from __future__ import annotations
 
 import copy
+import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,22 @@ def test_missing_connections_are_clear_errors(monkeypatch):
 def test_redis_connection_urls(monkeypatch, conn, url):
     monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", conn)
     assert TridentflowRedisHook().get_url() == url
+
+
+def test_the_emit_renews_the_dags_lease_and_runs_workers_on_this_interpreter(dagbag, monkeypatch):
+    emit = dagbag.dags["tridentflow_wordcount"].get_task("emit")
+    assert emit.application_args == [
+        "--pipeline",
+        "wordcount",
+        "--run-id",
+        "{{ run_id }}",
+        "--lease-ms",
+        "1800000",
+    ]
+    custom = EmitOperator(task_id="e", pipeline="wordcount", lease=timedelta(minutes=5))
+    assert custom.application_args[-2:] == ["--lease-ms", "300000"] and custom.lease_ms == 300000
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", "redis://127.0.0.1:6390/2")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert emit.emit_env()["PYSPARK_PYTHON"] == sys.executable
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python3")
+    assert emit.emit_env()["PYSPARK_PYTHON"] == "/opt/python3"
