@@ -173,6 +173,12 @@ class MapState(ABC):
             self.backing.multi_put([(k, v.to_json()) for k, v in writes.items()], self._fence)
         return results
 
+    def note_in_batch(self, keys: Sequence[str]) -> None:
+        """Record keys this commit updated by another path (state.numeric, inside Redis), so
+        ``rollback_stray_keys`` does not take them for strays."""
+        self.current_txid  # noqa: B018 - raises outside a commit
+        self._in_batch.update(keys)
+
     def multi_put(self, keys: Sequence[str], values: Sequence[Any]) -> None:
         """Overwrite ``keys`` with ``values`` under the current txid (Trident's multiPut)."""
         self.multi_update(keys, [_const(v) for v in values])

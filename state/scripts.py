@@ -358,3 +358,184 @@ redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
 """,
 )
+
+APPLY_NUMERIC = LuaScript(
+    "apply_numeric",
+    _FENCE_CHECK
+    + r"""
+-- Apply a batch's partials of a built-in numeric combiner to one map state, inside Redis.
+-- The same rules as state.maps (stored JSON [txid, curr, prev]) for
+-- ARGV[4] kind: 'opaque' | 'transactional' | 'non-transactional', and
+-- ARGV[5] op: 'count' | 'sum' (a + b) | 'min' | 'max' (keep the first on ties) |
+--             'mean' ([sum, count] added element-wise).
+-- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] written-set
+-- KEYS[5] generation key
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[6..] field, partial (JSON)
+-- Fenced like FENCED_HSET. Numbers keep their JSON type: an int stays an int (exact below
+-- 2^53), a float stays a float (IEEE double, as in Python). A key whose stored value or
+-- partial is anything else (not a number, an int beyond 2^53, NaN/inf, a corrupt value) is
+-- left untouched and returned for the caller's own (Python) path.
+-- Returns {applied count, unhandled field, ...}; TFSTALE if a key is ahead of the txid.
+local err = gen_check(KEYS[5], ARGV[3]) or
+  fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
+if err then return redis.error_reply(err) end
+local txid, kind, op = tonumber(ARGV[1]), ARGV[4], ARGV[5]
+local LIMIT = 9007199254740992  -- 2^53: every int below is exact in a double
+
+-- a number token -> {v = value, f = is_float, t = token}, or nil if not a plain number
+local function num(token)
+  if token == nil then return nil end
+  if not string.find(token, '^%-?%d+%.?%d*[eE]?[%+%-]?%d*$') then return nil end
+  local v = tonumber(token)
+  if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
+  local f = string.find(token, '[%.eE]') ~= nil
+  if not f and (v >= LIMIT or v <= -LIMIT) then return nil end
+  return {v = v, f = f, t = token}
+end
+
+local function fmt(v, f)
+  if not f then
+    if v >= LIMIT or v <= -LIMIT then return nil end
+    return string.format('%d', v)
+  end
+  if v ~= v or v == math.huge or v == -math.huge then return nil end
+  local s = string.format('%.17g', v)
+  if not string.find(s, '[%.eEn]') then s = s .. '.0' end
+  return s
+end
+
+-- a value token of this op -> parsed value, or nil if this script cannot handle it
+local function parse(token)
+  if op == 'mean' then
+    local a, b = string.match(token, '^%[([^,%[%]]+),([^,%[%]]+)%]$')
+    local s, c = num(a), num(b)
+    if s == nil or c == nil or c.f then return nil end
+    return {s, c}
+  end
+  return num(token)
+end
+
+local function add(a, b)
+  local v = a.v + b.v
+  local f = a.f or b.f
+  local t = fmt(v, f)
+  if t == nil then return nil end
+  return {v = v, f = f, t = t}
+end
+
+-- combine(current, partial) of the op; nil if not representable here
+local function combine(a, b)
+  if op == 'mean' then
+    local s, c = add(a[1], b[1]), add(a[2], b[2])
+    if s == nil or c == nil then return nil end
+    return {s, c}
+  elseif op == 'min' then
+    if a.v <= b.v then return a else return b end
+  elseif op == 'max' then
+    if a.v >= b.v then return a else return b end
+  end
+  return add(a, b)
+end
+
+local function text(x)
+  if x == nil then return 'null' end
+  if op == 'mean' then return '[' .. x[1].t .. ',' .. x[2].t .. ']' end
+  return x.t
+end
+
+-- stored '[txid,curr,prev]' -> txid (number or false for null), curr, prev; nil if unusable
+local function split_stored(raw)
+  local inner = string.match(raw, '^%[(.*)%]$')
+  if inner == nil then return nil end
+  local parts, depth, start = {}, 0, 1
+  for i = 1, #inner do
+    local ch = string.sub(inner, i, i)
+    if ch == '[' then depth = depth + 1
+    elseif ch == ']' then depth = depth - 1
+    elseif ch == ',' and depth == 0 then
+      parts[#parts + 1] = string.sub(inner, start, i - 1)
+      start = i + 1
+    end
+  end
+  parts[#parts + 1] = string.sub(inner, start)
+  if #parts ~= 3 then return nil end
+  local t = false
+  if parts[1] ~= 'null' then
+    t = tonumber(parts[1])
+    if t == nil or not string.find(parts[1], '^%d+$') then return nil end
+  end
+  local function val(token)
+    if token == 'null' then return 'null', true end
+    local v = parse(token)
+    if v == nil then return nil, false end
+    return v, true
+  end
+  local curr, ok1 = val(parts[2])
+  local prev, ok2 = val(parts[3])
+  if not ok1 or not ok2 then return nil end
+  if curr == 'null' then curr = nil end
+  if prev == 'null' then prev = nil end
+  return t, curr, prev, parts[3]
+end
+
+local fields = {}
+for i = 6, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+if #fields == 0 then return {0} end
+local stored = redis.call('HMGET', KEYS[1], unpack(fields))
+local writes, written, unhandled = {}, {}, {}
+for n = 1, #fields do
+  local field, partial_token, raw = fields[n], ARGV[5 + 2 * n], stored[n]
+  local partial = parse(partial_token)
+  local new = nil
+  local skip = false
+  if partial == nil then
+    unhandled[#unhandled + 1] = field
+    skip = true
+  elseif not raw then
+    if kind == 'non-transactional' then
+      new = '[null,' .. text(partial) .. ',null]'
+    else
+      new = '[' .. txid .. ',' .. text(partial) .. ',null]'
+    end
+  else
+    local s, curr, prev, prev_token = split_stored(raw)
+    if s == nil then
+      unhandled[#unhandled + 1] = field
+      skip = true
+    elseif kind ~= 'non-transactional' and s and s > txid then
+      return redis.error_reply('TFSTALE batch txid ' .. txid .. ' is behind key ' .. field ..
+        ', stored at txid ' .. s .. '; refusing to overwrite')
+    elseif kind == 'transactional' and s == txid then
+      skip = true  -- already applied by an earlier attempt of this txid
+    else
+      local base, keep = curr, text(curr)
+      if kind == 'opaque' and s == txid then base, keep = prev, prev_token end
+      local value = partial
+      if base ~= nil then value = combine(base, partial) end
+      if value == nil then
+        unhandled[#unhandled + 1] = field
+        skip = true
+      elseif kind == 'non-transactional' then
+        new = '[null,' .. text(value) .. ',null]'
+      else
+        new = '[' .. txid .. ',' .. text(value) .. ',' .. keep .. ']'
+      end
+    end
+  end
+  if new ~= nil then
+    writes[#writes + 1] = field
+    writes[#writes + 1] = new
+    written[#written + 1] = field
+  elseif skip and partial ~= nil then
+    -- transactional key already applied, or unhandled: nothing written here
+  end
+end
+if #writes > 0 then
+  redis.call('HSET', KEYS[1], unpack(writes))
+  if kind ~= 'non-transactional' then redis.call('SADD', KEYS[4], unpack(written)) end
+end
+local out = {#written}
+for i = 1, #unhandled do out[#out + 1] = unhandled[i] end
+return out
+""",
+)

@@ -8,6 +8,8 @@
    a partial batch fails here) and that it starts where the committed offsets stand.
 3. Applies every key's partial with the state's rule (transactional / opaque / non-
    transactional), in chunks; every write is fenced, so a superseded attempt cannot land.
+   The built-in numeric combiners (Count, Sum, Min, Max, Mean) are applied inside Redis, one
+   script call per chunk (state.numeric); any other Combiner, Reducer or updater in Python.
 4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks, and
    records the batch's bad records in the quarantine (fenced too).
 5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
@@ -16,8 +18,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -25,8 +28,9 @@ from typing import Any
 from state.backing import Fence
 from state.errors import CommitOrderError, KeyEncodingError
 from state.maps import MapState, make_map_state
+from state.numeric import apply_numeric
 from state.redis_backing import CHUNK, fenced_hset
-from tridentflow.aggregators import Persistable, apply_staged
+from tridentflow.aggregators import Count, Max, Mean, Min, Persistable, Sum, apply_staged
 from tridentflow.errors import IncompleteBatchError, NotReadyError, StateUpdateError
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
@@ -64,6 +68,45 @@ class _ApplyStaged:
                 f"state {self.state}: {self.persisted!r} failed on key {self.key}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+
+IN_REDIS_OPS: dict[type, str] = {Count: "count", Sum: "sum", Min: "min", Max: "max", Mean: "mean"}
+"""Built-in combiners applied inside Redis (exact types: a subclass may override combine)."""
+
+IN_REDIS = True
+"""Whether the commit applies IN_REDIS_OPS inside Redis (benchmarks turn it off to compare)."""
+
+
+def in_redis_op(persisted: Persistable) -> str | None:
+    """The APPLY_NUMERIC op for a built-in numeric combiner, None for anything else."""
+    return IN_REDIS_OPS.get(type(persisted)) if IN_REDIS else None
+
+
+def _apply_python(state: MapState, name: str, persisted: Persistable, chunk: Sequence) -> None:
+    try:
+        state.multi_update(
+            [k for k, _ in chunk], [_ApplyStaged(persisted, p, name, k) for k, p in chunk]
+        )
+    except KeyEncodingError as exc:  # a new value the store cannot write as JSON
+        raise StateUpdateError(f"state {name}: {persisted!r} failed on {exc}") from exc
+
+
+def _apply_in_redis(
+    rt: Runtime,
+    state: MapState,
+    name: str,
+    persisted: Persistable,
+    op: str,
+    fence: Fence,
+    chunk: Sequence[tuple[str, str]],
+) -> None:
+    """One chunk through APPLY_NUMERIC; the keys it leaves (not plain numbers) in Python."""
+    _applied, unhandled = apply_numeric(rt.client, rt.keyspace, name, state.kind, op, fence, chunk)
+    state.note_in_batch([k for k, _ in chunk])
+    if unhandled:
+        left = set(unhandled)
+        rest = [(k, json.loads(p)) for k, p in chunk if k in left]
+        _apply_python(state, name, persisted, rest)
 
 
 def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
@@ -144,13 +187,13 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     if half == 0:
         rt.faults.fire("mid-commit", txid, ticket.token)
     for name, (state, persisted) in maps.items():
-        for chunk in _chunks(staged.items(name), CHUNK, max(0, half - written)):
-            try:
-                state.multi_update(
-                    [k for k, _ in chunk], [_ApplyStaged(persisted, p, name, k) for k, p in chunk]
-                )
-            except KeyEncodingError as exc:  # a new value the store cannot write as JSON
-                raise StateUpdateError(f"state {name}: {persisted!r} failed on {exc}") from exc
+        op = in_redis_op(persisted)
+        items = staged.raw_items(name) if op else staged.items(name)
+        for chunk in _chunks(items, CHUNK, max(0, half - written)):
+            if op:
+                _apply_in_redis(rt, state, name, persisted, op, fence, chunk)
+            else:
+                _apply_python(state, name, persisted, chunk)
             before, written = written, written + len(chunk)
             if before < half <= written:
                 rt.faults.fire("mid-commit", txid, ticket.token)

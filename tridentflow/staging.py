@@ -30,6 +30,7 @@ from tridentflow.filelog import _fsync_dir, _write_atomic
 from tridentflow.plan import BadRecord
 
 MANIFEST = "MANIFEST.json"
+_RAW_DECODE = json.JSONDecoder().raw_decode
 BAD_FILE = "bad.jsonl"
 
 
@@ -122,6 +123,20 @@ class StagedBatch:
             for line in fh:
                 key, partial = json.loads(line)
                 yield key, partial
+
+    def raw_items(self, state: str) -> Iterator[tuple[str, str]]:
+        """(encoded key, partial as its JSON text) pairs of one state, in file order: the
+        partial is not decoded (the commit's in-Redis path passes it on as it is)."""
+        info = self.manifest["states"].get(state)
+        if info is None:
+            raise IncompleteBatchError(
+                f"txid {self.txid} attempt {self.attempt}: no staged output for state {state!r}"
+            )
+        scan = _RAW_DECODE
+        with open(self.directory / info["file"], encoding="utf-8") as fh:
+            for line in fh:
+                key, end = scan(line, 1)  # the line is [key, partial]
+                yield key, line[end + 1 : line.rindex("]")]
 
     def check_complete(self) -> None:
         """Trident's completeness check: the records read match the ranges, exactly, and
