@@ -48,6 +48,10 @@ class BackingMap(Protocol):
         """Keys written under a fence of ``txid`` by any commit attempt, not yet forgotten."""
         ...
 
+    def count_written_in(self, txid: int) -> int:
+        """len(keys_written_in(txid)), without transferring the keys."""
+        ...
+
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         """Every (key, value) pair, in no particular order."""
         ...
@@ -82,6 +86,9 @@ class MemoryBackingMap:
 
     def keys_written_in(self, txid: int) -> set[str]:
         return set(self._written.get(txid, set()))
+
+    def count_written_in(self, txid: int) -> int:
+        return len(self._written.get(txid, ()))
 
     def forget_txid(self, txid: int) -> None:
         self._written.pop(txid, None)

@@ -192,6 +192,10 @@ class MapState(ABC):
         txid = self.current_txid
         if self.kind is StateKind.NON_TRANSACTIONAL:
             return 0
+        # Every key of this batch is in the written-set (written now, or - a transactional
+        # skip - by an earlier attempt of this txid), so equal sizes mean no stray: O(1).
+        if self.backing.count_written_in(txid) == len(self._in_batch):
+            return 0
         stray = sorted(self.backing.keys_written_in(txid) - self._in_batch)
         if not stray:
             return 0

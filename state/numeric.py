@@ -43,9 +43,8 @@ def apply_numeric(
         keyspace.written(state_name, fence.txid),
         keyspace.generation,
     ]
-    args: list[str | int] = [fence.txid, fence.token, fence.generation, kind.value, op]
-    for field, partial in items:
-        args += (field, partial)
+    lines = "\n".join(f"{field}\t{partial}" for field, partial in items)
+    args = [fence.txid, fence.token, fence.generation, kind.value, op, lines]
     reply = APPLY_NUMERIC(client, keys, args)
     unhandled = [f.decode() if isinstance(f, bytes) else f for f in reply[1:]]
     return int(reply[0]), unhandled

@@ -49,6 +49,9 @@ class RedisBackingMap:
         members = self.client.smembers(self.keyspace.written(self.state_name, txid))
         return {m.decode() if isinstance(m, bytes) else m for m in members}
 
+    def count_written_in(self, txid: int) -> int:
+        return int(self.client.scard(self.keyspace.written(self.state_name, txid)))
+
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         for field, raw in self.client.hscan_iter(self.key, count=1000):
             key = field.decode() if isinstance(field, bytes) else field

@@ -370,7 +370,9 @@ APPLY_NUMERIC = LuaScript(
 --             'mean' ([sum, count] added element-wise).
 -- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] written-set
 -- KEYS[5] generation key
--- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[6..] field, partial (JSON)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation
+-- ARGV[6] the items, one per line: field TAB partial (JSON); neither holds a tab or newline
+-- (one string: packing thousands of arguments costs the client more than the script)
 -- Fenced like FENCED_HSET. Numbers keep their JSON type: an int stays an int (exact below
 -- 2^53), a float stays a float (IEEE double, as in Python). A key whose stored value or
 -- partial is anything else (not a number, an int beyond 2^53, NaN/inf, a corrupt value) is
@@ -381,158 +383,134 @@ local err = gen_check(KEYS[5], ARGV[3]) or
 if err then return redis.error_reply(err) end
 local txid, kind, op = tonumber(ARGV[1]), ARGV[4], ARGV[5]
 local LIMIT = 9007199254740992  -- 2^53: every int below is exact in a double
+local find, match, format, huge = string.find, string.match, string.format, math.huge
+local opaque, nontx = kind == 'opaque', kind == 'non-transactional'
 
--- a number token -> {v = value, f = is_float, t = token}, or nil if not a plain number
+-- a number token -> value, is_float; nil if not a plain finite number (or an int >= 2^53)
 local function num(token)
-  if token == nil then return nil end
-  if not string.find(token, '^%-?%d+%.?%d*[eE]?[%+%-]?%d*$') then return nil end
+  if not find(token, '^%-?%d[%d%.eE%+%-]*$') then return nil end
   local v = tonumber(token)
-  if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
-  local f = string.find(token, '[%.eE]') ~= nil
+  if v == nil or v ~= v or v == huge or v == -huge then return nil end
+  local f = find(token, '[%.eE]') ~= nil
   if not f and (v >= LIMIT or v <= -LIMIT) then return nil end
-  return {v = v, f = f, t = token}
+  return v, f
 end
 
+-- value, is_float -> its JSON token (an integral float keeps '.0'); nil if not exact here
 local function fmt(v, f)
   if not f then
     if v >= LIMIT or v <= -LIMIT then return nil end
-    return string.format('%d', v)
+    return format('%d', v)
   end
-  if v ~= v or v == math.huge or v == -math.huge then return nil end
-  local s = string.format('%.17g', v)
-  if not string.find(s, '[%.eEn]') then s = s .. '.0' end
+  if v ~= v or v == huge or v == -huge then return nil end
+  local s = format('%.17g', v)
+  if not find(s, '[%.eEn]') then s = s .. '.0' end
   return s
 end
 
--- a value token of this op -> parsed value, or nil if this script cannot handle it
-local function parse(token)
-  if op == 'mean' then
-    local a, b = string.match(token, '^%[([^,%[%]]+),([^,%[%]]+)%]$')
-    local s, c = num(a), num(b)
-    if s == nil or c == nil or c.f then return nil end
-    return {s, c}
-  end
-  return num(token)
-end
-
+-- combine(base token, partial token) -> the new token; nil if this script cannot do it
 local function add(a, b)
-  local v = a.v + b.v
-  local f = a.f or b.f
-  local t = fmt(v, f)
-  if t == nil then return nil end
-  return {v = v, f = f, t = t}
+  local x, fx = num(a)
+  if x == nil then return nil end
+  local y, fy = num(b)
+  if y == nil then return nil end
+  return fmt(x + y, fx or fy)
 end
 
--- combine(current, partial) of the op; nil if not representable here
-local function combine(a, b)
-  if op == 'mean' then
-    local s, c = add(a[1], b[1]), add(a[2], b[2])
+local combine
+if op == 'count' or op == 'sum' then
+  combine = add
+elseif op == 'min' or op == 'max' then
+  combine = function(a, b)
+    local x = num(a)
+    if x == nil then return nil end
+    local y = num(b)
+    if y == nil then return nil end
+    if op == 'min' then
+      if x <= y then return a end
+      return b
+    end
+    if x >= y then return a end
+    return b
+  end
+else  -- mean: [sum, count]
+  combine = function(a, b)
+    local s1, c1 = match(a, '^%[([^,]+),([^,]+)%]$')
+    local s2, c2 = match(b, '^%[([^,]+),([^,]+)%]$')
+    if s1 == nil or s2 == nil or find(c1, '[%.eE]') or find(c2, '[%.eE]') then return nil end
+    local s, c = add(s1, s2), add(c1, c2)
     if s == nil or c == nil then return nil end
-    return {s, c}
-  elseif op == 'min' then
-    if a.v <= b.v then return a else return b end
-  elseif op == 'max' then
-    if a.v >= b.v then return a else return b end
+    return '[' .. s .. ',' .. c .. ']'
   end
-  return add(a, b)
 end
 
-local function text(x)
-  if x == nil then return 'null' end
-  if op == 'mean' then return '[' .. x[1].t .. ',' .. x[2].t .. ']' end
-  return x.t
+-- a partial this script can store as it is (checked once, when there is nothing to combine)
+local function plain(token)
+  if op == 'mean' then
+    local s, c = match(token, '^%[([^,]+),([^,]+)%]$')
+    return s ~= nil and num(s) ~= nil and num(c) ~= nil and not find(c, '[%.eE]')
+  end
+  return num(token) ~= nil
 end
 
--- stored '[txid,curr,prev]' -> txid (number or false for null), curr, prev; nil if unusable
-local function split_stored(raw)
-  local inner = string.match(raw, '^%[(.*)%]$')
-  if inner == nil then return nil end
-  local parts, depth, start = {}, 0, 1
-  for i = 1, #inner do
-    local ch = string.sub(inner, i, i)
-    if ch == '[' then depth = depth + 1
-    elseif ch == ']' then depth = depth - 1
-    elseif ch == ',' and depth == 0 then
-      parts[#parts + 1] = string.sub(inner, start, i - 1)
-      start = i + 1
-    end
-  end
-  parts[#parts + 1] = string.sub(inner, start)
-  if #parts ~= 3 then return nil end
-  local t = false
-  if parts[1] ~= 'null' then
-    t = tonumber(parts[1])
-    if t == nil or not string.find(parts[1], '^%d+$') then return nil end
-  end
-  local function val(token)
-    if token == 'null' then return 'null', true end
-    local v = parse(token)
-    if v == nil then return nil, false end
-    return v, true
-  end
-  local curr, ok1 = val(parts[2])
-  local prev, ok2 = val(parts[3])
-  if not ok1 or not ok2 then return nil end
-  if curr == 'null' then curr = nil end
-  if prev == 'null' then prev = nil end
-  return t, curr, prev, parts[3]
-end
+local VALUE = (op == 'mean') and '(n?u?l?l?%[?[^,%[%]]*,?[^,%[%]]*%]?)' or '([^,%[%]]*)'
+local STORED = '^%[(%d*n?u?l?l?),' .. VALUE .. ',' .. VALUE .. '%]$'
 
-local fields = {}
-for i = 6, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+local fields, partials = {}, {}
+for field, partial in string.gmatch(ARGV[6], '([^\t\n]+)\t([^\n]+)') do
+  fields[#fields + 1] = field
+  partials[#partials + 1] = partial
+end
 if #fields == 0 then return {0} end
-local stored = redis.call('HMGET', KEYS[1], unpack(fields))
+local stored = {}
+for i = 1, #fields, 4000 do  -- unpack() has a stack limit: HMGET in slices
+  local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 3999, #fields)))
+  for j = 1, #part do stored[#stored + 1] = part[j] end
+end
 local writes, written, unhandled = {}, {}, {}
+local head = nontx and '[null,' or ('[' .. txid .. ',')
 for n = 1, #fields do
-  local field, partial_token, raw = fields[n], ARGV[5 + 2 * n], stored[n]
-  local partial = parse(partial_token)
-  local new = nil
-  local skip = false
-  if partial == nil then
-    unhandled[#unhandled + 1] = field
-    skip = true
-  elseif not raw then
-    if kind == 'non-transactional' then
-      new = '[null,' .. text(partial) .. ',null]'
-    else
-      new = '[' .. txid .. ',' .. text(partial) .. ',null]'
-    end
+  local field, partial, raw = fields[n], partials[n], stored[n]
+  local value, keep = nil, 'null'
+  if not raw then
+    if plain(partial) then value = partial end
   else
-    local s, curr, prev, prev_token = split_stored(raw)
-    if s == nil then
-      unhandled[#unhandled + 1] = field
-      skip = true
-    elseif kind ~= 'non-transactional' and s and s > txid then
+    local t, curr, prev = match(raw, STORED)
+    local s = t and t ~= 'null' and tonumber(t)
+    if t == nil or (t ~= 'null' and not s) then
+      value = nil  -- not [txid, curr, prev] as this script writes it: Python's path
+    elseif not nontx and s and s > txid then
       return redis.error_reply('TFSTALE batch txid ' .. txid .. ' is behind key ' .. field ..
         ', stored at txid ' .. s .. '; refusing to overwrite')
-    elseif kind == 'transactional' and s == txid then
-      skip = true  -- already applied by an earlier attempt of this txid
+    elseif s == txid and not nontx and not opaque then
+      value = false  -- transactional: already applied by an earlier attempt of this txid
     else
-      local base, keep = curr, text(curr)
-      if kind == 'opaque' and s == txid then base, keep = prev, prev_token end
-      local value = partial
-      if base ~= nil then value = combine(base, partial) end
-      if value == nil then
-        unhandled[#unhandled + 1] = field
-        skip = true
-      elseif kind == 'non-transactional' then
-        new = '[null,' .. text(value) .. ',null]'
+      local base = curr
+      keep = curr
+      if opaque and s == txid then base, keep = prev, prev end
+      if base == 'null' then
+        if plain(partial) then value = partial end
       else
-        new = '[' .. txid .. ',' .. text(value) .. ',' .. keep .. ']'
+        value = combine(base, partial)
       end
     end
   end
-  if new ~= nil then
+  if value then
     writes[#writes + 1] = field
-    writes[#writes + 1] = new
+    writes[#writes + 1] = head .. value .. ',' .. (nontx and 'null' or keep) .. ']'
     written[#written + 1] = field
-  elseif skip and partial ~= nil then
-    -- transactional key already applied, or unhandled: nothing written here
+  elseif value == nil then
+    unhandled[#unhandled + 1] = field
   end
 end
-if #writes > 0 then
-  redis.call('HSET', KEYS[1], unpack(writes))
-  if kind ~= 'non-transactional' then redis.call('SADD', KEYS[4], unpack(written)) end
+-- every key is checked before anything is written (a stale key above writes nothing);
+-- then HSET/SADD in slices (unpack() has a stack limit)
+for i = 1, #written, 2000 do
+  local last = math.min(i + 1999, #written)
+  redis.call('HSET', KEYS[1], unpack(writes, 2 * i - 1, 2 * last))
+  if not nontx then
+    redis.call('SADD', KEYS[4], unpack(written, i, last))
+  end
 end
 local out = {#written}
 for i = 1, #unhandled do out[#out + 1] = unhandled[i] end
