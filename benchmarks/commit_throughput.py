@@ -14,7 +14,6 @@ private redis-server (no persistence).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import tempfile
@@ -68,13 +67,11 @@ def main() -> None:
     parser.add_argument("--ops", default=",".join(COMBINERS))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-commit-"))
-    server = None
-    url = os.environ.get("TRIDENTFLOW_REDIS_URL")
-    if not url:
-        port = devredis.free_port()
-        server = devredis.start(port, work / "redis", appendonly=False)
-        url = f"redis://127.0.0.1:{port}/0"
-    client = connect(url)
+    with devredis.url_or_private(work / "redis") as url:
+        run(args, work, connect(url))
+
+
+def run(args: argparse.Namespace, work: Path, client) -> None:
     print(f"commit of {args.keys:,} keys per txid; keys/s (txid 1 creates, txid 2 updates)")
     print(f"{'combiner':<9} {'state':<14} {'in Redis':>22} {'Python':>22} {'speed-up':>9}")
     try:
@@ -100,8 +97,6 @@ def main() -> None:
     finally:
         committer.IN_REDIS = True
         client.close()
-        if server is not None:
-            server.terminate()
         shutil.rmtree(work, ignore_errors=True)
 
 

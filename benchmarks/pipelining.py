@@ -10,7 +10,6 @@ wall time and records/s. Needs a Redis: TRIDENTFLOW_REDIS_URL, else a private re
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import tempfile
@@ -34,12 +33,11 @@ def main() -> None:
     parser.add_argument("--depths", default="1,2,3")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-"))
-    server = None
-    url = os.environ.get("TRIDENTFLOW_REDIS_URL")
-    if not url:
-        port = devredis.free_port()
-        server = devredis.start(port, work / "redis", appendonly=False)
-        url = f"redis://127.0.0.1:{port}/0"
+    with devredis.url_or_private(work / "redis") as url:
+        run(args, work, url)
+
+
+def run(args: argparse.Namespace, work: Path, url: str) -> None:
     try:
         pipeline = load_pipeline("wordcount")
         rt = Runtime(pipeline, connect(url), work / "home")
@@ -66,8 +64,6 @@ def main() -> None:
                 f"{seconds:.1f}s = {summary.records / seconds:,.0f} records/s"
             )
     finally:
-        if server is not None:
-            server.terminate()
         shutil.rmtree(work, ignore_errors=True)
 
 

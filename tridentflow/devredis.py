@@ -6,10 +6,13 @@ ships. Persistence is on (AOF, fsync every second) unless asked otherwise.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -111,3 +114,20 @@ def shutdown(port: int) -> bool:
     except redis.RedisError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def url_or_private(directory: Path) -> Iterator[str]:
+    """TRIDENTFLOW_REDIS_URL if set, else the URL of a private redis-server (no persistence,
+    a free port, data under ``directory``) that is stopped on exit. For benchmarks."""
+    url = os.environ.get("TRIDENTFLOW_REDIS_URL")
+    if url:
+        yield url
+        return
+    port = free_port()
+    server = start(port, directory, appendonly=False)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
