@@ -74,3 +74,62 @@ def test_reset_then_query_shows_zero(tf):
     tf("run", "wordcount", "--engine", "local")
     assert tf("reset", "wordcount", "--yes", "--source").returncode == 0
     assert tf("query", "wordcount", "a").stdout == "a\t0\n"
+
+
+def test_a_lone_surrogate_record_is_quarantined_not_fatal(tf, home, redis_url):
+    """`"bad \\ud800 word"` is valid JSON (a cut emoji from JavaScript) but not valid Unicode:
+    it used to crash every emit attempt with a raw UnicodeEncodeError."""
+    assert tf("produce", "wordcount-opaque", "-", input="good words\n").returncode == 0
+    from tridentflow.filelog import FileLog
+
+    log = FileLog(home / "sources" / "wordcount-opaque")
+    log.append_lines(0, ['"bad \\ud800 word"'])  # an external producer wrote it
+    run = tf("run", "wordcount-opaque", "--engine", "local")
+    assert run.returncode == 0, run.stderr
+    listed = tf("quarantine", "wordcount-opaque", "--json")
+    (entry,) = json.loads(listed.stdout)["entries"]
+    assert "lone surrogate" in entry["error"] and entry["partition"] == 0
+    assert query_all(tf, "wordcount-opaque", ["good", "words", "bad", "word"]) == {
+        "good": 1,
+        "words": 1,
+        "bad": 0,
+        "word": 0,
+    }
+    assert tf("audit", "wordcount-opaque").stdout.strip() == "lost=0 doubled=0"
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "needle"),
+    [('"ok"\n{"not json\n', "in.txt:2: not JSON"), ('"ok"\n"a \\ud800 b"\n', "in.txt:2")],
+)
+def test_produce_checks_every_record_before_appending_any(tf, tmp_path, home, bad_line, needle):
+    assert tf("produce", "wordcount", "-", input="first\n").returncode == 0
+    src = tmp_path / "in.txt"
+    src.write_text(bad_line)
+    out = tf("produce", "wordcount", str(src), "--json")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert needle in out.stderr
+    status = json.loads(tf("status", "wordcount", "--json").stdout)
+    assert sum(p["head"] for p in status["partitions"]) == 1  # nothing of in.txt appended
+
+
+def test_produce_refuses_a_file_that_is_not_utf8(tf, tmp_path):
+    src = tmp_path / "latin1.txt"
+    src.write_bytes(b"fine\ncaf\xe9\n")
+    out = tf("produce", "wordcount", str(src))
+    assert out.returncode == 1 and "latin1.txt:2: not UTF-8" in out.stderr
+
+
+def test_a_foreign_stored_value_is_one_line_naming_state_and_key(tf, redis_client):
+    assert tf("produce", "wordcount", "-", input="a b\n").returncode == 0
+    assert tf("run", "wordcount", "--engine", "local").returncode == 0
+    redis_client.hset("tf:{wordcount}:state:counts", '["a"]', "not json at all")
+    redis_client.hset("tf:{wordcount}:state:counts", '["b"]', '{"x": 1}')
+    for args in (("query", "wordcount", "a"), ("query", "wordcount", "b")):
+        out = tf(*args)
+        assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+        assert "state counts, key [" in out.stderr and "found" in out.stderr
+    assert tf("produce", "wordcount", "-", input="a b\n").returncode == 0
+    run = tf("run", "wordcount", "--engine", "local")
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert "state counts, key" in run.stderr and "Traceback" not in run.stderr
