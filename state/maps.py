@@ -30,7 +30,7 @@ a key it no longer touches, and the record would be counted again when it arrive
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -103,21 +103,27 @@ class MapState(ABC):
         self._fence: Fence | None = None
         self._written_now: dict[str, StoredValue] = {}
         self._in_batch: set[str] = set()
+        self._in_batch_elsewhere = 0
+        self._batch_keys: Callable[[], Iterable[str]] | None = None
 
     # -- commit scope -------------------------------------------------------------------------
     def begin_commit(self, txid: int, fence: Fence | None = None) -> None:
         if txid < 1:
             raise StateError(f"state {self.name}: txid must be >= 1, got {txid}")
+        self._clear_scope()
         self._txid = int(txid)
         self._fence = fence
-        self._written_now = {}
-        self._in_batch = set()
 
     def commit(self) -> None:
+        self._clear_scope()
+
+    def _clear_scope(self) -> None:
         self._txid = None
         self._fence = None
         self._written_now = {}
         self._in_batch = set()
+        self._in_batch_elsewhere = 0
+        self._batch_keys = None
 
     @property
     def current_txid(self) -> int:
@@ -173,11 +179,13 @@ class MapState(ABC):
             self.backing.multi_put([(k, v.to_json()) for k, v in writes.items()], self._fence)
         return results
 
-    def note_in_batch(self, keys: Sequence[str]) -> None:
-        """Record keys this commit updated by another path (state.numeric, inside Redis), so
-        ``rollback_stray_keys`` does not take them for strays."""
+    def note_in_batch(self, count: int, keys: Callable[[], Iterable[str]]) -> None:
+        """Record ``count`` keys of this batch updated by another path (state.numeric, inside
+        Redis) without listing them, so ``rollback_stray_keys`` does not take them for strays;
+        ``keys`` lists them (it may list every key of the batch) if it must."""
         self.current_txid  # noqa: B018 - raises outside a commit
-        self._in_batch.update(keys)
+        self._in_batch_elsewhere += count
+        self._batch_keys = keys
 
     def multi_put(self, keys: Sequence[str], values: Sequence[Any]) -> None:
         """Overwrite ``keys`` with ``values`` under the current txid (Trident's multiPut)."""
@@ -194,9 +202,13 @@ class MapState(ABC):
             return 0
         # Every key of this batch is in the written-set (written now, or - a transactional
         # skip - by an earlier attempt of this txid), so equal sizes mean no stray: O(1).
-        if self.backing.count_written_in(txid) == len(self._in_batch):
+        batch_size = len(self._in_batch) + self._in_batch_elsewhere
+        if self.backing.count_written_in(txid) == batch_size:
             return 0
-        stray = sorted(self.backing.keys_written_in(txid) - self._in_batch)
+        batch = set(self._in_batch)
+        if self._batch_keys is not None:
+            batch.update(self._batch_keys())
+        stray = sorted(self.backing.keys_written_in(txid) - batch)
         if not stray:
             return 0
         raws = self.backing.multi_get(stray)

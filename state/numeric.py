@@ -28,10 +28,11 @@ def apply_numeric(
     kind: StateKind,
     op: str,
     fence: Fence,
-    items: Sequence[tuple[str, str]],
+    items: str | Sequence[tuple[str, str]],
 ) -> tuple[int, list[str]]:
-    """Apply ``items`` (encoded key, partial JSON) of one chunk atomically; returns (keys
-    written, keys left for the Python path). Raises StaleTxidError, FencedError,
+    """Apply ``items`` of one chunk atomically: (encoded key, partial JSON) pairs, or the same
+    as one string of ``key TAB partial`` lines (as staged: no per-key work here). Returns
+    (keys written, keys left for the Python path). Raises StaleTxidError, FencedError,
     CommitOrderError, GenerationError like any fenced write; nothing of the chunk is written
     then."""
     if op not in OPS:
@@ -43,7 +44,10 @@ def apply_numeric(
         keyspace.written(state_name, fence.txid),
         keyspace.generation,
     ]
-    lines = "\n".join(f"{field}\t{partial}" for field, partial in items)
+    if isinstance(items, str):
+        lines = items
+    else:
+        lines = "\n".join(f"{field}\t{partial}" for field, partial in items)
     args = [fence.txid, fence.token, fence.generation, kind.value, op, lines]
     reply = APPLY_NUMERIC(client, keys, args)
     unhandled = [f.decode() if isinstance(f, bytes) else f for f in reply[1:]]

@@ -96,19 +96,26 @@ def _apply_python(state: MapState, name: str, persisted: Persistable, chunk: Seq
 
 def _apply_in_redis(
     rt: Runtime,
+    staged: StagedBatch,
     state: MapState,
-    name: str,
     persisted: Persistable,
     op: str,
     fence: Fence,
-    chunk: Sequence[tuple[str, str]],
+    lines: Sequence[str],
 ) -> None:
-    """One chunk through APPLY_NUMERIC; the keys it leaves (not plain numbers) in Python."""
-    _applied, unhandled = apply_numeric(rt.client, rt.keyspace, name, state.kind, op, fence, chunk)
-    state.note_in_batch([k for k, _ in chunk])
+    """One chunk of staged ``key TAB partial`` lines through APPLY_NUMERIC, as they are; the
+    keys it leaves (not plain numbers) through the Python path."""
+    name = state.name
+    block = "".join(lines).rstrip("\n")
+    _applied, unhandled = apply_numeric(rt.client, rt.keyspace, name, state.kind, op, fence, block)
+    state.note_in_batch(len(lines) - len(unhandled), lambda: staged.keys(name))
     if unhandled:
         left = set(unhandled)
-        rest = [(k, json.loads(p)) for k, p in chunk if k in left]
+        rest = []
+        for line in lines:
+            key, _tab, partial = line.rstrip("\n").partition("\t")
+            if key in left:
+                rest.append((key, json.loads(partial)))
         _apply_python(state, name, persisted, rest)
 
 
@@ -191,11 +198,11 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         rt.faults.fire("mid-commit", txid, ticket.token)
     for name, (state, persisted) in maps.items():
         op = in_redis_op(persisted)
-        items = staged.raw_items(name) if op else staged.items(name)
+        items = staged.lines(name) if op else staged.items(name)
         size = IN_REDIS_CHUNK if op else CHUNK
         for chunk in _chunks(items, size, max(0, half - written)):
             if op:
-                _apply_in_redis(rt, state, name, persisted, op, fence, chunk)
+                _apply_in_redis(rt, staged, state, persisted, op, fence, chunk)
             else:
                 _apply_python(state, name, persisted, chunk)
             before, written = written, written + len(chunk)

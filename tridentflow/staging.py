@@ -1,8 +1,13 @@
 """Durable staging of a batch's emitted output, keyed by txid and emit attempt.
 
-    {root}/tx-000000000007/attempt-2/state-counts.jsonl   one [encoded key, partial] per line
-    {root}/tx-000000000007/attempt-2/bad.jsonl            records to quarantine, one per line
-    {root}/tx-000000000007/attempt-2/MANIFEST.json        written last, atomically
+    {root}/tx-000000000007/attempt-2/state-counts.tsv   encoded key TAB partial (JSON), per line
+    {root}/tx-000000000007/attempt-2/bad.jsonl          records to quarantine, one per line
+    {root}/tx-000000000007/attempt-2/MANIFEST.json      written last, atomically
+
+A state line is the encoded key (JSON text, which never holds a raw tab or newline), a tab,
+and the staged value as JSON: the commit can hand whole blocks of it to Redis as they are
+(state.numeric) and Python decodes only the value. Manifests without ``"format": "tsv"`` (from
+before) name ``[key, partial]`` JSON lines, still read.
 
 An attempt counts as staged only once its manifest exists. The manifest records the source
 ranges read, the record counts per partition, and for each state file its line count and
@@ -30,23 +35,36 @@ from tridentflow.filelog import _fsync_dir, _write_atomic
 from tridentflow.plan import BadRecord
 
 MANIFEST = "MANIFEST.json"
-_RAW_DECODE = json.JSONDecoder().raw_decode
 BAD_FILE = "bad.jsonl"
+
+
+def _stageable(value: Any, what: str) -> str:
+    try:
+        return encode_value(value)
+    except KeyEncodingError as exc:
+        raise StagingValueError(
+            f"{what}: cannot stage {value!r:.200} as JSON ({exc.__cause__ or exc}); "
+            "aggregators and updaters must return JSON values (numbers, strings, lists, "
+            "maps, null)"
+        ) from None
+
+
+def _write_state(path: Path, pairs: Iterable[tuple[str, Any]], what: str) -> dict[str, Any]:
+    """Write ``key TAB value`` lines, fsync; return {file, lines, sha256, format}."""
+    info = _write_lines(path, (f"{key}\t{_stageable(v, what)}" for key, v in pairs))
+    info["format"] = "tsv"
+    return info
 
 
 def _write_jsonl(path: Path, values: Iterable[Any], what: str = "value") -> dict[str, Any]:
     """Write one JSON value per line, fsync; return {file, lines, sha256}."""
+    return _write_lines(path, (_stageable(v, what) for v in values))
+
+
+def _write_lines(path: Path, texts: Iterable[str]) -> dict[str, Any]:
     digest, lines = hashlib.sha256(), 0
     with open(path, "wb") as fh:
-        for value in values:
-            try:
-                text = encode_value(value)
-            except KeyEncodingError as exc:
-                raise StagingValueError(
-                    f"{what}: cannot stage {value!r:.200} as JSON ({exc.__cause__}); "
-                    "aggregators and updaters must return JSON values (numbers, strings, lists, "
-                    "maps, null)"
-                ) from None
+        for text in texts:
             line = text.encode() + b"\n"
             fh.write(line)
             digest.update(line)
@@ -112,31 +130,42 @@ class StagedBatch:
     def key_count(self, state: str) -> int:
         return int(self.manifest["states"][state]["lines"])
 
+    def _state_file(self, state: str) -> tuple[Path, bool]:
+        info = self.manifest["states"].get(state)
+        if info is None:
+            raise IncompleteBatchError(
+                f"txid {self.txid} attempt {self.attempt}: no staged output for state {state!r}"
+            )
+        return self.directory / info["file"], info.get("format") == "tsv"
+
     def items(self, state: str) -> Iterator[tuple[str, Any]]:
         """(encoded key, partial) pairs of one state, in file order."""
-        info = self.manifest["states"].get(state)
-        if info is None:
-            raise IncompleteBatchError(
-                f"txid {self.txid} attempt {self.attempt}: no staged output for state {state!r}"
-            )
-        with open(self.directory / info["file"], encoding="utf-8") as fh:
+        path, tsv = self._state_file(state)
+        with open(path, encoding="utf-8") as fh:
             for line in fh:
-                key, partial = json.loads(line)
-                yield key, partial
+                if tsv:
+                    key, _tab, partial = line.partition("\t")
+                    yield key, json.loads(partial)
+                else:
+                    key, partial = json.loads(line)
+                    yield key, partial
 
-    def raw_items(self, state: str) -> Iterator[tuple[str, str]]:
-        """(encoded key, partial as its JSON text) pairs of one state, in file order: the
-        partial is not decoded (the commit's in-Redis path passes it on as it is)."""
-        info = self.manifest["states"].get(state)
-        if info is None:
-            raise IncompleteBatchError(
-                f"txid {self.txid} attempt {self.attempt}: no staged output for state {state!r}"
-            )
-        scan = _RAW_DECODE
-        with open(self.directory / info["file"], encoding="utf-8") as fh:
-            for line in fh:
-                key, end = scan(line, 1)  # the line is [key, partial]
-                yield key, line[end + 1 : line.rindex("]")]
+    def lines(self, state: str) -> Iterator[str]:
+        """The state's ``key TAB partial`` lines as they are in the file (newline included):
+        the commit passes blocks of them to Redis without decoding (state.numeric)."""
+        path, tsv = self._state_file(state)
+        with open(path, encoding="utf-8") as fh:
+            if tsv:
+                yield from fh
+                return
+            for line in fh:  # staged before the tsv format: convert
+                key, partial = json.loads(line)
+                yield f"{key}\t{json.dumps(partial, ensure_ascii=False)}\n"
+
+    def keys(self, state: str) -> Iterator[str]:
+        """The encoded keys of one state, in file order."""
+        for key, _partial in self.items(state):
+            yield key
 
     def check_complete(self) -> None:
         """Trident's completeness check: the records read match the ranges, exactly, and
@@ -191,9 +220,7 @@ class StagingArea:
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
         states = {
-            name: _write_jsonl(
-                directory / f"state-{name}.jsonl", ([k, v] for k, v in pairs), f"state {name}"
-            )
+            name: _write_state(directory / f"state-{name}.tsv", pairs, f"state {name}")
             for name, pairs in partials.items()
         }
         bad_info = _write_jsonl(directory / BAD_FILE, (b.to_json() for b in bad))
