@@ -52,6 +52,11 @@ class KeySpace:
         return f"{self.base}:runs"
 
     @property
+    def history(self) -> str:
+        """List of the last commits' results, newest first (JSON objects)."""
+        return f"{self.base}:history"
+
+    @property
     def offsets(self) -> str:
         return f"{self.base}:offsets"
 

@@ -43,6 +43,8 @@ from state.scripts import (
 )
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
+HISTORY_LENGTH = 1000
+"""Commits kept in the ledger's history (newest first)."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ class Ledger:
     def next_attempt(self, txid: int, step: str) -> int:
         """Count one more attempt of ``step`` (coordinate/emit/...) for ``txid``; return it."""
         keys = [self.keys.tx(txid), self.keys.generation]
-        return int(COUNT_ATTEMPT(self.client, keys, [f"{step}_attempts", self.generation]))
+        return int(COUNT_ATTEMPT(self.client, keys, [step, self.generation]))
 
     def attempts(self, txid: int, step: str) -> int:
         return int(self.client.hget(self.keys.tx(txid), f"{step}_attempts") or 0)
@@ -255,11 +257,11 @@ class Ledger:
         """
         txid = ticket.txid
         keys = [self.keys.ledger, self.keys.tx(txid), self.keys.offsets, self.keys.generation]
-        keys.append(self.keys.tx(txid - 1))
+        keys += [self.keys.history, self.keys.tx(txid - 1)]
         keys += [self.keys.written(name, txid) for name in state_names]
         keys.append(self.keys.quarantine_written(txid))
         stats_json = json.dumps(dict(stats or {}), sort_keys=True)
-        args: list[Any] = [txid, ticket.token, ticket.generation, stats_json]
+        args: list[Any] = [txid, ticket.token, ticket.generation, stats_json, HISTORY_LENGTH]
         for partition, offset in sorted(offsets.items()):
             args += [int(partition), int(offset)]
         return bool(MARK_COMMITTED(self.client, keys, args))
@@ -267,6 +269,13 @@ class Ledger:
     # -- maintenance ------------------------------------------------------------------------
     def quarantined(self) -> int:
         return int(self.client.hlen(self.keys.quarantine))
+
+    def history(self, limit: int = 20, start: int = 0) -> list[dict[str, Any]]:
+        """The last commits, newest first: txid, run, records, keys, rolled back, quarantined,
+        skipped partitions, attempts and start/end times (ms) of each step. Kept in Redis, so
+        clearing an Airflow task (which deletes its XCom) never loses what was committed."""
+        raw = self.client.lrange(self.keys.history, start, start + max(0, limit) - 1)
+        return [json.loads(entry) for entry in raw]
 
     def pending_txids(self) -> list[int]:
         return list(range(self.committed_txid() + 1, self.last_txid() + 1))

@@ -60,6 +60,14 @@ local function gen_check(genkey, expected)
 end
 """
 
+# Shared Lua helper: the server's clock in milliseconds (step timings in the ledger).
+_NOW_MS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
 # Shared Lua helper: the ordering and fencing check every fenced write makes.
 _FENCE_CHECK = (
     _GEN_CHECK
@@ -201,6 +209,7 @@ return 1
 BEGIN_COMMIT = LuaScript(
     "begin_commit",
     _GEN_CHECK
+    + _NOW_MS
     + """
 -- Start a commit attempt of a txid: hands out a new fencing token.
 -- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] generation key   ARGV[1] txid
@@ -217,6 +226,7 @@ if committed ~= txid - 1 then
   return redis.error_reply('TFORDER txid ' .. txid .. ' cannot commit before txid ' ..
     (committed + 1) .. ' (the ledger stands at ' .. committed .. ')')
 end
+redis.call('HSET', KEYS[2], 'commit_started_ms', now_ms())
 return {redis.call('HINCRBY', KEYS[2], 'commit_token', 1), committed}
 """,
 )
@@ -224,15 +234,19 @@ return {redis.call('HINCRBY', KEYS[2], 'commit_token', 1), committed}
 MARK_COMMITTED = LuaScript(
     "mark_committed",
     _FENCE_CHECK
+    + _NOW_MS
     + """
 -- Mark a txid committed, with the source offsets it advanced to. Call only after every key of
 -- the txid is written. Atomic: the committed txid and the offsets move together.
 -- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] generation key
--- KEYS[5] tx hash of txid-1 (deleted: its metadata is no longer needed)
--- KEYS[6..] written-sets of this txid (deleted)
--- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON
--- ARGV[5..] partition, offset, ...
--- Returns 1 when marked, 0 if the txid was already committed (no-op).
+-- KEYS[5] history list (newest first, the last ARGV[5] commits)
+-- KEYS[6] tx hash of txid-1 (deleted: its metadata is no longer needed)
+-- KEYS[7..] written-sets of this txid (deleted)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON (an object)
+-- ARGV[5] history length  ARGV[6..] partition, offset, ...
+-- The history entry is the stats with the txid, the owning run, every step's attempts and
+-- start/end times (ms) from the tx hash, and the commit time: what a cleared Airflow task's
+-- deleted XCom no longer shows. Returns 1 when marked, 0 if already committed (no-op).
 local err = gen_check(KEYS[4], ARGV[3])
 if err then return redis.error_reply(err) end
 local txid = tonumber(ARGV[1])
@@ -240,12 +254,31 @@ local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 if committed >= txid then return 0 end
 err = fence_check(KEYS[1], KEYS[2], txid, ARGV[2])
 if err then return redis.error_reply(err) end
-local t = redis.call('TIME')
+local now = now_ms()
 redis.call('HSET', KEYS[1], 'committed', txid)
-for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'status', 'committed', 'stats', ARGV[4],
-  'committed_at', t[1])
-for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
+  'committed_at', math.floor(now / 1000))
+local entry = cjson.decode(ARGV[4])
+entry['txid'] = txid
+entry['run_id'] = redis.call('HGET', KEYS[2], 'owner') or cjson.null
+local steps = {}
+for _, step in ipairs({'coordinate', 'emit', 'commit'}) do
+  local started = redis.call('HGET', KEYS[2], step .. '_started_ms')
+  local ended = redis.call('HGET', KEYS[2], step .. '_ended_ms')
+  if step == 'commit' then ended = now end
+  steps[step] = {
+    attempts = tonumber(redis.call('HGET', KEYS[2], step .. '_attempts') or '0'),
+    started_ms = started and tonumber(started) or cjson.null,
+    ended_ms = ended and tonumber(ended) or cjson.null,
+  }
+end
+steps['commit']['attempts'] = tonumber(ARGV[2])
+entry['steps'] = steps
+entry['committed_ms'] = now
+redis.call('LPUSH', KEYS[5], cjson.encode(entry))
+redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[5]) - 1)
+for i = 6, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1
 """,
 )
@@ -253,6 +286,7 @@ return 1
 RECORD_STAGED = LuaScript(
     "record_staged",
     _GEN_CHECK
+    + _NOW_MS
     + """
 -- Record that emit attempt ARGV[1] staged complete output, unless a newer attempt already did
 -- (the output of an attempt older than the newest seen is ignored, as Trident's workers do).
@@ -263,7 +297,7 @@ if gerr then return redis.error_reply(gerr) end
 local current = tonumber(redis.call('HGET', KEYS[1], 'staged_attempt') or '0')
 local attempt = tonumber(ARGV[1])
 if attempt > current then
-  redis.call('HSET', KEYS[1], 'staged_attempt', attempt)
+  redis.call('HSET', KEYS[1], 'staged_attempt', attempt, 'emit_ended_ms', now_ms())
   return attempt
 end
 return current
@@ -310,13 +344,16 @@ return {txid, how}
 STORE_METADATA = LuaScript(
     "store_metadata",
     _GEN_CHECK
+    + _NOW_MS
     + """
 -- Store a txid's batch metadata unless some is stored already (the first writer wins).
 -- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] metadata JSON  ARGV[2] generation
 -- Returns the stored metadata (this call's or the earlier one).
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
-redis.call('HSETNX', KEYS[1], 'meta', ARGV[1])
+if redis.call('HSETNX', KEYS[1], 'meta', ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'coordinate_ended_ms', now_ms())
+end
 return redis.call('HGET', KEYS[1], 'meta')
 """,
 )
@@ -324,13 +361,15 @@ return redis.call('HGET', KEYS[1], 'meta')
 COUNT_ATTEMPT = LuaScript(
     "count_attempt",
     _GEN_CHECK
+    + _NOW_MS
     + """
--- Count one more attempt of a step of a txid.
--- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] counter field  ARGV[2] generation
+-- Count one more attempt of a step of a txid, and note when it started.
+-- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] step  ARGV[2] generation
 -- Returns the attempt number.
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
-return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('HSET', KEYS[1], ARGV[1] .. '_started_ms', now_ms())
+return redis.call('HINCRBY', KEYS[1], ARGV[1] .. '_attempts', 1)
 """,
 )
 

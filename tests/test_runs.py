@@ -126,3 +126,36 @@ def test_one_line_finds_the_python_exception_inside_a_spark_trace():
     )
     assert one_line(FakeSparkError("Job aborted")) == "Spark: Job aborted"
     assert one_line(ValueError("first\nsecond")) == "first"
+
+
+def test_the_ledger_keeps_each_commits_result_and_step_timings(redis_url, redis_client, home):
+    """What a cleared task's XCom no longer shows stays in Redis: run, sizes, attempts, times."""
+    from tridentflow.faults import FaultPlan, InjectedFault
+
+    rt = runtime("wordcount-opaque", redis_url, home)
+    produce(rt, ["a b", "c d", "e f", "a"])
+    run_all(rt, "run-1")
+    produce(rt, ["g h"])
+    rt.faults = FaultPlan.parse("in-emit@2")
+    coordinate_run(rt, "run-2")
+    with pytest.raises(InjectedFault):
+        emit_run(rt, "run-2", ENGINE)
+    emit_run(rt, "run-2", ENGINE)  # the retry
+    commit_run(rt, "run-2")
+    assert commit_run(rt, "run-2")["status"] == "already-committed"  # no second entry
+    newest, oldest = rt.ledger.history()
+    assert (newest["txid"], newest["run_id"], newest["records"], newest["keys"]) == (
+        2,
+        "run-2",
+        1,
+        2,
+    )
+    assert (oldest["txid"], oldest["run_id"], oldest["records"]) == (1, "run-1", 4)
+    steps = newest["steps"]
+    assert [steps[s]["attempts"] for s in ("coordinate", "emit", "commit")] == [1, 2, 1]
+    for step in ("coordinate", "emit", "commit"):
+        assert steps[step]["started_ms"] <= steps[step]["ended_ms"] <= newest["committed_ms"]
+    assert steps["coordinate"]["ended_ms"] <= steps["emit"]["started_ms"]
+    info = status(rt)
+    assert info["last_commit"] == newest and len(info["history"]) == 2
+    assert "txid 2 by run-2: 1 records, 2 keys; coordinate" in format_status(info)

@@ -220,6 +220,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         "commit_attempt": ticket.token,
         "skipped": staged.manifest.get("skipped", []),
         "quarantined": quarantined,
+        "rolled_back": rolled_back,
     }
     marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats)
     for state, _ in maps.values():

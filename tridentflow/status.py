@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tridentflow.runtime import Runtime
@@ -33,7 +32,7 @@ def status(rt: Runtime) -> dict[str, Any]:
                 "commit_attempts": int(info.get("commit_token", 0)),
             }
         )
-    last = ledger.tx_info(committed) if committed else {}
+    history = ledger.history(HISTORY_SHOWN)
     partitions = []
     for p in sorted(set(heads) | set(offsets) | set(unavailable)):
         if p in heads:
@@ -65,13 +64,33 @@ def status(rt: Runtime) -> dict[str, Any]:
             for name, p in rt.pipeline.states.items()
         },
         "committed_txid": committed,
-        "last_commit": json.loads(last["stats"]) if "stats" in last else None,
+        "last_commit": history[0] if history else None,
+        "history": history,
         "pending": pending,
         "quarantined": ledger.quarantined(),
         "partitions": partitions,
         "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
         "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
     }
+
+
+HISTORY_SHOWN = 20
+
+
+def describe_commit(entry: dict[str, Any]) -> str:
+    """One line of a history entry: txid, run, sizes, skipped partitions, step durations."""
+    steps = entry.get("steps", {})
+    timing = []
+    for step in ("coordinate", "emit", "commit"):
+        info = steps.get(step, {})
+        if info.get("started_ms") and info.get("ended_ms"):
+            seconds = (info["ended_ms"] - info["started_ms"]) / 1000
+            timing.append(f"{step} {seconds:.1f}s x{info.get('attempts', 0)}")
+    skipped = f", skipped {entry['skipped']}" if entry.get("skipped") else ""
+    return (
+        f"txid {entry['txid']} by {entry.get('run_id') or '?'}: {entry.get('records', 0)} "
+        f"records, {entry.get('keys', 0)} keys{skipped}; " + ", ".join(timing)
+    )
 
 
 def _redis_now_ms(rt: Runtime) -> int:
@@ -102,6 +121,8 @@ def format_status(info: dict[str, Any]) -> str:
     else:
         lines.append("pending txid   none")
     lines.append(f"quarantined    {info['quarantined']} bad records")
+    for entry in info["history"][:5]:
+        lines.append(f"committed      {describe_commit(entry)}")
     lines.append("partition  committed       head        lag")
     for p in info["partitions"]:
         if p["unavailable"]:
