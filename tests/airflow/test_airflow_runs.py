@@ -258,3 +258,22 @@ def test_live_runs_kill_and_clear_keep_their_txid(live):
     expected = word_counts(SEED_SENTENCES + more)
     assert counts(rt, list(expected)) == expected
     assert audit(rt).ok
+
+
+def test_the_tridentflow_view_is_mounted_and_requires_a_token(live):
+    """After the runs above: the plugin's JSON API under /tridentflow (not the UI's HTML
+    fallback), refused without a token, and the ledger's history with one."""
+    api, _redis_url, _home = live
+    url = f"{api.base}/tridentflow/api/pipelines/wordcount"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=30)
+    assert refused.value.code in (401, 403)
+    assert refused.value.headers.get_content_type() == "application/json"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api.token}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.headers.get_content_type() == "application/json"
+        info = json.loads(response.read())
+    assert info["committed_txid"] == 2
+    assert [entry["txid"] for entry in info["history"]] == [2, 1]
+    assert all(entry["run_id"].startswith("manual__") for entry in info["history"])
+    assert info["history"][0]["steps"]["commit"]["attempts"] >= 2  # the killed commit retried

@@ -1,0 +1,191 @@
+"""The tridentflow view in Airflow: a FastAPI app the api-server mounts under ``/tridentflow``.
+
+JSON endpoints over what the Redis ledger knows (never XCom, which a cleared task loses):
+
+* ``GET  /tridentflow/api/pipelines``                       every pipeline: committed txid,
+  pending txids, lag, unavailable partitions, last commit
+* ``GET  /tridentflow/api/pipelines/{name}``                 status: pending txids (owner, lease,
+  attempts), per-partition committed offset / head / lag, quarantine count, the last commits
+  (run, records, keys, skipped partitions, attempts and start/end of every step)
+* ``GET  /tridentflow/api/pipelines/{name}/txids/{txid}``    one txid: its commit, or its pending
+  state
+* ``GET  /tridentflow/api/pipelines/{name}/state/{state}?key=K``  committed values (Trident's
+  stateQuery; ``key`` repeats; a JSON array for compound keys)
+* ``GET  /tridentflow/api/pipelines/{name}/quarantine?limit=N``
+* ``POST /tridentflow/api/pipelines/{name}/audit``           lost / doubled / mismatched
+
+Airflow does not authenticate plugin apps: every route here depends on the api-server's auth
+manager (``requires_authenticated``): no or a bad token is 401/403. Responses never hold the
+Redis password. Pipelines are the bundled examples and ``TRIDENTFLOW_PIPELINES`` (comma-
+separated ``module:attribute`` refs). Errors are JSON ``{"detail": one line}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+from airflow.api_fastapi.core_api.security import requires_authenticated
+from fastapi import Depends, FastAPI, HTTPException, Query
+
+from state.errors import StateError
+from tridentflow.errors import TridentflowError, one_line
+from tridentflow.pipeline import Pipeline
+from tridentflow.registry import EXAMPLES, load_pipeline
+from tridentflow.runtime import Runtime, redacted, resolve_redis_url
+from tridentflow.status import status
+
+PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
+AUTHENTICATED = requires_authenticated()
+"""The dependency every route has (tests override it to run the app without Airflow)."""
+
+app = FastAPI(
+    title="tridentflow",
+    description="Exactly-once pipelines: ledger, states, quarantine, audit.",
+    dependencies=[Depends(AUTHENTICATED)],
+)
+
+
+def pipeline_refs() -> list[str]:
+    extra = [r.strip() for r in os.environ.get(PIPELINES_ENV, "").split(",") if r.strip()]
+    return [*EXAMPLES, *extra]
+
+
+def find_pipeline(name: str) -> Pipeline:
+    for ref in pipeline_refs():
+        try:
+            pipeline = load_pipeline(ref)
+        except TridentflowError:
+            continue
+        if pipeline.name == name or ref == name:
+            return pipeline
+    raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+
+
+@contextmanager
+def runtime(name: str) -> Iterator[Runtime]:
+    """A runtime of pipeline ``name``; tridentflow and Redis errors become one-line JSON."""
+    pipeline = find_pipeline(name)
+    try:
+        rt = Runtime.open(pipeline)
+    except TridentflowError as exc:
+        raise HTTPException(status_code=503, detail=_safe(one_line(exc))) from None
+    try:
+        yield rt
+    except (TridentflowError, StateError) as exc:
+        raise HTTPException(status_code=409, detail=_safe(one_line(exc))) from None
+    finally:
+        rt.client.close()
+
+
+def _safe(text: str) -> str:
+    """``text`` without the Redis URL's password."""
+    url = resolve_redis_url()
+    return text.replace(url, redacted(url)) if url != redacted(url) else text
+
+
+def summary(rt: Runtime) -> dict[str, Any]:
+    info = status(rt)
+    return {
+        "pipeline": info["pipeline"],
+        "guarantee": info["guarantee"],
+        "source_mode": info["source_mode"],
+        "committed_txid": info["committed_txid"],
+        "pending_txids": [p["txid"] for p in info["pending"]],
+        "lag": info["lag"],
+        "unavailable_partitions": info["unavailable_partitions"],
+        "quarantined": info["quarantined"],
+        "last_commit": info["last_commit"],
+    }
+
+
+@app.get("/api/pipelines")
+def list_pipelines() -> dict[str, Any]:
+    out = []
+    for ref in pipeline_refs():
+        try:
+            name = load_pipeline(ref).name
+        except TridentflowError:
+            continue
+        with runtime(name) as rt:
+            out.append(summary(rt))
+    return {"pipelines": out, "redis": redacted(resolve_redis_url())}
+
+
+@app.get("/api/pipelines/{name}")
+def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) -> dict[str, Any]:
+    with runtime(name) as rt:
+        info = status(rt)
+        info["history"] = rt.ledger.history(history)
+        return info
+
+
+@app.get("/api/pipelines/{name}/txids/{txid}")
+def get_txid(name: str, txid: int) -> dict[str, Any]:
+    with runtime(name) as rt:
+        committed = rt.ledger.committed_txid()
+        if txid <= committed:
+            for entry in rt.ledger.history(1000):
+                if entry["txid"] == txid:
+                    return {"txid": txid, "status": "committed", "commit": entry}
+            return {"txid": txid, "status": "committed", "commit": None}
+        for pending in status(rt)["pending"]:
+            if pending["txid"] == txid:
+                return {"status": "pending", **pending, "metadata": rt.ledger.metadata(txid)}
+        raise HTTPException(status_code=404, detail=f"txid {txid} is not known yet")
+
+
+@app.get("/api/pipelines/{name}/state/{state}")
+def get_state(
+    name: str, state: str, key: Annotated[list[str] | None, Query()] = None
+) -> dict[str, Any]:
+    from tridentflow.query import parse_key, pick_state, query
+
+    with runtime(name) as rt:
+        persist = pick_state(rt, state)
+        keys = [parse_key(k, persist) for k in key or ()]
+        if persist.group_fields and not keys:
+            raise HTTPException(status_code=400, detail="give ?key=... (one per key)")
+        committed, values = query(rt, persist, keys)
+        return {
+            "state": persist.state.name,
+            "committed_txid": committed,
+            "values": [
+                {"key": list(k), "value": v} for k, v in zip(keys or [()], values, strict=True)
+            ],
+        }
+
+
+@app.get("/api/pipelines/{name}/quarantine")
+def get_quarantine(name: str, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict[str, Any]:
+    with runtime(name) as rt:
+        entries = []
+        for _field, raw in rt.client.hscan_iter(rt.keyspace.quarantine, count=500):
+            entries.append(json.loads(raw))
+            if len(entries) >= limit:
+                break
+        entries.sort(key=lambda e: (e["partition"], e["offset"]))
+        return {"total": rt.ledger.quarantined(), "entries": entries}
+
+
+@app.post("/api/pipelines/{name}/audit")
+def post_audit(name: str) -> dict[str, Any]:
+    from tridentflow.audit import audit
+
+    with runtime(name) as rt:
+        report = audit(rt)
+        return {
+            "committed_txid": report.committed_txid,
+            "records": report.records,
+            "keys": report.keys,
+            "lost": report.lost,
+            "doubled": report.doubled,
+            "mismatched": [list(m) for m in report.mismatched[:100]],
+            "unaudited": report.unaudited,
+            "unreadable": {str(p): r for p, r in report.unreadable.items()},
+            "ok": report.ok,
+            "line": report.line(),
+        }
