@@ -217,7 +217,7 @@ def dags_test(home: Path, dag_id: str, extra_env: dict[str, str] | None = None) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tridentflow-airflow", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=("up", "down", "status", "env", "dags-test"))
+    parser.add_argument("command", choices=("up", "down", "status", "env", "password", "dags-test"))
     parser.add_argument("dag_id", nargs="?")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--home", help="TRIDENTFLOW_HOME (Airflow state goes in HOME/airflow)")
@@ -236,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             alive = running(home)
             print(json.dumps({"running": alive, "api_healthy": api_healthy(args.port)}))
             return 0 if len(alive) == len(COMPONENTS) else 1
+        elif args.command == "password":  # the admin login, e.g. for a REST token
+            print(admin_password(home))
         elif args.command == "env":
             for key, value in sorted(airflow_env(home, resolve_redis(home), args.port, {}).items()):
                 if key.startswith(("AIRFLOW", "TRIDENTFLOW", "SPARK", "PYSPARK")):

@@ -80,3 +80,11 @@ def test_no_response_shows_the_redis_password(client, redis_url, monkeypatch):
     listed = client.get("/api/pipelines")  # this Redis has no password: the login fails
     assert "s3cr3t-pw" not in listed.text
     assert listed.status_code == 503 or "***" in listed.text
+
+
+def test_the_launcher_prints_the_admin_password_for_rest_tokens(tmp_path, capsys):
+    from tridentflow_airflow import launcher
+
+    assert launcher.main(["password", "--home", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == launcher.admin_password(tmp_path) and len(printed) >= 8
