@@ -258,12 +258,12 @@ def test_live_runs_kill_and_clear_keep_their_txid(live):
     expected = word_counts(SEED_SENTENCES + more)
     assert counts(rt, list(expected)) == expected
     assert audit(rt).ok
+    check_the_tridentflow_view(api)
 
 
-def test_the_tridentflow_view_is_mounted_and_requires_a_token(live):
+def check_the_tridentflow_view(api: Api) -> None:
     """After the runs above: the plugin's JSON API under /tridentflow (not the UI's HTML
     fallback), refused without a token, and the ledger's history with one."""
-    api, _redis_url, _home = live
     url = f"{api.base}/tridentflow/api/pipelines/wordcount"
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url, timeout=30)
