@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from tridentflow.registry import load_pipeline
+from tridentflow_airflow.assets import commit_alias
 from tridentflow_airflow.operators import (
     CommitOperator,
     CoordinateOperator,
@@ -96,6 +97,6 @@ def pipeline_dag(
             task_id="coordinate", batch_size="{{ params.batch_size }}", **common
         )
         emit = EmitOperator(task_id="emit", conn_id=spark_conn_id, **common)
-        commit = CommitOperator(task_id="commit", **common)
+        commit = CommitOperator(task_id="commit", outlets=[commit_alias(definition.name)], **common)
         coordinate >> emit >> commit
     return dag

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseOperator
+from airflow.sdk import AssetAlias, BaseOperator
 
 import spark_jobs
 from state.ledger import DEFAULT_LEASE_MS
@@ -24,6 +24,7 @@ from tridentflow.registry import load_pipeline
 from tridentflow.runs import commit_run, coordinate_run, release_run
 from tridentflow.runtime import Runtime, resolve_home
 from tridentflow.spark_engine import quiet_java_options
+from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
 
 EMIT_APPLICATION = Path(spark_jobs.__file__).with_name("emit_batch.py")
@@ -165,7 +166,9 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
 
 
 class CommitOperator(TridentflowTask, BaseOperator):
-    """Applies the run's staged batch to the states, in txid order (checked in Redis)."""
+    """Applies the run's staged batch to the states, in txid order (checked in Redis). When it
+    really committed (not ``already-committed``), it emits an Asset event for every state of
+    the pipeline through its AssetAlias outlet (tridentflow_airflow.assets)."""
 
     ui_color = "#e6f4ea"
 
@@ -175,6 +178,16 @@ class CommitOperator(TridentflowTask, BaseOperator):
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        result = commit_run(self.runtime(), context["run_id"], self.lease_ms)
+        rt = self.runtime()
+        result = commit_run(rt, context["run_id"], self.lease_ms)
         self.log.info("commit of txid %s: %s", result["txid"], result["status"])
+        if any(isinstance(o, AssetAlias) for o in self.outlets or ()):
+            emitted = emit_commit_events(
+                context["outlet_events"],
+                rt.pipeline.name,
+                sorted(rt.pipeline.states),
+                self.redis_conn_id,
+                result,
+            )
+            self.log.info("asset events: %d", emitted)
         return result

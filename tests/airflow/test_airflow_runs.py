@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -277,3 +278,13 @@ def check_the_tridentflow_view(api: Api) -> None:
     assert [entry["txid"] for entry in info["history"]] == [2, 1]
     assert all(entry["run_id"].startswith("manual__") for entry in info["history"])
     assert info["history"][0]["steps"]["commit"]["attempts"] >= 2  # the killed commit retried
+
+    # Asset events: one per committed txid; the cleared run's `already-committed` emits none
+    uri = "tridentflow://redis_default/wordcount/counts"
+    assets = api.call("GET", f"/assets?uri_pattern={urllib.parse.quote(uri)}")["assets"]
+    (asset,) = [a for a in assets if a["uri"] == uri]
+    events = api.call("GET", f"/assets/events?asset_id={asset['id']}")["asset_events"]
+    assert sorted(e["extra"]["txid"] for e in events) == [1, 2]
+    assert {e["extra"]["run_id"] for e in events} == set(
+        entry["run_id"] for entry in info["history"]
+    )

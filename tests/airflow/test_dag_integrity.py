@@ -27,6 +27,7 @@ EXPECTED_DAGS = {
     "tridentflow_user_scores": None,
     "tridentflow_wordcount_drpc": None,
 }
+CONSUMER_DAG = "tridentflow_wordcount_consumer"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,23 @@ def dagbag() -> DagBag:
 
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == set(EXPECTED_DAGS)
+    assert set(dagbag.dag_ids) == {*EXPECTED_DAGS, CONSUMER_DAG}
+
+
+def test_commits_emit_asset_events_that_a_consumer_dag_is_scheduled_on(dagbag):
+    """Each pipeline's commit task has its AssetAlias outlet; the example consumer DAG is
+    scheduled on the word count's `counts` state Asset."""
+    from airflow.sdk import AssetAlias
+
+    from tridentflow_airflow.assets import commit_alias, state_asset
+
+    commit = dagbag.dags["tridentflow_wordcount"].get_task("commit")
+    assert commit.outlets == [commit_alias("wordcount")]
+    assert all(isinstance(o, AssetAlias) for o in commit.outlets)
+    consumer = dagbag.dags[CONSUMER_DAG]
+    counts = state_asset("wordcount", "counts")
+    assert counts.uri == "tridentflow://redis_default/wordcount/counts"
+    assert list(consumer.timetable.asset_condition.objects) == [counts]
 
 
 @pytest.mark.parametrize("dag_id", sorted(EXPECTED_DAGS))
