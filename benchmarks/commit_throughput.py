@@ -1,6 +1,7 @@
 """Benchmark: commit throughput (keys/s) of the built-in numeric combiners, in Redis vs Python.
 
     python benchmarks/commit_throughput.py [--keys 50000] [--ops count,sum,min,max,mean]
+                                           [--repeat 3]
 
 For each combiner and state kind (opaque, transactional) a batch of --keys distinct keys is
 emitted (local engine, not timed) and committed twice: txid 1 creates every key, txid 2
@@ -8,7 +9,7 @@ updates every key (the steady state: read, combine, write [txid, curr, prev]). T
 whole ``commit()``: staging verification, every fenced write, the stray-key check and the
 ledger mark. Each is run with the commit applying the combiner inside Redis (APPLY_NUMERIC,
 the default) and with the Python map-state path. Needs a Redis: TRIDENTFLOW_REDIS_URL, else a
-private redis-server (no persistence).
+private redis-server (no persistence). Each figure is the best of --repeat runs.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--ops", default=",".join(COMBINERS))
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-commit-"))
     with devredis.url_or_private(work / "redis") as url:
@@ -80,15 +82,19 @@ def run(args: argparse.Namespace, work: Path, client) -> None:
                 rates = {}
                 for in_redis in (True, False):
                     committer.IN_REDIS = in_redis
-                    home = work / f"home-{op}-{kind.value}-{in_redis}"
-                    rt = Runtime(pipeline(op, kind), client, home)
-                    rt.ledger.reset(force=True)
-                    rt.source_heads()
-                    first, second = timed_commits(rt, args.keys, random.Random(7))
-                    assert audit(rt).ok
-                    rates[in_redis] = (args.keys / first, args.keys / second)
-                    rt.ledger.reset(force=True)
-                    shutil.rmtree(home, ignore_errors=True)
+                    best = (0.0, 0.0)
+                    for _ in range(args.repeat):
+                        home = work / f"home-{op}-{kind.value}-{in_redis}"
+                        rt = Runtime(pipeline(op, kind), client, home)
+                        rt.ledger.reset(force=True)
+                        rt.source_heads()
+                        first, second = timed_commits(rt, args.keys, random.Random(7))
+                        assert audit(rt).ok
+                        rt.ledger.reset(force=True)
+                        shutil.rmtree(home, ignore_errors=True)
+                        rate = (args.keys / first, args.keys / second)
+                        best = (max(best[0], rate[0]), max(best[1], rate[1]))
+                    rates[in_redis] = best
                 fast, slow = rates[True], rates[False]
                 print(
                     f"{op:<9} {kind.value:<14} {fast[0]:>10,.0f} /{fast[1]:>10,.0f} "
