@@ -1,13 +1,13 @@
 """The ``tridentflow`` command line. Errors are one line on stderr, never a traceback.
 
-    tridentflow produce PIPELINE FILE [--partitions P] [--json]
+    tridentflow produce PIPELINE FILE [--partitions P] [--json] [--skip-unavailable]
     tridentflow run PIPELINE [--batches N] [--batch-size K] [--engine spark|local]
     tridentflow query PIPELINE KEY... [--state NAME] [--json]
     tridentflow status PIPELINE [--json]
     tridentflow audit PIPELINE [--json]
     tridentflow quarantine PIPELINE [--limit N] [--json]
-    tridentflow reset PIPELINE --yes [--source]
-    tridentflow chaos [--schedules N] [--seed S] [--verbose]
+    tridentflow reset PIPELINE --yes [--source] [--force]
+    tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--verbose]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
 
 Common options: --redis-url / TRIDENTFLOW_REDIS_URL, --home / TRIDENTFLOW_HOME,
