@@ -3,6 +3,7 @@
     tridentflow produce PIPELINE FILE [--partitions P] [--json] [--skip-unavailable]
     tridentflow run PIPELINE [--batches N] [--batch-size K] [--engine spark|local]
     tridentflow query PIPELINE KEY... [--state NAME] [--json]
+    tridentflow query PIPELINE --all [--state NAME] [--json] [--limit N] [--after CURSOR]
     tridentflow status PIPELINE [--json]
     tridentflow audit PIPELINE [--json]
     tridentflow quarantine PIPELINE [--limit N] [--json]
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--state", help="state to query (needed if the pipeline has several)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--all", action="store_true", help="list every key (TupleCollectionGet), paginated"
+    )
+    p.add_argument("--limit", type=int, default=100, help="with --all: keys per page (about)")
+    p.add_argument("--after", help="with --all: the cursor a previous page printed")
     _common(p)
 
     for name, text in (
@@ -268,6 +274,8 @@ def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
 
     rt = _runtime(args)
     persist = pick_state(rt, args.state)
+    if args.all:
+        return _list_state(rt, persist, args, out)
     keys = [parse_key(k, persist) for k in args.keys]
     if persist.group_fields and not keys:
         raise TridentflowError(
@@ -290,6 +298,33 @@ def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
     else:
         for label, value in zip(labels, values, strict=True):
             out.write(f"{label}\t{_show(value)}\n")
+    return 0
+
+
+def _list_state(rt: Runtime, persist: Any, args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.query import list_state
+
+    if args.keys:
+        raise TridentflowError("query --all lists every key: give no keys")
+    page = list_state(rt, persist, args.limit, args.after)
+    if args.json:
+        values = [{"key": list(k), "value": v} for k, v in page.items]
+        json.dump(
+            {
+                "state": persist.state.name,
+                "committed_txid": page.committed,
+                "values": values,
+                "next": page.next,
+            },
+            out,
+        )
+        out.write("\n")
+        return 0
+    for key, value in page.items:
+        label = key[0] if len(key) == 1 and isinstance(key[0], str) else json.dumps(list(key))
+        out.write(f"{label}\t{_show(value)}\n")
+    if page.next:
+        out.write(f"# more: --after {page.next}\n")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""State queries (Trident's stateQuery / DRPC): committed values of keys, batched.
+"""State queries (Trident's stateQuery / DRPC): committed values of keys, batched; and
+whole-state listings (Trident's TupleCollectionGet), paginated and consistent.
 
 One Redis round trip per CHUNK keys; each chunk is an atomic snapshot of the committed view,
 so a query during a pending commit sees the last committed value, never a half-applied one.
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from state.codec import encode_key
+from state.codec import decode_key, decode_value, encode_key
+from state.maps import StoredValue
 from state.redis_backing import query_committed
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
@@ -64,3 +67,58 @@ def query(rt: Runtime, persist: Persist, keys: Sequence[tuple[Any, ...]]) -> tup
     agg = persist.aggregator
     zero = absent_value(agg)
     return committed, [agg.present(zero if v is None else v) for v in values]
+
+
+@dataclass(frozen=True)
+class StatePage:
+    """One page of a whole-state listing: values as of ``committed``; ``next`` continues it
+    (None: the listing is complete)."""
+
+    committed: int
+    items: list[tuple[tuple[Any, ...], Any]]
+    next: str | None
+
+
+def list_state(
+    rt: Runtime, persist: Persist, limit: int = 100, after: str | None = None
+) -> StatePage:
+    """Every key of a state with its committed value (Trident's TupleCollectionGet), a page
+    of at most ``limit`` keys at a time, in HSCAN order (a key present throughout is listed;
+    as with HSCAN, a hash resized meanwhile may list a key twice).
+
+    Consistent: the first page fixes the committed txid C the listing reads at, and the cursor
+    carries it. A key written since by txid C+1 (pending or committed) shows its ``prev``, the
+    value as of C; a key created by C+1 is left out. If a key was written by a txid beyond C+1
+    (the state moved twice), the page is refused: list again. Keys never written show nothing.
+    """
+    if limit < 1:
+        raise TridentflowError(f"--limit must be >= 1, got {limit}")
+    if after is None:
+        committed, scan, skip = rt.ledger.committed_txid(), 0, 0
+    else:
+        try:
+            committed, scan, skip = (int(part) for part in after.split("-"))
+        except ValueError:
+            raise TridentflowError(f"--after {after!r} is not a cursor from a listing") from None
+    name = persist.state.name
+    # HSCAN's COUNT is a hint (a small hash comes back whole): page within its reply too
+    next_scan, raw = rt.client.hscan(rt.keyspace.state(name), cursor=scan, count=limit)
+    batch = list(raw.items())
+    if skip + limit < len(batch):
+        following = f"{committed}-{scan}-{skip + limit}"
+    else:
+        following = None if int(next_scan) == 0 else f"{committed}-{int(next_scan)}-0"
+    agg = persist.aggregator
+    items = []
+    for field, value in batch[skip : skip + limit]:
+        key = field.decode() if isinstance(field, bytes) else field
+        stored = StoredValue.from_json(decode_value(value, f"state {name}, key {key}"), key, name)
+        if stored.txid is not None and stored.txid > committed + 1:
+            raise TridentflowError(
+                f"state {name} changed twice since this listing began at txid {committed} "
+                f"(key {key} is at txid {stored.txid}): list it again"
+            )
+        current = stored.committed_view(committed)
+        if current is not None:
+            items.append((decode_key(key), agg.present(current)))
+    return StatePage(committed, items, following)
