@@ -120,8 +120,8 @@ def private(value: Any) -> Any:
 _SCALARS_EXACT = frozenset((str, int, float, bool, type(None)))
 
 
-def decode_value(encoded: str | bytes | None, what: str = "stored value") -> Any:
-    """Inverse of encode_value; StoredValueError naming ``what`` if it is not JSON."""
+def decode_value(encoded: str | bytes | None) -> Any:
+    """Inverse of encode_value; StoredValueError if it is not JSON."""
     if encoded is None:
         return None
     try:
@@ -130,6 +130,6 @@ def decode_value(encoded: str | bytes | None, what: str = "stored value") -> Any
         return json.loads(encoded)
     except ValueError as exc:
         raise StoredValueError(
-            f"{what}: found {encoded!r:.80}, which is not JSON ({exc}); was it written by "
-            "something other than tridentflow?"
+            f"found {encoded!r:.80}, which is not JSON ({exc}); was it written by something "
+            "other than tridentflow?"
         ) from None

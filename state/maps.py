@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any
 
 from state.backing import BackingMap, Fence
-from state.codec import encode_key, private
+from state.codec import decode_value, encode_key, private
 from state.errors import StaleTxidError, StateError, StoredValueError
 
 GLOBAL_KEY = encode_key(())
@@ -73,15 +73,16 @@ class StoredValue:
     @classmethod
     def from_json(cls, raw: Any, key: str = "?", state: str | None = None) -> StoredValue:
         """The stored value; StoredValueError naming the state, the key and what was found."""
-        where = f"state {state}, key {key}" if state else f"key {key}"
         if not (isinstance(raw, list) and len(raw) == 3):
             raise StoredValueError(
-                f"{where}: found {raw!r:.80}, not [txid, curr, prev]; was it written by "
-                "something other than tridentflow?"
+                f"{_where(state, key)}: found {raw!r:.80}, not [txid, curr, prev]; was it "
+                "written by something other than tridentflow?"
             )
         txid = raw[0]
         if txid is not None and (not isinstance(txid, int) or isinstance(txid, bool)):
-            raise StoredValueError(f"{where}: stored txid {txid!r:.40} is not an integer")
+            raise StoredValueError(
+                f"{_where(state, key)}: stored txid {txid!r:.40} is not an integer"
+            )
         return cls(txid, raw[1], raw[2])
 
     def committed_view(self, committed_txid: int) -> Any:
@@ -89,6 +90,19 @@ class StoredValue:
         if self.txid is None or self.txid <= committed_txid:
             return self.curr
         return self.prev
+
+
+def _where(state: str | None, key: str) -> str:
+    return f"state {state}, key {key}" if state else f"key {key}"
+
+
+def decode_stored(raw: str | bytes | None, state: str, key: str) -> Any:
+    """A stored value's JSON; StoredValueError naming the state and the key if it is not JSON
+    (the name is built only then: this runs once per key on every commit and query)."""
+    try:
+        return decode_value(raw)
+    except StoredValueError as exc:
+        raise StoredValueError(f"{_where(state, key)}: {exc}") from None
 
 
 class MapState(ABC):

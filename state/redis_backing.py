@@ -12,10 +12,10 @@ from typing import Any
 import redis
 
 from state.backing import Fence
-from state.codec import decode_value, encode_value
+from state.codec import encode_value
 from state.errors import KeyEncodingError
 from state.keys import KeySpace
-from state.maps import StoredValue
+from state.maps import StoredValue, decode_stored
 from state.scripts import FENCED_HSET, QUERY_COMMITTED
 
 CHUNK = 1000
@@ -34,10 +34,8 @@ class RedisBackingMap:
         for i in range(0, len(keys), CHUNK):
             chunk = keys[i : i + CHUNK]
             raws = self.client.hmget(self.key, chunk)
-            out.extend(
-                decode_value(raw, f"state {self.state_name}, key {key}")
-                for key, raw in zip(chunk, raws, strict=True)
-            )
+            name = self.state_name
+            out.extend(decode_stored(raw, name, key) for key, raw in zip(chunk, raws, strict=True))
         return out
 
     def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
@@ -55,7 +53,7 @@ class RedisBackingMap:
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         for field, raw in self.client.hscan_iter(self.key, count=1000):
             key = field.decode() if isinstance(field, bytes) else field
-            yield key, decode_value(raw, f"state {self.state_name}, key {key}")
+            yield key, decode_stored(raw, self.state_name, key)
 
     def count(self) -> int:
         return int(self.client.hlen(self.key))
@@ -99,11 +97,10 @@ def query_committed(
         reply = QUERY_COMMITTED(client, [keyspace.ledger, keyspace.state(state_name)], chunk)
         committed = int(reply[0])
         for key, raw in zip(chunk, reply[1:], strict=True):
-            where = f"state {state_name}, key {key}"
             stored = (
                 None
                 if raw is None
-                else StoredValue.from_json(decode_value(raw, where), key, state_name)
+                else StoredValue.from_json(decode_stored(raw, state_name, key), key, state_name)
             )
             values.append(None if stored is None else stored.committed_view(committed))
     if not keys:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.codec import decode_key, decode_value, encode_key
-from state.maps import StoredValue
+from state.codec import decode_key, encode_key
+from state.maps import StoredValue, decode_stored
 from state.redis_backing import query_committed
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
@@ -112,7 +112,7 @@ def list_state(
     items = []
     for field, value in batch[skip : skip + limit]:
         key = field.decode() if isinstance(field, bytes) else field
-        stored = StoredValue.from_json(decode_value(value, f"state {name}, key {key}"), key, name)
+        stored = StoredValue.from_json(decode_stored(value, name, key), key, name)
         if stored.txid is not None and stored.txid > committed + 1:
             raise TridentflowError(
                 f"state {name} changed twice since this listing began at txid {committed} "
