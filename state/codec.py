@@ -24,6 +24,8 @@ from typing import Any
 from state.errors import KeyEncodingError, StoredValueError
 
 _SCALARS = (str, int, float, bool, type(None))
+IMMUTABLE = frozenset(_SCALARS)
+"""Exact types ``private`` returns as they are."""
 
 
 def _check_key_part(value: Any, path: str) -> None:
@@ -112,12 +114,18 @@ def private(value: Any) -> Any:
         return {k: private(v) for k, v in value.items()}
     if kind is tuple:
         return tuple(private(v) for v in value)
-    if kind in _SCALARS_EXACT:
+    if kind in IMMUTABLE:
         return value
     return copy.deepcopy(value)
 
 
-_SCALARS_EXACT = frozenset((str, int, float, bool, type(None)))
+def private_args(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` as they are if all are immutable (the common case: one type check each),
+    else a private copy of each."""
+    for v in values:
+        if type(v) not in IMMUTABLE:
+            return tuple(private(x) for x in values)
+    return values
 
 
 def decode_value(encoded: str | bytes | None) -> Any:

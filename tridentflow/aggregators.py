@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from state.codec import private
+from state.codec import private, private_args
 
 
 @dataclass(frozen=True)
@@ -128,15 +128,6 @@ class FunctionUpdater(StateUpdater):
 AnyAggregator = Combiner | Reducer | Aggregator
 Persistable = Combiner | Reducer | StateUpdater
 
-_IMMUTABLE = frozenset((str, int, float, bool, type(None)))
-
-
-def _private_args(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    for v in values:
-        if type(v) not in _IMMUTABLE:
-            return tuple(private(x) for x in values)
-    return values
-
 
 class _Guarded:
     """Shared part of the guards: delegates everything else (present, attributes, repr)."""
@@ -169,7 +160,7 @@ class GuardedCombiner(_Guarded, Combiner):
     incoming ``b`` are private copies; ``a`` is always the fold's own accumulator."""
 
     def init(self, *values: Any) -> Any:
-        return private(self.inner.init(*_private_args(values)))
+        return private(self.inner.init(*private_args(values)))
 
     def combine(self, a: Any, b: Any) -> Any:
         return self.inner.combine(a, private(b))
@@ -183,7 +174,7 @@ class GuardedReducer(_Guarded, Reducer):
         return private(self.inner.init())
 
     def reduce(self, acc: Any, *values: Any) -> Any:
-        return self.inner.reduce(acc, *_private_args(values))
+        return self.inner.reduce(acc, *private_args(values))
 
 
 class GuardedAggregator(_Guarded, Aggregator):
@@ -191,7 +182,7 @@ class GuardedAggregator(_Guarded, Aggregator):
         return private(self.inner.init(batch))
 
     def aggregate(self, acc: Any, *values: Any) -> Any:
-        return self.inner.aggregate(acc, *_private_args(values))
+        return self.inner.aggregate(acc, *private_args(values))
 
     def complete(self, acc: Any) -> Iterable[Any] | None:
         return self.inner.complete(acc)
