@@ -201,16 +201,20 @@ class FileLog:
         """Append ``records`` to ``partition``; return the offset range [start, end) they got.
         Every record is checked before any is written."""
         encoded = [encode_record(r, f"record {i + 1}") for i, r in enumerate(records)]
-        return self.append_lines(partition, encoded)
+        return self._append_checked(partition, encoded)
 
     def append_lines(self, partition: int, encoded: list[str]) -> tuple[int, int]:
         """Append pre-encoded lines as they are (tests use it to plant undecodable records).
         Refused before anything is written if a line is not one valid-Unicode line, or if the
         partition is unavailable (it is never recreated here)."""
-        self._check_partition(partition)
-        pdir = self._pdir(partition)
         for i, line in enumerate(encoded):
             check_line(line, f"record {i + 1}")
+        return self._append_checked(partition, encoded)
+
+    def _append_checked(self, partition: int, encoded: list[str]) -> tuple[int, int]:
+        """append_lines for lines already checked (encode_record / check_line)."""
+        self._check_partition(partition)
+        pdir = self._pdir(partition)
         self._head(partition)  # PartitionUnavailable before the lock file could recreate pdir
         with self._lock(pdir / ".lock"):
             head = self._head(partition)
@@ -276,7 +280,7 @@ class FileLog:
     def append_lines_spread(
         self, encoded: list[str], skip_unavailable: bool = False
     ) -> dict[int, tuple[int, int]]:
-        """append_spread for lines already encoded (and checked: see encode_record)."""
+        """append_spread for lines made by encode_record (checked there, not again here)."""
         scan = self.scan()
         if scan.unavailable and not skip_unavailable:
             partition, reason = min(scan.unavailable.items())
@@ -292,7 +296,7 @@ class FileLog:
         buckets: dict[int, list[str]] = {p: [] for p in targets}
         for i, line in enumerate(encoded):
             buckets[targets[(total + i) % len(targets)]].append(line)
-        return {p: self.append_lines(p, lines) for p, lines in buckets.items() if lines}
+        return {p: self._append_checked(p, lines) for p, lines in buckets.items() if lines}
 
     # -- read -------------------------------------------------------------------------------
     def probe(self, partition: int, start: int, end: int) -> None:

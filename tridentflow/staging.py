@@ -163,9 +163,9 @@ class StagedBatch:
                 yield f"{key}\t{json.dumps(partial, ensure_ascii=False)}\n"
 
     def keys(self, state: str) -> Iterator[str]:
-        """The encoded keys of one state, in file order."""
-        for key, _partial in self.items(state):
-            yield key
+        """The encoded keys of one state, in file order (the values are not decoded)."""
+        for line in self.lines(state):
+            yield line.partition("\t")[0]
 
     def check_complete(self) -> None:
         """Trident's completeness check: the records read match the ranges, exactly, and
