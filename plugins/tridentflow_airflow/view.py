@@ -49,26 +49,27 @@ app = FastAPI(
 )
 
 
-def pipeline_refs() -> list[str]:
+def known_pipelines() -> dict[str, Pipeline]:
+    """The pipelines the view shows, by name (each ref is loaded once per request; a ref that
+    does not load is left out)."""
     extra = [r.strip() for r in os.environ.get(PIPELINES_ENV, "").split(",") if r.strip()]
-    return [*EXAMPLES, *extra]
-
-
-def find_pipeline(name: str) -> Pipeline:
-    for ref in pipeline_refs():
+    found: dict[str, Pipeline] = {}
+    for ref in [*EXAMPLES, *extra]:
         try:
             pipeline = load_pipeline(ref)
         except TridentflowError:
             continue
-        if pipeline.name == name or ref == name:
-            return pipeline
-    raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+        found.setdefault(pipeline.name, pipeline)
+    return found
 
 
 @contextmanager
-def runtime(name: str) -> Iterator[Runtime]:
-    """A runtime of pipeline ``name``; tridentflow and Redis errors become one-line JSON."""
-    pipeline = find_pipeline(name)
+def runtime(name: str | Pipeline) -> Iterator[Runtime]:
+    """A runtime of a pipeline (or of the one named ``name``: 404 if unknown); tridentflow and
+    Redis errors become one-line JSON."""
+    pipeline = name if isinstance(name, Pipeline) else known_pipelines().get(name)
+    if pipeline is None:
+        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
     try:
         rt = Runtime.open(pipeline)
     except TridentflowError as exc:
@@ -105,12 +106,8 @@ def summary(rt: Runtime) -> dict[str, Any]:
 @app.get("/api/pipelines")
 def list_pipelines() -> dict[str, Any]:
     out = []
-    for ref in pipeline_refs():
-        try:
-            name = load_pipeline(ref).name
-        except TridentflowError:
-            continue
-        with runtime(name) as rt:
+    for pipeline in known_pipelines().values():
+        with runtime(pipeline) as rt:
             out.append(summary(rt))
     return {"pipelines": out, "redis": redacted(resolve_redis_url())}
 
