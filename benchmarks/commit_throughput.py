@@ -1,7 +1,7 @@
 """Benchmark: commit throughput (keys/s) of the built-in numeric combiners, in Redis vs Python.
 
     python benchmarks/commit_throughput.py [--keys 50000] [--ops count,sum,min,max,mean]
-                                           [--repeat 3]
+                                           [--repeat 3] [--profile]
 
 For each combiner and state kind (opaque, transactional) a batch of --keys distinct keys is
 emitted (local engine, not timed) and committed twice: txid 1 creates every key, txid 2
@@ -10,11 +10,15 @@ whole ``commit()``: staging verification, every fenced write, the stray-key chec
 ledger mark. Each is run with the commit applying the combiner inside Redis (APPLY_NUMERIC,
 the default) and with the Python map-state path. Needs a Redis: TRIDENTFLOW_REDIS_URL, else a
 private redis-server (no persistence). Each figure is the best of --repeat runs.
+``--profile`` instead profiles one in-Redis update commit (Count, opaque) with cProfile and
+prints where its time goes: waiting on Redis (the socket's ``recv``) versus Python.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import random
 import shutil
 import tempfile
@@ -45,8 +49,11 @@ def pipeline(op: str, kind: StateKind) -> Pipeline:
     return p
 
 
-def timed_commits(rt: Runtime, keys: int, rng: random.Random) -> list[float]:
-    """Seconds of commit() for txid 1 (new keys) and txid 2 (every key updated)."""
+def timed_commits(
+    rt: Runtime, keys: int, rng: random.Random, profiler: cProfile.Profile | None = None
+) -> list[float]:
+    """Seconds of commit() for txid 1 (new keys) and txid 2 (every key updated); with a
+    profiler, txid 2's commit runs under it."""
     seconds = []
     for txid in (1, 2):
         records = [
@@ -55,9 +62,14 @@ def timed_commits(rt: Runtime, keys: int, rng: random.Random) -> list[float]:
         rt.log.append_spread(records)
         coordinate(rt, rt.ledger.bind_run(f"bench-{txid}").txid, batch_size=keys)
         emit(rt, txid, LocalEngine())
+        profiling = profiler is not None and txid == 2
+        if profiling:
+            profiler.enable()
         started = time.perf_counter()
         result = commit(rt, txid)
         seconds.append(time.perf_counter() - started)
+        if profiling:
+            profiler.disable()
         assert result.status == "committed" and result.keys == keys, result
     return seconds
 
@@ -67,10 +79,30 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--ops", default=",".join(COMBINERS))
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="profile one update commit")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-commit-"))
     with devredis.url_or_private(work / "redis") as url:
-        run(args, work, connect(url))
+        (profile if args.profile else run)(args, work, connect(url))
+
+
+def profile(args: argparse.Namespace, work: Path, client) -> None:
+    profiler = cProfile.Profile()
+    rt = Runtime(pipeline("count", StateKind.OPAQUE), client, work / "home-profile")
+    rt.ledger.reset(force=True)
+    rt.source_heads()
+    _first, second = timed_commits(rt, args.keys, random.Random(7), profiler)
+    stats = pstats.Stats(profiler)
+    redis_wait = sum(
+        row[2]
+        for func, row in stats.stats.items()
+        if func[2] == "<method 'recv' of '_socket.socket' objects>"
+    )
+    print(
+        f"update commit of {args.keys:,} keys (count, opaque, in Redis): {second:.3f}s, of which "
+        f"{redis_wait:.3f}s waiting on Redis and {second - redis_wait:.3f}s elsewhere"
+    )
+    stats.sort_stats("tottime").print_stats(8)
 
 
 def run(args: argparse.Namespace, work: Path, client) -> None:
