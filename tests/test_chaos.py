@@ -88,6 +88,16 @@ def test_the_harness_catches_a_key_cache_keyed_on_equality(monkeypatch):
     assert not results[-1].ok, "50 schedules did not expose an equality-keyed encoder cache"
 
 
+def test_the_harness_catches_a_task_fold_keyed_on_equality(monkeypatch):
+    """The same class in the read task's fold: one-field keys folded under their raw value
+    when that value is a number or a bool (1, 1.0 and True share one slot)."""
+    import tridentflow.engine
+
+    monkeypatch.setattr(tridentflow.engine, "RAW_KEY_TYPES", frozenset({str, int, float, bool}))
+    results = run_chaos(50, seed=0, pipelines=("mutating",), redis_restarts=False)
+    assert not results[-1].ok, "50 schedules did not expose an equality-keyed task fold"
+
+
 def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
     """The class 'an operator acting while a run is in flight': a runtime that follows the
     pipeline's current generation instead of the one it started in."""

@@ -9,15 +9,26 @@ plain Python (the reference, used by ``audit`` and for quick local runs), ``Spar
 
 from __future__ import annotations
 
+from collections import _count_elements  # type: ignore[attr-defined]
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from state.errors import KeyEncodingError
+from tridentflow.aggregators import Count
 from tridentflow.batchops import StageReport
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.filelog import FileLog
 from tridentflow.graph import ExecContext, GraphBuilder, LocalBackend
-from tridentflow.plan import BadRecord, KeyEncoder, Plan, Row, bad_record, evaluate
+from tridentflow.plan import (
+    BadRecord,
+    KeyEncoder,
+    PersistPlan,
+    Plan,
+    Row,
+    bad_record,
+    decode_record,
+)
 
 Ranges = Mapping[int, tuple[int, int]]
 """partition -> [start, end) offsets to read."""
@@ -90,16 +101,102 @@ class TaskOutput:
     edges: list[list[Row]]
 
 
-def read_task(log_root: str, plan: Plan, partition: int, start: int, end: int) -> TaskOutput:
+class TaskFold:
+    """One fast-path state's partial aggregate within one read task (Trident's partial
+    aggregation per partition), keyed exactly: keys that compare equal but encode differently
+    (1, 1.0 and True; 0.0 and -0.0) never share a slot.
+
+    A key of one str - the common case - is folded under the str itself (a str equals only
+    the same str) and encoded once per distinct key, in ``partials``; any other key is encoded
+    per tuple (the task's KeyEncoder cache), so a bad one fails its own record. A str key that
+    cannot be encoded (a lone surrogate) only shows in ``partials``: then the task is read
+    again with ``defer=False``, every key encoded in its own record."""
+
+    def __init__(self, pp: PersistPlan, encode: KeyEncoder, defer: bool = True) -> None:
+        self.pp = pp
+        self.encode = encode
+        self.defer = defer
+        self.combine = pp.aggregator.combine
+        self.counting = type(pp.aggregator) is Count  # every partial is 1: fold by counting
+        self.single = pp.key_idx[0] if len(pp.key_idx) == 1 else None
+        self.by_str: dict[str, Any] = {}
+        self.by_key: dict[str, Any] = {}
+
+    def stage(self, row: Row) -> tuple[list, list]:
+        """What one record adds: (str-keyed, encoded-key-keyed) items; raises on a bad one.
+        Counting states stage bare keys, others (key, partial) pairs."""
+        pp, k = self.pp, self.single
+        outs = pp.expand(row)
+        if self.counting:
+            if k is not None and self.defer:
+                keys = [out[k] for out in outs]
+                if set(map(type, keys)) <= RAW_KEY_TYPES:
+                    return keys, []
+                others = [(v,) for v in keys if type(v) not in RAW_KEY_TYPES]
+                return [v for v in keys if type(v) in RAW_KEY_TYPES], [
+                    self.encode(x) for x in others
+                ]
+            return [], [self.encode(key) for key in _keys(pp, outs)]
+        init, arg_idx = pp.aggregator.init, pp.arg_idx
+        parts = [init(*[out[i] for i in arg_idx]) for out in outs]
+        keys = [out[k] for out in outs] if k is not None else _keys(pp, outs)
+        if k is None or not self.defer:
+            if k is not None:
+                keys = [(v,) for v in keys]
+            return [], [(self.encode(key), part) for key, part in zip(keys, parts, strict=True)]
+        strs, encoded = [], []
+        for v, part in zip(keys, parts, strict=True):
+            if type(v) in RAW_KEY_TYPES:
+                strs.append((v, part))
+            else:
+                encoded.append((self.encode((v,)), part))
+        return strs, encoded
+
+    def apply(self, staged: tuple[list, list]) -> None:
+        strs, encoded = staged
+        if self.counting:
+            if strs:
+                _count_elements(self.by_str, strs)
+            if encoded:
+                _count_elements(self.by_key, encoded)
+            return
+        combine = self.combine
+        for acc, items in ((self.by_str, strs), (self.by_key, encoded)):
+            for key, part in items:
+                acc[key] = combine(acc[key], part) if key in acc else part
+
+    def partials(self) -> dict[str, Any]:
+        """encoded key -> partial; KeyEncodingError if a deferred str key cannot be encoded."""
+        if not self.by_str:
+            return self.by_key
+        merged = {self.encode((s,)): part for s, part in self.by_str.items()}
+        merged.update(self.by_key)  # encodings are injective: no key is in both
+        return merged
+
+
+RAW_KEY_TYPES = frozenset({str})
+"""Types whose values a task folds one-field keys under as they are: a value of one of these
+equals only values with the same encoding. Not int, float or bool: 1 == 1.0 == True."""
+
+
+def _keys(pp: PersistPlan, outs: Iterable[Row]) -> list[tuple[Any, ...]]:
+    key_idx = pp.key_idx
+    return [tuple([out[i] for i in key_idx]) for out in outs]
+
+
+def read_task(
+    log_root: str, plan: Plan, partition: int, start: int, end: int, defer: bool = True
+) -> TaskOutput:
     """Read [start, end) of one partition and run the record stage on it. Runs on Spark
     executors too.
 
     A record is all or nothing: everything it makes is computed before any of it is kept, so a
     bad record (quarantined) contributes to no state and no edge."""
-    combines = [pp.aggregator.combine for pp in plan.persists]
-    partials: list[dict[str, Any]] = [{} for _ in plan.persists]
-    edges: list[list[Row]] = [[] for _ in plan.edges]
     encode = KeyEncoder()
+    folds = [TaskFold(pp, encode, defer) for pp in plan.persists]
+    expands = [expand for _node, expand in plan.edges]
+    edges: list[list[Row]] = [[] for _ in plan.edges]
+    decode_row = plan.decoder
     bad: list[BadRecord] = []
     n, first, last = 0, None, None
     for offset, raw in FileLog(log_root).read_raw(partition, start, end):
@@ -107,15 +204,20 @@ def read_task(log_root: str, plan: Plan, partition: int, start: int, end: int) -
         first = offset if first is None else first
         last = offset
         try:
-            pairs, edge_rows = evaluate(plan, raw, encode)
+            row = decode_row(decode_record(raw))
+            staged = [fold.stage(row) for fold in folds]
+            edge_rows = [list(expand(row)) for expand in expands]
         except Exception as exc:
             bad.append(bad_record(partition, offset, raw, exc))
             continue
-        for acc, combine, state_pairs in zip(partials, combines, pairs, strict=True):
-            for key, part in state_pairs:
-                acc[key] = combine(acc[key], part) if key in acc else part
+        for fold, items in zip(folds, staged, strict=True):
+            fold.apply(items)
         for rows, produced in zip(edges, edge_rows, strict=True):
             rows.extend(produced)
+    try:
+        partials = [fold.partials() for fold in folds]
+    except KeyEncodingError:  # a deferred str key was bad: find its records
+        return read_task(log_root, plan, partition, start, end, defer=False)
     return TaskOutput(partition, PartitionCount(n, first, last), bad, partials, edges)
 
 

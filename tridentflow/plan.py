@@ -134,6 +134,8 @@ class Expander:
     steps: tuple[Step, ...]
 
     def __call__(self, row: Row) -> Iterable[Row]:
+        if len(self.steps) == 1:  # the common chain: no copy of its output
+            return self.steps[0](row)
         rows: Iterable[Row] = (row,)
         for step in self.steps:
             rows = [out for r in rows for out in step(r)]
