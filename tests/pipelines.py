@@ -17,6 +17,7 @@ from tridentflow import (
     StateSpec,
     Sum,
 )
+from tridentflow.examples.mutating import InPlaceCount
 
 POISON = "BOOM"
 
@@ -38,6 +39,24 @@ def poison(max_bad_records: int | None = None) -> Pipeline:
     pipeline.stream.each("sentence", split_or_raise, "word").group_by("word").persistent_aggregate(
         StateSpec("counts", StateKind.OPAQUE), Count()
     )
+    return pipeline
+
+
+def weigh(sentence: str) -> Iterator[tuple[str, float]]:
+    """Each word with a float weight: float sums depend on the grouping of their additions."""
+    for word in split_or_raise(sentence):
+        yield word[0], len(word[0]) / 7 + 0.1
+
+
+def folds() -> Pipeline:
+    """Every kind of fast-path state (fed straight by the source): a Count, a float Sum, a
+    Python Combiner that mutates its partials, and a global count (no group key)."""
+    pipeline = Pipeline("folds", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE))
+    words = pipeline.stream.each("sentence", weigh, ("word", "weight"))
+    words.group_by("word").persistent_aggregate(StateSpec("counts"), Count())
+    words.group_by("word").persistent_aggregate(StateSpec("weights"), Sum(), "weight", "w")
+    words.group_by("word").persistent_aggregate(StateSpec("objects"), InPlaceCount())
+    words.persistent_aggregate(StateSpec("total"), Count())
     return pipeline
 
 

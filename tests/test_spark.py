@@ -46,6 +46,40 @@ def test_spark_engine_matches_the_local_reference(spark, tmp_path):
     assert len(local.bad) >= 8
 
 
+def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
+    spark, tmp_path, monkeypatch
+):
+    """States fed straight by the source take one Spark job and combine on the driver; past
+    DIRECT_PAIRS they take the exchange. Both equal the local engine bit for bit (float sums
+    included: every engine groups a batch into the same read tasks)."""
+    import tridentflow.engine
+    import tridentflow.spark_engine
+    from tridentflow.filelog import FileLog
+
+    monkeypatch.setattr(tridentflow.engine, "FOLD_TASK_RECORDS", 97)  # several tasks each
+    log = FileLog(tmp_path / "log", segment_records=300)
+    log.ensure(3)
+    for p in range(3):
+        log.append(p, sentences(400, seed=p))
+        log.append_lines(p, ['"a BOOM"', "{undecodable"])
+        log.append(p, sentences(30, seed=p + 10))
+    plan = compile_pipeline(load_pipeline("tests.pipelines:folds"))
+    ranges = {p: (7 * p, h) for p, h in log.heads().items()}
+    local = LocalEngine().compute(plan, str(log.root), ranges)
+    direct = SparkEngine(spark).compute(plan, str(log.root), ranges)
+    monkeypatch.setattr(tridentflow.spark_engine, "DIRECT_PAIRS", 10)
+    exchanged = SparkEngine(spark).compute(plan, str(log.root), ranges)
+    assert not direct.stages and exchanged.stages  # each path was taken
+    for result in (direct, exchanged):
+        assert result.counts == local.counts
+        assert result.bad == local.bad
+        for state, items in local.partials.items():
+            assert dict(result.partials[state]) == dict(items), state
+    assert len(local.bad) == 6
+    weights = dict(local.partials["weights"])
+    assert any(w != round(w, 6) for w in weights.values())  # the float sums are inexact
+
+
 def test_split_ranges_bounds_task_size():
     assert split_ranges({0: (5, 12), 1: (3, 3)}, task_records=3) == [
         (0, 5, 8),

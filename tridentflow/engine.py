@@ -74,6 +74,19 @@ class Engine(Protocol):
 
 
 TASK_RECORDS = 50_000
+"""Records per read task when the plan has edges: a task holds every tuple its records make
+for batch operations."""
+
+FOLD_TASK_RECORDS = 250_000
+"""Records per read task when every state is fed straight by the source (no edges): a task
+then holds one partial per distinct key, whatever its record count, and fewer, larger tasks
+mean fewer partials to combine across tasks."""
+
+
+def task_records(plan: Plan) -> int:
+    """How finely a batch is split into read tasks: the same for every engine, so a float
+    Combiner's partials are grouped, and combined, alike everywhere."""
+    return TASK_RECORDS if plan.edges else FOLD_TASK_RECORDS
 
 
 def split_ranges(ranges: Ranges, task_records: int = TASK_RECORDS) -> list[tuple[int, int, int]]:
@@ -261,7 +274,8 @@ class LocalEngine:
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
     ) -> ComputeResult:
         ctx = ctx or ExecContext(0, "")
-        outputs = [read_task(log_root, plan, *task) for task in split_ranges(ranges)]
+        tasks = split_ranges(ranges, task_records(plan))
+        outputs = [read_task(log_root, plan, *task) for task in tasks]
         counts = merge_counts(ranges, ((o.partition, o.count) for o in outputs))
         bad = [b for o in outputs for b in o.bad]
         backend = LocalBackend(ctx.lose_tuple)
