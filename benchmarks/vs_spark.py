@@ -163,6 +163,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", help="comma-separated jobs to run (default: all)")
     args = parser.parse_args()
+    if not 1 <= args.repeat <= 3:
+        parser.error("--repeat must be 1..3 (each repetition uses its own Redis databases)")
     from tridentflow import devredis
 
     work = Path(tempfile.mkdtemp(prefix="tf-bench-vs-spark-"))
@@ -177,7 +179,7 @@ def _run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
     home = work / "home"
     started = time.monotonic()
     root = generate(home, args.sentences)
-    print(f"generated {args.sentences} sentences in {time.monotonic() - started:.1f}s")
+    print(f"generated {args.sentences} sentences in {time.monotonic() - started:.1f}s", flush=True)
     glob = str(root / "p-*" / "seg-*.jsonl")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     per_partition = -(-args.sentences // PARTITIONS)
@@ -185,12 +187,12 @@ def _run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
     base = redis_url.rsplit("/", 1)[0]
     jobs = {
         "bare-df": lambda r: [*me, "job-bare-df", glob, str(work / f"df-{r}.json")],
-        "tf-one": lambda r: _tf_run(home, f"{base}/{1 + 2 * r}", per_partition, 1),
+        "tf-one": lambda r: _tf_run(home, f"{base}/{1 + 4 * r}", per_partition, 1),
         "ss-foreach": lambda r: (
-            [*me, "job-ss", glob, f"{base}/{2 + 2 * r}", str(work / f"ss-ckpt-{r}")]
+            [*me, "job-ss", glob, f"{base}/{2 + 4 * r}", str(work / f"ss-ckpt-{r}")]
         ),
         "tf-txids": lambda r: _tf_run(
-            home, f"{base}/{3 + 2 * r}", -(-per_partition // args.txids), args.txids
+            home, f"{base}/{3 + 4 * r}", -(-per_partition // args.txids), args.txids
         ),
     }
     only = args.only.split(",") if args.only else list(jobs)

@@ -8,7 +8,24 @@ from tridentflow_airflow.view import app
 
 
 class TridentflowPlugin(AirflowPlugin):
-    """The tridentflow view: JSON endpoints under /tridentflow (tridentflow_airflow.view)."""
+    """The tridentflow view (tridentflow_airflow.view): JSON endpoints and two pages under
+    /tridentflow; the pages appear as a "tridentflow" entry in the navigation and a
+    "tridentflow" tab on every DAG run (external views: the UI frames them, same origin)."""
 
     name = "tridentflow"
     fastapi_apps = [{"app": app, "url_prefix": "/tridentflow", "name": "tridentflow"}]
+    external_views = [
+        {
+            "name": "tridentflow",
+            "href": "tridentflow/ui",
+            "destination": "nav",
+            "url_route": "tridentflow",
+            "category": "browse",
+        },
+        {
+            "name": "tridentflow",
+            "href": "tridentflow/run?dag_id={DAG_ID}&run_id={RUN_ID}",
+            "destination": "dag_run",
+            "url_route": "tridentflow-run",
+        },
+    ]

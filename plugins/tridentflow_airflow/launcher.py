@@ -1,5 +1,6 @@
-"""Run Airflow for real on this machine: api-server, scheduler and dag-processor on 127.0.0.1,
-SQLite metadata DB, LocalExecutor, SimpleAuthManager with a seeded admin login.
+"""Run Airflow for real on this machine: api-server, dag-processor, triggerer and scheduler on
+127.0.0.1, SQLite metadata DB, LocalExecutor, SimpleAuthManager with a seeded admin login; the
+Spark and Redis connections are stored in the metadata DB (Admin -> Connections) as well.
 
     tridentflow-airflow up [--port 8080]     start (idempotent), print URL and login
     tridentflow-airflow down                 stop every component (process groups)
@@ -26,13 +27,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tridentflow import devredis
 from tridentflow.errors import TridentflowError
 from tridentflow.runtime import REDIS_URL_ENV, resolve_home
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-COMPONENTS = ("api-server", "scheduler", "dag-processor")
+COMPONENTS = ("api-server", "dag-processor", "triggerer", "scheduler")
+"""Started in this order, the rest only once the api-server answers (a task the scheduler
+starts earlier dies on a ReadTimeout from the execution API); stopped in reverse, the
+scheduler and its running tasks first."""
 ADMIN_USER = "admin"
 DEV_REDIS_PORT = 6390
 
@@ -163,10 +168,12 @@ def up(home: Path, port: int = 8080, redis_url: str | None = None, timeout: floa
         return {"url": f"http://127.0.0.1:{port}", "pids": alive, "started": False}
     down(home)
     migrate(env)
+    store_connections(home, env)
     logs = airflow_home(home) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    pids = {}
-    for name in COMPONENTS:
+    pids: dict[str, int] = {}
+
+    def start(name: str) -> None:
         with open(logs / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(
                 ["airflow", name],
@@ -177,7 +184,9 @@ def up(home: Path, port: int = 8080, redis_url: str | None = None, timeout: floa
                 start_new_session=True,
             )
         pids[name] = proc.pid
-    _pids_file(home).write_text(json.dumps(pids))
+        _pids_file(home).write_text(json.dumps(pids))
+
+    start(COMPONENTS[0])
     deadline = time.monotonic() + timeout
     while not api_healthy(port):
         dead = [n for n, pid in pids.items() if not _alive(pid)]
@@ -186,26 +195,79 @@ def up(home: Path, port: int = 8080, redis_url: str | None = None, timeout: floa
             why = f"{', '.join(dead)} exited" if dead else f"no answer within {timeout:.0f}s"
             raise TridentflowError(f"Airflow did not start ({why}); see {logs}")
         time.sleep(1)
+    for name in COMPONENTS[1:]:
+        start(name)
     return {"url": f"http://127.0.0.1:{port}", "pids": pids, "started": True}
 
 
+def connections(env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The Spark and Redis connections of ``env`` as Airflow connection JSON."""
+    from urllib.parse import unquote, urlsplit
+
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    url = urlsplit(env["AIRFLOW_CONN_REDIS_DEFAULT"])
+    redis_conn: dict[str, Any] = {
+        "conn_type": "redis",
+        "host": url.hostname or "127.0.0.1",
+        "port": url.port or 6379,
+        "extra": {"db": int(url.path.strip("/") or 0)},
+    }
+    if url.password:
+        redis_conn.update(login=unquote(url.username or ""), password=unquote(url.password))
+    if url.scheme == "rediss":
+        redis_conn["extra"]["ssl"] = True
+    return {"spark_default": spark, "redis_default": redis_conn}
+
+
+def store_connections(home: Path, env: dict[str, str]) -> None:
+    """Put the stack's connections in the metadata DB too, so Admin -> Connections lists them
+    (the AIRFLOW_CONN_* variables, which Airflow reads first, hold the same values)."""
+    path = airflow_home(home) / "connections.json"
+    path.write_text(json.dumps(connections(env)))
+    path.chmod(0o600)
+    try:
+        subprocess.run(
+            ["airflow", "connections", "import", "--overwrite", str(path)],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def down(home: Path, grace: float = 20) -> list[str]:
-    """Stop every component: SIGTERM to its process group, SIGKILL after ``grace`` seconds."""
+    """Stop every component in reverse start order (the scheduler and the tasks it runs
+    first, the api-server they report to last): SIGTERM to its process group, SIGKILL after
+    ``grace`` seconds."""
     try:
         pids = json.loads(_pids_file(home).read_text())
     except (FileNotFoundError, ValueError):
         return []
-    for pid in pids.values():
+    order = [n for n in reversed(COMPONENTS) if n in pids]
+    order += [n for n in pids if n not in COMPONENTS]
+    for name in order:
+        pid = pids[name]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    for pid in pids.values():
+        deadline = time.monotonic() + grace
+        while _group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
     _pids_file(home).unlink(missing_ok=True)
-    return list(pids)
+    return order
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def dags_test(home: Path, dag_id: str, extra_env: dict[str, str] | None = None) -> int:

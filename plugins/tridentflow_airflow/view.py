@@ -13,6 +13,13 @@ JSON endpoints over what the Redis ledger knows (never XCom, which a cleared tas
   stateQuery; ``key`` repeats; a JSON array for compound keys)
 * ``GET  /tridentflow/api/pipelines/{name}/quarantine?limit=N``
 * ``POST /tridentflow/api/pipelines/{name}/audit``           lost / doubled / mismatched
+* ``GET  /tridentflow/api/runs/{dag_id}/{run_id}``           what an Airflow run bound and
+  committed: its pipeline, txid, binding (or the run that adopted it) and commit
+
+And two pages (static HTML that reads those endpoints; the plugin registers them as
+``external_views``, shown by the UI in a frame): ``/tridentflow/ui`` (the nav page: ledger,
+lag per partition, records per txid and step durations, quarantine, a state browser, "Audit
+now") and ``/tridentflow/run?dag_id=...&run_id=...`` (the tab on every DAG run).
 
 Airflow does not authenticate plugin apps: every route here depends on the api-server's auth
 manager (``requires_authenticated``): no or a bad token is 401/403. Responses never hold the
@@ -26,10 +33,12 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 from airflow.api_fastapi.core_api.security import requires_authenticated
 from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import FileResponse
 
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
@@ -39,6 +48,7 @@ from tridentflow.runtime import Runtime, redacted, resolve_redis_url
 from tridentflow.status import status
 
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
+PAGE = Path(__file__).with_name("static") / "tridentflow.html"
 AUTHENTICATED = requires_authenticated()
 """The dependency every route has (tests override it to run the app without Airflow)."""
 
@@ -186,3 +196,62 @@ def post_audit(name: str) -> dict[str, Any]:
             "ok": report.ok,
             "line": report.line(),
         }
+
+
+def dag_id_of(pipeline: Pipeline) -> str:
+    """The DAG id tridentflow_airflow.dag_factory gives a pipeline by default."""
+    return f"tridentflow_{pipeline.name.replace('-', '_')}"
+
+
+@app.get("/api/runs/{dag_id}/{run_id}")
+def get_run(dag_id: str, run_id: str) -> dict[str, Any]:
+    """What the run of ``dag_id`` bound and committed, from the ledger (a cleared task's
+    XCom is gone; this is not)."""
+    pipeline = next((p for p in known_pipelines().values() if dag_id_of(p) == dag_id), None)
+    if pipeline is None:
+        raise HTTPException(status_code=404, detail=f"DAG {dag_id!r} runs no tridentflow pipeline")
+    with runtime(pipeline) as rt:
+        out: dict[str, Any] = {"dag_id": dag_id, "run_id": run_id, "pipeline": pipeline.name}
+        lost = rt.ledger.lost_txid(run_id)
+        txid = rt.ledger.txid_of_run(run_id)
+        if lost is not None:
+            return {**out, "txid": lost[0], "status": "adopted", "adopted_by": lost[1]}
+        if txid is None:
+            return {**out, "txid": None, "status": "unbound"}
+        if txid <= rt.ledger.committed_txid():
+            commits = [e for e in rt.ledger.history(1000) if e["txid"] == txid]
+            return {**out, "txid": txid, "status": "committed", "commit": next(iter(commits), None)}
+        pending = next((p for p in status(rt)["pending"] if p["txid"] == txid), None)
+        return {**out, "txid": txid, "status": "pending", "pending": pending}
+
+
+@app.get("/api/pipelines/{name}/state/{state}/keys")
+def list_state_page(
+    name: str,
+    state: str,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    after: str | None = None,
+) -> dict[str, Any]:
+    """A page of every key of a state with its committed value (``after``: the cursor the
+    previous page returned as ``next``)."""
+    from tridentflow.query import list_state, pick_state
+
+    with runtime(name) as rt:
+        persist = pick_state(rt, state)
+        page = list_state(rt, persist, limit, after)
+        return {
+            "state": persist.state.name,
+            "committed_txid": page.committed,
+            "values": [{"key": list(k), "value": v} for k, v in page.items],
+            "next": page.next,
+        }
+
+
+@app.get("/ui", include_in_schema=False)
+def pipeline_page() -> FileResponse:
+    return FileResponse(PAGE, media_type="text/html")
+
+
+@app.get("/run", include_in_schema=False)
+def run_page() -> FileResponse:
+    return FileResponse(PAGE, media_type="text/html")

@@ -260,6 +260,7 @@ def test_live_runs_kill_and_clear_keep_their_txid(live):
     assert counts(rt, list(expected)) == expected
     assert audit(rt).ok
     check_the_tridentflow_view(api)
+    check_the_view_in_a_browser(api, home, rt, run1)
 
 
 def check_the_tridentflow_view(api: Api) -> None:
@@ -279,6 +280,13 @@ def check_the_tridentflow_view(api: Api) -> None:
     assert all(entry["run_id"].startswith("manual__") for entry in info["history"])
     assert info["history"][0]["steps"]["commit"]["attempts"] >= 2  # the killed commit retried
 
+    # the launcher: every component healthy (the triggerer too), connections in the DB
+    health = api.call("GET", "/monitor/health")
+    assert health["triggerer"]["status"] == "healthy", health
+    assert health["scheduler"]["status"] == "healthy", health
+    assert api.call("GET", "/connections/spark_default")["host"] == "local[*]"
+    assert api.call("GET", "/connections/redis_default")["conn_type"] == "redis"
+
     # Asset events: one per committed txid; the cleared run's `already-committed` emits none
     uri = "tridentflow://redis_default/wordcount/counts"
     assets = api.call("GET", f"/assets?uri_pattern={urllib.parse.quote(uri)}")["assets"]
@@ -288,3 +296,39 @@ def check_the_tridentflow_view(api: Api) -> None:
     assert {e["extra"]["run_id"] for e in events} == set(
         entry["run_id"] for entry in info["history"]
     )
+
+
+def check_the_view_in_a_browser(api: Api, home: Path, rt: Any, run_id: str) -> None:
+    """Headless Chromium, signed in through Airflow's login form: the nav page shows what
+    Redis holds (committed txid, a looked-up count, a clean audit); the run's tab shows its
+    txid and commit; clearing ``coordinate`` from the UI re-runs it, and the tab and the
+    counts are the same afterwards. Screenshots: test-artifacts/."""
+    from tests.airflow import browser
+
+    with browser.logged_in(api.base, launcher.admin_password(home)) as page:
+        page.goto(f"{api.base}/plugin/tridentflow")
+        assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
+        frame = page.frame_locator("iframe")
+        frame.locator("#key").fill("you")
+        frame.locator("#lookup").click()
+        shown = browser.frame_text(page, "#state-values tr:nth-child(2) td:nth-child(2)")
+        assert shown == str(counts(rt, ["you"])["you"])
+        frame.locator("#audit").click()
+        assert browser.frame_text(page, "#audit-result .ok") == "lost=0 doubled=0"
+        browser.screenshot(page, "tridentflow-pipeline")
+
+        before = browser.run_tab(page, api.base, DAG, run_id)
+        (entry,) = [e for e in rt.ledger.history(10) if e["txid"] == 1]
+        assert (before["txid"], before["status"]) == ("1", "committed")
+        assert (before["records"], before["keys"]) == (str(entry["records"]), str(entry["keys"]))
+        browser.screenshot(page, "tridentflow-run")
+        counts_before = counts(rt, ["you", "how"])
+
+        tries = api.task(run_id, "coordinate")["try_number"]
+        browser.clear_from_the_ui(page, api.base, DAG, run_id, "coordinate")
+        browser.wait_until(lambda: api.task(run_id, "coordinate")["try_number"] > tries, 120)
+        assert api.wait_run(run_id) == "success"
+        assert api.xcom(run_id, "coordinate")["txid"] == 1
+        assert browser.run_tab(page, api.base, DAG, run_id) == before
+        assert counts(rt, ["you", "how"]) == counts_before
+        browser.screenshot(page, "tridentflow-run-after-clear")

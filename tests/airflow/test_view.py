@@ -31,6 +31,10 @@ def test_without_authentication_every_route_is_refused(redis_url, monkeypatch):
         ("GET", "/api/pipelines/wordcount"),
         ("GET", "/api/pipelines/wordcount/state/counts?key=a"),
         ("POST", "/api/pipelines/wordcount/audit"),
+        ("GET", "/api/pipelines/wordcount/state/counts/keys"),
+        ("GET", "/api/runs/tridentflow_wordcount/manual__1"),
+        ("GET", "/ui"),
+        ("GET", "/run?dag_id=tridentflow_wordcount&run_id=manual__1"),
     ]:
         response = anonymous.request(method, path)
         assert response.status_code in (401, 403), (path, response.status_code)
@@ -70,6 +74,28 @@ def test_the_view_shows_the_ledger_states_quarantine_and_audit(client, redis_url
     audit = client.post("/api/pipelines/wordcount/audit").json()
     assert audit["ok"] and audit["line"] == "lost=0 doubled=0"
     assert client.get("/api/pipelines/wordcount/quarantine").json()["total"] == 0
+    page = client.get("/api/pipelines/wordcount/state/counts/keys", params={"limit": 3}).json()
+    listed_keys = [v["key"][0] for v in page["values"]]
+    while page["next"]:
+        page = client.get(
+            "/api/pipelines/wordcount/state/counts/keys", params={"limit": 3, "after": page["next"]}
+        ).json()
+        listed_keys += [v["key"][0] for v in page["values"]]
+    assert sorted(listed_keys) == sorted(word_counts(lines))  # 3 per partition: 2 txids hold all
+
+    run = client.get("/api/runs/tridentflow_wordcount/manual__1").json()
+    assert (run["txid"], run["status"], run["commit"]["run_id"]) == (1, "committed", "manual__1")
+    assert run["commit"]["steps"]["emit"]["attempts"] == 1
+    run3 = client.get("/api/runs/tridentflow_wordcount/manual__3").json()
+    assert (run3["txid"], run3["status"], run3["pending"]["owner"]) == (3, "pending", "manual__3")
+    unbound = client.get("/api/runs/tridentflow_wordcount/manual__9").json()
+    assert (unbound["txid"], unbound["status"]) == (None, "unbound")
+    assert client.get("/api/runs/some_other_dag/manual__1").status_code == 404
+    for path in ("/ui", "/run?dag_id=tridentflow_wordcount&run_id=manual__1"):
+        html = client.get(path)
+        assert html.headers["content-type"].startswith("text/html")
+        assert 'fetch("api/"' in html.text  # relative to /tridentflow/
+
     missing = client.get("/api/pipelines/nope")
     assert missing.status_code == 404 and "nope" in missing.json()["detail"]
 
@@ -88,3 +114,19 @@ def test_the_launcher_prints_the_admin_password_for_rest_tokens(tmp_path, capsys
     assert launcher.main(["password", "--home", str(tmp_path)]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed == launcher.admin_password(tmp_path) and len(printed) >= 8
+
+
+def test_the_launcher_stores_the_connections_it_sets(tmp_path):
+    from tridentflow_airflow import launcher
+
+    env = launcher.airflow_env(tmp_path, "rediss://user:p%40ss@10.0.0.5:6380/3", 8080, {})
+    conns = launcher.connections(env)
+    assert conns["spark_default"] == {"conn_type": "spark", "host": "local[*]"}
+    assert conns["redis_default"] == {
+        "conn_type": "redis",
+        "host": "10.0.0.5",
+        "port": 6380,
+        "login": "user",
+        "password": "p@ss",
+        "extra": {"db": 3, "ssl": True},
+    }

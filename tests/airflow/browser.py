@@ -1,0 +1,97 @@
+"""The tridentflow view in a real browser: Debian's Chromium driven by Playwright for Python.
+
+Playwright cannot download its own browsers here, so it is pointed at the system Chromium
+(``scripts/test.sh`` installs the Debian package when it is missing). Screenshots go to
+``BROWSER_ARTIFACTS`` (test-artifacts/ at the project root).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BROWSER_ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_NAMES = ("chromium", "chromium-browser")
+
+
+def chromium() -> str:
+    """The system Chromium's path; a clear error if there is none."""
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise RuntimeError(
+        "no chromium on PATH: scripts/test.sh installs it (apt-get install chromium)"
+    )
+
+
+@contextmanager
+def logged_in(base: str, password: str) -> Iterator[Any]:
+    """A page of a fresh headless Chromium, signed in through Airflow's login form."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/auth/login")
+            page.locator("input:not([type=password])").first.fill("admin")
+            page.locator("input[type=password]").fill(password)
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url(lambda url: "/auth/login" not in url)
+            yield page
+        finally:
+            browser.close()
+
+
+def frame_text(page: Any, selector: str) -> str:
+    """The text of ``selector`` inside the plugin's frame, once it shows."""
+    locator = page.frame_locator("iframe").locator(selector)
+    locator.wait_for(state="visible")
+    return locator.inner_text().strip()
+
+
+def screenshot(page: Any, name: str) -> Path:
+    BROWSER_ARTIFACTS.mkdir(exist_ok=True)
+    path = BROWSER_ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def run_tab(page: Any, base: str, dag: str, run_id: str) -> dict[str, str]:
+    """Open a DAG run's tridentflow tab; its fields (txid, status, records, keys...)."""
+    quoted = urllib.parse.quote(run_id, safe="")
+    page.goto(f"{base}/dags/{dag}/runs/{quoted}/plugin/tridentflow-run")
+    frame_text(page, '[data-field="txid"]')
+    fields = page.frame_locator("iframe").locator("dd[data-field]")
+    return {
+        fields.nth(i).get_attribute("data-field"): fields.nth(i).inner_text().strip()
+        for i in range(fields.count())
+    }
+
+
+def clear_from_the_ui(page: Any, base: str, dag: str, run_id: str, task_id: str) -> None:
+    """Clear one finished task (and its downstream, the dialog's default) the way a user
+    does: its task instance page, "Clear Task Instance", "Confirm"."""
+    quoted = urllib.parse.quote(run_id, safe="")
+    page.goto(f"{base}/dags/{dag}/runs/{quoted}/tasks/{task_id}")
+    page.get_by_role("button", name=re.compile(r"^Clear", re.I)).first.click()
+    page.get_by_role("button", name=re.compile(r"^Confirm", re.I)).click()
+    page.get_by_role("dialog").wait_for(state="hidden")
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        time.sleep(1)
