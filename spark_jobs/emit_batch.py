@@ -26,7 +26,7 @@ from tridentflow.emitter import emit
 from tridentflow.errors import one_line
 from tridentflow.faults import FaultPlan
 from tridentflow.registry import load_pipeline
-from tridentflow.runs import owned_txid
+from tridentflow.runs import emit_summary, owned_txid
 from tridentflow.runtime import Runtime
 from tridentflow.spark_engine import SparkEngine, spark_session
 
@@ -63,16 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # every failure is one line naming its cause
         report_error(one_line(exc))
         return 1
-    result = {"pipeline": rt.pipeline.name, "txid": txid, "status": "already-committed"}
-    if staged is not None:
-        result.update(
-            status="staged",
-            attempt=staged.attempt,
-            records=staged.records,
-            ranges=staged.manifest["ranges"],
-            skipped=staged.manifest["skipped"],
-        )
-    print(json.dumps(result))
+    print(json.dumps(emit_summary(rt, txid, staged)))
     return 0
 
 

@@ -70,6 +70,18 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local Spark Connect server (``tridentflow spark-connect``) for the session."""
+    from tridentflow import connect_server
+
+    home = tmp_path_factory.mktemp("connect-home")
+    port = devredis.free_port()
+    url = connect_server.start(home, port, "local[2]")
+    yield url
+    connect_server.stop(home, port)
+
+
 @pytest.fixture
 def cli_env(redis_url: str, home: Path, redis_client) -> dict[str, str]:
     env = dict(os.environ)

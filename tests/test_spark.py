@@ -209,3 +209,38 @@ def test_every_batch_operation_matches_the_local_engine_exactly(
     answers = local_states["answers"][0][1]
     committed = word_counts(sentences(120, seed=3))  # what txid 1 committed, not txid 2
     assert answers and all(before == committed.get(w) for w, before in answers)
+
+
+def test_spark_connect_runs_source_fed_states_like_the_local_engine(connect_url, tf, cli_env):
+    """`tridentflow run --remote sc://...` against a real local Connect server: the word count
+    exact, every fast-path state (float sums included) equal to the local engine's, and a
+    pipeline with batch operations refused in one line."""
+    tf("produce", "wordcount", "-", input="\n".join(SEED_SENTENCES) + "\n")
+    run = tf("run", "wordcount", "--remote", connect_url, "--batch-size", "2")
+    assert run.returncode == 0, run.stderr
+    assert tf("query", "wordcount", *SEED_COUNTS).stdout.splitlines() == [
+        f"{w}\t{n}" for w, n in SEED_COUNTS.items()
+    ]
+    assert tf("audit", "wordcount").stdout.strip() == "lost=0 doubled=0"
+
+    lines = [*sentences(300, seed=3), "a BOOM b", *sentences(40, seed=4)]
+    tf("produce", "tests.pipelines:folds", "-", input="\n".join(lines) + "\n")
+    local_env = {**cli_env, "TRIDENTFLOW_REDIS_URL": cli_env["TRIDENTFLOW_REDIS_URL"][:-1] + "1"}
+    assert tf("run", "tests.pipelines:folds", "--remote", connect_url).returncode == 0
+    local = tf("run", "tests.pipelines:folds", "--engine", "local", env=local_env)
+    assert local.returncode == 0, local.stderr
+    for state in ("counts", "weights", "objects", "total"):
+        listing = ["query", "tests.pipelines:folds", "--state", state, "--all", "--json"]
+        over_connect = json.loads(tf(*listing, "--limit", "100000").stdout)
+        on_local = json.loads(tf(*listing, "--limit", "100000", env=local_env).stdout)
+        assert sorted(map(str, over_connect["values"])) == sorted(map(str, on_local["values"]))
+    assert "1 bad record" in tf("status", "tests.pipelines:folds").stdout
+
+    tf("produce", "wordcount-batched", "-", input="a b\n")
+    refused = tf("run", "wordcount-batched", "--remote", connect_url)
+    assert refused.returncode == 1
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith("tridentflow: error: over Spark Connect only pipelines whose states")
+    )

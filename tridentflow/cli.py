@@ -2,6 +2,7 @@
 
     tridentflow produce PIPELINE FILE [--partitions P] [--json] [--skip-unavailable]
     tridentflow run PIPELINE [--batches N] [--batch-size K] [--engine spark|local]
+                    [--master M | --remote sc://HOST:PORT]
     tridentflow query PIPELINE KEY... [--state NAME] [--json]
     tridentflow query PIPELINE --all [--state NAME] [--json] [--limit N] [--after CURSOR]
     tridentflow status PIPELINE [--json]
@@ -9,6 +10,7 @@
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--verbose]
+    tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
 
 Common options: --redis-url / TRIDENTFLOW_REDIS_URL, --home / TRIDENTFLOW_HOME,
@@ -77,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="txids emitting at once while commits stay ordered (max.spout.pending)",
     )
     p.add_argument("--master", help="Spark master (default: spark.master, else local[*])")
+    p.add_argument(
+        "--remote", help="a Spark Connect server, sc://HOST:PORT (see `tridentflow spark-connect`)"
+    )
     p.add_argument("--no-progress", action="store_true")
     _common(p)
 
@@ -133,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-redis-restarts", action="store_true")
     p.add_argument("--verbose", action="store_true", help="print every schedule")
+
+    p = sub.add_parser(
+        "spark-connect", help="start (or --stop) a local Spark Connect server, print its URL"
+    )
+    p.add_argument("--port", type=int, default=15002)
+    p.add_argument("--master", default="local[*]", help="the server's Spark master")
+    p.add_argument("--stop", action="store_true")
+    p.add_argument("--home")
 
     p = sub.add_parser("dev-redis", help="start (or --stop) a local redis-server, print its URL")
     p.add_argument("--port", type=int, default=6390)
@@ -225,7 +238,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     if args.engine == "spark":
         from tridentflow.spark_engine import SparkEngine, spark_session
 
-        engine: Any = SparkEngine(spark_session(f"tridentflow-{rt.pipeline.name}", args.master))
+        if args.master and args.remote:
+            raise TridentflowError("give --master or --remote, not both")
+        session = spark_session(f"tridentflow-{rt.pipeline.name}", args.master, args.remote)
+        engine: Any = SparkEngine(session)
     else:
         engine = LocalEngine()
     bar = None
@@ -439,6 +455,18 @@ def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_AUDIT_FAILED if failed else 0
 
 
+def cmd_spark_connect(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow import connect_server
+
+    home = resolve_home(args.home)
+    if args.stop:
+        stopped = connect_server.stop(home, args.port)
+        out.write(f"{'stopped' if stopped else 'no'} Spark Connect on port {args.port}\n")
+        return 0
+    out.write(connect_server.start(home, args.port, args.master) + "\n")
+    return 0
+
+
 def cmd_dev_redis(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow import devredis
 
@@ -460,6 +488,7 @@ COMMANDS = {
     "quarantine": cmd_quarantine,
     "reset": cmd_reset,
     "chaos": cmd_chaos,
+    "spark-connect": cmd_spark_connect,
     "dev-redis": cmd_dev_redis,
 }
 

@@ -89,6 +89,37 @@ def emit_run(
     return emit(rt, owned_txid(rt, run_id, lease_ms), engine)
 
 
+def emit_run_remote(
+    rt: Runtime, run_id: str, remote: str, lease_ms: int = DEFAULT_LEASE_MS
+) -> dict[str, Any]:
+    """``emit_run`` on the Spark engine as a client of the Spark Connect server at ``remote``
+    (sc://HOST:PORT); the emit's summary."""
+    from tridentflow.spark_engine import SparkEngine, spark_session
+
+    txid = owned_txid(rt, run_id, lease_ms)
+    spark = spark_session(f"tridentflow-emit-{rt.pipeline.name}-{txid}", remote=remote)
+    try:
+        return emit_summary(rt, txid, emit(rt, txid, SparkEngine(spark)))
+    finally:
+        spark.stop()
+
+
+def emit_summary(rt: Runtime, txid: int, staged: StagedBatch | None) -> dict[str, Any]:
+    """What an emit did, JSON-native: staged (attempt, records, ranges, skipped partitions)
+    or already-committed."""
+    result: dict[str, Any] = {"pipeline": rt.pipeline.name, "txid": txid}
+    if staged is None:
+        return {**result, "status": "already-committed"}
+    return {
+        **result,
+        "status": "staged",
+        "attempt": staged.attempt,
+        "records": staged.records,
+        "ranges": staged.manifest["ranges"],
+        "skipped": staged.manifest["skipped"],
+    }
+
+
 def commit_run(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
     result = commit(rt, owned_txid(rt, run_id, lease_ms))
     return {"pipeline": rt.pipeline.name, "run_id": run_id, **asdict(result)}

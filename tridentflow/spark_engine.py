@@ -24,7 +24,9 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import pickle
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,7 @@ from tridentflow.engine import (
     split_ranges,
     task_records,
 )
+from tridentflow.errors import TridentflowError
 from tridentflow.graph import ExecContext, GraphBuilder, PartitionFn
 from tridentflow.plan import Plan
 
@@ -128,10 +131,16 @@ class SparkBackend:
 
 
 class SparkEngine:
+    """Runs a plan on a SparkSession: classic (a master, or under spark-submit) or a Spark
+    Connect client session (``spark_session(remote=...)``). Over Connect there are no RDDs:
+    only the direct path runs (states all fed straight by the source), its read tasks in a
+    ``mapInArrow``; a plan with batch operations is refused in one line."""
+
     name = "spark"
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
+        self.remote = is_connect(spark)
 
     def compute(
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
@@ -147,6 +156,12 @@ class SparkEngine:
             direct = self._compute_direct(plan, log_root, ranges, tasks)
             if direct is not None:
                 return direct
+        if self.remote:
+            raise TridentflowError(
+                "over Spark Connect only pipelines whose states are all fed straight by the"
+                " source run (this one has batch operations, or a batch of more than"
+                f" {DIRECT_PAIRS} partials): use spark-submit, a master, or --engine local"
+            )
         outputs = sc.parallelize(tasks, len(tasks)).map(
             functools.partial(_run_task, log_root, plan)
         )
@@ -193,12 +208,15 @@ class SparkEngine:
         exchange path's sender order, so every value is the one it would stage. None (use
         the exchange path) if the tasks make more than DIRECT_PAIRS partials in all."""
         cap = DIRECT_PAIRS // len(tasks)
-        results = (
-            self.spark.sparkContext.parallelize(tasks, len(tasks))
-            .map(functools.partial(_run_task, log_root, plan))
-            .map(functools.partial(_direct_output, cap))
-            .collect()
-        )
+        if self.remote:
+            results = self._direct_results_arrow(plan, log_root, tasks, cap)
+        else:
+            results = (
+                self.spark.sparkContext.parallelize(tasks, len(tasks))
+                .map(functools.partial(_run_task, log_root, plan))
+                .map(functools.partial(_direct_output, cap))
+                .collect()
+            )
         if any(partials is None for _p, _count, _bad, partials in results):
             return None
         counts = merge_counts(ranges, ((p, count) for p, count, _bad, _partials in results))
@@ -216,6 +234,21 @@ class SparkEngine:
             states[pp.state.name] = list(merged.items())
         return ComputeResult(counts, states, bad, [])
 
+    def _direct_results_arrow(
+        self, plan: Plan, log_root: str, tasks: list[tuple[int, int, int]], cap: int
+    ) -> list[tuple]:
+        """The read tasks' direct outputs through the DataFrame API (what Spark Connect
+        has): one row per task, range-partitioned one per Spark partition, each run by
+        ``mapInArrow`` and returned pickled; in task order."""
+        rows = [(i, p, start, end) for i, (p, start, end) in enumerate(tasks)]
+        tasks_df = self.spark.createDataFrame(
+            rows, "task long, partition long, start long, end long"
+        ).repartitionByRange(len(tasks), "task")
+        outputs = tasks_df.mapInArrow(
+            functools.partial(_read_tasks_arrow, log_root, plan, cap), "task long, result binary"
+        ).collect()
+        return [pickle.loads(row["result"]) for row in sorted(outputs, key=lambda r: r["task"])]
+
 
 DIRECT_PAIRS = 2_000_000
 """At most this many (key, partial) pairs in all go from the read tasks straight to the driver
@@ -229,6 +262,22 @@ def _direct_output(cap: int, out: TaskOutput) -> tuple[int, Any, list, list | No
     pairs = sum(len(p) for p in out.partials)
     partials = [list(p.items()) for p in out.partials] if pairs <= cap else None
     return out.partition, out.count, out.bad, partials
+
+
+def _read_tasks_arrow(log_root: str, plan: Plan, cap: int, batches: Iterator[Any]) -> Iterator[Any]:
+    """mapInArrow body: each task row's direct output, pickled."""
+    import pyarrow as pa
+
+    for batch in batches:
+        columns = [batch.column(i).to_pylist() for i in range(4)]
+        for task, partition, start, end in zip(*columns, strict=True):
+            out = _direct_output(cap, read_task(log_root, plan, partition, start, end))
+            yield pa.RecordBatch.from_pydict({"task": [task], "result": [pickle.dumps(out)]})
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 COLLECT_KEYS = 200_000
@@ -280,10 +329,22 @@ def quiet_java_options() -> str:
     return f"-Dlog4j2.configurationFile=file:{LOG4J2}"
 
 
-def spark_session(app_name: str = "tridentflow", master: str | None = None) -> SparkSession:
+def spark_session(
+    app_name: str = "tridentflow", master: str | None = None, remote: str | None = None
+) -> SparkSession:
     """A SparkSession configured for tridentflow (UI off, warnings-only logging). Python
     workers run this interpreter unless PYSPARK_PYTHON says otherwise (a venv's packages,
-    redis among them, are then there even when the venv is not on PATH)."""
+    redis among them, are then there even when the venv is not on PATH). ``remote``
+    (sc://HOST:PORT) makes it a Spark Connect client instead: no JVM here."""
+    if remote:
+        from pyspark.sql import SparkSession
+
+        try:
+            return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+        except Exception as exc:  # grpc's errors are many screens long
+            raise TridentflowError(
+                f"cannot reach Spark Connect at {remote}: {type(exc).__name__}"
+            ) from None
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if "PYSPARK_SUBMIT_ARGS" not in os.environ:  # in-process JVM: quiet its logging too
         os.environ["PYSPARK_SUBMIT_ARGS"] = (

@@ -2,7 +2,10 @@
 127.0.0.1, SQLite metadata DB, LocalExecutor, SimpleAuthManager with a seeded admin login; the
 Spark and Redis connections are stored in the metadata DB (Admin -> Connections) as well.
 
-    tridentflow-airflow up [--port 8080]     start (idempotent), print URL and login
+    tridentflow-airflow up [--port 8080] [--spark-connect [PORT]]
+                                             start (idempotent), print URL and login; with
+                                             --spark-connect, emits run on a warm local
+                                             Spark Connect server instead of spark-submit
     tridentflow-airflow down                 stop every component (process groups)
     tridentflow-airflow status
     tridentflow-airflow env                  print the environment as shell exports
@@ -160,9 +163,26 @@ def api_healthy(port: int, timeout: float = 5) -> bool:
         return False
 
 
-def up(home: Path, port: int = 8080, redis_url: str | None = None, timeout: float = 180) -> dict:
-    """Start the components (each in its own process group); wait for the API. Idempotent."""
-    env = airflow_env(home, redis_url or resolve_redis(home), port)
+def up(
+    home: Path,
+    port: int = 8080,
+    redis_url: str | None = None,
+    timeout: float = 180,
+    spark_connect: int | None = None,
+) -> dict:
+    """Start the components (each in its own process group); wait for the API. Idempotent.
+    ``spark_connect``: also start a local Spark Connect server on that port and make
+    ``spark_default`` a ``spark_connect`` connection to it (emits then run as its clients)."""
+    base = dict(os.environ)
+    if spark_connect is not None:
+        from tridentflow import connect_server
+
+        connect_server.start(home, spark_connect)
+        (airflow_home(home) / "spark-connect.port").write_text(str(spark_connect))
+        base["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(
+            {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": spark_connect}
+        )
+    env = airflow_env(home, redis_url or resolve_redis(home), port, base)
     alive = running(home)
     if len(alive) == len(COMPONENTS):
         return {"url": f"http://127.0.0.1:{port}", "pids": alive, "started": False}
@@ -257,6 +277,13 @@ def down(home: Path, grace: float = 20) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
     _pids_file(home).unlink(missing_ok=True)
+    connect_port = airflow_home(home) / "spark-connect.port"
+    if connect_port.exists():  # the Spark Connect server `up --spark-connect` started
+        from tridentflow import connect_server
+
+        if connect_server.stop(home, int(connect_port.read_text())):
+            order.append("spark-connect")
+        connect_port.unlink()
     return order
 
 
@@ -283,11 +310,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dag_id", nargs="?")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--home", help="TRIDENTFLOW_HOME (Airflow state goes in HOME/airflow)")
+    parser.add_argument(
+        "--spark-connect",
+        type=int,
+        nargs="?",
+        const=15002,
+        metavar="PORT",
+        help="up: start a local Spark Connect server (default port 15002) and emit through it",
+    )
     args = parser.parse_args(argv)
     home = resolve_home(args.home)
     try:
         if args.command == "up":
-            info = up(home, args.port)
+            info = up(home, args.port, spark_connect=args.spark_connect)
             print(f"Airflow UI: {info['url']}  (login: {ADMIN_USER} / {admin_password(home)})")
             print(f"components: {info['pids']}  logs: {airflow_home(home) / 'logs'}")
             print("stop with: tridentflow-airflow down")

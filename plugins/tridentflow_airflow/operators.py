@@ -19,9 +19,9 @@ from airflow.sdk import AssetAlias, BaseOperator
 
 import spark_jobs
 from state.ledger import DEFAULT_LEASE_MS
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import TridentflowError, one_line
 from tridentflow.registry import load_pipeline
-from tridentflow.runs import commit_run, coordinate_run, release_run
+from tridentflow.runs import commit_run, coordinate_run, emit_run_remote, release_run
 from tridentflow.runtime import Runtime, resolve_home
 from tridentflow.spark_engine import quiet_java_options
 from tridentflow_airflow.assets import emit_commit_events
@@ -146,8 +146,10 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         return env
 
-    def execute(self, context: Any) -> None:
+    def execute(self, context: Any) -> dict[str, Any] | None:
         check_spark_connection(self._conn_id)
+        if spark_connect_url(self._conn_id) is not None:
+            return self.execute_over_connect(context)
         with tempfile.TemporaryDirectory(prefix="tridentflow-emit-") as scratch:
             error_file = Path(scratch) / "error"
             self.env_vars = {
@@ -163,6 +165,30 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
                     raise
                 self.log.error("emit failed: %s", cause)
                 raise EmitFailed(cause) from exc
+        return None
+
+    def execute_over_connect(self, context: Any) -> dict[str, Any]:
+        """The emit as a Spark Connect client in this task's process: no spark-submit, no
+        JVM here; the server's executors run the read tasks."""
+        url = spark_connect_url(self._conn_id)
+        try:
+            result = emit_run_remote(self.runtime(), context["run_id"], url, self.lease_ms)
+        except Exception as exc:
+            self.log.error("emit failed: %s", one_line(exc))
+            raise EmitFailed(one_line(exc)) from exc
+        self.log.info("emit over Spark Connect: %s", result)
+        return result
+
+
+def spark_connect_url(conn_id: str) -> str | None:
+    """The sc:// URL of a connection of type ``spark_connect`` (the provider's
+    SparkConnectHook builds it); None for any other type."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.sdk import BaseHook
+
+    if BaseHook.get_connection(conn_id).conn_type != SparkConnectHook.conn_type:
+        return None
+    return SparkConnectHook(conn_id).get_connection_url()
 
 
 class CommitOperator(TridentflowTask, BaseOperator):

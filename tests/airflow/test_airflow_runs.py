@@ -94,6 +94,27 @@ def test_batch_operation_examples_under_airflow(af_env, redis_url, home):
     assert drpc.ledger.committed_txid() == 2 and answers[1] == [4, 2]
 
 
+def test_emits_through_a_spark_connect_connection(af_env, redis_url, home, connect_url):
+    """spark_default of type spark_connect (the provider's SparkConnectHook): the emit runs as
+    a Connect client inside the task, no spark-submit; a failing first emit is retried and
+    the counts are exact."""
+    host, port = connect_url.removeprefix("sc://").split(":")
+    env = {
+        **af_env,
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+            {"conn_type": "spark_connect", "host": f"sc://{host}", "port": int(port)}
+        ),
+    }
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, SEED_SENTENCES)
+    out = dags_test(env, "in-emit@1")
+    assert "emit over Spark Connect" in out and "spark-submit" not in out
+    assert "up_for_retry" in out
+    expected = word_counts(SEED_SENTENCES)
+    assert counts(rt, list(expected)) == expected
+    assert audit(rt).ok
+
+
 def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, home, tmp_path):
     rt = runtime("wordcount", redis_url, home)
     batches = [SEED_SENTENCES, sentences(40, seed=1), sentences(40, seed=2)]
