@@ -148,7 +148,6 @@ class SparkEngine:
         from pyspark import StorageLevel
 
         ctx = ctx or ExecContext(0, "")
-        sc = self.spark.sparkContext
         tasks = split_ranges(ranges, task_records(plan))
         if not tasks:  # nothing to read: no source partitions, nothing for executors
             return LocalEngine().compute(plan, log_root, ranges, ctx)
@@ -162,6 +161,7 @@ class SparkEngine:
                 " source run (this one has batch operations, or a batch of more than"
                 f" {DIRECT_PAIRS} partials): use spark-submit, a master, or --engine local"
             )
+        sc = self.spark.sparkContext
         outputs = sc.parallelize(tasks, len(tasks)).map(
             functools.partial(_run_task, log_root, plan)
         )
@@ -238,14 +238,12 @@ class SparkEngine:
         self, plan: Plan, log_root: str, tasks: list[tuple[int, int, int]], cap: int
     ) -> list[tuple]:
         """The read tasks' direct outputs through the DataFrame API (what Spark Connect
-        has): one row per task, range-partitioned one per Spark partition, each run by
-        ``mapInArrow`` and returned pickled; in task order."""
-        rows = [(i, p, start, end) for i, (p, start, end) in enumerate(tasks)]
-        tasks_df = self.spark.createDataFrame(
-            rows, "task long, partition long, start long, end long"
-        ).repartitionByRange(len(tasks), "task")
-        outputs = tasks_df.mapInArrow(
-            functools.partial(_read_tasks_arrow, log_root, plan, cap), "task long, result binary"
+        has): ``range(n)`` in n partitions is one task index per Spark partition, each run
+        by ``mapInArrow`` and returned pickled; in task order."""
+        indexes = self.spark.range(0, len(tasks), 1, len(tasks))
+        outputs = indexes.mapInArrow(
+            functools.partial(_read_tasks_arrow, log_root, plan, cap, tasks),
+            "task long, result binary",
         ).collect()
         return [pickle.loads(row["result"]) for row in sorted(outputs, key=lambda r: r["task"])]
 
@@ -264,15 +262,16 @@ def _direct_output(cap: int, out: TaskOutput) -> tuple[int, Any, list, list | No
     return out.partition, out.count, out.bad, partials
 
 
-def _read_tasks_arrow(log_root: str, plan: Plan, cap: int, batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInArrow body: each task row's direct output, pickled."""
+def _read_tasks_arrow(
+    log_root: str, plan: Plan, cap: int, tasks: list[tuple[int, int, int]], batches: Iterator[Any]
+) -> Iterator[Any]:
+    """mapInArrow body: the direct output of each task whose index comes in, pickled."""
     import pyarrow as pa
 
     for batch in batches:
-        columns = [batch.column(i).to_pylist() for i in range(4)]
-        for task, partition, start, end in zip(*columns, strict=True):
-            out = _direct_output(cap, read_task(log_root, plan, partition, start, end))
-            yield pa.RecordBatch.from_pydict({"task": [task], "result": [pickle.dumps(out)]})
+        for index in batch.column(0).to_pylist():
+            out = _direct_output(cap, read_task(log_root, plan, *tasks[index]))
+            yield pa.RecordBatch.from_pydict({"task": [index], "result": [pickle.dumps(out)]})
 
 
 def is_connect(spark: Any) -> bool:
