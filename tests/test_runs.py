@@ -159,3 +159,26 @@ def test_the_ledger_keeps_each_commits_result_and_step_timings(redis_url, redis_
     info = status(rt)
     assert info["last_commit"] == newest and len(info["history"]) == 2
     assert "txid 2 by run-2: 1 records, 2 keys; coordinate" in format_status(info)
+
+
+def test_a_python_exception_in_a_spark_task_is_its_own_line_classic_or_connect():
+    """Classic Spark starts a line with the Traceback; Spark Connect prefixes it with
+    ``[PYTHON_EXCEPTION] ...``. Either way the line is the Python exception."""
+
+    class PythonException(Exception):
+        __module__ = "pyspark.errors.exceptions.connect"
+
+    connect = PythonException(
+        "\n  An exception was thrown from the Python worker. Please see the stack trace below."
+        "\n[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback (most"
+        ' recent call last):\n  File "x.py", line 5, in boom\nValueError: bad word\n'
+        " SQLSTATE: 38000"
+    )
+    assert one_line(connect) == "Spark task failed: ValueError: bad word"
+    PythonException.__module__ = "pyspark.errors.exceptions.captured"
+    classic = PythonException(
+        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        'Traceback (most recent call last):\n  File "x.py", line 5, in boom\n'
+        "ModuleNotFoundError: No module named 'tests'\n"
+    )
+    assert one_line(classic) == "Spark task failed: ModuleNotFoundError: No module named 'tests'"

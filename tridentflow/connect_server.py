@@ -56,6 +56,10 @@ def _env(home: Path, port: int) -> dict[str, str]:
         "SPARK_IDENT_STRING": f"tridentflow-{port}",
         "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        # its Python workers import pipelines (module:attribute) as the CLI does: from here
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p
+        ),
     }
 
 

@@ -81,7 +81,8 @@ def _first(text: str, exc: BaseException) -> str:
 
 def _python_cause(text: str) -> str | None:
     lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    # classic Spark starts the line with it; Spark Connect prefixes "[PYTHON_EXCEPTION] ..."
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     if not starts:
         return None
     for line in lines[starts[-1] + 1 :]:
