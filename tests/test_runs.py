@@ -182,3 +182,20 @@ def test_a_python_exception_in_a_spark_task_is_its_own_line_classic_or_connect()
         "ModuleNotFoundError: No module named 'tests'\n"
     )
     assert one_line(classic) == "Spark task failed: ModuleNotFoundError: No module named 'tests'"
+
+
+def test_what_each_task_returns_is_json_native(redis_url, redis_client, home):
+    """Airflow shows each task's return value as its XCom: plain JSON, no tuples that
+    Airflow would serialise as {"__classname__": "builtins.tuple", ...}."""
+    import json
+
+    from tridentflow.runs import emit_summary, owned_txid
+
+    rt = runtime("wordcount-opaque", redis_url, home)
+    produce(rt, sentences(20))
+    coordinated = coordinate_run(rt, "manual__j")
+    staged = emit_run(rt, "manual__j", LocalEngine())
+    emitted = emit_summary(rt, owned_txid(rt, "manual__j"), staged)
+    committed = commit_run(rt, "manual__j")
+    for value in (coordinated, emitted, committed):
+        assert json.loads(json.dumps(value)) == value, value

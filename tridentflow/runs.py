@@ -121,8 +121,10 @@ def emit_summary(rt: Runtime, txid: int, staged: StagedBatch | None) -> dict[str
 
 
 def commit_run(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
-    result = commit(rt, owned_txid(rt, run_id, lease_ms))
-    return {"pipeline": rt.pipeline.name, "run_id": run_id, **asdict(result)}
+    """Commit the run's txid; the result JSON-native (Airflow shows it as the task's XCom)."""
+    result = asdict(commit(rt, owned_txid(rt, run_id, lease_ms)))
+    result["skipped_partitions"] = list(result["skipped_partitions"])
+    return {"pipeline": rt.pipeline.name, "run_id": run_id, **result}
 
 
 def release_run(rt: Runtime, run_id: str) -> bool:

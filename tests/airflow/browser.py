@@ -77,14 +77,24 @@ def run_tab(page: Any, base: str, dag: str, run_id: str) -> dict[str, str]:
     }
 
 
-def clear_from_the_ui(page: Any, base: str, dag: str, run_id: str, task_id: str) -> None:
-    """Clear one finished task (and its downstream, the dialog's default) the way a user
-    does: its task instance page, "Clear Task Instance", "Confirm"."""
+def clear_from_the_ui(page: Any, base: str, dag: str, run_id: str, task_id: str) -> str:
+    """Clear one finished task the way a user does: its task instance page, "Clear Task
+    Instance" (the button, or its shortcut shift+c), then "Confirm" in the dialog. Returns
+    the dialog's text (its options: downstream is ticked by default)."""
     quoted = urllib.parse.quote(run_id, safe="")
     page.goto(f"{base}/dags/{dag}/runs/{quoted}/tasks/{task_id}")
-    page.get_by_role("button", name=re.compile(r"^Clear", re.I)).first.click()
-    page.get_by_role("button", name=re.compile(r"^Confirm", re.I)).click()
-    page.get_by_role("dialog").wait_for(state="hidden")
+    page.get_by_text("Success").first.wait_for()
+    button = page.get_by_role("button", name=re.compile(r"^Clear Task Instance", re.I))
+    if button.count():
+        button.first.click()
+    else:
+        page.locator("body").press("Shift+C")
+    dialog = page.get_by_role("dialog")
+    dialog.wait_for()
+    text = dialog.inner_text()
+    dialog.get_by_role("button", name=re.compile(r"^Confirm", re.I)).click()
+    dialog.wait_for(state="hidden")
+    return text
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float = 60) -> None:

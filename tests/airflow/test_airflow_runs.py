@@ -346,7 +346,8 @@ def check_the_view_in_a_browser(api: Api, home: Path, rt: Any, run_id: str) -> N
         counts_before = counts(rt, ["you", "how"])
 
         tries = api.task(run_id, "coordinate")["try_number"]
-        browser.clear_from_the_ui(page, api.base, DAG, run_id, "coordinate")
+        dialog = browser.clear_from_the_ui(page, api.base, DAG, run_id, "coordinate")
+        assert "Affected Tasks: 3" in dialog  # coordinate and, downstream, emit and commit
         browser.wait_until(lambda: api.task(run_id, "coordinate")["try_number"] > tries, 120)
         assert api.wait_run(run_id) == "success"
         assert api.xcom(run_id, "coordinate")["txid"] == 1
