@@ -10,7 +10,12 @@ from tridentflow_airflow.assets import state_asset
 COUNTS = state_asset("wordcount", "counts")
 
 
-@dag(schedule=[COUNTS], catchup=False, tags=["tridentflow", "example"])
+@dag(
+    schedule=[COUNTS],
+    catchup=False,
+    tags=["tridentflow", "example"],
+    description="runs once per committed txid of the word count (its counts Asset)",
+)
 def tridentflow_wordcount_consumer() -> None:
     @task
     def report_new_counts() -> list[dict]:

@@ -275,7 +275,10 @@ class Ledger:
         skipped partitions, attempts and start/end times (ms) of each step. Kept in Redis, so
         clearing an Airflow task (which deletes its XCom) never loses what was committed."""
         raw = self.client.lrange(self.keys.history, start, start + max(0, limit) - 1)
-        return [json.loads(entry) for entry in raw]
+        entries = [json.loads(entry) for entry in raw]
+        for entry in entries:  # Lua's cjson writes an empty list as {}
+            entry["skipped"] = list(entry.get("skipped") or [])
+        return entries
 
     def pending_txids(self) -> list[int]:
         return list(range(self.committed_txid() + 1, self.last_txid() + 1))

@@ -87,6 +87,7 @@ def pipeline_dag(
             "on_failure_callback": release_on_failure,
         },
         tags=["tridentflow", *tags],
+        description=f"{definition.description or definition.name} ({definition.guarantee.value})",
         doc_md=DOC.format(
             name=definition.name,
             description=definition.description,

@@ -65,16 +65,24 @@ def screenshot(page: Any, name: str) -> Path:
     return path
 
 
+RUN_TAB_FIELDS = """() => {
+  const frame = document.querySelector("iframe");
+  const doc = frame && frame.contentDocument;
+  const fields = doc ? [...doc.querySelectorAll("dd[data-field]")] : [];
+  return fields.length ? Object.fromEntries(fields.map(d => [d.dataset.field, d.innerText.trim()]))
+                       : null;
+}"""
+
+
 def run_tab(page: Any, base: str, dag: str, run_id: str) -> dict[str, str]:
-    """Open a DAG run's tridentflow tab; its fields (txid, status, records, keys...)."""
+    """Open a DAG run's tridentflow tab; its fields (txid, status, records, keys...). Read
+    through the frame's document (same origin): Playwright does not track the frame Airflow
+    gives a DAG-run view (its frame_locator never sees the content)."""
     quoted = urllib.parse.quote(run_id, safe="")
     page.goto(f"{base}/dags/{dag}/runs/{quoted}/plugin/tridentflow-run")
-    frame_text(page, '[data-field="txid"]')
-    fields = page.frame_locator("iframe").locator("dd[data-field]")
-    return {
-        fields.nth(i).get_attribute("data-field"): fields.nth(i).inner_text().strip()
-        for i in range(fields.count())
-    }
+    src = page.locator("iframe").get_attribute("src")
+    assert src == f"tridentflow/run?dag_id={dag}&run_id={quoted}", src
+    return page.wait_for_function(RUN_TAB_FIELDS).json_value()
 
 
 def clear_from_the_ui(page: Any, base: str, dag: str, run_id: str, task_id: str) -> str:

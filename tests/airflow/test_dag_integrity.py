@@ -40,6 +40,12 @@ def test_no_import_errors(dagbag):
     assert set(dagbag.dag_ids) == {*EXPECTED_DAGS, CONSUMER_DAG}
 
 
+def test_every_dag_says_what_it_does(dagbag):
+    """The UI's DAG list shows each description."""
+    for dag_id, dag in dagbag.dags.items():
+        assert dag.description and len(dag.description) > 20, dag_id
+
+
 def test_commits_emit_asset_events_that_a_consumer_dag_is_scheduled_on(dagbag):
     """Each pipeline's commit task has its AssetAlias outlet; the example consumer DAG is
     scheduled on the word count's `counts` state Asset."""

@@ -86,6 +86,7 @@ def test_the_view_shows_the_ledger_states_quarantine_and_audit(client, redis_url
     run = client.get("/api/runs/tridentflow_wordcount/manual__1").json()
     assert (run["txid"], run["status"], run["commit"]["run_id"]) == (1, "committed", "manual__1")
     assert run["commit"]["steps"]["emit"]["attempts"] == 1
+    assert run["commit"]["skipped"] == []  # a list, even empty (Lua's cjson writes {})
     run3 = client.get("/api/runs/tridentflow_wordcount/manual__3").json()
     assert (run3["txid"], run3["status"], run3["pending"]["owner"]) == (3, "pending", "manual__3")
     unbound = client.get("/api/runs/tridentflow_wordcount/manual__9").json()
