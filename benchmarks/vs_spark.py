@@ -304,9 +304,9 @@ def _check(
     import redis
 
     results: dict[str, dict[str, int]] = {}
-    for name in ("bare-df", "udf-df"):
+    for name, output in (("bare-df", "df-0.json"), ("udf-df", "udf-0.json")):
         if name in jobs:
-            results[name] = json.loads((work / f"{name.split('-')[0]}-0.json").read_text())
+            results[name] = json.loads((work / output).read_text())
     if "ss-foreach" in jobs:
         raw = redis.Redis.from_url(_db(base, "ss-foreach", 0)).hgetall(SS_KEY)
         results["ss-foreach"] = {k.decode(): int(v) for k, v in raw.items()}
