@@ -324,16 +324,7 @@ def _list_state(rt: Runtime, persist: Any, args: argparse.Namespace, out: TextIO
         raise TridentflowError("query --all lists every key: give no keys")
     page = list_state(rt, persist, args.limit, args.after)
     if args.json:
-        values = [{"key": list(k), "value": v} for k, v in page.items]
-        json.dump(
-            {
-                "state": persist.state.name,
-                "committed_txid": page.committed,
-                "values": values,
-                "next": page.next,
-            },
-            out,
-        )
+        json.dump(page.to_json(persist.state.name), out)
         out.write("\n")
         return 0
     for key, value in page.items:

@@ -1,8 +1,9 @@
 """Compiles a pipeline into small picklable callables, shared by every engine.
 
 ``RowDecoder`` turns a source record into a tuple of the source's fields; ``Expander`` runs a
-chain of per-tuple operations; ``PersistPlan`` turns one input tuple into the (group key,
-partial) pairs of one persisted state. The batch operations after the per-record stage are in
+chain of per-tuple operations; ``PersistPlan`` names, for one persisted state fed straight by
+the source, its chain, group-key and argument fields (tridentflow.engine.TaskFold folds it per
+read task). The batch operations after the per-record stage are in
 tridentflow.batchops and tridentflow.graph. Engines (Spark, local) only decide where these run;
 the semantics live here once.
 """
@@ -152,18 +153,6 @@ class PersistPlan:
     expand: Expander
     key_idx: tuple[int, ...]
     arg_idx: tuple[int, ...]
-
-    def pairs(self, row: Row) -> list[tuple[Row, Any]]:
-        """(group key, partial) for every tuple the stream makes of one input ``row``."""
-        init = self.aggregator.init
-        key_idx, arg_idx = self.key_idx, self.arg_idx
-        if len(key_idx) == 1:
-            k = key_idx[0]
-            return [((out[k],), init(*[out[i] for i in arg_idx])) for out in self.expand(row)]
-        return [
-            (tuple([out[i] for i in key_idx]), init(*[out[i] for i in arg_idx]))
-            for out in self.expand(row)
-        ]
 
 
 def compile_step(op: Operation, fields: list[str]) -> tuple[Step, list[str]]:
@@ -319,17 +308,6 @@ class KeyEncoder:
         if encoded is None:
             encoded = self._cache[typed] = encode_key(key)
         return encoded
-
-
-def evaluate(
-    plan: Plan, raw: bytes, encode: Callable[[tuple], str] = encode_key
-) -> tuple[list[list], list[list[Row]]]:
-    """What one raw record makes: per fast-path state its (encoded key, partial) pairs, and
-    per edge its tuples. Raises if the record is bad (undecodable, missing field, a function
-    raising, an unencodable key); then it contributes nothing anywhere."""
-    row = plan.decoder(decode_record(raw))
-    pairs = [[(encode(k), v) for k, v in pp.pairs(row)] for pp in plan.persists]
-    return pairs, [list(expand(row)) for _node, expand in plan.edges] if plan.edges else []
 
 
 _decode_json = json.JSONDecoder().decode

@@ -78,6 +78,14 @@ class StatePage:
     items: list[tuple[tuple[Any, ...], Any]]
     next: str | None
 
+    def to_json(self, state: str) -> dict[str, Any]:
+        return {
+            "state": state,
+            "committed_txid": self.committed,
+            "values": [{"key": list(k), "value": v} for k, v in self.items],
+            "next": self.next,
+        }
+
 
 def list_state(
     rt: Runtime, persist: Persist, limit: int = 100, after: str | None = None

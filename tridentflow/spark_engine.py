@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.batchops import Exchange, StageReport, receive
+from tridentflow.batchops import Exchange, StageByKey, StageReport, receive
 from tridentflow.engine import (
     ComputeResult,
     LocalEngine,
@@ -224,14 +224,12 @@ class SparkEngine:
             (b for _p, _count, task_bad, _partials in results for b in task_bad),
             key=lambda b: (b.partition, b.offset),
         )
-        states: dict[str, Any] = {}
-        for index, pp in enumerate(plan.persists):
-            combine = pp.aggregator.combine
-            merged: dict[str, Any] = {}
-            for _p, _count, _bad, partials in results:
-                for key, part in partials[index]:
-                    merged[key] = combine(merged[key], part) if key in merged else part
-            states[pp.state.name] = list(merged.items())
+        states = {  # the exchange path's per-key staging, over the tasks in sender order
+            pp.state.name: StageByKey(pp.aggregator)(
+                0, (pair for *_head, partials in results for pair in partials[index])
+            )
+            for index, pp in enumerate(plan.persists)
+        }
         return ComputeResult(counts, states, bad, [])
 
     def _direct_results_arrow(

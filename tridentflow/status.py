@@ -14,24 +14,8 @@ def status(rt: Runtime) -> dict[str, Any]:
     scan = rt.log.scan() if rt.log.exists() else None
     heads = scan.heads if scan else {}
     unavailable = scan.unavailable if scan else {}
-    pending = []
     now_ms = _redis_now_ms(rt)
-    for txid in ledger.pending_txids():
-        info = ledger.tx_info(txid)
-        lease_until = int(info.get("lease_until", 0) or 0)
-        live = "owner" in info and lease_until > now_ms
-        pending.append(
-            {
-                "txid": txid,
-                # a released or expired claim has no owner any more: the next run adopts it
-                "owner": info.get("owner") if live else None,
-                "lease_expires_in_s": round((lease_until - now_ms) / 1000, 1) if live else None,
-                "coordinate_attempts": int(info.get("coordinate_attempts", 0)),
-                "emit_attempts": int(info.get("emit_attempts", 0)),
-                "staged_attempt": int(info["staged_attempt"]) if "staged_attempt" in info else None,
-                "commit_attempts": int(info.get("commit_token", 0)),
-            }
-        )
+    pending = [pending_txid(rt, txid, now_ms) for txid in ledger.pending_txids()]
     history = ledger.history(HISTORY_SHOWN)
     partitions = []
     for p in sorted(set(heads) | set(offsets) | set(unavailable)):
@@ -91,6 +75,24 @@ def describe_commit(entry: dict[str, Any]) -> str:
         f"txid {entry['txid']} by {entry.get('run_id') or '?'}: {entry.get('records', 0)} "
         f"records, {entry.get('keys', 0)} keys{skipped}; " + ", ".join(timing)
     )
+
+
+def pending_txid(rt: Runtime, txid: int, now_ms: int | None = None) -> dict[str, Any]:
+    """A pending txid's owner run (None once its claim was released or expired: the next
+    run adopts it), lease and attempts per step."""
+    now_ms = _redis_now_ms(rt) if now_ms is None else now_ms
+    info = rt.ledger.tx_info(txid)
+    lease_until = int(info.get("lease_until", 0) or 0)
+    live = "owner" in info and lease_until > now_ms
+    return {
+        "txid": txid,
+        "owner": info.get("owner") if live else None,
+        "lease_expires_in_s": round((lease_until - now_ms) / 1000, 1) if live else None,
+        "coordinate_attempts": int(info.get("coordinate_attempts", 0)),
+        "emit_attempts": int(info.get("emit_attempts", 0)),
+        "staged_attempt": int(info["staged_attempt"]) if "staged_attempt" in info else None,
+        "commit_attempts": int(info.get("commit_token", 0)),
+    }
 
 
 def _redis_now_ms(rt: Runtime) -> int:

@@ -36,6 +36,11 @@ counts do not change. Guarantee: **{guarantee}**.
 """
 
 
+def default_dag_id(pipeline_name: str) -> str:
+    """The DAG id ``pipeline_dag`` gives a pipeline unless told otherwise."""
+    return f"tridentflow_{pipeline_name.replace('-', '_')}"
+
+
 def pipeline_dag(
     pipeline: str,
     *,
@@ -67,7 +72,7 @@ def pipeline_dag(
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}
     with DAG(
-        dag_id or f"tridentflow_{definition.name.replace('-', '_')}",
+        dag_id or default_dag_id(definition.name),
         schedule=schedule,
         start_date=start_date,
         catchup=False,

@@ -135,9 +135,10 @@ def _pids_file(home: Path) -> Path:
     return airflow_home(home) / "pids.json"
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, group: bool = False) -> bool:
+    """Whether process ``pid`` (or, with ``group``, any process of group ``pid``) lives."""
     try:
-        os.kill(pid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -272,7 +273,7 @@ def down(home: Path, grace: float = 20) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while _group_alive(pid) and time.monotonic() < deadline:
+        while _alive(pid, group=True) and time.monotonic() < deadline:
             time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
@@ -285,16 +286,6 @@ def down(home: Path, grace: float = 20) -> list[str]:
             order.append("spark-connect")
         connect_port.unlink()
     return order
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def dags_test(home: Path, dag_id: str, extra_env: dict[str, str] | None = None) -> int:

@@ -148,8 +148,9 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
 
     def execute(self, context: Any) -> dict[str, Any] | None:
         check_spark_connection(self._conn_id)
-        if spark_connect_url(self._conn_id) is not None:
-            return self.execute_over_connect(context)
+        remote = spark_connect_url(self._conn_id)
+        if remote is not None:
+            return self.execute_over_connect(context, remote)
         with tempfile.TemporaryDirectory(prefix="tridentflow-emit-") as scratch:
             error_file = Path(scratch) / "error"
             self.env_vars = {
@@ -167,12 +168,11 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
                 raise EmitFailed(cause) from exc
         return None
 
-    def execute_over_connect(self, context: Any) -> dict[str, Any]:
-        """The emit as a Spark Connect client in this task's process: no spark-submit, no
-        JVM here; the server's executors run the read tasks."""
-        url = spark_connect_url(self._conn_id)
+    def execute_over_connect(self, context: Any, remote: str) -> dict[str, Any]:
+        """The emit as a client of the Spark Connect server at ``remote``, in this task's
+        process: no spark-submit, no JVM here; the server's executors run the read tasks."""
         try:
-            result = emit_run_remote(self.runtime(), context["run_id"], url, self.lease_ms)
+            result = emit_run_remote(self.runtime(), context["run_id"], remote, self.lease_ms)
         except Exception as exc:
             self.log.error("emit failed: %s", one_line(exc))
             raise EmitFailed(one_line(exc)) from exc

@@ -45,7 +45,8 @@ from tridentflow.errors import TridentflowError, one_line
 from tridentflow.pipeline import Pipeline
 from tridentflow.registry import EXAMPLES, load_pipeline
 from tridentflow.runtime import Runtime, redacted, resolve_redis_url
-from tridentflow.status import status
+from tridentflow.status import pending_txid, status
+from tridentflow_airflow.dag_factory import default_dag_id
 
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
 PAGE = Path(__file__).with_name("static") / "tridentflow.html"
@@ -133,16 +134,21 @@ def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) 
 @app.get("/api/pipelines/{name}/txids/{txid}")
 def get_txid(name: str, txid: int) -> dict[str, Any]:
     with runtime(name) as rt:
-        committed = rt.ledger.committed_txid()
-        if txid <= committed:
-            for entry in rt.ledger.history(1000):
-                if entry["txid"] == txid:
-                    return {"txid": txid, "status": "committed", "commit": entry}
-            return {"txid": txid, "status": "committed", "commit": None}
-        for pending in status(rt)["pending"]:
-            if pending["txid"] == txid:
-                return {"status": "pending", **pending, "metadata": rt.ledger.metadata(txid)}
+        if txid <= rt.ledger.committed_txid():
+            return {"txid": txid, "status": "committed", "commit": commit_entry(rt, txid)}
+        if txid <= rt.ledger.last_txid():
+            return {
+                "status": "pending",
+                **pending_txid(rt, txid),
+                "metadata": rt.ledger.metadata(txid),
+            }
         raise HTTPException(status_code=404, detail=f"txid {txid} is not known yet")
+
+
+def commit_entry(rt: Runtime, txid: int) -> dict[str, Any] | None:
+    """A committed txid's entry in the ledger's history (None once it is older than the
+    history keeps)."""
+    return next((e for e in rt.ledger.history(1000) if e["txid"] == txid), None)
 
 
 @app.get("/api/pipelines/{name}/state/{state}")
@@ -198,16 +204,13 @@ def post_audit(name: str) -> dict[str, Any]:
         }
 
 
-def dag_id_of(pipeline: Pipeline) -> str:
-    """The DAG id tridentflow_airflow.dag_factory gives a pipeline by default."""
-    return f"tridentflow_{pipeline.name.replace('-', '_')}"
-
-
 @app.get("/api/runs/{dag_id}/{run_id}")
 def get_run(dag_id: str, run_id: str) -> dict[str, Any]:
     """What the run of ``dag_id`` bound and committed, from the ledger (a cleared task's
     XCom is gone; this is not)."""
-    pipeline = next((p for p in known_pipelines().values() if dag_id_of(p) == dag_id), None)
+    pipeline = next(
+        (p for p in known_pipelines().values() if default_dag_id(p.name) == dag_id), None
+    )
     if pipeline is None:
         raise HTTPException(status_code=404, detail=f"DAG {dag_id!r} runs no tridentflow pipeline")
     with runtime(pipeline) as rt:
@@ -219,10 +222,8 @@ def get_run(dag_id: str, run_id: str) -> dict[str, Any]:
         if txid is None:
             return {**out, "txid": None, "status": "unbound"}
         if txid <= rt.ledger.committed_txid():
-            commits = [e for e in rt.ledger.history(1000) if e["txid"] == txid]
-            return {**out, "txid": txid, "status": "committed", "commit": next(iter(commits), None)}
-        pending = next((p for p in status(rt)["pending"] if p["txid"] == txid), None)
-        return {**out, "txid": txid, "status": "pending", "pending": pending}
+            return {**out, "txid": txid, "status": "committed", "commit": commit_entry(rt, txid)}
+        return {**out, "txid": txid, "status": "pending", "pending": pending_txid(rt, txid)}
 
 
 @app.get("/api/pipelines/{name}/state/{state}/keys")
@@ -238,20 +239,11 @@ def list_state_page(
 
     with runtime(name) as rt:
         persist = pick_state(rt, state)
-        page = list_state(rt, persist, limit, after)
-        return {
-            "state": persist.state.name,
-            "committed_txid": page.committed,
-            "values": [{"key": list(k), "value": v} for k, v in page.items],
-            "next": page.next,
-        }
+        return list_state(rt, persist, limit, after).to_json(persist.state.name)
 
 
 @app.get("/ui", include_in_schema=False)
-def pipeline_page() -> FileResponse:
-    return FileResponse(PAGE, media_type="text/html")
-
-
 @app.get("/run", include_in_schema=False)
-def run_page() -> FileResponse:
+def page() -> FileResponse:
+    """The one page (it shows a pipeline at /ui, a DAG run's txid at /run)."""
     return FileResponse(PAGE, media_type="text/html")
