@@ -9,7 +9,7 @@ operations consume. Only those task outputs are cached; the driver collects the 
 A plan whose states are all fed straight by the source (no batch operations: the word count,
 most counters) takes the direct path: one job whose read tasks return their partials, which
 the driver combines per key in task order - what the exchange would stage, without its
-shuffle and its three further jobs (about 1 s instead of 4.5 s for a 100k-record txid here).
+shuffle and its three further jobs.
 
 Otherwise the graph (tridentflow.graph) runs with ``SparkBackend``: a partition function is
 ``mapPartitionsWithIndex``; an exchange is ``batchops.Exchange.send`` per sender partition, a
