@@ -427,12 +427,15 @@ local opaque, nontx = kind == 'opaque', kind == 'non-transactional'
 
 -- a number token -> value, is_float; nil if not a plain finite number (or an int >= 2^53)
 local function num(token)
+  if find(token, '^%-?%d+$') then  -- an int: the common case, one check
+    local v = tonumber(token)
+    if v >= LIMIT or v <= -LIMIT then return nil end
+    return v, false
+  end
   if not find(token, '^%-?%d[%d%.eE%+%-]*$') then return nil end
-  local v = tonumber(token)
+  local v = tonumber(token)  -- a number here holds '.', 'e' or 'E': a float
   if v == nil or v ~= v or v == huge or v == -huge then return nil end
-  local f = find(token, '[%.eE]') ~= nil
-  if not f and (v >= LIMIT or v <= -LIMIT) then return nil end
-  return v, f
+  return v, true
 end
 
 -- value, is_float -> its JSON token (an integral float keeps '.0'); nil if not exact here
@@ -492,8 +495,23 @@ local function plain(token)
   return num(token) ~= nil
 end
 
-local VALUE = (op == 'mean') and '(n?u?l?l?%[?[^,%[%]]*,?[^,%[%]]*%]?)' or '([^,%[%]]*)'
-local STORED = '^%[(%d*n?u?l?l?),' .. VALUE .. ',' .. VALUE .. '%]$'
+-- [txid, curr, prev] as this script writes it: the common shapes first (a txid; prev null
+-- or a value), then the general one (null txid or curr: non-transactional, Python-written)
+local VALUE = (op == 'mean') and '(%[[^,%[%]]*,[^,%[%]]*%])' or '([^,%[%]n]+)'
+local SHAPES = {
+  '^%[(%d+),' .. VALUE .. ',' .. VALUE .. '%]$',
+  '^%[(%d+),' .. VALUE .. ',(null)%]$',
+  '^%[(%d*n?u?l?l?),' .. ((op == 'mean') and '(n?u?l?l?%[?[^,%[%]]*,?[^,%[%]]*%]?)'
+    or '([^,%[%]]*)') .. ',' .. ((op == 'mean') and '(n?u?l?l?%[?[^,%[%]]*,?[^,%[%]]*%]?)'
+    or '([^,%[%]]*)') .. '%]$',
+}
+local function parse(raw)
+  for i = 1, 3 do
+    local t, curr, prev = match(raw, SHAPES[i])
+    if t then return t, curr, prev end
+  end
+  return nil
+end
 
 local fields, partials = {}, {}
 for field, partial in string.gmatch(ARGV[6], '([^\t\n]+)\t([^\n]+)') do
@@ -507,14 +525,25 @@ for i = 1, #fields, 4000 do  -- unpack() has a stack limit: HMGET in slices
   for j = 1, #part do stored[#stored + 1] = part[j] end
 end
 local writes, written, unhandled = {}, {}, {}
+local nw, nu = 0, 0
 local head = nontx and '[null,' or ('[' .. txid .. ',')
+-- the common update - count or sum of ints, stored before this txid - in one pattern and one
+-- addition: |curr|, |partial| < 10^15, so the sum is exact (< 2^53); anything else below
+local fast = (op == 'count' or op == 'sum') and not nontx
+local FAST = '^%[(%d+),(%-?%d+),(%-?[%dnul]+)%]$'
+local INT = '^%-?%d+$'
 for n = 1, #fields do
   local field, partial, raw = fields[n], partials[n], stored[n]
   local value, keep = nil, 'null'
-  if not raw then
+  local t, curr, prev
+  if fast and raw then t, curr, prev = match(raw, FAST) end
+  if t and tonumber(t) < txid and #curr < 16 and #partial < 16 and find(partial, INT)
+      and (prev == 'null' or find(prev, INT)) then
+    value, keep = format('%d', tonumber(curr) + tonumber(partial)), curr
+  elseif not raw then
     if plain(partial) then value = partial end
   else
-    local t, curr, prev = match(raw, STORED)
+    t, curr, prev = parse(raw)
     local s = t and t ~= 'null' and tonumber(t)
     if t == nil or (t ~= 'null' and not s) then
       value = nil  -- not [txid, curr, prev] as this script writes it: Python's path
@@ -535,11 +564,13 @@ for n = 1, #fields do
     end
   end
   if value then
-    writes[#writes + 1] = field
-    writes[#writes + 1] = head .. value .. ',' .. (nontx and 'null' or keep) .. ']'
-    written[#written + 1] = field
+    writes[2 * nw + 1] = field
+    writes[2 * nw + 2] = head .. value .. ',' .. (nontx and 'null' or keep) .. ']'
+    nw = nw + 1
+    written[nw] = field
   elseif value == nil then
-    unhandled[#unhandled + 1] = field
+    nu = nu + 1
+    unhandled[nu] = field
   end
 end
 -- every key is checked before anything is written (a stale key above writes nothing);
