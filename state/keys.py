@@ -20,22 +20,35 @@ def check_name(kind: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class KeySpace:
-    """Names of all Redis keys that belong to one pipeline."""
+    """Names of all Redis keys that belong to one pipeline.
+
+    ``namespace`` separates deployments that share one Redis database and use the same
+    pipeline names (``tf:NAMESPACE:{pipeline}:...``); empty, keys are ``tf:{pipeline}:...``."""
 
     pipeline: str
+    namespace: str = ""
     prefix: str = "tf"
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.pipeline)
+        if self.namespace:
+            check_name("namespace", self.namespace)
 
     @property
     def base(self) -> str:
-        return f"{self.prefix}:{{{self.pipeline}}}"
+        ns = f"{self.namespace}:" if self.namespace else ""
+        return f"{self.prefix}:{ns}{{{self.pipeline}}}"
 
     @property
     def pattern(self) -> str:
         """SCAN pattern matching every key of this pipeline (braces escaped for MATCH)."""
-        return f"{self.prefix}:\\{{{self.pipeline}\\}}:*"
+        return self.base.replace("{", "\\{").replace("}", "\\}") + ":*"
+
+    @property
+    def acl_pattern(self) -> str:
+        """The ACL key pattern (``~...``) that covers every key of this pipeline and no other
+        (braces are plain characters in ACL patterns; names cannot hold glob characters)."""
+        return f"{self.base}:*"
 
     @property
     def ledger(self) -> str:

@@ -94,9 +94,15 @@ def _new_generation() -> str:
 
 
 class Ledger:
-    def __init__(self, client: redis.Redis, pipeline: str, generation: str | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        pipeline: str,
+        generation: str | None = None,
+        namespace: str = "",
+    ) -> None:
         self.client = client
-        self.keys = KeySpace(pipeline)
+        self.keys = KeySpace(pipeline, namespace)
         self.pipeline = pipeline
         self._generation = generation
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from state.keys import KeySpace
 from state.maps import StateKind
 from tests.helpers import runtime
 from tridentflow import LogSource, Pipeline, Reducer, StateSpec
@@ -173,7 +174,8 @@ def test_a_state_query_stream_sees_the_last_committed_value_during_a_pending_com
     from tridentflow.batchops import StateQuery
 
     counts = rt.pipeline.states["counts"]
-    lookup = StateQuery(redis_url, "wordcount-drpc", "counts", counts.aggregator, (0,))
+    keyspace = KeySpace("wordcount-drpc")
+    lookup = StateQuery(redis_url, keyspace, "counts", counts.aggregator, (0,))
     rows = lookup(0, [(w,) for w in "abcdefgh"] + [("zzz",)])
     assert rows == [(w, 1) for w in "abcdefgh"] + [("zzz", None)]
     assert commit(rt, 2).status == "committed"

@@ -329,7 +329,7 @@ class StateQuery:
     snapshot of the committed view (a pending commit is not seen)."""
 
     redis_url: str
-    pipeline_name: str
+    keyspace: KeySpace
     state_name: str
     persisted: Persistable
     key_idx: tuple[int, ...]
@@ -344,7 +344,7 @@ class StateQuery:
         keys = [encode_key(tuple([row[i] for i in self.key_idx])) for row in rows]
         distinct = list(dict.fromkeys(keys))
         client = connect(self.redis_url)
-        keyspace = KeySpace(self.pipeline_name)
+        keyspace = self.keyspace
         found: dict[str, Any] = {}
         try:
             for start in range(0, len(distinct), QUERY_CHUNK):

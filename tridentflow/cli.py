@@ -12,8 +12,10 @@
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--verbose]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
+    tridentflow acl PIPELINE [--user U] [--namespace NS]
 
-Common options: --redis-url / TRIDENTFLOW_REDIS_URL, --home / TRIDENTFLOW_HOME,
+Common options: --redis-url / TRIDENTFLOW_REDIS_URL, --redis-ca FILE (TLS),
+--namespace / TRIDENTFLOW_NAMESPACE, --home / TRIDENTFLOW_HOME,
 --faults / TRIDENTFLOW_FAULTS (see tridentflow.faults).
 """
 
@@ -36,6 +38,7 @@ from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.filelog import FileLog, encode_record
 from tridentflow.pipeline import Guarantee, Pipeline
+from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import Runtime, resolve_home
 
@@ -45,6 +48,12 @@ EXIT_AUDIT_FAILED = 3
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", help="Redis URL (env TRIDENTFLOW_REDIS_URL)")
+    parser.add_argument(
+        "--redis-ca", help="CA file that signed the Redis server's TLS certificate (rediss://)"
+    )
+    parser.add_argument(
+        "--namespace", help="key namespace of this deployment (env TRIDENTFLOW_NAMESPACE)"
+    )
     parser.add_argument("--home", help="source logs and staging (env TRIDENTFLOW_HOME)")
     parser.add_argument("--faults", help="fault injection spec (adds to TRIDENTFLOW_FAULTS)")
 
@@ -127,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="reset even while a run holds a live lease (its later steps are refused)",
     )
     _common(p)
+
+    p = sub.add_parser("acl", help="print the Redis ACL rules a user needs for one pipeline")
+    p.add_argument("pipeline")
+    p.add_argument("--user", help="print a whole ACL SETUSER line for this user")
+    p.add_argument(
+        "--namespace", help="key namespace of the deployment (env TRIDENTFLOW_NAMESPACE)"
+    )
 
     p = sub.add_parser("chaos", help="random fault schedules, resume, audit (own redis-server)")
     p.add_argument("--schedules", type=int, default=100)
@@ -220,6 +236,8 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
         redis_url=args.redis_url,
         home=args.home,
         faults=FaultPlan.from_env(getattr(args, "faults", None)),
+        namespace=args.namespace,
+        redis_ca=args.redis_ca,
     )
 
 
@@ -458,6 +476,18 @@ def cmd_spark_connect(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow import acl
+    from tridentflow.runtime import resolve_namespace
+
+    namespace = resolve_namespace(args.namespace)
+    if args.user:
+        out.write(acl.setuser_line(args.pipeline, args.user, namespace) + "\n")
+    else:
+        out.write(acl.rules(args.pipeline, namespace) + "\n")
+    return 0
+
+
 def cmd_dev_redis(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow import devredis
 
@@ -481,6 +511,7 @@ COMMANDS = {
     "chaos": cmd_chaos,
     "spark-connect": cmd_spark_connect,
     "dev-redis": cmd_dev_redis,
+    "acl": cmd_acl,
 }
 
 
@@ -498,7 +529,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         return COMMANDS[args.command](args, out)
     except (TridentflowError, StateError, InjectedFault, redis.RedisError) as exc:
-        sys.stderr.write(f"tridentflow: error: {one_line(exc)}\n")
+        url = resolve_redis_url(getattr(args, "redis_url", None))
+        sys.stderr.write(f"tridentflow: error: {scrubbed(one_line(exc), url)}\n")
     except KeyboardInterrupt:
         sys.stderr.write("tridentflow: interrupted\n")
     except Exception as exc:  # Spark/Py4J errors carry pages of JVM trace: keep one line

@@ -157,7 +157,7 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         "next_positions": {str(p): v for p, v in sorted(next_positions.items())},
     }
     lose = rt.faults.armed("lose-tuple", txid, attempt) is not None
-    ctx = ExecContext(txid, rt.redis_url, lose_tuple=lose)
+    ctx = ExecContext(txid, rt.redis_url, lose_tuple=lose, namespace=rt.namespace)
     result = engine.compute(rt.plan, str(rt.log.root), ranges, ctx)
     check_stages(txid, result.stages)
     check_bad_records(rt, txid, sum(c.n for c in result.counts.values()), len(result.bad))

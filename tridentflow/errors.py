@@ -70,6 +70,11 @@ def one_line(exc: BaseException) -> str:
         cause = _python_cause(text)
         return f"Spark task failed: {cause}" if cause else f"Spark: {_first(text, exc)}"
     if module.startswith("redis"):
+        if type(exc).__name__ == "NoPermissionError":
+            return (
+                f"Redis refused this user (ACL): {_first(text, exc)}; "
+                "`tridentflow acl PIPELINE` prints the rules tridentflow needs"
+            )
         return f"Redis: {type(exc).__name__}: {_first(text, exc)}"
     return _first(text, exc)
 

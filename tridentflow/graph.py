@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from state.keys import KeySpace
 from tridentflow.aggregators import Combiner
 from tridentflow.batchops import (
     PHASE_COMBINE,
@@ -68,6 +69,8 @@ class ExecContext:
     redis_url: str
     lose_tuple: bool = False
     """The ``lose-tuple`` fault: every target partition of the first exchange loses a tuple."""
+    namespace: str = ""
+    """The deployment's key namespace (state queries read keys under it)."""
 
 
 class GraphBuilder(Generic[D]):
@@ -113,7 +116,7 @@ class GraphBuilder(Generic[D]):
         if isinstance(node, QueryNode):
             query = StateQuery(
                 self.ctx.redis_url,
-                node.pipeline_name,
+                KeySpace(node.pipeline_name, self.ctx.namespace),
                 node.state_name,
                 node.persisted,
                 tuple(node.parent.fields.index(f) for f in node.key_fields),

@@ -6,7 +6,6 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -18,15 +17,19 @@ from tridentflow.faults import FaultPlan
 from tridentflow.filelog import FileLog, LogScan
 from tridentflow.pipeline import Pipeline
 from tridentflow.plan import Plan, compile_pipeline
+from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps import)
+    DEFAULT_REDIS_URL,
+    REDIS_URL_ENV,
+    connect,
+    redacted,
+    redis_user,
+    resolve_redis_url,
+    url_of,
+)
 from tridentflow.staging import StagingArea
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-REDIS_URL_ENV = "TRIDENTFLOW_REDIS_URL"
 HOME_ENV = "TRIDENTFLOW_HOME"
-
-
-def resolve_redis_url(explicit: str | None = None) -> str:
-    return explicit or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
+NAMESPACE_ENV = "TRIDENTFLOW_NAMESPACE"
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -34,27 +37,22 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(raw).expanduser().resolve()
 
 
-def redacted(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+def resolve_namespace(explicit: str | None = None) -> str:
+    """The deployment's key namespace: ``explicit``, else TRIDENTFLOW_NAMESPACE, else none."""
+    return explicit if explicit is not None else os.environ.get(NAMESPACE_ENV, "")
 
 
-def connect(url: str) -> redis.Redis:
-    """A Redis client for ``url``, checked with PING; a clear error if unreachable."""
+def check_access(client: redis.Redis, keyspace: KeySpace, url: str) -> None:
+    """A clear one-line error, before anything is written, if the Redis user may not touch
+    this pipeline's keys (an ACL user limited to other pipelines)."""
     try:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=5, socket_timeout=60, health_check_interval=30
-        )
-        client.ping()
-    except (redis.ConnectionError, redis.TimeoutError, ValueError) as exc:
-        raise TridentflowError(f"cannot reach Redis at {redacted(url)}: {exc}") from None
-    except redis.AuthenticationError as exc:
-        raise TridentflowError(f"Redis at {redacted(url)} refused the login: {exc}") from None
-    return client
+        client.hget(keyspace.ledger, "committed")
+    except redis.exceptions.NoPermissionError as exc:
+        raise TridentflowError(
+            f"Redis user {redis_user(url)!r} has no permission on pipeline "
+            f"{keyspace.pipeline!r}'s keys ({keyspace.acl_pattern}): {exc}; "
+            f"`tridentflow acl {keyspace.pipeline}` prints the ACL rules it needs"
+        ) from None
 
 
 @dataclass
@@ -65,6 +63,8 @@ class Runtime:
     faults: FaultPlan = field(default_factory=FaultPlan)
     url: str | None = None
     """The Redis URL ``client`` was opened with (rebuilt from the client if not given)."""
+    namespace: str = field(default_factory=resolve_namespace)
+    """The deployment's key namespace (TRIDENTFLOW_NAMESPACE; see state.keys.KeySpace)."""
 
     @classmethod
     def open(
@@ -73,27 +73,26 @@ class Runtime:
         redis_url: str | None = None,
         home: str | os.PathLike[str] | None = None,
         faults: FaultPlan | None = None,
+        namespace: str | None = None,
+        redis_ca: str | None = None,
     ) -> Runtime:
-        return cls(
+        """Connect and check that the Redis user may touch this pipeline's keys."""
+        url = resolve_redis_url(redis_url, redis_ca)
+        rt = cls(
             pipeline.validate(),
-            connect(resolve_redis_url(redis_url)),
+            connect(url),
             resolve_home(home),
             faults if faults is not None else FaultPlan.from_env(),
-            resolve_redis_url(redis_url),
+            url,
+            resolve_namespace(namespace),
         )
+        check_access(rt.client, rt.keyspace, url)
+        return rt
 
     @property
     def redis_url(self) -> str:
         """A URL for other processes (Spark executors running a state query) to connect."""
-        if self.url:
-            return self.url
-        kw = self.client.connection_pool.connection_kwargs
-        auth = f":{kw['password']}@" if kw.get("password") else ""
-        if kw.get("path"):
-            return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
-        return (
-            f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
-        )
+        return self.url or url_of(self.client)
 
     @cached_property
     def plan(self) -> Plan:
@@ -101,7 +100,7 @@ class Runtime:
 
     @cached_property
     def ledger(self) -> Ledger:
-        return Ledger(self.client, self.pipeline.name)
+        return Ledger(self.client, self.pipeline.name, namespace=self.namespace)
 
     @property
     def keyspace(self) -> KeySpace:

@@ -12,6 +12,9 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from tridentflow.errors import TridentflowError
+from tridentflow.redisconn import CA_PARAM, with_ca
+
+TRUE = ("1", "true", "yes")
 
 
 class MissingConnectionError(TridentflowError):
@@ -30,7 +33,8 @@ def _connection(conn_id: str, example: str):
 
 class TridentflowRedisHook(BaseHook):
     """Builds the Redis URL of a connection: host, port, db (schema or extra ``db``),
-    optional login/password, ``ssl: true`` in extra for rediss://."""
+    optional login (an ACL user) and password, TLS (``rediss://``) when the connection type is
+    ``rediss`` or extra ``ssl`` is true, with extra ``ssl_ca_certs`` as the CA file."""
 
     conn_name_attr = "redis_conn_id"
     default_conn_name = "redis_default"
@@ -49,11 +53,14 @@ class TridentflowRedisHook(BaseHook):
             raise MissingConnectionError(f"Airflow connection {self.redis_conn_id!r} has no host")
         extra = conn.extra_dejson
         db = extra.get("db", conn.schema or 0)
-        scheme = "rediss" if str(extra.get("ssl", "")).lower() in ("1", "true", "yes") else "redis"
+        tls = conn.conn_type == "rediss" or str(extra.get("ssl", "")).lower() in TRUE
         auth = ""
         if conn.password:
             auth = f"{quote(conn.login or '', safe='')}:{quote(conn.password, safe='')}@"
-        return f"{scheme}://{auth}{conn.host}:{conn.port or 6379}/{int(db)}"
+        url = f"{'rediss' if tls else 'redis'}://{auth}{conn.host}:{conn.port or 6379}/{int(db)}"
+        if extra.get(CA_PARAM):
+            url = with_ca(url, extra[CA_PARAM])
+        return url
 
 
 def check_spark_connection(conn_id: str) -> str:

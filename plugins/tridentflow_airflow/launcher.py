@@ -34,6 +34,7 @@ from typing import Any
 
 from tridentflow import devredis
 from tridentflow.errors import TridentflowError
+from tridentflow.redisconn import CA_PARAM
 from tridentflow.runtime import REDIS_URL_ENV, resolve_home
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +111,7 @@ def airflow_env(
             "AIRFLOW_CONN_SPARK_DEFAULT": env.get(
                 "AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type":"spark","host":"local[*]"}'
             ),
-            "AIRFLOW_CONN_REDIS_DEFAULT": redis_url,
+            "AIRFLOW_CONN_REDIS_DEFAULT": json.dumps(redis_connection(redis_url)),
         }
     )
     return env
@@ -221,23 +222,32 @@ def up(
     return {"url": f"http://127.0.0.1:{port}", "pids": pids, "started": True}
 
 
-def connections(env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The Spark and Redis connections of ``env`` as Airflow connection JSON."""
-    from urllib.parse import unquote, urlsplit
+def redis_connection(redis_url: str) -> dict[str, Any]:
+    """A Redis URL as Airflow connection JSON (login = ACL user; TLS and its CA in extra);
+    TridentflowRedisHook.get_url turns it back into the same URL."""
+    from urllib.parse import parse_qsl, unquote, urlsplit
 
-    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
-    url = urlsplit(env["AIRFLOW_CONN_REDIS_DEFAULT"])
-    redis_conn: dict[str, Any] = {
+    url = urlsplit(redis_url)
+    conn: dict[str, Any] = {
         "conn_type": "redis",
         "host": url.hostname or "127.0.0.1",
         "port": url.port or 6379,
         "extra": {"db": int(url.path.strip("/") or 0)},
     }
     if url.password:
-        redis_conn.update(login=unquote(url.username or ""), password=unquote(url.password))
+        conn.update(login=unquote(url.username or ""), password=unquote(url.password))
     if url.scheme == "rediss":
-        redis_conn["extra"]["ssl"] = True
-    return {"spark_default": spark, "redis_default": redis_conn}
+        conn["extra"]["ssl"] = True
+    ca = dict(parse_qsl(url.query)).get(CA_PARAM)
+    if ca:
+        conn["extra"][CA_PARAM] = ca
+    return conn
+
+
+def connections(env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The Spark and Redis connections of ``env`` as Airflow connection JSON."""
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    return {"spark_default": spark, "redis_default": json.loads(env["AIRFLOW_CONN_REDIS_DEFAULT"])}
 
 
 def store_connections(home: Path, env: dict[str, str]) -> None:

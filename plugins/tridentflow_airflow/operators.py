@@ -28,7 +28,13 @@ from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
 
 EMIT_APPLICATION = Path(spark_jobs.__file__).with_name("emit_batch.py")
-FORWARDED_ENV = ("TRIDENTFLOW_FAULTS", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
+FORWARDED_ENV = (
+    "TRIDENTFLOW_FAULTS",
+    "TRIDENTFLOW_NAMESPACE",
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+    "SPARK_LOCAL_IP",
+)
 log = logging.getLogger(__name__)
 
 

@@ -43,8 +43,9 @@ from fastapi.responses import FileResponse
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.pipeline import Pipeline
+from tridentflow.redisconn import redacted, resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
-from tridentflow.runtime import Runtime, redacted, resolve_redis_url
+from tridentflow.runtime import Runtime
 from tridentflow.status import pending_txid, status
 from tridentflow_airflow.dag_factory import default_dag_id
 
@@ -96,7 +97,7 @@ def runtime(name: str | Pipeline) -> Iterator[Runtime]:
 def _safe(text: str) -> str:
     """``text`` without the Redis URL's password."""
     url = resolve_redis_url()
-    return text.replace(url, redacted(url)) if url != redacted(url) else text
+    return scrubbed(text.replace(url, redacted(url)), url)
 
 
 def summary(rt: Runtime) -> dict[str, Any]:
@@ -116,11 +117,14 @@ def summary(rt: Runtime) -> dict[str, Any]:
 
 @app.get("/api/pipelines")
 def list_pipelines() -> dict[str, Any]:
-    out = []
+    out, unreadable = [], []
     for pipeline in known_pipelines().values():
-        with runtime(pipeline) as rt:
-            out.append(summary(rt))
-    return {"pipelines": out, "redis": redacted(resolve_redis_url())}
+        try:
+            with runtime(pipeline) as rt:
+                out.append(summary(rt))
+        except HTTPException as exc:  # e.g. a Redis ACL user limited to other pipelines
+            unreadable.append({"pipeline": pipeline.name, "error": exc.detail})
+    return {"pipelines": out, "unreadable": unreadable, "redis": redacted(resolve_redis_url())}
 
 
 @app.get("/api/pipelines/{name}")

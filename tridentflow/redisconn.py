@@ -1,0 +1,126 @@
+"""Connecting to Redis: the URL (argument, environment, a CA file for TLS), a client checked
+with PING, errors that name their cause in one line, and the URL as it may be shown.
+
+A URL is never shown with its password (``redacted``); it travels to other processes (the
+emit's spark-submit, Spark executors) through the environment or task payloads, never argv.
+TLS is ``rediss://``; the CA that signed the server's certificate is the URL parameter
+``ssl_ca_certs=FILE`` (``with_ca`` adds it). Certificates are always verified: a failed
+verification is an error, never a fallback to plain text.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+
+import redis
+
+from tridentflow.errors import TridentflowError
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL_ENV = "TRIDENTFLOW_REDIS_URL"
+CA_PARAM = "ssl_ca_certs"
+
+
+def resolve_redis_url(explicit: str | None = None, ca_file: str | None = None) -> str:
+    """The URL to use: ``explicit``, else TRIDENTFLOW_REDIS_URL, else the local default; with
+    ``ca_file`` as its TLS CA (see ``with_ca``)."""
+    url = explicit or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
+    return with_ca(url, ca_file) if ca_file else url
+
+
+def with_ca(url: str, ca_file: str) -> str:
+    """``url`` with ``ca_file`` as the CA its TLS connections verify the server against."""
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        raise TridentflowError(
+            f"a Redis CA file is only used over TLS, but {redacted(url)} is not rediss://"
+        )
+    path = Path(ca_file).expanduser().resolve()
+    if not path.is_file():
+        raise TridentflowError(f"Redis CA file {ca_file} does not exist")
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != CA_PARAM]
+    query.append((CA_PARAM, str(path)))
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` with ``url``'s password (as written, and decoded) replaced by ``***``."""
+    password = urlsplit(url).password
+    if not password:
+        return text
+    for secret in {password, unquote(password)}:
+        text = text.replace(secret, "***")
+    return text
+
+
+def redis_user(url: str) -> str:
+    """The Redis (ACL) user a URL logs in as."""
+    return urlsplit(url).username or "default"
+
+
+def _tls_hint(url: str, text: str) -> str | None:
+    """A one-line explanation of a TLS failure, None if ``text`` is not one."""
+    shown = redacted(url)
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        detail = text.split("certificate verify failed:")[-1].split("(")[0].strip(" )")
+        return (
+            f"TLS with Redis at {shown} failed: the server's certificate could not be verified"
+            f" ({detail or 'certificate verify failed'}); give the CA that signed it"
+            f" (--redis-ca FILE, or {CA_PARAM}=FILE in the URL)"
+        )
+    if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
+        return f"TLS with Redis at {shown} failed: the port does not speak TLS (use redis://)"
+    if urlsplit(url).scheme == "rediss" and ("SSL" in text or "ssl" in text):
+        return f"TLS with Redis at {shown} failed: {text}"
+    return None
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client for ``url``, checked with PING; a clear one-line error if Redis is
+    unreachable, refuses the login, fails TLS, or does not let this user PING."""
+    shown = redacted(url)
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=5, socket_timeout=60, health_check_interval=30
+        )
+        client.ping()
+    except redis.AuthenticationError as exc:  # before ConnectionError: it is one
+        raise TridentflowError(f"Redis at {shown} refused the login: {exc}") from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise TridentflowError(
+            f"Redis user {redis_user(url)!r} at {shown} may not run PING: {exc}"
+        ) from None
+    except (redis.ConnectionError, redis.TimeoutError, ValueError, OSError) as exc:
+        text = str(exc)
+        raise TridentflowError(
+            _tls_hint(url, text) or f"cannot reach Redis at {shown}: {text}"
+        ) from None
+    return client
+
+
+def url_of(client: redis.Redis) -> str:
+    """A URL that opens a client like ``client`` (user, password, TLS CA, db), for other
+    processes; prefer the URL the client was opened with where it is known."""
+    kw = client.connection_pool.connection_kwargs
+    auth = ""
+    if kw.get("password"):
+        auth = f"{quote(kw.get('username') or '', safe='')}:{quote(kw['password'], safe='')}@"
+    if kw.get("path"):
+        return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
+    tls = "ssl_ca_certs" in kw or client.connection_pool.connection_class is redis.SSLConnection
+    scheme = "rediss" if tls else "redis"
+    url = f"{scheme}://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    if kw.get("ssl_ca_certs"):
+        url += f"?{CA_PARAM}={kw['ssl_ca_certs']}"
+    return url
