@@ -66,6 +66,7 @@ def make_certs(directory: Path) -> Path:
 def start(directory: Path, tls: bool = False) -> SecureRedis:
     """A redis-server requiring ADMIN_PASSWORD for the default user; with ``tls`` it listens
     on a TLS port only (no plain-text port to fall back to)."""
+    directory.mkdir(parents=True, exist_ok=True)
     port = devredis.free_port()
     args = [
         devredis.redis_server_binary(),
