@@ -92,7 +92,7 @@ def test_an_acl_user_runs_its_pipeline_and_cannot_touch_another(tf, acl_server, 
         ("status", "wordcount-opaque"),
     ):
         line = one_error_line(tf(*step, env=env))
-        assert "'tf-wc' has no permission on pipeline 'wordcount-opaque'" in line, line
+        assert "'tf-wc' has no permission on the keys of pipeline 'wordcount-opaque'" in line, line
         assert "tf:{wordcount-opaque}:*" in line and "tridentflow acl wordcount-opaque" in line
         outputs.append(line)
     assert dump(acl_server.admin(), "tf:{wordcount-opaque}:*") == other

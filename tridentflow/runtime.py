@@ -49,8 +49,8 @@ def check_access(client: redis.Redis, keyspace: KeySpace, url: str) -> None:
         client.hget(keyspace.ledger, "committed")
     except redis.exceptions.NoPermissionError as exc:
         raise TridentflowError(
-            f"Redis user {redis_user(url)!r} has no permission on pipeline "
-            f"{keyspace.pipeline!r}'s keys ({keyspace.acl_pattern}): {exc}; "
+            f"Redis user {redis_user(url)!r} has no permission on the keys of pipeline "
+            f"{keyspace.pipeline!r} ({keyspace.acl_pattern}): {exc}; "
             f"`tridentflow acl {keyspace.pipeline}` prints the ACL rules it needs"
         ) from None
 

@@ -12,6 +12,7 @@ import pytest
 from airflow.models.dagbag import DagBag
 
 from tests.airflow.conftest import ROOT
+from tridentflow.errors import TridentflowError
 from tridentflow.spark_engine import quiet_java_options
 from tridentflow_airflow.hooks import (
     MissingConnectionError,
@@ -152,6 +153,29 @@ def test_missing_connections_are_clear_errors(monkeypatch):
 def test_redis_connection_urls(monkeypatch, conn, url):
     monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", conn)
     assert TridentflowRedisHook().get_url() == url
+
+
+def test_a_secured_redis_url_survives_the_airflow_connection(monkeypatch, tmp_path):
+    """ACL user, password with URL-special characters, TLS and its CA: the launcher's
+    connection JSON and the hook give back the same URL."""
+    import json
+
+    from tridentflow_airflow.launcher import redis_connection
+
+    ca = tmp_path / "ca.crt"
+    ca.write_text("test CA")
+    url = f"rediss://tf-wc:p%40ss%3Aw@r:6380/2?ssl_ca_certs={ca}"
+    conn = redis_connection(url)
+    assert conn["login"] == "tf-wc" and conn["password"] == "p@ss:w"
+    assert conn["extra"] == {"db": 2, "ssl": True, "ssl_ca_certs": str(ca)}
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", json.dumps(conn))
+    assert TridentflowRedisHook().get_url() == url
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_REDIS_DEFAULT",
+        json.dumps({"conn_type": "rediss", "host": "r", "extra": {"ssl_ca_certs": "/nope.crt"}}),
+    )
+    with pytest.raises(TridentflowError, match=r"Redis CA file /nope\.crt does not exist"):
+        TridentflowRedisHook().get_url()
 
 
 def test_the_emit_renews_the_dags_lease_and_runs_workers_on_this_interpreter(dagbag, monkeypatch):

@@ -116,7 +116,7 @@ def test_a_secured_redis_end_to_end_leaks_no_secret(tmp_path, home, tf):
                 os.environ.pop("TRIDENTFLOW_REDIS_URL")
             else:
                 os.environ["TRIDENTFLOW_REDIS_URL"] = saved
-        assert '"committed_txid":2' in api[1] and "no permission on pipeline" in api[4]
+        assert '"committed_txid":2' in api[1] and "no permission on the keys of pipeline" in api[4]
 
         leaks = [f"argv: {cmd[:200]}" for cmd in argv.seen if PASSWORD in cmd]
         shown = {"dags test": out, "status": status.stdout + status.stderr, "api": "".join(api)}
