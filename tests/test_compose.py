@@ -67,5 +67,72 @@ def test_images_pin_the_project_versions():
     for pin in ("apache-airflow==3.3.2", "pyspark==4.3.0"):
         assert pin in pyproject and pin in airflow
     spark = (ROOT / "docker" / "spark.Dockerfile").read_text()
-    assert re.search(r"apache/spark:4\.3\.0", spark)
-    assert "openjdk-17" in airflow
+    assert "pyspark==4.3.0" in spark
+    assert "openjdk-17" in airflow and "openjdk-17" in spark
+
+
+def test_executors_can_reach_the_driver(compose):
+    """An empty SPARK_LOCAL_IP makes spark-submit advertise localhost to executors in other
+    containers: the driver (the scheduler's container, where LocalExecutor runs the emits)
+    advertises its service name instead, and no service pins a loopback or empty address."""
+    services = compose["services"]
+    for name, service in services.items():
+        env = service.get("environment") or {}
+        assert "SPARK_LOCAL_IP" not in env, f"{name} sets SPARK_LOCAL_IP={env['SPARK_LOCAL_IP']!r}"
+        for var in ("SPARK_LOCAL_HOSTNAME", "SPARK_DRIVER_HOST"):
+            value = env.get(var)
+            if value is not None:
+                assert value == name == service.get("hostname"), (name, var, value)
+    assert services["airflow-scheduler"]["environment"]["SPARK_LOCAL_HOSTNAME"] == (
+        "airflow-scheduler"
+    )
+
+
+def test_the_shared_home_belongs_to_the_airflow_user(compose):
+    """Docker creates a named volume root-owned; Airflow runs as AIRFLOW_UID (50000): the init
+    hands the home over, as the official file does for its directories."""
+    init = compose["services"]["airflow-init"]
+    script = "\n".join(init["command"])
+    home = init["environment"]["TRIDENTFLOW_HOME"]
+    assert init["user"] == "0:0"
+    assert f'chown -R "${{AIRFLOW_UID:-50000}}:0" {home}' in script
+    assert f"chmod -R g+rwX {home}" in script
+    for name in AIRFLOW_SERVICES - {"airflow-init"}:
+        assert compose["services"][name]["user"] == "${AIRFLOW_UID:-50000}:0"
+    spark = (ROOT / "docker" / "spark.Dockerfile").read_text()
+    assert "USER 50000:0" in spark  # executors: the same uid, group 0
+
+
+def test_one_python_and_one_pyspark_everywhere(compose):
+    """PySpark refuses a driver and executors of different Python minor versions: both images
+    build on the same PYTHON_VERSION, PYSPARK_PYTHON is set explicitly everywhere Python runs
+    tridentflow code, and pyspark is the project's pin in both."""
+    airflow = (ROOT / "docker" / "airflow.Dockerfile").read_text()
+    spark = (ROOT / "docker" / "spark.Dockerfile").read_text()
+    version = re.search(r"ARG PYTHON_VERSION=(\S+)", airflow).group(1)
+    assert re.search(rf"ARG PYTHON_VERSION={re.escape(version)}\n", spark)
+    assert "FROM python:${PYTHON_VERSION}" in spark
+    bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
+    pin = re.search(r'PYSPARK_PIN="([^"]+)"', bootstrap).group(1)
+    assert f"pyspark=={pin}" in airflow and f"pyspark=={pin}" in spark
+    python = f"/usr/local/bin/python{version}"
+    for name, service in compose["services"].items():
+        if name.startswith("airflow-") or name in ("spark-worker", "spark-connect"):
+            assert service["environment"]["PYSPARK_PYTHON"] == python, name
+
+
+def test_a_connect_service_fronts_the_cluster(compose):
+    connect = compose["services"]["spark-connect"]
+    command = connect["command"]
+    assert command[:2] == ["start-connect-server.sh", "--wait"]  # foreground
+    assert command[command.index("--master") + 1] == "spark://spark-master:7077"
+    assert "spark.connect.grpc.binding.port=15002" in command
+    home = compose["services"]["airflow-scheduler"]["environment"]["TRIDENTFLOW_HOME"]
+    assert f"tridentflow-home:{home}" in connect["volumes"]
+
+
+def test_the_readme_says_how_to_use_the_stack():
+    readme = (ROOT / "README.md").read_text()
+    assert "docker compose exec airflow-scheduler tridentflow produce wordcount" in readme
+    assert "docker compose exec airflow-scheduler tridentflow status wordcount" in readme
+    assert '"conn_type":"spark_connect","host":"sc://spark-connect","port":15002' in readme

@@ -9,6 +9,8 @@ plain Python (the reference, used by ``audit`` and for quick local runs), ``Spar
 
 from __future__ import annotations
 
+import os
+import socket
 from collections import _count_elements  # type: ignore[attr-defined]
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 from state.errors import KeyEncodingError
 from tridentflow.aggregators import Count
 from tridentflow.batchops import StageReport
-from tridentflow.errors import IncompleteBatchError
+from tridentflow.errors import IncompleteBatchError, SourceError
 from tridentflow.filelog import FileLog
 from tridentflow.graph import ExecContext, GraphBuilder, LocalBackend
 from tridentflow.plan import (
@@ -212,6 +214,12 @@ def read_task(
     decode_row = plan.decoder
     bad: list[BadRecord] = []
     n, first, last = 0, None, None
+    if start < end and not os.path.isdir(log_root):
+        raise SourceError(
+            f"the source log {log_root} is not visible on this Spark executor (host "
+            f"{socket.gethostname()}): TRIDENTFLOW_HOME must be on storage every Spark worker "
+            "mounts at the same path"
+        )
     for offset, raw in FileLog(log_root).read_raw(partition, start, end):
         n += 1
         first = offset if first is None else first
@@ -248,7 +256,9 @@ def build_states(plan: Plan, builder: GraphBuilder, task_partials: list[Any]) ->
     combined; graph states built by the graph."""
     datasets: dict[str, Any] = {}
     for pp, data in zip(plan.persists, task_partials, strict=True):
-        datasets[pp.state.name] = builder.stage_by_key(data, pp.state.name, pp.aggregator)
+        datasets[pp.state.name] = builder.stage_by_key(
+            data, pp.state.name, pp.aggregator, pp.parallelism
+        )
     for persist in plan.graph_persists:
         datasets[persist.state.name] = builder.persist(persist)
     return datasets
