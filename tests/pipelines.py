@@ -145,6 +145,17 @@ def everything() -> Pipeline:
     joined.broadcast().parallelism_hint(2).partition_aggregate(
         ["word"], Concat(), "all"
     ).partition_persist(StateSpec("joined"), keep_all, in_fields="all")
+    # Trident's localOrShuffle (stays put; with a hint that changes the partitions, a shuffle),
+    # a hinted state stage, and a grouped state query
+    words.local_or_shuffle().project("word").group_by("word").persistent_aggregate(
+        StateSpec("local"), Concat(), "word"
+    ).parallelism_hint(3)
+    words.local_or_shuffle().parallelism_hint(5).group_by("word").partition_aggregate(
+        "position", Concat(), "positions"
+    ).partition_persist(StateSpec("local5"), keep_all, in_fields=("word", "positions"))
+    words.group_by("word").state_query(counts, "seen").partition_persist(
+        StateSpec("grouped_query"), keep_all, in_fields=["word", "seen"]
+    )
     return p
 
 

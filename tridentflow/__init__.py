@@ -25,6 +25,7 @@ from tridentflow.pipeline import (
     StateSpec,
     guarantee_of,
 )
+from tridentflow.static_state import FileLookup, RedisHashLookup
 
 __all__ = [
     "GUARANTEES",
@@ -32,6 +33,7 @@ __all__ = [
     "BatchInfo",
     "Combiner",
     "Count",
+    "FileLookup",
     "First",
     "Guarantee",
     "LogSource",
@@ -39,6 +41,7 @@ __all__ = [
     "Mean",
     "Min",
     "Pipeline",
+    "RedisHashLookup",
     "Reducer",
     "SourceMode",
     "StateKind",

@@ -44,6 +44,7 @@ from tridentflow.pipeline import (
     Scope,
 )
 from tridentflow.plan import Plan, compile_step
+from tridentflow.static_state import StaticQuery
 
 D = TypeVar("D")
 PartitionFn = Callable[[int, Iterable[Any]], Iterable[Any]]
@@ -113,6 +114,13 @@ class GraphBuilder(Generic[D]):
             return backend.union([self.dataset(n) for n in node.inputs])
         if isinstance(node, JoinNode):
             return self._join(node)
+        if isinstance(node, QueryNode) and node.static is not None:
+            static = StaticQuery(
+                self.ctx.redis_url,
+                node.static,
+                tuple(node.parent.fields.index(f) for f in node.key_fields),
+            )
+            return backend.map_partitions(self.dataset(node.parent), static)
         if isinstance(node, QueryNode):
             query = StateQuery(
                 self.ctx.redis_url,
@@ -125,6 +133,12 @@ class GraphBuilder(Generic[D]):
         raise PipelineError(f"internal: no record stage feeds {node!r}")
 
     def _repartition(self, node: RepartitionNode) -> D:
+        if node.how is Repartition.LOCAL_OR_SHUFFLE:
+            data = self.dataset(node.parent)
+            if node.parallelism is None or node.parallelism == self.backend.num_partitions(data):
+                return data  # every tuple stays in its task: nothing moves
+            label = f"local_or_shuffle->{node.parallelism}"
+            return self.exchange(data, Repartition.SHUFFLE, node.parallelism, label)
         single = node.how in (Repartition.GLOBAL, Repartition.BATCH_GLOBAL)
         n = node.parallelism or (1 if single else self.plan.default_parallelism)
         keys = tuple(node.parent.fields.index(f) for f in node.key_fields)
@@ -192,15 +206,17 @@ class GraphBuilder(Generic[D]):
             combiner,
         )
         data = self.backend.map_partitions(self.dataset(persist.node), keyed)
-        return self.stage_by_key(data, persist.state.name, combiner)
+        return self.stage_by_key(data, persist.state.name, combiner, persist.parallelism)
 
-    def stage_by_key(self, keyed: D, state: str, combiner: Combiner | None) -> D:
+    def stage_by_key(
+        self, keyed: D, state: str, combiner: Combiner | None, parallelism: int | None = None
+    ) -> D:
         """Exchange (key, value) pairs by key, then one staged value per key. The number of
         partitions here changes nothing but speed (at most one per sender); a single
         partition needs no exchange."""
         senders = self.backend.num_partitions(keyed)
-        if senders > 1:
-            n = min(self.plan.default_parallelism, senders)
+        if senders > 1 or (parallelism or 1) > 1:
+            n = parallelism or min(self.plan.default_parallelism, senders)
             label = f"persist({state})"
             keyed = self.exchange(keyed, Repartition.PARTITION_BY, n, label, key_idx=(0,))
         return self.backend.map_partitions(keyed, StageByKey(combiner))

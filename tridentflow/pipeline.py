@@ -36,6 +36,7 @@ from tridentflow.aggregators import (
     guard,
 )
 from tridentflow.errors import PipelineError
+from tridentflow.static_state import FileLookup, Lookup, RedisHashLookup, StaticState
 
 
 class SourceMode(StrEnum):
@@ -155,6 +156,7 @@ class Repartition(StrEnum):
     GLOBAL = "global"
     BATCH_GLOBAL = "batch_global"
     BROADCAST = "broadcast"
+    LOCAL_OR_SHUFFLE = "local_or_shuffle"
 
 
 class Scope(StrEnum):
@@ -237,9 +239,11 @@ class QueryNode:
     parent: Node
     pipeline_name: str
     state_name: str
-    persisted: Persistable
+    persisted: Persistable | None
     key_fields: tuple[str, ...]
     fields: tuple[str, ...]
+    static: Lookup | None = None
+    """A static state's store (read as it is, not a map state's committed value)."""
 
 
 Node = SourceNode | OpNode | RepartitionNode | AggregateNode | MergeNode | JoinNode | QueryNode
@@ -288,6 +292,9 @@ class Persist:
     in_fields: tuple[str, ...]
     out_field: str
     node: Node
+    parallelism: int | None = None
+    """Partitions of the state stage (its exchange by key); None: as many as senders, at most
+    the pipeline's default_parallelism. Speed only: the staged values never depend on it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "aggregator", guard(self.aggregator))
@@ -334,9 +341,10 @@ def _with_parallelism(node: Node, n: int) -> Node:
     if isinstance(node, (OpNode, QueryNode)):
         return replace(node, parent=_with_parallelism(node.parent, n))
     raise PipelineError(
-        "parallelism_hint: no repartitioning stage (partition_by, shuffle, global_, "
-        "batch_global, broadcast, group_by().aggregate, join) before it: the source stage has "
-        "one partition per read task"
+        "parallelism_hint: no repartitioning stage (partition_by, shuffle, local_or_shuffle, "
+        "global_, batch_global, broadcast, group_by().aggregate, join) before it: the source "
+        "stage runs one task per partition of the source (and per batch_size records of it); "
+        "set LogSource(partitions=N) to change it, or repartition first"
     )
 
 
@@ -460,6 +468,12 @@ class Stream:
         """Every tuple to every partition of the next stage."""
         return self._repartition(Repartition.BROADCAST)
 
+    def local_or_shuffle(self) -> Stream:
+        """Trident's localOrShuffle: tuples stay in the task that made them (every read task
+        is local to itself), so no exchange happens; with a ``parallelism_hint`` that changes
+        the number of partitions, it is shuffle(). Results never depend on which."""
+        return self._repartition(Repartition.LOCAL_OR_SHUFFLE)
+
     def parallelism_hint(self, n: int) -> Stream:
         """Run the stage since the last repartition as ``n`` partitions (Trident's
         parallelismHint). Results never depend on it, except where a partition-level
@@ -526,23 +540,32 @@ class Stream:
 
     def state_query(
         self,
-        state: TridentState,
+        state: TridentState | StaticState,
         key_fields: str | Sequence[str],
         out_field: str = "value",
     ) -> Stream:
         """Append the last committed value of ``state`` at each tuple's key (None if absent):
         Trident's stateQuery with MapGet. Keys are fetched in batches, one Redis round trip per
-        partition and chunk of keys."""
+        partition and chunk of keys. ``state`` may also be a static state
+        (``Pipeline.static_state``): reference data read as it is."""
         keys = _fields(key_fields)
         self._require(keys, f"state_query({state.name})")
+        if out_field in self.fields:
+            raise PipelineError(f"state_query({state.name}): field {out_field!r} already exists")
+        if isinstance(state, StaticState):
+            if not keys:
+                raise PipelineError(f"state_query({state.name}): give the key field(s)")
+            node = QueryNode(
+                self.node, self.pipeline.name, state.name, None, keys,
+                (*self.fields, out_field), state.lookup,
+            )  # fmt: skip
+            return Stream(self.pipeline, node)
         width = len(state.persist.group_fields)
         if len(keys) != width:
             raise PipelineError(
                 f"state_query({state.name}): the state is keyed by {width} field(s) "
                 f"{list(state.persist.group_fields)}; got key fields {list(keys)}"
             )
-        if out_field in self.fields:
-            raise PipelineError(f"state_query({state.name}): field {out_field!r} already exists")
         node = QueryNode(
             self.node,
             state.pipeline.name,
@@ -617,6 +640,11 @@ class GroupedStream:
     def chained_agg(self) -> ChainedAggregate:
         return ChainedAggregate(self.stream, self.group_fields)
 
+    def state_query(self, state: TridentState, out_field: str = "value") -> Stream:
+        """Trident's groupBy(...).stateQuery(...): each tuple with the last committed value of
+        ``state`` at its group key (the group fields are the key)."""
+        return self.stream.state_query(state, self.group_fields, out_field)
+
     def persistent_aggregate(
         self,
         state: StateSpec,
@@ -671,6 +699,17 @@ class TridentState:
     @property
     def name(self) -> str:
         return self.persist.state.name
+
+    def parallelism_hint(self, n: int) -> TridentState:
+        """Run this state's stage (the exchange by key before staging) as ``n`` partitions
+        (Trident's parallelismHint after persistentAggregate). Speed only. States fed straight
+        by the source are folded per read task and have no such stage (the hint is kept for
+        the exchange path Spark falls back to past DIRECT_PAIRS)."""
+        _check_parallelism(n)
+        persists = self.pipeline.persists
+        index = next(i for i, p in enumerate(persists) if p is self.persist)
+        persists[index] = replace(self.persist, parallelism=n)
+        return TridentState(self.pipeline, persists[index])
 
 
 @dataclass(eq=False)
@@ -755,6 +794,16 @@ class Pipeline:
     @property
     def states(self) -> dict[str, Persist]:
         return {p.state.name: p for p in self.persists}
+
+    def static_state(self, name: str, lookup: Lookup) -> StaticState:
+        """Trident's newStaticState: read-only reference data for ``state_query``, in a Redis
+        hash (``RedisHashLookup``) or a JSON file (``FileLookup``); see
+        tridentflow.static_state."""
+        if not isinstance(lookup, (RedisHashLookup, FileLookup)):
+            raise PipelineError(
+                f"static state {name}: {lookup!r} is not a RedisHashLookup or a FileLookup"
+            )
+        return StaticState(name, lookup)
 
     def state(self, name: str) -> TridentState:
         """The handle of persisted state ``name``, e.g. to state_query it from another

@@ -153,6 +153,8 @@ class PersistPlan:
     expand: Expander
     key_idx: tuple[int, ...]
     arg_idx: tuple[int, ...]
+    parallelism: int | None = None
+    """The state stage's partitions (TridentState.parallelism_hint)."""
 
 
 def compile_step(op: Operation, fields: list[str]) -> tuple[Step, list[str]]:
@@ -200,6 +202,7 @@ def compile_persist(persist: Persist) -> PersistPlan:
         compile_chain(persist.node),
         tuple(fields.index(f) for f in persist.group_fields),
         tuple(fields.index(f) for f in persist.in_fields),
+        persist.parallelism,
     )
 
 

@@ -1,0 +1,186 @@
+"""Trident operations beyond the basics, on the local engine against real Redis:
+localOrShuffle, parallelismHint on a state's stage and on the source stage, and
+groupBy(...).stateQuery(...). (tests/test_spark.py runs the same operations, in
+tests.pipelines:everything, on Spark and checks they stage the same values.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import sentences, word_counts
+from tests.pipelines import keep_all
+from tridentflow import Count, LogSource, Pipeline, StateSpec, Sum
+from tridentflow.committer import commit
+from tridentflow.coordinator import coordinate
+from tridentflow.emitter import emit
+from tridentflow.engine import LocalEngine
+from tridentflow.errors import PipelineError
+from tridentflow.examples.wordcount import split
+from tridentflow.graph import ExecContext
+from tridentflow.runtime import Runtime
+
+
+def surface() -> Pipeline:
+    p = Pipeline("surface", LogSource(fields=("sentence",), partitions=3))
+    words = p.stream.each("sentence", split, "word")
+    counts = words.group_by("word").persistent_aggregate(StateSpec("counts"), Count())
+    words.local_or_shuffle().partition_aggregate([], Count(), "n").partition_persist(
+        StateSpec("stay"), keep_all, in_fields="n"
+    )
+    words.local_or_shuffle().parallelism_hint(5).partition_aggregate(
+        [], Count(), "n"
+    ).partition_persist(StateSpec("five"), keep_all, in_fields="n")
+    hinted = (
+        words.project("word").group_by("word").persistent_aggregate(StateSpec("hinted"), Count())
+    )
+    assert hinted.parallelism_hint(2).persist.parallelism == 2
+    words.group_by("word").state_query(counts, "seen").partition_persist(
+        StateSpec("seen"), keep_all, key_fields="word", in_fields="seen"
+    )
+    return p
+
+
+def test_local_or_shuffle_hints_and_a_grouped_state_query(redis_url, redis_client, home):
+    rt = Runtime.open(surface(), redis_url, home)
+    first, second = sentences(60, seed=1), sentences(90, seed=2)
+    rt.source_heads()
+    rt.log.append_spread(first)
+    coordinate(rt, 1)
+    emit(rt, 1, LocalEngine())
+    assert commit(rt, 1).status == "committed"
+    rt.log.append_spread(second)
+    meta = coordinate(rt, 2)
+    ranges = {int(p): tuple(r) for p, r in meta["ranges"].items()}
+    result = LocalEngine().compute(rt.plan, str(rt.log.root), ranges, ExecContext(2, redis_url))
+    states = {name: dict(pairs) for name, pairs in result.partials.items()}
+    words = sum(len(s.split()) for s in second)
+
+    stay = next(iter(states["stay"].values()))
+    assert len(stay) == len(ranges) and sum(n for (n,) in stay) == words  # one per read task
+    five = next(iter(states["five"].values()))
+    assert len(five) == 5 and sum(n for (n,) in five) == words  # a shuffle to 5
+    labels = {r.stage.split(":", 1)[1] for r in result.stages}
+    assert "local_or_shuffle->5" in labels and not any(x == "local_or_shuffle" for x in labels)
+    hinted = [r for r in result.stages if r.stage.endswith("persist(hinted)")]
+    assert {r.partition for r in hinted} == {0, 1}  # the state stage in 2 partitions
+    assert sorted(states["hinted"].values()) == sorted(word_counts(second).values())
+
+    committed = word_counts(first)  # what txid 1 committed: the query sees that, not txid 2
+    seen = {key: values for key, values in states["seen"].items()}
+    assert seen and all(
+        all(v == committed.get(word) for (v,) in values)
+        for (word, values) in ((k.strip('["]'), v) for k, v in seen.items())
+    )
+
+
+def test_a_hint_on_the_source_stage_points_at_the_sources_partitions():
+    p = Pipeline("hint", LogSource(fields=("sentence",), partitions=3))
+    with pytest.raises(PipelineError, match=r"set LogSource\(partitions=N\)"):
+        p.stream.parallelism_hint(8)
+    with pytest.raises(PipelineError, match="parallelism must be a positive integer"):
+        p.stream.each("sentence", split, "word").group_by("word").persistent_aggregate(
+            StateSpec("c"), Count()
+        ).parallelism_hint(0)
+
+
+TWEETERS = {"u1": ["ann", "bob"], "u2": ["bob"], "u3": []}
+FOLLOWERS = {"ann": ["x", "y", "z"], "bob": ["y", "w"]}
+
+
+def expand(key, values):
+    for value in values or ():
+        yield (value,)
+
+
+def grab_and_spoil(url, tweeters):
+    """Mutates the looked-up list it is given (user code does): no other tuple may see it."""
+    seen = list(tweeters or [])
+    if tweeters is not None:
+        tweeters.append("spoiled")
+    return (len(seen),)
+
+
+def reach(tweeters_hash: str, followers_file: str) -> Pipeline:
+    """TridentReach: the distinct followers of everyone who tweeted a URL, from two static
+    states (a Redis hash and a JSON file)."""
+    from tridentflow import FileLookup, RedisHashLookup, SourceMode, StateKind
+
+    p = Pipeline("reach", LogSource(fields=("url",), mode=SourceMode.TRANSACTIONAL, partitions=2))
+    tweeters = p.static_state("tweeters", RedisHashLookup(tweeters_hash))
+    followers = p.static_state("followers", FileLookup(followers_file))
+    looked = p.stream.state_query(tweeters, "url", "tweeters")
+    looked.each(["url", "tweeters"], grab_and_spoil, "n").group_by("url").persistent_aggregate(
+        StateSpec("tweeter_counts", StateKind.OPAQUE), Sum(), "n"
+    )
+    (
+        looked.each(["url", "tweeters"], expand, "tweeter")
+        .state_query(followers, "tweeter", "followers")
+        .each(["tweeter", "followers"], expand, "follower")
+        .group_by(["url", "follower"])
+        .aggregate([], Count(), "times")
+        .group_by("url")
+        .persistent_aggregate(StateSpec("reach", StateKind.OPAQUE), Count())
+    )
+    return p
+
+
+def test_static_states_in_a_redis_hash_and_a_file_join_the_stream(
+    redis_url, redis_client, home, tmp_path
+):
+    import json
+
+    from tridentflow.query import query
+
+    redis_client.hset("ref:tweeters", mapping={k: json.dumps(v) for k, v in TWEETERS.items()})
+    followers = tmp_path / "followers.json"
+    followers.write_text(json.dumps(FOLLOWERS))
+    rt = Runtime.open(reach("ref:tweeters", str(followers)), redis_url, home)
+    rt.source_heads()
+    rt.log.append_spread(["u1", "u2", "u3", "u4", "u1"])
+    coordinate(rt, 1)
+    emit(rt, 1, LocalEngine())
+    assert commit(rt, 1).status == "committed"
+    urls = [("u1",), ("u2",), ("u3",), ("u4",)]
+    assert query(rt, rt.pipeline.states["reach"], urls)[1] == [4, 2, 0, 0]  # Count: absent = 0
+    # every tuple got its own copy of the looked-up list: u1 twice, 2 tweeters each time
+    assert query(rt, rt.pipeline.states["tweeter_counts"], urls)[1] == [4, 1, 0, 0]
+    assert json.loads(redis_client.hget("ref:tweeters", "u1")) == TWEETERS["u1"]
+
+
+def test_static_state_rules_and_errors(redis_url, redis_client, home, tmp_path):
+    from tridentflow import RedisHashLookup, StateKind
+    from tridentflow.errors import SourceError
+
+    p = Pipeline("static", LogSource(fields=("code",), partitions=1))
+    countries = p.static_state("countries", RedisHashLookup("ref:countries", values="text"))
+    named = p.stream.state_query(countries, "code", "country")
+    with pytest.raises(PipelineError, match="whose answer can differ when a txid is replayed"):
+        named.group_by("country").persistent_aggregate(
+            StateSpec("bad", StateKind.TRANSACTIONAL), Count()
+        )
+    named.group_by("country").persistent_aggregate(StateSpec("by_country"), Count())
+    redis_client.hset("ref:countries", mapping={"US": "United States", "FR": "France"})
+    rt = Runtime.open(p, redis_url, home)
+    rt.source_heads()
+    rt.log.append_spread(["US", "FR", "US", "XX"])
+    coordinate(rt, 1)
+    emit(rt, 1, LocalEngine())
+    commit(rt, 1)
+    from tridentflow.query import query
+
+    keys = [("United States",), ("France",), (None,)]
+    assert query(rt, rt.pipeline.states["by_country"], keys)[1] == [2, 1, 1]
+
+    strict = Pipeline("strict", LogSource(fields=("code",), partitions=1))
+    json_values = strict.static_state("countries", RedisHashLookup("ref:countries"))
+    strict.stream.state_query(json_values, "code", "country").group_by(
+        "country"
+    ).persistent_aggregate(StateSpec("c"), Count())
+    rt = Runtime.open(strict, redis_url, home)
+    rt.source_heads()
+    rt.log.append_spread(["US"])
+    coordinate(rt, 1)
+    with pytest.raises(SourceError, match="hash ref:countries: value 'United States' is not JSON"):
+        emit(rt, 1, LocalEngine())
+    with pytest.raises(PipelineError, match="not a RedisHashLookup or a FileLookup"):
+        strict.static_state("x", {"US": 1})
