@@ -43,14 +43,15 @@ PARTITIONS = 4
 SS_KEY = "bench:ss:counts"
 
 
-def generate(home: Path, sentences: int) -> Path:
-    """The word count's source log under ``home``; returns its root."""
+def generate(home: Path, sentences: int, pipeline: str = "wordcount", seed: int = 1) -> Path:
+    """``sentences`` Zipf sentences appended to ``pipeline``'s source log under ``home``;
+    returns its root."""
     from tridentflow.filelog import FileLog
 
-    rng = random.Random(1)
+    rng = random.Random(seed)
     words = [f"w{i}" for i in range(VOCABULARY)]
     cumulative = list(accumulate(1 / (i + 1) for i in range(VOCABULARY)))
-    log = FileLog(home / "sources" / "wordcount")
+    log = FileLog(home / "sources" / pipeline)
     log.ensure(PARTITIONS)
     chunk = 100_000
     for done in range(0, sentences, chunk):

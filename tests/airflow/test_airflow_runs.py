@@ -29,6 +29,7 @@ from tridentflow import devredis
 from tridentflow.audit import audit
 from tridentflow.query import query
 from tridentflow_airflow import launcher
+from tridentflow_airflow.rest import AirflowApi
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("airflow")]
 DAG = "tridentflow_wordcount"
@@ -151,53 +152,8 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
 
 
 # -- the live stack -------------------------------------------------------------------------
-class Api:
-    def __init__(self, base: str, password: str) -> None:
-        self.base = base
-        req = urllib.request.Request(
-            f"{base}/auth/token",
-            data=json.dumps({"username": "admin", "password": password}).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            self.token = json.loads(resp.read())["access_token"]
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        req = urllib.request.Request(
-            f"{self.base}/api/v2{path}",
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-            method=method,
-        )
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read() or b"null")
-
-    def wait_run(self, run_id: str, timeout: float = 420) -> str:
-        deadline = time.monotonic() + timeout
-        quoted = urllib.request.quote(run_id)
-        while time.monotonic() < deadline:
-            state = self.call("GET", f"/dags/{DAG}/dagRuns/{quoted}")["state"]
-            if state in ("success", "failed"):
-                return state
-            time.sleep(2)
-        raise TimeoutError(f"run {run_id} still {state} after {timeout}s")
-
-    def xcom(self, run_id: str, task_id: str) -> Any:
-        quoted = urllib.request.quote(run_id)
-        entry = self.call(
-            "GET", f"/dags/{DAG}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/return_value"
-        )
-        value = entry["value"]
-        return json.loads(value) if isinstance(value, str) else value
-
-    def task(self, run_id: str, task_id: str) -> dict[str, Any]:
-        quoted = urllib.request.quote(run_id)
-        return self.call("GET", f"/dags/{DAG}/dagRuns/{quoted}/taskInstances/{task_id}")
-
-
 @pytest.fixture(scope="module")
-def live(tmp_path_factory) -> Iterator[tuple[Api, str, Path]]:
+def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
     home = tmp_path_factory.mktemp("live-home")
     port = devredis.free_port()
     redis_proc = devredis.start(port, home / "redis", appendonly=False)
@@ -211,7 +167,7 @@ def live(tmp_path_factory) -> Iterator[tuple[Api, str, Path]]:
         os.environ.clear()
         os.environ.update(saved)
     try:
-        api = Api(info["url"], launcher.admin_password(home))
+        api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
         deadline = time.monotonic() + 180
         while True:
             try:
@@ -231,10 +187,10 @@ def live(tmp_path_factory) -> Iterator[tuple[Api, str, Path]]:
         redis_proc.wait(timeout=10)
 
 
-def trigger(api: Api) -> str:
-    run = api.call("POST", f"/dags/{DAG}/dagRuns", {"logical_date": None})
-    assert run["logical_date"] is None
-    return run["dag_run_id"]
+def trigger(api: AirflowApi) -> str:
+    run_id = api.trigger()
+    assert api.run(run_id)["logical_date"] is None
+    return run_id
 
 
 def test_live_runs_kill_and_clear_keep_their_txid(live):
@@ -284,7 +240,7 @@ def test_live_runs_kill_and_clear_keep_their_txid(live):
     check_the_view_in_a_browser(api, home, rt, run1)
 
 
-def check_the_tridentflow_view(api: Api) -> None:
+def check_the_tridentflow_view(api: AirflowApi) -> None:
     """After the runs above: the plugin's JSON API under /tridentflow (not the UI's HTML
     fallback), refused without a token, and the ledger's history with one."""
     url = f"{api.base}/tridentflow/api/pipelines/wordcount"
@@ -319,7 +275,7 @@ def check_the_tridentflow_view(api: Api) -> None:
     )
 
 
-def check_the_view_in_a_browser(api: Api, home: Path, rt: Any, run_id: str) -> None:
+def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: str) -> None:
     """Headless Chromium, signed in through Airflow's login form: the nav page shows what
     Redis holds (committed txid, a looked-up count, a clean audit); the run's tab shows its
     txid and commit; clearing ``coordinate`` from the UI re-runs it, and the tab and the

@@ -1,0 +1,194 @@
+"""Benchmark: Airflow with a warm Spark Connect server (issue 10, goal 5).
+
+    python -m benchmarks.airflow_connect [--records 100000] [--runs 4]
+                                         [--continuous-sentences 100000]
+
+Starts a private Redis, a local Spark Connect server (local[2]) and the Airflow stack
+(`tridentflow-airflow up --spark-connect`: api-server, scheduler, dag-processor, triggerer;
+LocalExecutor), so every emit runs as a Connect client inside its task: no spark-submit.
+
+1. **Trigger -> commit.** ``--runs`` times: append ``--records`` records (Zipf sentences of 8
+   words, the vs_spark data) to the word count, trigger ``tridentflow_wordcount`` through the
+   REST API and wait for its commit. Reported per run: trigger -> commit (the ledger's commit
+   mark, Redis's clock, minus the trigger request's time), and where the seconds go:
+   scheduling before and between the tasks, each task's own time, and inside them the step
+   times the ledger records (coordinate, emit = the Spark job and staging, commit = Redis).
+   The first run is a warm-up of the task processes' imports and is shown, not counted.
+2. **@continuous vs the CLI.** ``--continuous-sentences`` sentences for
+   ``tridentflow_wordcount_continuous`` (wordcount-opaque, the pipeline's batch size per txid):
+   unpaused until the source is drained; records/s from its first coordinate to its last
+   commit. The same data, in another home and Redis database, through ``tridentflow run
+   wordcount-opaque --remote`` (same batch size): records/s. Goal: the DAG at >= 0.5x the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.vs_spark import generate
+from tridentflow import devredis
+from tridentflow.registry import load_pipeline
+from tridentflow.runtime import Runtime
+from tridentflow_airflow import launcher
+from tridentflow_airflow.rest import AirflowApi
+
+DAG = "tridentflow_wordcount"
+CONTINUOUS = "tridentflow_wordcount_continuous"
+OTHER_DAGS = (
+    "tridentflow_partitioned_count",
+    "tridentflow_user_scores",
+    "tridentflow_wordcount_drpc",
+)
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def wait_for_dag(api: AirflowApi, dag_id: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            api.call("GET", f"/dags/{dag_id}")
+            return
+        except urllib.error.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def one_run(api: AirflowApi, rt: Runtime, home: Path, records: int, seed: int) -> dict:
+    generate(home, records, "wordcount", seed=seed)  # a record is one sentence of 8 words
+    rt.source_heads()
+    triggered = time.time()
+    run_id = api.trigger(DAG)
+    state = api.wait_run(run_id, timeout=600, poll=0.2, dag_id=DAG)
+    assert state == "success", f"run {run_id} ended {state}"
+    entry = rt.ledger.history(limit=1)[0]
+    steps = entry["steps"]
+    tasks = {t: api.task(run_id, t, dag_id=DAG) for t in ("coordinate", "emit", "commit")}
+    start = {t: _ts(i["start_date"]) for t, i in tasks.items()}
+    end = {t: _ts(i["end_date"]) for t, i in tasks.items()}
+    committed = steps["commit"]["ended_ms"] / 1000
+    return {
+        "records": entry.get("records"),
+        "trigger_to_commit": committed - triggered,
+        "sched_first": start["coordinate"] - triggered,
+        "sched_emit": start["emit"] - end["coordinate"],
+        "sched_commit": start["commit"] - end["emit"],
+        "task": {t: end[t] - start[t] for t in tasks},
+        "step": {
+            t: (steps[t]["ended_ms"] - steps[t]["started_ms"]) / 1000
+            for t in ("coordinate", "emit", "commit")
+        },
+    }
+
+
+def continuous(api: AirflowApi, rt: Runtime, home: Path, sentences: int) -> tuple[float, int]:
+    generate(home, sentences, "wordcount-opaque", seed=99)
+    rt.source_heads()
+    started = time.time()
+    api.call("PATCH", f"/dags/{CONTINUOUS}", {"is_paused": False})
+    heads = rt.log.heads()
+    while sum(rt.ledger.committed_offsets().values()) < sum(heads.values()):
+        if time.time() - started > 1800:
+            raise TimeoutError("the continuous DAG did not drain the source in 30 min")
+        time.sleep(0.5)
+    api.call("PATCH", f"/dags/{CONTINUOUS}", {"is_paused": True})
+    history = rt.ledger.history(limit=1000)
+    first = min(e["steps"]["coordinate"]["started_ms"] for e in history) / 1000
+    last = max(e["steps"]["commit"]["ended_ms"] for e in history) / 1000
+    return sentences / (last - first), len(history)
+
+
+def cli(home: Path, redis_url: str, remote: str, sentences: int, batch_size: int) -> float:
+    generate(home, sentences, "wordcount-opaque", seed=99)
+    argv = [
+        str(Path(sys.executable).with_name("tridentflow")), "run", "wordcount-opaque",
+        "--remote", remote, "--batch-size", str(batch_size), "--no-progress",
+        "--home", str(home), "--redis-url", redis_url,
+    ]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True)
+    return sentences / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=100_000, help="sentences per txid")
+    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--continuous-sentences", type=int, default=100_000)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tf-bench-airflow-"))
+    home = work / "home"
+    connect_port, api_port = devredis.free_port(), devredis.free_port()
+    saved = dict(os.environ)
+    try:
+        with devredis.url_or_private(work / "redis") as base_url:
+            redis_url = base_url.rsplit("/", 1)[0] + "/1"
+            os.environ.pop("TRIDENTFLOW_FAULTS", None)
+            info = launcher.up(home, api_port, redis_url, spark_connect=connect_port)
+            api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
+            for dag_id in (DAG, CONTINUOUS):
+                wait_for_dag(api, dag_id)
+            for dag_id in OTHER_DAGS:
+                with contextlib.suppress(urllib.error.HTTPError):
+                    api.call("PATCH", f"/dags/{dag_id}", {"is_paused": True})
+            rt = Runtime.open(load_pipeline("wordcount"), redis_url, home)
+            runs = [one_run(api, rt, home, args.records, seed=10 + i) for i in range(args.runs)]
+            report(runs)
+
+            opaque = Runtime.open(load_pipeline("wordcount-opaque"), redis_url, home)
+            dag_rate, txids = continuous(api, opaque, home, args.continuous_sentences)
+            cli_url = base_url.rsplit("/", 1)[0] + "/2"
+            batch_size = opaque.pipeline.source.batch_size
+            cli_rate = cli(work / "cli-home", cli_url, f"sc://127.0.0.1:{connect_port}",
+                           args.continuous_sentences, batch_size)  # fmt: skip
+            print(
+                f"\n@continuous: {dag_rate:,.0f} records/s over {txids} txids; CLI --remote: "
+                f"{cli_rate:,.0f} records/s (batch size {batch_size}/partition); "
+                f"ratio {dag_rate / cli_rate:.2f}x (goal >= 0.5x)"
+            )
+    finally:
+        launcher.down(home)
+        from tridentflow import connect_server
+
+        connect_server.stop(home, connect_port)
+        os.environ.clear()
+        os.environ.update(saved)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(runs: list[dict]) -> None:
+    print(f"trigger -> commit, {runs[0]['records']:,} records per txid (seconds)")
+    head = "run  total  sched:first emit commit  tasks: coord emit commit  steps: coord emit commit"
+    print(head)
+    for i, r in enumerate(runs):
+        t, s = r["task"], r["step"]
+        print(
+            f"{i + 1:>3}{' (warm-up)' if i == 0 else '':10} {r['trigger_to_commit']:6.2f}  "
+            f"{r['sched_first']:5.2f} {r['sched_emit']:5.2f} {r['sched_commit']:5.2f}  "
+            f"{t['coordinate']:5.2f} {t['emit']:5.2f} {t['commit']:5.2f}  "
+            f"{s['coordinate']:5.2f} {s['emit']:5.2f} {s['commit']:5.2f}"
+        )
+    counted = [r["trigger_to_commit"] for r in runs[1:]] or [runs[0]["trigger_to_commit"]]
+    print(
+        f"trigger -> commit: median {statistics.median(counted):.2f} s, "
+        f"best {min(counted):.2f} s (goal <= 8 s); {json.dumps(runs[-1])}"
+    )
+
+
+if __name__ == "__main__":
+    main()
