@@ -180,6 +180,7 @@ def up(
         from tridentflow import connect_server
 
         connect_server.start(home, spark_connect)
+        airflow_home(home).mkdir(parents=True, exist_ok=True)  # a new home has none yet
         (airflow_home(home) / "spark-connect.port").write_text(str(spark_connect))
         base["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(
             {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": spark_connect}
