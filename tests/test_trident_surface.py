@@ -184,3 +184,32 @@ def test_static_state_rules_and_errors(redis_url, redis_client, home, tmp_path):
         emit(rt, 1, LocalEngine())
     with pytest.raises(PipelineError, match="not a RedisHashLookup or a FileLookup"):
         strict.static_state("x", {"US": 1})
+
+
+def test_named_stages_label_their_exchanges_and_the_errors_that_fail_a_batch(
+    redis_url, redis_client, home
+):
+    p = Pipeline("named", LogSource(fields=("sentence",), partitions=2))
+    words = p.stream.each("sentence", split, "word")
+    spread = words.shuffle().name("spread")
+    spread.group_by("word").aggregate([], Count(), "n").name("per-word").partition_persist(
+        StateSpec("n"), keep_all, key_fields="word", in_fields="n"
+    )
+    rt = Runtime.open(p, redis_url, home)
+    rt.source_heads()
+    rt.log.append_spread(sentences(30, seed=5))
+    ranges = {int(k): tuple(r) for k, r in coordinate(rt, 1)["ranges"].items()}
+    result = LocalEngine().compute(rt.plan, str(rt.log.root), ranges, ExecContext(1, redis_url))
+    labels = {r.stage.split(":", 1)[1] for r in result.stages}
+    assert "shuffle()[spread]" in labels and "aggregate(Count())[per-word]" in labels, labels
+
+    from tridentflow.engine import check_stages
+    from tridentflow.errors import IncompleteBatchError
+
+    lossy = ExecContext(1, redis_url, lose_tuple=True)
+    lost = LocalEngine().compute(rt.plan, str(rt.log.root), ranges, lossy)
+    with pytest.raises(IncompleteBatchError, match=r"shuffle\(\)\[spread\]"):
+        check_stages(1, lost.stages)
+    for bad in ("", "x" * 65, "a[b]", "two\nlines"):
+        with pytest.raises(PipelineError, match=r"name\(\)"):
+            words.name(bad)

@@ -89,7 +89,14 @@ class GraphBuilder(Generic[D]):
         self._stages += 1
         return f"{self._stages}:{label}"
 
-    def exchange(self, data: D, how: Repartition, n: int, label: str, **keys: Any) -> D:
+    def exchange(
+        self, data: D, how: Repartition, n: int, label: str, node: Node | None = None, **keys: Any
+    ) -> D:
+        """``data`` moved by ``how`` into ``n`` partitions, as the next stage (labelled, with
+        the name ``node`` was given by Stream.name)."""
+        name = self.plan.stage_names.get(node) if node is not None else None
+        if name:
+            label = f"{label}[{name}]"
         return self.backend.exchange(data, Exchange(self._stage(label), how, n, **keys))
 
     def dataset(self, node: Node) -> D:
@@ -138,12 +145,12 @@ class GraphBuilder(Generic[D]):
             if node.parallelism is None or node.parallelism == self.backend.num_partitions(data):
                 return data  # every tuple stays in its task: nothing moves
             label = f"local_or_shuffle->{node.parallelism}"
-            return self.exchange(data, Repartition.SHUFFLE, node.parallelism, label)
+            return self.exchange(data, Repartition.SHUFFLE, node.parallelism, label, node)
         single = node.how in (Repartition.GLOBAL, Repartition.BATCH_GLOBAL)
         n = node.parallelism or (1 if single else self.plan.default_parallelism)
         keys = tuple(node.parent.fields.index(f) for f in node.key_fields)
         label = f"{node.how.value}({','.join(node.key_fields)})"
-        return self.exchange(self.dataset(node.parent), node.how, n, label, key_idx=keys)
+        return self.exchange(self.dataset(node.parent), node.how, n, label, node, key_idx=keys)
 
     def _aggregate(self, node: AggregateNode) -> D:
         fields = node.parent.fields
@@ -166,10 +173,10 @@ class GraphBuilder(Generic[D]):
             partial = PartitionAggregate(aggs, group, PHASE_PARTIAL, True, txid)
             data = self.backend.map_partitions(data, partial)
             width = len(group)
-            moved = self.exchange(data, how, n, label, key_idx=tuple(range(width)))
+            moved = self.exchange(data, how, n, label, node, key_idx=tuple(range(width)))
             combine = PartitionAggregate(aggs, tuple(range(width)), PHASE_COMBINE, True, txid)
             return self.backend.map_partitions(moved, combine)
-        moved = self.exchange(data, how, n, label, key_idx=key_idx)
+        moved = self.exchange(data, how, n, label, node, key_idx=key_idx)
         regroup = PartitionAggregate(aggs, key_idx, PHASE_FULL, True, txid)
         return self.backend.map_partitions(moved, regroup)
 
@@ -186,7 +193,7 @@ class GraphBuilder(Generic[D]):
         n = node.parallelism or self.plan.default_parallelism
         label = f"join({','.join(node.left_fields)}={','.join(node.right_fields)})"
         moved = self.exchange(
-            tagged, Repartition.PARTITION_BY, n, label, key_idx=lkey, right_key_idx=rkey
+            tagged, Repartition.PARTITION_BY, n, label, node, key_idx=lkey, right_key_idx=rkey
         )
         join = JoinPartition(
             lkey,

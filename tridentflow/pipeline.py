@@ -474,6 +474,18 @@ class Stream:
         the number of partitions, it is shuffle(). Results never depend on which."""
         return self._repartition(Repartition.LOCAL_OR_SHUFFLE)
 
+    def name(self, label: str) -> Stream:
+        """Name this stream's operation (Trident's name()): a repartition, an aggregate or a
+        join so named shows its name in its exchange's stage label (``2:shuffle()[spread]``),
+        in the completeness report of every batch (the manifest, ``status``, the view) and in
+        the error that fails a batch when that exchange loses or gains tuples."""
+        if not isinstance(label, str) or not label.strip() or len(label) > 64:
+            raise PipelineError(f"name(): a stage name is 1-64 characters, got {label!r}")
+        if any(c in label for c in "\n\r[]"):
+            raise PipelineError(f"name(): {label!r} holds a newline or a bracket")
+        self.pipeline.stage_names[self.node] = label
+        return self
+
     def parallelism_hint(self, n: int) -> Stream:
         """Run the stage since the last repartition as ``n`` partitions (Trident's
         parallelismHint). Results never depend on it, except where a partition-level
@@ -726,6 +738,8 @@ class Pipeline:
     """Partitions of a repartitioning stage without a parallelism_hint. Engine-independent, so
     partition-level results are the same on Spark and on the local engine."""
     persists: list[Persist] = field(default_factory=list)
+    stage_names: dict[Node, str] = field(default_factory=dict)
+    """Names given with ``Stream.name``, by node (nodes compare by identity)."""
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)

@@ -11,8 +11,8 @@ the semantics live here once.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from state.codec import check_unicode, encode_key
@@ -223,6 +223,8 @@ class Plan:
     edges: tuple[tuple[Node, Expander], ...] = ()
     graph_persists: tuple[Persist, ...] = ()
     default_parallelism: int = 4
+    stage_names: Mapping[Node, str] = field(default_factory=dict)
+    """``Stream.name`` labels, by node."""
 
     def edge_index(self, node: Node) -> int | None:
         for index, (edge_node, _expand) in enumerate(self.edges):
@@ -259,6 +261,7 @@ def compile_pipeline(pipeline: Pipeline, states: Collection[str] | None = None) 
         tuple((node, compile_chain(node)) for node in _graph_edges(graph)),
         tuple(graph),
         pipeline.default_parallelism,
+        dict(pipeline.stage_names),
     )
 
 
