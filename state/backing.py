@@ -56,6 +56,13 @@ class BackingMap(Protocol):
         """Every (key, value) pair, in no particular order."""
         ...
 
+    def drop_tombstones(self, txid: int | None, keys: Sequence[str], generation: str = "") -> int:
+        """Delete those of ``keys`` whose value is still a tombstone ``[txid, null, ...]``
+        (a key removed by that txid), atomically per key; only once ``txid`` is committed (a
+        pending txid needs the tombstone's ``prev``) and, if given, while the pipeline is in
+        ``generation``. Returns how many were deleted."""
+        ...
+
 
 class MemoryBackingMap:
     """In-process BackingMap with the Redis store's semantics (values round-trip through JSON).
@@ -96,3 +103,12 @@ class MemoryBackingMap:
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         for key, value in list(self._data.items()):
             yield key, decode_value(value)
+
+    def drop_tombstones(self, txid: int | None, keys: Sequence[str], generation: str = "") -> int:
+        dropped = 0
+        for key in keys:
+            value = decode_value(self._data.get(key))
+            if isinstance(value, list) and value[:2] == [txid, None]:
+                del self._data[key]
+                dropped += 1
+        return dropped

@@ -42,6 +42,24 @@ from state.errors import StaleTxidError, StateError, StoredValueError
 GLOBAL_KEY = encode_key(())
 """The key of an ungrouped (global) aggregate: Trident's Snapshottable single value."""
 
+
+class _Remove:
+    """The REMOVE sentinel's type (one instance)."""
+
+    def __repr__(self) -> str:
+        return "REMOVE"
+
+    def __reduce__(self) -> str:
+        return "REMOVE"  # unpickles as the module's one instance (Spark ships updaters)
+
+
+REMOVE = _Remove()
+"""Returned by an update (a StateUpdater, ``multi_update``), removes the key (Trident's
+multiRemove). An absent key and a stored None read the same everywhere (queries, listings,
+audit); a removal is written as a tombstone ``[txid, null, prev]`` under the same txid rules
+as any write, so a replay of that txid still has ``prev``, and is deleted from the store once
+the txid is committed (``MapState.tombstones``, the commit's last step)."""
+
 Updater = Callable[[Any], Any]
 
 
@@ -119,6 +137,7 @@ class MapState(ABC):
         self._in_batch: set[str] = set()
         self._in_batch_elsewhere = 0
         self._batch_keys: Callable[[], Iterable[str]] | None = None
+        self._tombstones: set[str] = set()
 
     # -- commit scope -------------------------------------------------------------------------
     def begin_commit(self, txid: int, fence: Fence | None = None) -> None:
@@ -138,6 +157,7 @@ class MapState(ABC):
         self._in_batch = set()
         self._in_batch_elsewhere = 0
         self._batch_keys = None
+        self._tombstones = set()
 
     @property
     def current_txid(self) -> int:
@@ -182,11 +202,15 @@ class MapState(ABC):
                 raw = fetched[key]
                 stored = None if raw is None else StoredValue.from_json(raw, key, self.name)
                 cached = False
-            new = self._next(key, stored, cached, update)
+            new = self._next(key, stored, cached, _removing(update))
             if new is not None:
                 writes[key] = new
                 self._written_now[key] = new
                 results.append(new.curr)
+                if new.curr is None:
+                    self._tombstones.add(key)
+                else:
+                    self._tombstones.discard(key)
             else:
                 results.append(None if stored is None else stored.curr)
         if writes:
@@ -204,6 +228,37 @@ class MapState(ABC):
     def multi_put(self, keys: Sequence[str], values: Sequence[Any]) -> None:
         """Overwrite ``keys`` with ``values`` under the current txid (Trident's multiPut)."""
         self.multi_update(keys, [_const(v) for v in values])
+
+    def multi_remove(self, keys: Sequence[str]) -> None:
+        """Remove ``keys`` under the current txid (Trident's multiRemove): replay-safe like
+        any write (see REMOVE)."""
+        self.multi_update(keys, [_const(REMOVE)] * len(keys))
+
+    def multi_get(self, keys: Sequence[str]) -> list[Any]:
+        """The values ``keys`` have now, in this commit: what this commit wrote, else what
+        is stored (the txid rules' base, e.g. an opaque replay's ``prev``); None if absent.
+        For an updater that must read other keys than the one it updates."""
+        txid = self.current_txid
+        out: list[Any] = []
+        stored_now = self.read([k for k in keys if k not in self._written_now])
+        fetched = iter(stored_now)
+        for key in keys:
+            if key in self._written_now:
+                out.append(private(self._written_now[key].curr))
+                continue
+            stored = next(fetched)
+            if stored is None:
+                out.append(None)
+            elif stored.txid == txid and self.kind is StateKind.OPAQUE:
+                out.append(private(stored.prev))  # an earlier attempt's write does not count
+            else:
+                out.append(private(stored.curr))
+        return out
+
+    def tombstones(self) -> list[str]:
+        """Keys this commit removed (stored as tombstones): the committer drops them from the
+        store once the txid is committed (``BackingMap.drop_tombstones``)."""
+        return sorted(self._tombstones)
 
     def rollback_stray_keys(self) -> int:
         """Reset keys written by an earlier attempt of this txid that this batch lacks.
@@ -247,6 +302,16 @@ class MapState(ABC):
 
 def _const(value: Any) -> Updater:
     return lambda _old: value
+
+
+def _removing(update: Updater) -> Updater:
+    """``update`` with REMOVE stored as None (a tombstone)."""
+
+    def apply(base: Any) -> Any:
+        new = update(base)
+        return None if new is REMOVE else new
+
+    return apply
 
 
 class NonTransactionalMap(MapState):

@@ -16,7 +16,7 @@ from state.codec import encode_value
 from state.errors import KeyEncodingError
 from state.keys import KeySpace
 from state.maps import StoredValue, decode_stored
-from state.scripts import FENCED_HSET, QUERY_COMMITTED
+from state.scripts import DROP_TOMBSTONES, FENCED_HSET, QUERY_COMMITTED
 
 CHUNK = 1000
 """Fields per round trip (keeps Lua's unpack() and a single script's run time small)."""
@@ -49,6 +49,15 @@ class RedisBackingMap:
 
     def count_written_in(self, txid: int) -> int:
         return int(self.client.scard(self.keyspace.written(self.state_name, txid)))
+
+    def drop_tombstones(self, txid: int | None, keys: Sequence[str], generation: str = "") -> int:
+        dropped = 0
+        for i in range(0, len(keys), CHUNK):
+            chunk = list(keys[i : i + CHUNK])
+            args = [generation, "null" if txid is None else int(txid), *chunk]
+            scriptkeys = [self.key, self.keyspace.ledger, self.keyspace.generation]
+            dropped += int(DROP_TOMBSTONES(self.client, scriptkeys, args))
+        return dropped
 
     def scan_items(self) -> Iterator[tuple[str, Any]]:
         for field, raw in self.client.hscan_iter(self.key, count=1000):

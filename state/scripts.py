@@ -587,3 +587,34 @@ for i = 1, #unhandled do out[#out + 1] = unhandled[i] end
 return out
 """,
 )
+
+
+DROP_TOMBSTONES = LuaScript(
+    "drop_tombstones",
+    _GEN_CHECK
+    + r"""
+-- Delete keys a committed txid removed: each field of KEYS[1] whose value still starts with
+-- '[' .. ARGV[2] .. ',null,' (a tombstone written by that txid, not rewritten since).
+-- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] generation key
+-- ARGV[1] generation  ARGV[2] txid ('null' for a non-transactional state)  ARGV[3..] fields
+-- Does nothing unless the pipeline is still in generation ARGV[1] and, for a txid, the
+-- ledger's committed txid is at least ARGV[2] (a pending txid's tombstone keeps its prev).
+-- Returns the number of fields deleted.
+local err = gen_check(KEYS[3], ARGV[1])
+if err then return redis.error_reply(err) end
+if ARGV[2] ~= 'null' then
+  local committed = tonumber(redis.call('HGET', KEYS[2], 'committed') or '0')
+  if committed < tonumber(ARGV[2]) then return 0 end
+end
+local prefix = '[' .. ARGV[2] .. ',null,'
+local n = 0
+for i = 3, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v and string.sub(v, 1, #prefix) == prefix then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+""",
+)

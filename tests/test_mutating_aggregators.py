@@ -90,4 +90,8 @@ def test_every_in_place_aggregator_kind_is_exact_under_faults(
         assert dict(zip(keys, got, strict=True)) == expected, state
     typed = expected_counts(lines)["typed"]
     assert typed["[0.0]"] == 2 and typed["[-0.0]"] == 2 and typed["[1]"] == 3
+    odd = expected_counts(lines)["odd"]
+    assert None in odd.values() and True in odd.values()  # keys removed and kept
+    stored = {k.decode() for k in redis_client.hkeys(rt.keyspace.state("odd"))}
+    assert stored == {k for k, v in odd.items() if v}  # the removed ones are gone, not null
     assert audit(rt).ok

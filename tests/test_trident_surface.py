@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from state.codec import encode_key
 from tests.helpers import sentences, word_counts
 from tests.pipelines import keep_all
 from tridentflow import Count, LogSource, Pipeline, StateSpec, Sum
@@ -213,3 +214,46 @@ def test_named_stages_label_their_exchanges_and_the_errors_that_fail_a_batch(
     for bad in ("", "x" * 65, "a[b]", "two\nlines"):
         with pytest.raises(PipelineError, match=r"name\(\)"):
             words.name(bad)
+
+
+def open_sessions(current, tuples):
+    """Logins minus logouts per user; a user with none open is removed (REMOVE)."""
+    from tridentflow import REMOVE
+
+    n = current or 0
+    for (action,) in tuples:
+        n += 1 if action == "in" else -1
+    return REMOVE if n <= 0 else n
+
+
+def test_removed_keys_leave_the_store_once_committed_and_survive_a_failed_commit(
+    redis_url, redis_client, home
+):
+    from tridentflow import SourceMode, StateKind
+    from tridentflow.audit import audit
+    from tridentflow.faults import FaultPlan, InjectedFault
+    from tridentflow.query import query
+
+    p = Pipeline("sessions", LogSource(fields=("user", "action"), mode=SourceMode.OPAQUE))
+    p.stream.partition_persist(
+        StateSpec("open", StateKind.OPAQUE), open_sessions, key_fields="user", in_fields="action"
+    )
+    rt = Runtime.open(p, redis_url, home, FaultPlan.parse("before-ledger@2"))
+    rt.source_heads()
+    rt.log.append_spread([["ann", "in"], ["bob", "in"], ["bob", "in"]])
+    coordinate(rt, 1)
+    emit(rt, 1, LocalEngine())
+    commit(rt, 1)
+    rt.log.append_spread([["ann", "out"], ["bob", "out"]])
+    coordinate(rt, 2)
+    emit(rt, 2, LocalEngine())
+    with pytest.raises(InjectedFault):
+        commit(rt, 2)  # every key written, the ledger not marked: ann is a tombstone
+    state = rt.pipeline.states["open"]
+    field = encode_key(("ann",))
+    assert redis_client.hexists(rt.keyspace.state("open"), field)
+    assert query(rt, state, [("ann",), ("bob",)])[1] == [1, 2]  # still txid 1's values
+    assert commit(rt, 2).status == "committed"
+    assert not redis_client.hexists(rt.keyspace.state("open"), field)  # gone for good
+    assert query(rt, state, [("ann",), ("bob",)])[1] == [None, 1]
+    assert audit(rt).ok

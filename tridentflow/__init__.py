@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from state.maps import StateKind
+from state.maps import REMOVE, StateKind
 from tridentflow.aggregators import (
     Aggregator,
     BatchInfo,
@@ -29,6 +29,7 @@ from tridentflow.static_state import FileLookup, RedisHashLookup
 
 __all__ = [
     "GUARANTEES",
+    "REMOVE",
     "Aggregator",
     "BatchInfo",
     "Combiner",

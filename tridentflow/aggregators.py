@@ -100,7 +100,9 @@ class Aggregator(ABC):
 
 
 class StateUpdater(ABC):
-    """A custom state update for ``partition_persist``: called once per key per txid."""
+    """A custom state update for ``partition_persist``: called once per key per txid. Return
+    the key's new value, or ``tridentflow.REMOVE`` to remove the key (replay-safe; see
+    state.maps.REMOVE)."""
 
     @abstractmethod
     def update(self, current: Any, tuples: list[tuple[Any, ...]]) -> Any: ...

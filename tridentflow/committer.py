@@ -27,7 +27,7 @@ from typing import Any
 
 from state.backing import Fence
 from state.errors import CommitOrderError, KeyEncodingError
-from state.maps import MapState, make_map_state
+from state.maps import MapState, StateKind, make_map_state
 from state.numeric import apply_numeric
 from state.redis_backing import CHUNK, fenced_hset
 from tridentflow.aggregators import Count, Max, Mean, Min, Persistable, Sum, apply_staged
@@ -133,6 +133,18 @@ def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Itera
         yield chunk
 
 
+def drop_tombstones(rt: Runtime, txid: int, removed: dict[str, list[str]], generation: str) -> int:
+    """Delete the tombstones a committed txid left (keys it removed). Best effort: a crash
+    before or during it leaves tombstones, which read as absent everywhere."""
+    dropped = 0
+    for name, keys in removed.items():
+        if keys:
+            kind = rt.pipeline.states[name].state.kind
+            tx = None if kind is StateKind.NON_TRANSACTIONAL else txid
+            dropped += rt.backing(name).drop_tombstones(tx, keys, generation)
+    return dropped
+
+
 def check_continuity(staged: StagedBatch, committed_offsets: dict[int, int]) -> None:
     for partition, (start, _end) in staged.ranges.items():
         committed = committed_offsets.get(partition, 0)
@@ -223,8 +235,11 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         "rolled_back": rolled_back,
     }
     marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats)
+    removed = {name: state.tombstones() for name, (state, _) in maps.items()}
     for state, _ in maps.values():
         state.commit()
+    if marked:  # keys this txid removed: gone from the store now that no replay needs them
+        drop_tombstones(rt, txid, removed, ticket.generation)
     rt.staging.discard(txid)
     if not marked:  # a concurrent attempt finished first; ours wrote nothing after it
         return CommitResult(txid, "already-committed")

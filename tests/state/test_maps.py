@@ -146,3 +146,36 @@ def test_stray_keys_of_an_earlier_attempt_are_rolled_back(backing, kind):
     assert second.rollback_stray_keys() == 1
     assert stored(second, "dog") == StoredValue(2, 20, 20)
     assert stored(second, "man").curr == 11
+
+
+@pytest.mark.parametrize("kind", [StateKind.TRANSACTIONAL, StateKind.OPAQUE])
+def test_a_removal_is_a_replay_safe_tombstone_dropped_once_committed(backing, kind):
+    """multi_remove (Trident's multiRemove) and REMOVE from an update: a tombstone
+    [txid, null, prev] while the txid is pending (a query still sees prev; an opaque replay
+    recomputes from prev), deleted from the store once the txid is committed."""
+    from state.maps import REMOVE
+
+    seed(backing, {"man": (1, 3, None), "dog": (1, 5, None)})
+    state = make_map_state(kind, backing)
+    state.begin_commit(2, arm(backing, 2, 1))
+    state.multi_remove([K["man"]])
+    state.multi_update([K["dog"]], [lambda old: REMOVE if old == 5 else old])
+    assert state.multi_get([K["man"], K["dog"], K["cat"]]) == [None, None, None]
+    assert state.tombstones() == sorted([K["man"], K["dog"]])
+    assert stored(state, "man") == StoredValue(2, None, 3)
+    assert stored(state, "man").committed_view(1) == 3  # pending: the last committed value
+    if kind is StateKind.OPAQUE:  # the replay of txid 2 does not remove dog after all
+        state.begin_commit(2, arm(backing, 2, 2))
+        assert state.multi_get([K["dog"]]) == [5]  # the earlier attempt's write does not count
+        state.multi_update([K["dog"]], [add(1)])
+        assert stored(state, "dog") == StoredValue(2, 6, 5)
+    if isinstance(backing, RedisBackingMap):  # not before the txid is committed
+        assert backing.drop_tombstones(2, [K["man"]]) == 0
+        backing.client.hset(backing.keyspace.ledger, "committed", 2)
+    dropped = 1 if kind is StateKind.OPAQUE else 2  # opaque: the replay kept dog
+    assert backing.drop_tombstones(2, [K["man"], K["dog"], K["cat"]]) == dropped
+    assert stored(state, "man") is None
+    if kind is StateKind.OPAQUE:
+        assert stored(state, "dog").curr == 6
+    else:
+        assert stored(state, "dog") is None

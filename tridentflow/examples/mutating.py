@@ -7,10 +7,12 @@ change a count.
 * ``mutating``: transactional source; ``counts`` (opaque, a Combiner ``a["n"] += b["n"]``),
   ``seen`` (transactional, a Reducer ``acc["n"] += 1``), ``updated`` (opaque, a full
   Aggregator per word per batch, then a StateUpdater ``current["n"] += ...``), ``typed``
-  (opaque, the Combiner over typed tokens).
+  (opaque, the Combiner over typed tokens), ``odd`` (a StateUpdater that removes a word's key
+  whenever its count is even: keys removed and re-added across replays).
 * ``mutating-opaque``: the same over an opaque source, every state opaque.
 
-Every state presents ``{"n": k}`` as ``k``, so each equals the plain word count.
+Every state but ``odd`` presents ``{"n": k}`` as ``k``, so each equals the plain word count;
+``odd`` holds True for the words of odd count and nothing for the others.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from state.codec import encode_key
-from state.maps import StateKind
+from state.maps import REMOVE, StateKind
 from tridentflow.aggregators import Aggregator, BatchInfo, Combiner, Reducer, StateUpdater
 from tridentflow.examples.wordcount import split
 from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
@@ -66,6 +68,21 @@ class InPlaceGroupCount(Aggregator):
 
     def complete(self, acc: dict[str, int]) -> list[int]:
         return [acc["n"]]
+
+
+class OddWords(StateUpdater):
+    """Whether a word was seen an odd number of times: ``{"odd": True}`` while odd, removed
+    (REMOVE) while even, so keys come and go across txids, replays and failed commits."""
+
+    def update(self, current: Any, tuples: list[tuple[Any, ...]]) -> Any:
+        if current is None:
+            current = {"odd": False}
+        for _ in tuples:
+            current["odd"] = not current["odd"]
+        return current if current["odd"] else REMOVE
+
+    def present(self, value: Any) -> Any:
+        return None if value is None else value["odd"]  # None: absent (removed)
 
 
 class AddInPlace(StateUpdater):
@@ -121,6 +138,9 @@ def _mutating(name: str, mode: SourceMode) -> Pipeline:
     pipeline.stream.each("sentence", typed_tokens, "token").group_by("token").persistent_aggregate(
         StateSpec("typed", StateKind.OPAQUE), InPlaceCount(), out_field="count"
     )
+    words.partition_persist(
+        StateSpec("odd", seen_kind), OddWords(), key_fields="word", in_fields="word"
+    )
     return pipeline
 
 
@@ -142,4 +162,5 @@ def expected_counts(sentences: Iterable[str]) -> dict[str, dict[str, int]]:
         "seen": dict(words),
         "updated": dict(words),
         "typed": dict(typed),
+        "odd": {key: True if n % 2 else None for key, n in words.items()},  # None: removed
     }
