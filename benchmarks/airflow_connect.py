@@ -1,7 +1,7 @@
 """Benchmark: Airflow with a warm Spark Connect server (issue 10, goal 5).
 
     python -m benchmarks.airflow_connect [--records 100000] [--runs 4]
-                                         [--continuous-sentences 100000]
+                                         [--continuous-sentences 1000000]
 
 Starts a private Redis, a local Spark Connect server (local[2]) and the Airflow stack
 (`tridentflow-airflow up --spark-connect`: api-server, scheduler, dag-processor, triggerer;
@@ -15,7 +15,8 @@ LocalExecutor), so every emit runs as a Connect client inside its task: no spark
    times the ledger records (coordinate, emit = the Spark job and staging, commit = Redis).
    The first run is a warm-up of the task processes' imports and is shown, not counted.
 2. **@continuous vs the CLI.** ``--continuous-sentences`` sentences for
-   ``tridentflow_wordcount_continuous`` (wordcount-opaque, the pipeline's batch size per txid):
+   ``tridentflow_wordcount_continuous`` (wordcount-opaque, 25,000 records per partition and
+   txid, the DAG's batch_size):
    unpaused until the source is drained; records/s from its first coordinate to its last
    commit. The same data, in another home and Redis database, through ``tridentflow run
    wordcount-opaque --remote`` (same batch size): records/s. Goal: the DAG at >= 0.5x the CLI.
@@ -46,6 +47,8 @@ from tridentflow_airflow.rest import AirflowApi
 
 DAG = "tridentflow_wordcount"
 CONTINUOUS = "tridentflow_wordcount_continuous"
+CONTINUOUS_BATCH_SIZE = 25_000
+"""Records per partition per txid of the continuous DAG (its batch_size param; dags/)."""
 OTHER_DAGS = (
     "tridentflow_partitioned_count",
     "tridentflow_user_scores",
@@ -73,7 +76,8 @@ def one_run(api: AirflowApi, rt: Runtime, home: Path, records: int, seed: int) -
     generate(home, records, "wordcount", seed=seed)  # a record is one sentence of 8 words
     rt.source_heads()
     triggered = time.time()
-    run_id = api.trigger(DAG)
+    partitions = rt.pipeline.source.partitions  # the whole append in this one txid
+    run_id = api.trigger(DAG, {"batch_size": -(-records // partitions)})
     state = api.wait_run(run_id, timeout=600, poll=0.2, dag_id=DAG)
     assert state == "success", f"run {run_id} ended {state}"
     entry = rt.ledger.history(limit=1)[0]
@@ -129,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=100_000, help="sentences per txid")
     parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("--continuous-sentences", type=int, default=100_000)
+    parser.add_argument("--continuous-sentences", type=int, default=1_000_000, help="0: skip")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-airflow-"))
     home = work / "home"
@@ -150,10 +154,12 @@ def main() -> None:
             runs = [one_run(api, rt, home, args.records, seed=10 + i) for i in range(args.runs)]
             report(runs)
 
+            if args.continuous_sentences <= 0:
+                return
             opaque = Runtime.open(load_pipeline("wordcount-opaque"), redis_url, home)
             dag_rate, txids = continuous(api, opaque, home, args.continuous_sentences)
             cli_url = base_url.rsplit("/", 1)[0] + "/2"
-            batch_size = opaque.pipeline.source.batch_size
+            batch_size = CONTINUOUS_BATCH_SIZE
             cli_rate = cli(work / "cli-home", cli_url, f"sc://127.0.0.1:{connect_port}",
                            args.continuous_sentences, batch_size)  # fmt: skip
             print(

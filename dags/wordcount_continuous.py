@@ -12,4 +12,5 @@ dag = pipeline_dag(
     dag_id="tridentflow_wordcount_continuous",
     schedule="@continuous",
     paused=True,
+    batch_size=25_000,  # per partition: 100k records per txid amortize each run's scheduling
 )

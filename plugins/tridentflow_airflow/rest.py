@@ -41,9 +41,13 @@ class AirflowApi:
     def _runs(self, dag_id: str | None) -> str:
         return f"/dags/{dag_id or self.dag_id}/dagRuns"
 
-    def trigger(self, dag_id: str | None = None) -> str:
-        """A manual run with ``logical_date: null`` (as the UI's trigger button): its run id."""
-        return self.call("POST", self._runs(dag_id), {"logical_date": None})["dag_run_id"]
+    def trigger(self, dag_id: str | None = None, conf: dict[str, Any] | None = None) -> str:
+        """A manual run with ``logical_date: null`` (as the UI's trigger button), with
+        ``conf`` (e.g. the tridentflow DAGs' ``batch_size`` param): its run id."""
+        body: dict[str, Any] = {"logical_date": None}
+        if conf:
+            body["conf"] = conf
+        return self.call("POST", self._runs(dag_id), body)["dag_run_id"]
 
     def run(self, run_id: str, dag_id: str | None = None) -> dict[str, Any]:
         return self.call("GET", f"{self._runs(dag_id)}/{urllib.parse.quote(run_id)}")
