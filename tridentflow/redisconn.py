@@ -86,21 +86,40 @@ def _tls_hint(url: str, text: str) -> str | None:
     return None
 
 
+CLIENT_OPTIONS = {"socket_connect_timeout": 5, "socket_timeout": 60, "health_check_interval": 30}
+
+
 def connect(url: str) -> redis.Redis:
     """A Redis client for ``url``, checked with PING; a clear one-line error if Redis is
-    unreachable, refuses the login, fails TLS, or does not let this user PING."""
+    unreachable, refuses the login, fails TLS, or does not let this user PING.
+
+    A URL naming any node of a Redis Cluster gives a cluster client (cluster mode is detected
+    with INFO): every key of a pipeline shares one hash tag, so each script's keys live in one
+    slot and one node."""
     shown = redacted(url)
     try:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=5, socket_timeout=60, health_check_interval=30
-        )
+        client = redis.Redis.from_url(url, **CLIENT_OPTIONS)
         client.ping()
+        if _cluster_enabled(client):
+            client.close()
+            if (client.connection_pool.connection_kwargs.get("db") or 0) != 0:
+                raise TridentflowError(
+                    f"{shown} is a Redis Cluster node: a cluster has only database 0"
+                )
+            client = redis.RedisCluster.from_url(url, **CLIENT_OPTIONS)
+            client.ping()
     except redis.AuthenticationError as exc:  # before ConnectionError: it is one
         raise TridentflowError(f"Redis at {shown} refused the login: {exc}") from None
     except redis.exceptions.NoPermissionError as exc:
         raise TridentflowError(
             f"Redis user {redis_user(url)!r} at {shown} may not run PING: {exc}"
         ) from None
+    except redis.ResponseError as exc:
+        if "SELECT is not allowed in cluster mode" in str(exc):
+            raise TridentflowError(
+                f"{shown} is a Redis Cluster node: a cluster has only database 0"
+            ) from None
+        raise TridentflowError(f"Redis at {shown} refused to connect: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError, ValueError, OSError) as exc:
         text = str(exc)
         raise TridentflowError(
@@ -109,16 +128,29 @@ def connect(url: str) -> redis.Redis:
     return client
 
 
+def _cluster_enabled(client: redis.Redis) -> bool:
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    except redis.exceptions.NoPermissionError:
+        return False  # a user without INFO: a single server is the only thing it can use
+
+
 def url_of(client: redis.Redis) -> str:
     """A URL that opens a client like ``client`` (user, password, TLS CA, db), for other
     processes; prefer the URL the client was opened with where it is known."""
-    kw = client.connection_pool.connection_kwargs
+    if isinstance(client, redis.RedisCluster):
+        node = client.get_default_node()
+        kw = {**client.nodes_manager.connection_kwargs, "host": node.host, "port": node.port}
+        connection_class = kw.get("connection_class")
+    else:
+        kw = client.connection_pool.connection_kwargs
+        connection_class = client.connection_pool.connection_class
     auth = ""
     if kw.get("password"):
         auth = f"{quote(kw.get('username') or '', safe='')}:{quote(kw['password'], safe='')}@"
     if kw.get("path"):
         return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
-    tls = "ssl_ca_certs" in kw or client.connection_pool.connection_class is redis.SSLConnection
+    tls = "ssl_ca_certs" in kw or connection_class is redis.SSLConnection
     scheme = "rediss" if tls else "redis"
     url = f"{scheme}://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
     if kw.get("ssl_ca_certs"):

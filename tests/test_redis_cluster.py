@@ -1,0 +1,59 @@
+"""Against a real local Redis Cluster (3 masters): a URL naming any node is detected as a
+cluster, and every step of the word count - and a state query that reads the state from its
+read tasks - runs unchanged, each pipeline's keys in one slot (one hash tag)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from tests.conftest import SEED_COUNTS, SEED_SENTENCES
+from tests.redis_cluster import LocalCluster
+from tridentflow.redisconn import connect
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    started = LocalCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield started
+    started.stop()
+
+
+def test_the_word_count_runs_on_a_redis_cluster(tf, cluster, tmp_path):
+    client = connect(cluster.url(1))
+    assert isinstance(client, redis.RedisCluster)
+    env = {"TRIDENTFLOW_REDIS_URL": cluster.url(1), "TRIDENTFLOW_HOME": str(tmp_path / "h")}
+    for pipeline in ("wordcount", "wordcount-opaque"):
+        produced = tf("produce", pipeline, "-", input="\n".join(SEED_SENTENCES) + "\n", env=env)
+        assert produced.returncode == 0, produced.stderr
+        ran = tf("run", pipeline, "--engine", "local", "--batch-size", "1", env=env)
+        assert ran.returncode == 0, ran.stderr
+        out = tf("query", pipeline, *SEED_COUNTS, "--json", env=env)
+        rows = json.loads(out.stdout)["values"]
+        assert {r["key"][0]: r["value"] for r in rows} == SEED_COUNTS
+        assert tf("audit", pipeline, env=env).stdout.strip() == "lost=0 doubled=0"
+    slots = {client.keyslot(k) for k in client.scan_iter(match="tf:*")}
+    assert len(slots) == 2  # one slot per pipeline: every script's keys on one node
+
+    drpc = {**env, "TRIDENTFLOW_REDIS_URL": cluster.url(2)}
+    lines = [json.dumps({"kind": "sentence", "text": s}) for s in SEED_SENTENCES]
+    tf("produce", "wordcount-drpc", "-", "--json", input="\n".join(lines) + "\n", env=drpc)
+    assert tf("run", "wordcount-drpc", "--engine", "local", env=drpc).returncode == 0
+    query = json.dumps({"kind": "query", "text": "how are you"})
+    tf("produce", "wordcount-drpc", "-", "--json", input=query + "\n", env=drpc)
+    assert tf("run", "wordcount-drpc", "--engine", "local", env=drpc).returncode == 0
+    answer = tf("query", "wordcount-drpc", "--state", "answers", "how are you", env=drpc)
+    assert answer.stdout.split("\t")[-1].strip() == "4", answer.stdout + answer.stderr
+
+    reset = tf("reset", "wordcount", "--yes", env=env)
+    assert reset.returncode == 0, reset.stderr
+    assert not [k for k in client.scan_iter(match="tf:{wordcount}:*") if b"generation" not in k]
+    assert client.exists("tf:{wordcount-opaque}:ledger")
+
+
+def test_a_cluster_node_with_a_database_index_is_a_clear_error(tf, cluster):
+    url = cluster.url(0)[:-1] + "3"
+    out = tf("status", "wordcount", env={"TRIDENTFLOW_REDIS_URL": url})
+    assert out.returncode == 1 and "a cluster has only database 0" in out.stderr
