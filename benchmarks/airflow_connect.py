@@ -25,7 +25,6 @@ LocalExecutor), so every emit runs as a Connect client inside its task: no spark
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -34,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 from datetime import datetime
 from pathlib import Path
 
@@ -58,18 +56,6 @@ OTHER_DAGS = (
 
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def wait_for_dag(api: AirflowApi, dag_id: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            api.call("GET", f"/dags/{dag_id}")
-            return
-        except urllib.error.HTTPError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
 
 
 def one_run(api: AirflowApi, rt: Runtime, home: Path, records: int, seed: int) -> dict:
@@ -104,13 +90,13 @@ def continuous(api: AirflowApi, rt: Runtime, home: Path, sentences: int) -> tupl
     generate(home, sentences, "wordcount-opaque", seed=99)
     rt.source_heads()
     started = time.time()
-    api.call("PATCH", f"/dags/{CONTINUOUS}", {"is_paused": False})
+    api.pause(CONTINUOUS, paused=False)
     heads = rt.log.heads()
     while sum(rt.ledger.committed_offsets().values()) < sum(heads.values()):
         if time.time() - started > 1800:
             raise TimeoutError("the continuous DAG did not drain the source in 30 min")
         time.sleep(0.5)
-    api.call("PATCH", f"/dags/{CONTINUOUS}", {"is_paused": True})
+    api.pause(CONTINUOUS)
     history = rt.ledger.history(limit=1000)
     first = min(e["steps"]["coordinate"]["started_ms"] for e in history) / 1000
     last = max(e["steps"]["commit"]["ended_ms"] for e in history) / 1000
@@ -146,10 +132,8 @@ def main() -> None:
             info = launcher.up(home, api_port, redis_url, spark_connect=connect_port)
             api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
             for dag_id in (DAG, CONTINUOUS):
-                wait_for_dag(api, dag_id)
-            for dag_id in OTHER_DAGS:
-                with contextlib.suppress(urllib.error.HTTPError):
-                    api.call("PATCH", f"/dags/{dag_id}", {"is_paused": True})
+                api.wait_for_dag(dag_id)
+            api.pause(*OTHER_DAGS)
             rt = Runtime.open(load_pipeline("wordcount"), redis_url, home)
             runs = [one_run(api, rt, home, args.records, seed=10 + i) for i in range(args.runs)]
             report(runs)

@@ -4,8 +4,10 @@ and XComs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -37,6 +39,24 @@ class AirflowApi:
         )
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read() or b"null")
+
+    def wait_for_dag(self, dag_id: str | None = None, timeout: float = 240) -> None:
+        """Until the dag-processor has parsed the DAG (the API answers 404 before)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.call("GET", f"/dags/{dag_id or self.dag_id}")
+                return
+            except urllib.error.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    def pause(self, *dag_ids: str, paused: bool = True) -> None:
+        """Pause (or unpause) DAGs; one not parsed (yet) is left alone."""
+        for dag_id in dag_ids:
+            with contextlib.suppress(urllib.error.HTTPError):
+                self.call("PATCH", f"/dags/{dag_id}", {"is_paused": paused})
 
     def _runs(self, dag_id: str | None) -> str:
         return f"/dags/{dag_id or self.dag_id}/dagRuns"

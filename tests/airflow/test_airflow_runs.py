@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -168,18 +167,8 @@ def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
         os.environ.update(saved)
     try:
         api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                api.call("GET", f"/dags/{DAG}")
-                break
-            except urllib.error.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(2)
-        for other in ("tridentflow_partitioned_count", "tridentflow_wordcount_continuous"):
-            with contextlib.suppress(urllib.error.HTTPError):
-                api.call("PATCH", f"/dags/{other}", {"is_paused": True})
+        api.wait_for_dag(timeout=180)
+        api.pause("tridentflow_partitioned_count", "tridentflow_wordcount_continuous")
         yield api, redis_url, home
     finally:
         launcher.down(home)
