@@ -80,6 +80,10 @@ def test_a_standalone_cluster_with_a_worker_killed_mid_emit(
 
     # A worker on a host without the shared home (an empty tmpfs covers it): its executor says
     # so in one line, and nothing is committed.
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    assert probe.returncode == 0, (
+        f"a worker without the share needs unshare --mount (root, as on CI): {probe.stderr.strip()}"
+    )
     cluster.kill_worker(1)
     cluster.add_worker(hide=home)
     deadline = time.monotonic() + 90
