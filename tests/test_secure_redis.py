@@ -194,3 +194,8 @@ def test_pipelines_and_deployments_sharing_one_redis_never_touch_each_other(
             if name != victim and name not in done:
                 assert after[name] == before[name], (victim, name)
         done.add(victim)
+
+
+def test_the_readmes_acl_line_is_the_one_tridentflow_prints():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert acl.setuser_line("wordcount", "tf-wordcount") in readme
