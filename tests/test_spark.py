@@ -244,3 +244,18 @@ def test_spark_connect_runs_source_fed_states_like_the_local_engine(connect_url,
         .splitlines()[-1]
         .startswith("tridentflow: error: over Spark Connect only pipelines whose states")
     )
+
+
+def test_chaos_seeds_over_spark_connect_are_exact(connect_url, tf):
+    """The chaos harness with every emit a Spark Connect client (`tridentflow chaos
+    --remote`): faults at every step, dark partitions, Redis restarts, resets, and the counts
+    exact, for the pipelines Connect runs (source-fed states)."""
+    out = tf(
+        "chaos", "--schedules", "4", "--seed", "1000", "--pipelines", "wordcount,wordcount-opaque",
+        "--remote", connect_url, "--verbose", timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("seed=")]
+    assert len(lines) == 4 and all(line.endswith("lost=0 doubled=0") for line in lines), lines
+    assert "=crash" in out.stdout and "redis-restart" in out.stdout
+    assert f"over Spark Connect {connect_url}: lost=0 doubled=0" in out.stdout

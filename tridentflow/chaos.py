@@ -45,7 +45,7 @@ from state.errors import GenerationError, PipelineBusyError, StateError
 from tridentflow import devredis
 from tridentflow.audit import audit
 from tridentflow.driver import backlog, run_batches
-from tridentflow.engine import LocalEngine
+from tridentflow.engine import Engine, LocalEngine
 from tridentflow.errors import PartitionUnavailable, TridentflowError
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
@@ -129,7 +129,11 @@ class Chaos:
         workdir: Path | None = None,
         pipelines: Sequence[str] = PIPELINES,
         redis_restarts: bool = True,
+        engine: Engine | None = None,
     ) -> None:
+        """``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
+        Connect session, for pipelines whose states are all fed straight by the source)."""
+        self.engine = engine or ENGINE
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tridentflow-chaos-"))
         self.pipelines = tuple(pipelines)
@@ -165,7 +169,7 @@ class Chaos:
         sched.end_outage("drain")
         rt = sched.rt
         rt.faults = FaultPlan()  # resume: drain what is left, with no faults
-        run_batches(rt, ENGINE)
+        run_batches(rt, self.engine)
         result.txids = rt.ledger.committed_txid()
         result.records = len(sched.produced)
         self._check(rt, sched.produced, result)
@@ -222,7 +226,7 @@ class Chaos:
                     if steps[index] == "coordinate":
                         coordinate_run(rt, run_id, batch_size, lease_ms=60_000)
                     elif steps[index] == "emit":
-                        emit_run(rt, run_id, ENGINE, lease_ms=60_000)
+                        emit_run(rt, run_id, self.engine, lease_ms=60_000)
                     else:
                         racers = 2 if rng.random() < 0.2 else 1
                         if racers > 1:
@@ -273,7 +277,7 @@ class Chaos:
             if next_step == "coordinate":
                 coordinate_run(old, run_id, lease_ms=60_000)
             elif next_step == "emit":
-                emit_run(old, run_id, ENGINE, lease_ms=60_000)
+                emit_run(old, run_id, self.engine, lease_ms=60_000)
             else:
                 from tridentflow.runs import commit_run
 
@@ -414,10 +418,11 @@ def run_chaos(
     pipelines: Sequence[str] = PIPELINES,
     on_result: Callable[[ScheduleResult], None] | None = None,
     redis_restarts: bool = True,
+    engine: Engine | None = None,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
-    with Chaos(pipelines=pipelines, redis_restarts=redis_restarts) as chaos:
+    with Chaos(pipelines=pipelines, redis_restarts=redis_restarts, engine=engine) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)
             results.append(outcome)

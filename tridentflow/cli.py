@@ -10,6 +10,7 @@
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--verbose]
+                      [--remote sc://HOST:PORT]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
     tridentflow acl PIPELINE [--user U] [--namespace NS]
@@ -154,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-redis-restarts", action="store_true")
     p.add_argument("--verbose", action="store_true", help="print every schedule")
+    p.add_argument(
+        "--remote",
+        help="emit over this Spark Connect server, sc://HOST:PORT (source-fed pipelines only)",
+    )
 
     p = sub.add_parser(
         "spark-connect", help="start (or --stop) a local Spark Connect server, print its URL"
@@ -446,18 +451,26 @@ def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
             out.write(result.line() + "\n")
             out.flush()
 
+    engine = None
+    if args.remote:
+        from tridentflow.spark_engine import SparkEngine, spark_session
+
+        engine = SparkEngine(spark_session("tridentflow-chaos", remote=args.remote))
     results = run_chaos(
         args.schedules,
         args.seed,
         [p for p in args.pipelines.split(",") if p],
         on_result=report,
         redis_restarts=not args.no_redis_restarts,
+        engine=engine,
     )
     failed = [r for r in results if not r.ok]
     last = results[-1].seed if results else args.seed
     out.write(
         f"chaos: {len(results)} schedules (seeds {args.seed}..{last}), {faults} fault events, "
-        f"{sum(r.txids for r in results)} txids, {time.monotonic() - started:.1f}s: "
+        f"{sum(r.txids for r in results)} txids, {time.monotonic() - started:.1f}s"
+        + (f" over Spark Connect {args.remote}" if args.remote else "")
+        + ": "
         + (f"FAILED at seed {failed[0].seed}: {failed[0].line()}" if failed else "lost=0 doubled=0")
         + "\n"
     )
