@@ -100,12 +100,8 @@ def connect(url: str) -> redis.Redis:
     try:
         client = redis.Redis.from_url(url, **CLIENT_OPTIONS)
         client.ping()
-        if _cluster_enabled(client):
+        if _cluster_enabled(client):  # (a db other than 0 failed at SELECT, below)
             client.close()
-            if (client.connection_pool.connection_kwargs.get("db") or 0) != 0:
-                raise TridentflowError(
-                    f"{shown} is a Redis Cluster node: a cluster has only database 0"
-                )
             client = redis.RedisCluster.from_url(url, **CLIENT_OPTIONS)
             client.ping()
     except redis.AuthenticationError as exc:  # before ConnectionError: it is one
