@@ -257,3 +257,13 @@ def test_removed_keys_leave_the_store_once_committed_and_survive_a_failed_commit
     assert not redis_client.hexists(rt.keyspace.state("open"), field)  # gone for good
     assert query(rt, state, [("ann",), ("bob",)])[1] == [None, 1]
     assert audit(rt).ok
+
+
+def test_static_lookup_fields_of_typed_keys():
+    """One-field keys by their value as text, whatever the type (a bool is not the array
+    [true]); compound keys by their JSON array."""
+    from tridentflow.static_state import lookup_field
+
+    fields = [lookup_field((v,)) for v in ("US", 42, 1.0, True, None)]
+    assert fields == ["US", "42", "1.0", "true", "null"]
+    assert lookup_field(("ann", 3)) == '["ann",3]' and lookup_field((True, None)) == "[true,null]"

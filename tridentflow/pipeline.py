@@ -652,9 +652,10 @@ class GroupedStream:
     def chained_agg(self) -> ChainedAggregate:
         return ChainedAggregate(self.stream, self.group_fields)
 
-    def state_query(self, state: TridentState, out_field: str = "value") -> Stream:
+    def state_query(self, state: TridentState | StaticState, out_field: str = "value") -> Stream:
         """Trident's groupBy(...).stateQuery(...): each tuple with the last committed value of
-        ``state`` at its group key (the group fields are the key)."""
+        ``state`` (or a static state's value) at its group key (the group fields are the
+        key)."""
         return self.stream.state_query(state, self.group_fields, out_field)
 
     def persistent_aggregate(

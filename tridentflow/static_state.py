@@ -4,9 +4,10 @@ look keys up in, to join a stream against it (e.g. TridentReach's followers and 
 Two stores:
 
 * ``RedisHashLookup(key)``: one Redis hash the user fills (``HSET key field value``); a
-  one-field key is looked up by its value as text (``"US"``, ``"42"``), a compound key by
-  its JSON array (``'["ann",3]'``); values are JSON (``values="json"``, the default) or taken
-  as they are (``values="text"``). Read from the executors with the pipeline's Redis URL.
+  one-field key is looked up by its value as text (``"US"``, ``"42"``, ``"true"``), a
+  compound key by its JSON array (``'["ann",3]'``); values are JSON (``values="json"``, the
+  default) or taken as they are (``values="text"``). Read from the executors with the
+  pipeline's Redis URL.
 * ``FileLookup(path)``: a JSON object file ``{key: value}``, keys as above, loaded once per
   process (again when the file changes). Every executor must see it at that path.
 
@@ -34,11 +35,12 @@ VALUE_KINDS = ("json", "text")
 
 
 def lookup_field(key: tuple[Any, ...]) -> str:
-    """The field or JSON key a group key is looked up by."""
-    if len(key) == 1 and isinstance(key[0], str):
-        return key[0]
-    if len(key) == 1 and isinstance(key[0], (int, float)) and not isinstance(key[0], bool):
-        return json.dumps(key[0])
+    """The field or JSON key a group key is looked up by: a one-field key by its value as
+    text (a str as it is, any other scalar as JSON: ``42``, ``1.0``, ``true``, ``null``, so
+    the int 1 and the str "1" read the same field, as text fields do), anything else by its
+    JSON array."""
+    if len(key) == 1 and not isinstance(key[0], (list, tuple, dict)):
+        return key[0] if isinstance(key[0], str) else json.dumps(key[0])
     return json.dumps(list(key), separators=(",", ":"), ensure_ascii=False)
 
 
