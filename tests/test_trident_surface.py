@@ -267,3 +267,32 @@ def test_static_lookup_fields_of_typed_keys():
     fields = [lookup_field((v,)) for v in ("US", 42, 1.0, True, None)]
     assert fields == ["US", "42", "1.0", "true", "null"]
     assert lookup_field(("ann", 3)) == '["ann",3]' and lookup_field((True, None)) == "[true,null]"
+
+
+def test_a_reducer_that_removes_keys_audits_clean(redis_url, redis_client, home):
+    """REMOVE from a Reducer (a word removed at its second occurrence): the audit recomputes
+    it as absent, as the map state stores it."""
+    from tridentflow import REMOVE, Reducer
+    from tridentflow.audit import audit
+
+    class Once(Reducer):
+        def init(self):
+            return 0
+
+        def reduce(self, acc, *values):
+            return REMOVE if acc == 1 else acc + 1
+
+    p = Pipeline("once", LogSource(fields=("sentence",), partitions=2))
+    p.stream.each("sentence", split, "word").group_by("word").persistent_aggregate(
+        StateSpec("once"), Once()
+    )
+    rt = Runtime.open(p, redis_url, home)
+    rt.source_heads()
+    rt.log.append_spread(["a b", "b c"])
+    coordinate(rt, 1)
+    emit(rt, 1, LocalEngine())
+    commit(rt, 1)
+    fields = {k.decode() for k in redis_client.hkeys(rt.keyspace.state("once"))}
+    assert fields == {encode_key(("a",)), encode_key(("c",))}  # b was removed
+    report = audit(rt)
+    assert report.ok and report.keys == 2, report

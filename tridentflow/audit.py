@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from state.maps import StoredValue
+from state.maps import REMOVE, StoredValue
 from tridentflow.aggregators import absent_value, apply_staged
 from tridentflow.engine import LocalEngine
 from tridentflow.plan import compile_pipeline
@@ -88,6 +88,7 @@ def audit(rt: Runtime) -> AuditReport:
         agg = persist.aggregator
         staged = result.partials[name] if result else ()
         expected = {key: apply_staged(agg, None, value) for key, value in staged}
+        expected = {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
         actual: dict[str, Any] = {}
         for key, raw in rt.backing(name).scan_items():
             value = StoredValue.from_json(raw, key, name).committed_view(committed)
