@@ -211,10 +211,10 @@ def test_every_batch_operation_matches_the_local_engine_exactly(
     assert answers and all(before == committed.get(w) for w, before in answers)
 
 
-def test_spark_connect_runs_source_fed_states_like_the_local_engine(connect_url, tf, cli_env):
+def test_spark_connect_runs_every_pipeline_like_the_local_engine(connect_url, tf, cli_env):
     """`tridentflow run --remote sc://...` against a real local Connect server: the word count
     exact, every fast-path state (float sums included) equal to the local engine's, and a
-    pipeline with batch operations refused in one line."""
+    pipeline with every batch operation equal to it too."""
     tf("produce", "wordcount", "-", input="\n".join(SEED_SENTENCES) + "\n")
     run = tf("run", "wordcount", "--remote", connect_url, "--batch-size", "2")
     assert run.returncode == 0, run.stderr
@@ -236,22 +236,31 @@ def test_spark_connect_runs_source_fed_states_like_the_local_engine(connect_url,
         assert sorted(map(str, over_connect["values"])) == sorted(map(str, on_local["values"]))
     assert "1 bad record" in tf("status", "tests.pipelines:folds").stdout
 
-    tf("produce", "wordcount-batched", "-", input="a b\n")
-    refused = tf("run", "wordcount-batched", "--remote", connect_url)
-    assert refused.returncode == 1
-    assert (
-        refused.stderr.strip()
-        .splitlines()[-1]
-        .startswith("tridentflow: error: over Spark Connect only pipelines whose states")
-    )
+    # every batch operation (exchanges, joins, broadcast, state queries) over Connect, two
+    # txids, state for state what the local engine commits
+    from tridentflow.registry import load_pipeline
+
+    tf("produce", "tests.pipelines:everything", "-", input="\n".join(sentences(150)) + "\n")
+    for env in (cli_env, local_env):
+        engine = ["--remote", connect_url] if env is cli_env else ["--engine", "local"]
+        run = tf("run", "tests.pipelines:everything", *engine, "--batch-size", "30", env=env)
+        assert run.returncode == 0, run.stderr
+    states = load_pipeline("tests.pipelines:everything").states
+    assert len(states) >= 9
+    for state in states:
+        listing = ["query", "tests.pipelines:everything", "--state", state, "--all", "--json"]
+        over_connect = json.loads(tf(*listing, "--limit", "100000").stdout)
+        on_local = json.loads(tf(*listing, "--limit", "100000", env=local_env).stdout)
+        assert over_connect["values"] and over_connect == on_local, state
 
 
 def test_chaos_seeds_over_spark_connect_are_exact(connect_url, tf):
     """The chaos harness with every emit a Spark Connect client (`tridentflow chaos
     --remote`): faults at every step, dark partitions, Redis restarts, resets, and the counts
-    exact, for the pipelines Connect runs (source-fed states)."""
+    exact, batch operations and mutating aggregators included."""
     out = tf(
-        "chaos", "--schedules", "4", "--seed", "1000", "--pipelines", "wordcount,wordcount-opaque",
+        "chaos", "--schedules", "4", "--seed", "1000",
+        "--pipelines", "wordcount-opaque,partitioned-count,mutating-opaque",
         "--remote", connect_url, "--verbose", timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -259,3 +268,22 @@ def test_chaos_seeds_over_spark_connect_are_exact(connect_url, tf):
     assert len(lines) == 4 and all(line.endswith("lost=0 doubled=0") for line in lines), lines
     assert "=crash" in out.stdout and "redis-restart" in out.stdout
     assert f"over Spark Connect {connect_url}: lost=0 doubled=0" in out.stdout
+
+
+def test_exchange_routes_put_each_target_in_its_own_spark_partition(spark):
+    """frames.route_values inverts Spark's hash partitioning: murmur3_int is Spark's hash() of
+    an int, and a repartition by the route puts target t, alone, in Spark partition t."""
+    from pyspark.sql import functions as F
+
+    from tridentflow.frames import murmur3_int, route_values
+
+    values = [0, 1, -1, 7, 42, 2**31 - 1, -(2**31), 123456]
+    df = spark.createDataFrame([(v,) for v in values], "v int")
+    assert [r["h"] for r in df.select(F.hash("v").alias("h")).collect()] == [
+        murmur3_int(v) for v in values
+    ]
+    for n in (1, 3, 4, 7, 16):
+        routes = route_values(n)
+        rows = spark.createDataFrame([(r, t) for t, r in enumerate(routes)], "route int, t int")
+        placed = rows.repartition(n, "route").select("t", F.spark_partition_id().alias("p"))
+        assert sorted((r["t"], r["p"]) for r in placed.collect()) == [(t, t) for t in range(n)]

@@ -132,7 +132,7 @@ class Chaos:
         engine: Engine | None = None,
     ) -> None:
         """``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
-        Connect session, for pipelines whose states are all fed straight by the source)."""
+        Connect session)."""
         self.engine = engine or ENGINE
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tridentflow-chaos-"))

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="print every schedule")
     p.add_argument(
         "--remote",
-        help="emit over this Spark Connect server, sc://HOST:PORT (source-fed pipelines only)",
+        help="emit over this Spark Connect server, sc://HOST:PORT",
     )
 
     p = sub.add_parser(

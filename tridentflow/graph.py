@@ -1,7 +1,7 @@
 """The batch-operation graph: from the record stage's streams to the persisted states.
 
 ``GraphBuilder`` walks the pipeline's stream graph once per batch (each node built once) and
-asks a ``Backend`` (the local engine's lists, or Spark RDDs) for three things only: run a
+asks a ``Backend`` (the local engine's lists, or Spark DataFrames) for three things only: run a
 function on every partition, exchange tuples between partitions (with Trident's count
 reports), and concatenate datasets.
 The operations themselves are tridentflow.batchops, written once for both engines.

@@ -1,28 +1,25 @@
-"""The Spark engine: the record stage and the batch-operation graph on RDDs.
+"""The Spark engine: the record stage and the batch-operation graph on DataFrames, so the same
+code runs on classic Spark (a master, spark-submit) and over Spark Connect (which has no RDDs).
 
 Every source range is split into read tasks (tridentflow.engine.split_ranges); each task reads
-its range through the file log's index and runs ``read_task``: per-record plan, quarantine of
-bad records, the Combiner's partial aggregation within the task, and the tuples that batch
-operations consume. Only those task outputs are cached; the driver collects the record counts
-(Trident's completeness check) and the bad records.
+its range through the file log's index and runs ``read_task`` in a ``mapInArrow``: per-record
+plan, quarantine of bad records, the Combiner's partial aggregation within the task, and the
+tuples that batch operations consume. Only those task outputs are cached; the driver collects
+the record counts (Trident's completeness check) and the bad records.
 
 A plan whose states are all fed straight by the source (no batch operations: the word count,
 most counters) takes the direct path: one job whose read tasks return their partials, which
 the driver combines per key in task order - what the exchange would stage, without its
-shuffle and its three further jobs.
+shuffle and its further jobs.
 
-Otherwise the graph (tridentflow.graph) runs with ``SparkBackend``: a partition function is
-``mapPartitionsWithIndex``; an exchange is ``batchops.Exchange.send`` per sender partition, a
-``partitionBy`` on the target, and ``batchops.receive`` per target, whose first output element
-is its count report (collected from the cached result) and the rest its tuples, in
-deterministic order. RDDs rather than DataFrames: every operation runs arbitrary Python
-functions, and benchmarks/wordcount_vs_pyspark.py measures what that costs.
+Otherwise the graph (tridentflow.graph) runs with ``tridentflow.frames.FrameBackend``: every
+operation's Python function runs over Arrow batches of pickled tuple chunks, every exchange is
+a Spark shuffle with Trident's count reports and a deterministic order.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import pickle
 import sys
@@ -30,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.batchops import Exchange, StageByKey, StageReport, receive
+from tridentflow.batchops import StageByKey
 from tridentflow.engine import (
     ComputeResult,
     LocalEngine,
@@ -43,98 +40,17 @@ from tridentflow.engine import (
     task_records,
 )
 from tridentflow.errors import TridentflowError
-from tridentflow.graph import ExecContext, GraphBuilder, PartitionFn
+from tridentflow.frames import Frame, FrameBackend, chunk_rows, items_of, to_batch
+from tridentflow.graph import ExecContext, GraphBuilder
 from tridentflow.plan import Plan
 
 if TYPE_CHECKING:
-    from pyspark import RDD
     from pyspark.sql import SparkSession
-
-
-def _run_task(log_root: str, plan: Plan, task: tuple[int, int, int]) -> TaskOutput:
-    return read_task(log_root, plan, *task)
-
-
-def _summary(out: TaskOutput) -> tuple[int, Any, list]:
-    return out.partition, out.count, out.bad
-
-
-def _partials(index: int, out: TaskOutput) -> Any:
-    return out.partials[index].items()
-
-
-def _edge(index: int, out: TaskOutput) -> Any:
-    return out.edges[index]
-
-
-def _target(target: int) -> int:
-    return target
-
-
-def _send(exchange: Exchange, sender: int, rows: Any) -> Any:
-    return exchange.send(sender, rows)
-
-
-def _receive(exchange: Exchange, senders: int, lose: bool, target: int, items: Any) -> Any:
-    rows, report = receive(exchange.stage, senders, target, (item for _t, item in items), lose)
-    yield report
-    yield from rows
-
-
-def _first(items: Any) -> Any:
-    return itertools.islice(items, 1)
-
-
-def _rest(items: Any) -> Any:
-    return itertools.islice(items, 1, None)
-
-
-class SparkBackend:
-    """Datasets as RDDs; partition indexes are preserved by every operation."""
-
-    def __init__(self, sc: Any, lose_tuple: bool = False) -> None:
-        self.sc = sc
-        self._lose = lose_tuple
-        self.received: list[RDD] = []
-
-    def map_partitions(self, data: RDD, fn: PartitionFn) -> RDD:
-        return data.mapPartitionsWithIndex(fn, preservesPartitioning=False)
-
-    def exchange(self, data: RDD, exchange: Exchange) -> RDD:
-        from pyspark import StorageLevel
-
-        senders = data.getNumPartitions()
-        routed = data.mapPartitionsWithIndex(functools.partial(_send, exchange))
-        received = routed.partitionBy(exchange.n, _target).mapPartitionsWithIndex(
-            functools.partial(_receive, exchange, senders, self._lose)
-        )
-        self._lose = False  # only the first exchange
-        received.persist(StorageLevel.MEMORY_AND_DISK)
-        self.received.append(received)
-        return received.mapPartitions(_rest, preservesPartitioning=True)
-
-    def union(self, parts: list[RDD]) -> RDD:
-        return self.sc.union(parts)
-
-    def num_partitions(self, data: RDD) -> int:
-        return data.getNumPartitions()
-
-    def reports(self) -> list[StageReport]:
-        """Every exchange's reports, in one job (the exchanges are cached)."""
-        if not self.received:
-            return []
-        return self.sc.union([r.mapPartitions(_first) for r in self.received]).collect()
-
-    def release(self) -> None:
-        for received in self.received:
-            received.unpersist()
 
 
 class SparkEngine:
     """Runs a plan on a SparkSession: classic (a master, or under spark-submit) or a Spark
-    Connect client session (``spark_session(remote=...)``). Over Connect there are no RDDs:
-    only the direct path runs (states all fed straight by the source), its read tasks in a
-    ``mapInArrow``; a plan with batch operations is refused in one line."""
+    Connect client session (``spark_session(remote=...)``): the same DataFrame jobs."""
 
     name = "spark"
 
@@ -145,8 +61,6 @@ class SparkEngine:
     def compute(
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
     ) -> ComputeResult:
-        from pyspark import StorageLevel
-
         ctx = ctx or ExecContext(0, "")
         tasks = split_ranges(ranges, task_records(plan))
         if not tasks:  # nothing to read: no source partitions, nothing for executors
@@ -155,50 +69,61 @@ class SparkEngine:
             direct = self._compute_direct(plan, log_root, ranges, tasks)
             if direct is not None:
                 return direct
-        if self.remote:
-            raise TridentflowError(
-                "over Spark Connect only pipelines whose states are all fed straight by the"
-                " source run (this one has batch operations, or a batch of more than"
-                f" {DIRECT_PAIRS} partials): use spark-submit, a master, or --engine local"
+        backend = FrameBackend(self.spark, ctx.lose_tuple)
+        try:
+            outputs = backend.cache(
+                self.spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(
+                    functools.partial(_read_tasks_frames, log_root, plan, tasks), TASK_SCHEMA
+                )
             )
-        sc = self.spark.sparkContext
-        outputs = sc.parallelize(tasks, len(tasks)).map(
-            functools.partial(_run_task, log_root, plan)
-        )
-        outputs.persist(StorageLevel.MEMORY_AND_DISK)
-        summaries = outputs.map(_summary).collect()  # one job: counts and bad records
-        counts = merge_counts(ranges, ((p, count) for p, count, _bad in summaries))
-        bad = [b for _p, _count, task_bad in summaries for b in task_bad]
-        backend = SparkBackend(sc, ctx.lose_tuple)
-        edges = [outputs.flatMap(functools.partial(_edge, e)) for e in range(len(plan.edges))]
-        builder = GraphBuilder(plan, backend, edges, ctx)
-        task_partials = [
-            outputs.flatMap(functools.partial(_partials, i)) for i in range(len(plan.persists))
-        ]
-        datasets = build_states(plan, builder, task_partials)
-        # One job materialises every state (tagged with its index) and counts its keys, so the
-        # cached task outputs and exchanges can be released before the driver reads them.
-        tagged = sc.union(
-            [data.map(functools.partial(_tag, i)) for i, data in enumerate(datasets.values())]
-        )
-        tagged.persist(StorageLevel.MEMORY_AND_DISK)
-        sizes = tagged.map(_tag_of).countByValue()
-        reports = backend.reports()
-        backend.release()
-        outputs.unpersist()
-        names = list(datasets.keys())
-        streams: dict[str, Any]
-        if sum(sizes.values()) <= COLLECT_KEYS:  # small: every state in one job
-            collected: dict[int, list] = {i: [] for i in range(len(names))}
-            for index, item in tagged.collect():
-                collected[index].append(item)
-            tagged.unpersist()
-            streams = {name: collected[i] for i, name in enumerate(names)}
-        else:
-            reader = _StateReader(tagged, len(names))
-            streams = {name: reader.items(i, sizes.get(i, 0)) for i, name in enumerate(names)}
+            summaries = [pickle.loads(r["data"]) for r in outputs.where("kind = 0").collect()]
+            counts = merge_counts(ranges, ((p, count) for p, count, _bad in summaries))
+            bad = [b for _p, _count, task_bad in summaries for b in task_bad]
+            n = len(tasks)
+            edges = [_output(outputs, 1, e, n) for e in range(len(plan.edges))]
+            builder = GraphBuilder(plan, backend, edges, ctx)
+            task_partials = [_output(outputs, 2, i, n) for i in range(len(plan.persists))]
+            datasets = build_states(plan, builder, task_partials)
+            streams = self._collect(backend, datasets)
+            reports = backend.reports()
+        finally:
+            backend.release()
         bad.sort(key=lambda b: (b.partition, b.offset))
         return ComputeResult(counts, streams, bad, reports)
+
+    def _collect(self, backend: FrameBackend, datasets: dict[str, Frame]) -> dict[str, Any]:
+        """Every state's (key, staged value) pairs: one job materialises them all (tagged by
+        state) and counts them; small ones are collected in one more, a big one is read
+        partition by partition (toLocalIterator), so the driver never holds it whole."""
+        from pyspark.sql import functions as F
+
+        tagged = backend.cache(
+            functools.reduce(
+                lambda a, b: a.unionAll(b),
+                (
+                    frame.df.select(F.lit(i).alias("state"), "n", "data")
+                    for i, frame in enumerate(datasets.values())
+                ),
+            )
+        )
+        sizes = {
+            r["state"]: r["keys"]
+            for r in tagged.groupBy("state").agg(F.sum("n").alias("keys")).collect()
+        }
+        names = list(datasets)
+        if sum(sizes.values()) <= COLLECT_KEYS:
+            chunks: dict[int, list] = {i: [] for i in range(len(names))}
+            for row in tagged.where("n > 0").collect():
+                chunks[row["state"]].append(row)
+            return {name: list(items_of(chunks[i])) for i, name in enumerate(names)}
+        streams: dict[str, Any] = {}
+        for i, name in enumerate(names):
+            selected = tagged.where(f"state = {i} and n > 0")
+            if sizes.get(i, 0) <= COLLECT_KEYS:
+                streams[name] = list(items_of(selected.collect()))
+            else:
+                streams[name] = list(items_of(selected.toLocalIterator()))
+        return streams
 
     def _compute_direct(
         self, plan: Plan, log_root: str, ranges: Ranges, tasks: list[tuple[int, int, int]]
@@ -208,15 +133,7 @@ class SparkEngine:
         exchange path's sender order, so every value is the one it would stage. None (use
         the exchange path) if the tasks make more than DIRECT_PAIRS partials in all."""
         cap = DIRECT_PAIRS // len(tasks)
-        if self.remote:
-            results = self._direct_results_arrow(plan, log_root, tasks, cap)
-        else:
-            results = (
-                self.spark.sparkContext.parallelize(tasks, len(tasks))
-                .map(functools.partial(_run_task, log_root, plan))
-                .map(functools.partial(_direct_output, cap))
-                .collect()
-            )
+        results = self._direct_results_arrow(plan, log_root, tasks, cap)
         if any(partials is None for _p, _count, _bad, partials in results):
             return None
         counts = merge_counts(ranges, ((p, count) for p, count, _bad, _partials in results))
@@ -283,40 +200,31 @@ is read on its own, and one bigger than this is streamed partition by partition
 (toLocalIterator), so the driver never holds it whole."""
 
 
-def _tag(index: int, item: Any) -> tuple[int, Any]:
-    return index, item
+TASK_SCHEMA = "kind int, idx int, part int, seq int, n int, data binary"
+"""The read tasks' cached output: kind 0 a task's (partition, count, bad records); kind 1
+edge ``idx``'s tuples, kind 2 fast-path state ``idx``'s partials, as chunks of logical
+partition ``part`` (the task's index)."""
 
 
-def _tag_of(item: tuple[int, Any]) -> int:
-    return item[0]
+def _read_tasks_frames(
+    log_root: str, plan: Plan, tasks: list[tuple[int, int, int]], batches: Iterator[Any]
+) -> Iterator[Any]:
+    """mapInArrow body: each task whose index comes in, as TASK_SCHEMA rows."""
+    names = ("kind", "idx", "part", "seq", "n", "data")
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            out = read_task(log_root, plan, *tasks[index])
+            summary = pickle.dumps((out.partition, out.count, out.bad))
+            rows = [(0, 0, index, 0, 0, summary)]
+            for kind, outputs in ((1, out.edges), (2, [list(p.items()) for p in out.partials])):
+                for idx, items in enumerate(outputs):
+                    rows.extend((kind, idx, *chunk) for chunk in chunk_rows(index, items))
+            yield to_batch(rows, names)
 
 
-def _is(index: int, item: tuple[int, Any]) -> bool:
-    return item[0] == index
-
-
-def _untag(item: tuple[int, Any]) -> Any:
-    return item[1]
-
-
-class _StateReader:
-    """Reads each state's items out of the cached, tagged RDD; releases it after the last."""
-
-    def __init__(self, tagged: RDD, states: int) -> None:
-        self.tagged = tagged
-        self.open = states
-
-    def items(self, index: int, size: int) -> Any:
-        try:
-            selected = self.tagged.filter(functools.partial(_is, index)).map(_untag)
-            if size <= COLLECT_KEYS:
-                yield from selected.collect() if size else ()
-            else:
-                yield from selected.toLocalIterator()
-        finally:
-            self.open -= 1
-            if self.open == 0:
-                self.tagged.unpersist()
+def _output(outputs: Any, kind: int, idx: int, tasks: int) -> Frame:
+    selected = outputs.where(f"kind = {kind} and idx = {idx}").select("part", "seq", "n", "data")
+    return Frame(selected, tasks)
 
 
 LOG4J2 = Path(__file__).with_name("log4j2.properties")
