@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 from tests.helpers import sentences
-from tridentflow.engine import LocalEngine
-from tridentflow.filelog import FileLog
-from tridentflow.graph import ExecContext
+from tridentflow.engines.base import ExecContext
+from tridentflow.engines.local import LocalEngine
+from tridentflow.engines.spark import SparkEngine, spark_session
 from tridentflow.plan import compile_pipeline
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import resolve_redis_url
-from tridentflow.spark_engine import SparkEngine, spark_session
+from tridentflow.sources.filelog import FileLog
 
 
 def timed(fn, repeat: int) -> float:

@@ -32,7 +32,7 @@ from tridentflow.audit import audit
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
 from tridentflow.runtime import Runtime, connect
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from tridentflow import devredis
 from tridentflow.audit import audit
 from tridentflow.driver import run_batches, run_pipelined
+from tridentflow.engines.spark import SparkEngine, spark_session
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import Runtime, connect
-from tridentflow.spark_engine import SparkEngine, spark_session
 
 WORDS = [f"w{i}" for i in range(5000)]
 

@@ -46,7 +46,7 @@ SS_KEY = "bench:ss:counts"
 def generate(home: Path, sentences: int, pipeline: str = "wordcount", seed: int = 1) -> Path:
     """``sentences`` Zipf sentences appended to ``pipeline``'s source log under ``home``;
     returns its root."""
-    from tridentflow.filelog import FileLog
+    from tridentflow.sources.filelog import FileLog
 
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(VOCABULARY)]

@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tridentflow.filelog import FileLog
+from tridentflow.engines.spark import SparkEngine, spark_session
 from tridentflow.plan import compile_pipeline
 from tridentflow.registry import load_pipeline
-from tridentflow.spark_engine import SparkEngine, spark_session
+from tridentflow.sources.filelog import FileLog
 
 WORDS = [f"w{i}" for i in range(5000)]
 

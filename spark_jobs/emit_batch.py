@@ -23,12 +23,12 @@ from collections.abc import Sequence
 
 from state.ledger import DEFAULT_LEASE_MS
 from tridentflow.emitter import emit
+from tridentflow.engines.spark import SparkEngine, spark_session
 from tridentflow.errors import one_line
 from tridentflow.faults import FaultPlan
 from tridentflow.registry import load_pipeline
 from tridentflow.runs import emit_summary, owned_txid
 from tridentflow.runtime import Runtime
-from tridentflow.spark_engine import SparkEngine, spark_session
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -63,7 +63,7 @@ def home(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
-    from tridentflow.spark_engine import spark_session
+    from tridentflow.engines.spark import spark_session
 
     session = spark_session("tridentflow-tests", "local[2]")
     yield session

@@ -1,6 +1,6 @@
 """Batch operations (repartitions, aggregates, merge, join) against plain-Python references on
 random batches (hypothesis), on the local engine. The references are written independently
-of tridentflow.batchops: they only know the documented order of a batch (partition by
+of tridentflow.engines.batchops: they only know the documented order of a batch (partition by
 partition, offset by offset)."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from tridentflow import (
     Sum,
 )
 from tridentflow.aggregators import apply_staged
-from tridentflow.engine import LocalEngine
-from tridentflow.filelog import FileLog
-from tridentflow.graph import ExecContext
+from tridentflow.engines.base import ExecContext
+from tridentflow.engines.local import LocalEngine
 from tridentflow.pipeline import Stream
 from tridentflow.plan import compile_pipeline
+from tridentflow.sources.filelog import FileLog
 
 USERS = ["ann", "bob", "cy", "dee"]
 record = st.fixed_dictionaries(

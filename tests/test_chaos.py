@@ -91,9 +91,11 @@ def test_the_harness_catches_a_key_cache_keyed_on_equality(monkeypatch):
 def test_the_harness_catches_a_task_fold_keyed_on_equality(monkeypatch):
     """The same class in the read task's fold: one-field keys folded under their raw value
     when that value is a number or a bool (1, 1.0 and True share one slot)."""
-    import tridentflow.engine
+    import tridentflow.engines.tasks
 
-    monkeypatch.setattr(tridentflow.engine, "RAW_KEY_TYPES", frozenset({str, int, float, bool}))
+    monkeypatch.setattr(
+        tridentflow.engines.tasks, "RAW_KEY_TYPES", frozenset({str, int, float, bool})
+    )
     results = run_chaos(50, seed=0, pipelines=("mutating",), redis_restarts=False)
     assert not results[-1].ok, "50 schedules did not expose an equality-keyed task fold"
 

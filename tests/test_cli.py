@@ -80,7 +80,7 @@ def test_a_lone_surrogate_record_is_quarantined_not_fatal(tf, home, redis_url):
     """`"bad \\ud800 word"` is valid JSON (a cut emoji from JavaScript) but not valid Unicode:
     it used to crash every emit attempt with a raw UnicodeEncodeError."""
     assert tf("produce", "wordcount-opaque", "-", input="good words\n").returncode == 0
-    from tridentflow.filelog import FileLog
+    from tridentflow.sources.filelog import FileLog
 
     log = FileLog(home / "sources" / "wordcount-opaque")
     log.append_lines(0, ['"bad \\ud800 word"'])  # an external producer wrote it

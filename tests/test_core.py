@@ -13,7 +13,7 @@ from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.driver import run_batches
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, PartitionUnavailable
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.query import query

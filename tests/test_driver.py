@@ -7,7 +7,7 @@ import pytest
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.audit import audit
 from tridentflow.driver import run_pipelined
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.query import query
 

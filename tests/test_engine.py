@@ -1,4 +1,4 @@
-"""The record stage's per-task fold (tridentflow.engine.TaskFold) against a plain-Python
+"""The record stage's per-task fold (tridentflow.engines.tasks.TaskFold) against a plain-Python
 reference, on random keys of every JSON type (hypothesis): keys that compare equal but encode
 differently never share a slot, and a key that cannot be encoded quarantines exactly its own
 records, whether it is a str (encoded once per task, after the fold) or not."""
@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from state.codec import encode_key
 from tridentflow import Count, LogSource, Pipeline, StateSpec, Sum
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.mutating import InPlaceCount
-from tridentflow.filelog import FileLog
 from tridentflow.plan import compile_pipeline
+from tridentflow.sources.filelog import FileLog
 
 LONE = "\ud800"
 """A token the function turns into a str with a lone surrogate: no UTF-8 can hold it."""

@@ -15,7 +15,7 @@ from tridentflow import LogSource, Pipeline, Reducer, StateSpec
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, StagingValueError, StateUpdateError
 from tridentflow.examples.user_scores import SEED_BATCH
 from tridentflow.faults import FaultPlan
@@ -171,7 +171,7 @@ def test_a_state_query_stream_sees_the_last_committed_value_during_a_pending_com
     stored = rt.backing("counts").multi_get([f'["{w}"]' for w in "abcdefgh"])
     assert 2 in [s[0] for s in stored] and 1 in [s[0] for s in stored]  # half-applied txid 2
 
-    from tridentflow.batchops import StateQuery
+    from tridentflow.engines.batchops import StateQuery
 
     counts = rt.pipeline.states["counts"]
     keyspace = KeySpace("wordcount-drpc")

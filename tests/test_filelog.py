@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tridentflow.errors import SourceError
-from tridentflow.filelog import INDEX_EVERY, FileLog
+from tridentflow.sources.filelog import INDEX_EVERY, FileLog
 
 
 @pytest.fixture

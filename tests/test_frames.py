@@ -7,8 +7,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from tridentflow import frames
-from tridentflow.frames import chunk_rows, runs, to_batch
+from tridentflow.engines import frames
+from tridentflow.engines.frames import chunk_rows, runs, to_batch
 
 
 def test_chunks_cover_every_item_in_order_and_an_empty_partition_has_one(monkeypatch):

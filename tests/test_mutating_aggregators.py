@@ -10,7 +10,7 @@ from state.maps import StateKind, make_map_state
 from tests.helpers import produce, runtime, sentences
 from tridentflow.audit import audit
 from tridentflow.driver import run_batches
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import InjectedFault
 from tridentflow.query import query

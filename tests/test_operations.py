@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from state.codec import encode_key
 from state.maps import StateKind
 from tridentflow import Count, LogSource, Max, Mean, Min, Pipeline, StateSpec, Sum
-from tridentflow.engine import LocalEngine
-from tridentflow.filelog import FileLog
+from tridentflow.engines.local import LocalEngine
 from tridentflow.plan import compile_pipeline
+from tridentflow.sources.filelog import FileLog
 
 records = st.lists(
     st.fixed_dictionaries(

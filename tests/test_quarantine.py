@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import runtime
 from tridentflow.audit import audit
 from tridentflow.driver import run_batches
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TooManyBadRecords
 from tridentflow.query import query
 from tridentflow.status import status

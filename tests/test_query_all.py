@@ -12,7 +12,7 @@ from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.driver import run_batches
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.query import list_state

@@ -16,7 +16,7 @@ from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.driver import run_batches
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.query import query
 from tridentflow.runs import coordinate_run, emit_run
 

@@ -10,7 +10,7 @@ import pytest
 from spark_jobs import emit_batch
 from tests.conftest import ROOT
 from tests.helpers import produce, runtime, sentences
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import one_line
 from tridentflow.runs import (
     RunNotBoundError,

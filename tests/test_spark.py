@@ -17,16 +17,17 @@ from tridentflow.audit import audit
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
+from tridentflow.engines.spark import SparkEngine
+from tridentflow.engines.tasks import split_ranges
 from tridentflow.plan import compile_pipeline
 from tridentflow.registry import load_pipeline
-from tridentflow.spark_engine import SparkEngine, split_ranges
 
 pytestmark = pytest.mark.spark
 
 
 def test_spark_engine_matches_the_local_reference(spark, tmp_path):
-    from tridentflow.filelog import FileLog
+    from tridentflow.sources.filelog import FileLog
 
     log = FileLog(tmp_path / "log", segment_records=300)
     log.ensure(5)
@@ -52,11 +53,11 @@ def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
     """States fed straight by the source take one Spark job and combine on the driver; past
     DIRECT_PAIRS they take the exchange. Both equal the local engine bit for bit (float sums
     included: every engine groups a batch into the same read tasks)."""
-    import tridentflow.engine
-    import tridentflow.spark_engine
-    from tridentflow.filelog import FileLog
+    import tridentflow.engines.spark
+    import tridentflow.engines.tasks
+    from tridentflow.sources.filelog import FileLog
 
-    monkeypatch.setattr(tridentflow.engine, "FOLD_TASK_RECORDS", 97)  # several tasks each
+    monkeypatch.setattr(tridentflow.engines.tasks, "FOLD_TASK_RECORDS", 97)  # several tasks each
     log = FileLog(tmp_path / "log", segment_records=300)
     log.ensure(3)
     for p in range(3):
@@ -67,7 +68,7 @@ def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
     ranges = {p: (7 * p, h) for p, h in log.heads().items()}
     local = LocalEngine().compute(plan, str(log.root), ranges)
     direct = SparkEngine(spark).compute(plan, str(log.root), ranges)
-    monkeypatch.setattr(tridentflow.spark_engine, "DIRECT_PAIRS", 10)
+    monkeypatch.setattr(tridentflow.engines.spark, "DIRECT_PAIRS", 10)
     exchanged = SparkEngine(spark).compute(plan, str(log.root), ranges)
     assert not direct.stages and exchanged.stages  # each path was taken
     for result in (direct, exchanged):
@@ -158,7 +159,7 @@ def test_emit_through_real_spark_submit(redis_url, redis_client, home, cli_env):
 
 def test_spark_runs_every_operation_like_the_local_reference(spark, tmp_path):
     from tests.test_operations import pipeline
-    from tridentflow.filelog import FileLog
+    from tridentflow.sources.filelog import FileLog
 
     log = FileLog(tmp_path / "log")
     log.ensure(3)
@@ -185,7 +186,7 @@ def test_every_batch_operation_matches_the_local_engine_exactly(
     """Same staged values, in the same order, from Spark and the local reference: exchanges,
     partition/global/grouped/chained aggregates, merge, join, broadcast and a state query that
     reads what txid 1 committed."""
-    from tridentflow.graph import ExecContext
+    from tridentflow.engines.base import ExecContext
 
     rt = runtime("tests.pipelines:everything", redis_url, home)
     rt.source_heads()
@@ -275,7 +276,7 @@ def test_exchange_routes_put_each_target_in_its_own_spark_partition(spark):
     an int, and a repartition by the route puts target t, alone, in Spark partition t."""
     from pyspark.sql import functions as F
 
-    from tridentflow.frames import murmur3_int, route_values
+    from tridentflow.engines.frames import murmur3_int, route_values
 
     values = [0, 1, -1, 7, 42, 2**31 - 1, -(2**31), 123456]
     df = spark.createDataFrame([(v,) for v in values], "v int")

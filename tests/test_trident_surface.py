@@ -14,10 +14,10 @@ from tridentflow import Count, LogSource, Pipeline, StateSpec, Sum
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.base import ExecContext
+from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError
 from tridentflow.examples.wordcount import split
-from tridentflow.graph import ExecContext
 from tridentflow.runtime import Runtime
 
 
@@ -204,7 +204,7 @@ def test_named_stages_label_their_exchanges_and_the_errors_that_fail_a_batch(
     labels = {r.stage.split(":", 1)[1] for r in result.stages}
     assert "shuffle()[spread]" in labels and "aggregate(Count())[per-word]" in labels, labels
 
-    from tridentflow.engine import check_stages
+    from tridentflow.engines.base import check_stages
     from tridentflow.errors import IncompleteBatchError
 
     lossy = ExecContext(1, redis_url, lose_tuple=True)

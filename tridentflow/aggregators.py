@@ -19,7 +19,7 @@ containers are copied; aggregators that never mutate (the built-ins) set ``pure 
 are not wrapped.
 
 Every fold sees its tuples in the batch's deterministic order (source order, and across a
-repartition, sender by sender; see tridentflow.batchops), so a replay reproduces it exactly.
+repartition, sender by sender; see tridentflow.engines.batchops), so a replay reproduces it exactly.
 Aggregators must be deterministic and picklable (they are shipped to Spark executors).
 """
 

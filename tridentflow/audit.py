@@ -19,7 +19,7 @@ from typing import Any
 
 from state.maps import REMOVE, StoredValue
 from tridentflow.aggregators import absent_value, apply_staged
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.plan import compile_pipeline
 from tridentflow.runtime import Runtime
 

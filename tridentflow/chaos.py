@@ -45,7 +45,8 @@ from state.errors import GenerationError, PipelineBusyError, StateError
 from tridentflow import devredis
 from tridentflow.audit import audit
 from tridentflow.driver import backlog, run_batches
-from tridentflow.engine import Engine, LocalEngine
+from tridentflow.engines.base import Engine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, TridentflowError
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash

@@ -37,11 +37,11 @@ import redis
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.filelog import FileLog, encode_record
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import Runtime, resolve_home
+from tridentflow.sources.filelog import FileLog, encode_record
 
 EXIT_ERROR = 1
 EXIT_AUDIT_FAILED = 3
@@ -248,7 +248,7 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow.driver import backlog, run_batches, run_pipelined
-    from tridentflow.engine import LocalEngine
+    from tridentflow.engines.local import LocalEngine
 
     rt = _runtime(args)
     label = rt.pipeline.guarantee
@@ -259,7 +259,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         )
     started = time.monotonic()
     if args.engine == "spark":
-        from tridentflow.spark_engine import SparkEngine, spark_session
+        from tridentflow.engines.spark import SparkEngine, spark_session
 
         if args.master and args.remote:
             raise TridentflowError("give --master or --remote, not both")
@@ -453,7 +453,7 @@ def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
 
     engine = None
     if args.remote:
-        from tridentflow.spark_engine import SparkEngine, spark_session
+        from tridentflow.engines.spark import SparkEngine, spark_session
 
         engine = SparkEngine(spark_session("tridentflow-chaos", remote=args.remote))
     results = run_chaos(

@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError
-from tridentflow.spark_engine import quiet_java_options
 
 DEFAULT_PORT = 15002
 

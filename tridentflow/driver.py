@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from tridentflow.committer import CommitResult, commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
-from tridentflow.engine import Engine
+from tridentflow.engines.base import Engine
 from tridentflow.errors import IncompleteBatchError, NotReadyError
 from tridentflow.runtime import Runtime
 

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tridentflow.engine import Engine, check_stages
+from tridentflow.engines.base import Engine, ExecContext, check_stages
 from tridentflow.errors import (
     IncompleteBatchError,
     NotReadyError,
     PartitionUnavailable,
     TooManyBadRecords,
 )
-from tridentflow.graph import ExecContext
 from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch

@@ -79,7 +79,7 @@ def guarantee_of(source: SourceMode, kind: StateKind) -> Guarantee:
 
 @dataclass(frozen=True)
 class LogSource:
-    """The embedded partitioned file log (see tridentflow.filelog).
+    """The embedded partitioned file log (see tridentflow.sources.filelog).
 
     ``batch_size`` is the most records taken from each partition per txid. Records are JSON
     values: a dict gives its ``fields`` by name, a list by position, and a scalar is the single

@@ -2,10 +2,10 @@
 
 ``RowDecoder`` turns a source record into a tuple of the source's fields; ``Expander`` runs a
 chain of per-tuple operations; ``PersistPlan`` names, for one persisted state fed straight by
-the source, its chain, group-key and argument fields (tridentflow.engine.TaskFold folds it per
-read task). The batch operations after the per-record stage are in
-tridentflow.batchops and tridentflow.graph. Engines (Spark, local) only decide where these run;
-the semantics live here once.
+the source, its chain, group-key and argument fields (tridentflow.engines.tasks.TaskFold folds
+it per read task). The batch operations after the per-record stage are in
+tridentflow.engines.batchops and tridentflow.engines.graph. Engines (Spark, local) only decide
+where these run; the semantics live here once.
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ class Plan:
     * ``edges``: record-level streams that batch operations (or other states) consume; each
       read task collects their tuples. Both are computed per record, all or nothing, so a bad
       record (quarantined) reaches no state and no edge.
-    * ``graph_persists``: the states computed by the batch-operation graph (tridentflow.graph)
-      from the edges.
+    * ``graph_persists``: the states computed by the batch-operation graph
+      (tridentflow.engines.graph) from the edges.
     """
 
     decoder: RowDecoder

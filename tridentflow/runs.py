@@ -24,7 +24,7 @@ from state.ledger import DEFAULT_LEASE_MS
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
-from tridentflow.engine import Engine
+from tridentflow.engines.base import Engine
 from tridentflow.errors import TridentflowError
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
@@ -94,7 +94,7 @@ def emit_run_remote(
 ) -> dict[str, Any]:
     """``emit_run`` on the Spark engine as a client of the Spark Connect server at ``remote``
     (sc://HOST:PORT); the emit's summary."""
-    from tridentflow.spark_engine import SparkEngine, spark_session
+    from tridentflow.engines.spark import SparkEngine, spark_session
 
     txid = owned_txid(rt, run_id, lease_ms)
     spark = spark_session(f"tridentflow-emit-{rt.pipeline.name}-{txid}", remote=remote)

@@ -14,7 +14,6 @@ from state.ledger import Ledger
 from state.redis_backing import RedisBackingMap
 from tridentflow.errors import PartitionUnavailable, TridentflowError
 from tridentflow.faults import FaultPlan
-from tridentflow.filelog import FileLog, LogScan
 from tridentflow.pipeline import Pipeline
 from tridentflow.plan import Plan, compile_pipeline
 from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps import)
@@ -26,6 +25,8 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     resolve_redis_url,
     url_of,
 )
+from tridentflow.sources.base import LogScan
+from tridentflow.sources.filelog import FileLog
 from tridentflow.staging import StagingArea
 
 HOME_ENV = "TRIDENTFLOW_HOME"

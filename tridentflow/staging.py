@@ -28,11 +28,11 @@ from typing import Any
 
 from state.codec import encode_value
 from state.errors import KeyEncodingError
-from tridentflow.batchops import StageReport
-from tridentflow.engine import PartitionCount
+from tridentflow.engines.base import PartitionCount
+from tridentflow.engines.batchops import StageReport
 from tridentflow.errors import IncompleteBatchError, StagingValueError
-from tridentflow.filelog import _fsync_dir, _write_atomic
 from tridentflow.plan import BadRecord
+from tridentflow.sources.filelog import _fsync_dir, _write_atomic
 
 MANIFEST = "MANIFEST.json"
 BAD_FILE = "bad.jsonl"

@@ -19,11 +19,11 @@ from airflow.sdk import AssetAlias, BaseOperator
 
 import spark_jobs
 from state.ledger import DEFAULT_LEASE_MS
+from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.registry import load_pipeline
 from tridentflow.runs import commit_run, coordinate_run, emit_run_remote, release_run
 from tridentflow.runtime import Runtime, resolve_home
-from tridentflow.spark_engine import quiet_java_options
 from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
 

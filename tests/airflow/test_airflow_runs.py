@@ -73,7 +73,7 @@ def test_batch_operation_examples_under_airflow(af_env, redis_url, home):
     from tridentflow.committer import commit
     from tridentflow.coordinator import coordinate
     from tridentflow.emitter import emit
-    from tridentflow.engine import LocalEngine
+    from tridentflow.engines.local import LocalEngine
     from tridentflow.examples.user_scores import SEED_BATCH
 
     scores = runtime("user-scores", redis_url, home)

@@ -12,8 +12,8 @@ import pytest
 from airflow.models.dagbag import DagBag
 
 from tests.airflow.conftest import ROOT
+from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError
-from tridentflow.spark_engine import quiet_java_options
 from tridentflow_airflow.hooks import (
     MissingConnectionError,
     TridentflowRedisHook,

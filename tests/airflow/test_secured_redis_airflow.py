@@ -19,7 +19,7 @@ from tridentflow import devredis
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.query import query
 from tridentflow_airflow import launcher, view
 

@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers import produce, runtime, sentences, word_counts
-from tridentflow.engine import LocalEngine
+from tridentflow.engines.local import LocalEngine
 from tridentflow.runs import commit_run, coordinate_run, emit_run
 from tridentflow_airflow import view
 

@@ -1,27 +1,22 @@
-"""Engines compute a batch's per-key partial aggregates and per-partition record counts.
-
-Both engines run the same compiled plan (tridentflow.plan) in two parts: the record stage
-(``read_task``: one task per slice of a source range, with quarantine and partial aggregation)
-and the batch-operation graph (tridentflow.graph) over its output. ``LocalEngine`` runs them in
-plain Python (the reference, used by ``audit`` and for quick local runs), ``SparkEngine``
-(tridentflow.spark_engine) on a SparkSession.
-"""
+"""The record stage every engine shares: a batch's ranges split into read tasks, and
+``read_task``, which reads one through the source log and runs the per-record plan on it
+(quarantine, the per-task partial aggregation of source-fed states, the tuples batch
+operations consume). Runs on Spark executors too."""
 
 from __future__ import annotations
 
 import os
 import socket
 from collections import _count_elements  # type: ignore[attr-defined]
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from state.errors import KeyEncodingError
 from tridentflow.aggregators import Count
-from tridentflow.batchops import StageReport
-from tridentflow.errors import IncompleteBatchError, SourceError
-from tridentflow.filelog import FileLog
-from tridentflow.graph import ExecContext, GraphBuilder, LocalBackend
+from tridentflow.engines.base import PartitionCount, Ranges
+from tridentflow.engines.graph import GraphBuilder
+from tridentflow.errors import SourceError
 from tridentflow.plan import (
     BadRecord,
     KeyEncoder,
@@ -31,49 +26,7 @@ from tridentflow.plan import (
     bad_record,
     decode_record,
 )
-
-Ranges = Mapping[int, tuple[int, int]]
-"""partition -> [start, end) offsets to read."""
-
-
-@dataclass(frozen=True)
-class PartitionCount:
-    """Records actually read from one partition: how many, and the first and last offset."""
-
-    n: int
-    first: int | None
-    last: int | None
-
-    def to_json(self) -> list[Any]:
-        return [self.n, self.first, self.last]
-
-    @classmethod
-    def merge(cls, a: PartitionCount, b: PartitionCount) -> PartitionCount:
-        firsts = [x for x in (a.first, b.first) if x is not None]
-        lasts = [x for x in (a.last, b.last) if x is not None]
-        return cls(a.n + b.n, min(firsts, default=None), max(lasts, default=None))
-
-
-@dataclass
-class ComputeResult:
-    counts: dict[int, PartitionCount]
-    """Records read per partition, bad ones included."""
-    partials: dict[str, Iterable[tuple[str, Any]]]
-    """state name -> (encoded group key, staged value) pairs, one per key; consumed once,
-    lazily. The staged value is a Combiner's partial or a Reducer's/updater's tuples."""
-    bad: list[BadRecord]
-    """Records that could not be processed (quarantined)."""
-    stages: list[StageReport] = field(default_factory=list)
-    """Every exchange's per-partition count reports (Trident's completeness check)."""
-
-
-class Engine(Protocol):
-    name: str
-
-    def compute(
-        self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext
-    ) -> ComputeResult: ...
-
+from tridentflow.sources.filelog import FileLog
 
 TASK_RECORDS = 50_000
 """Records per read task when the plan has edges: a task holds every tuple its records make
@@ -262,41 +215,3 @@ def build_states(plan: Plan, builder: GraphBuilder, task_partials: list[Any]) ->
     for persist in plan.graph_persists:
         datasets[persist.state.name] = builder.persist(persist)
     return datasets
-
-
-def check_stages(txid: int, reports: Iterable[StageReport]) -> None:
-    """Fail (IncompleteBatchError) if any exchange lost or gained tuples or reports."""
-    failed = [r for r in reports if not r.ok]
-    if failed:
-        raise IncompleteBatchError(
-            f"txid {txid}: batch is incomplete, it must not commit: "
-            + "; ".join(r.describe() for r in failed[:5])
-            + (f" (and {len(failed) - 5} more)" if len(failed) > 5 else "")
-        )
-
-
-class LocalEngine:
-    """Single-process engine: the plain-Python reference of every operation."""
-
-    name = "local"
-
-    def compute(
-        self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
-    ) -> ComputeResult:
-        ctx = ctx or ExecContext(0, "")
-        tasks = split_ranges(ranges, task_records(plan))
-        outputs = [read_task(log_root, plan, *task) for task in tasks]
-        counts = merge_counts(ranges, ((o.partition, o.count) for o in outputs))
-        bad = [b for o in outputs for b in o.bad]
-        backend = LocalBackend(ctx.lose_tuple)
-        edges = [[o.edges[e] for o in outputs] for e in range(len(plan.edges))]
-        builder = GraphBuilder(plan, backend, edges, ctx)
-        task_partials = [
-            [list(o.partials[i].items()) for o in outputs] for i in range(len(plan.persists))
-        ]
-        datasets = build_states(plan, builder, task_partials)
-        partials = {
-            name: [pair for partition in data for pair in partition]
-            for name, data in datasets.items()
-        }
-        return ComputeResult(counts, partials, bad, backend.reports)

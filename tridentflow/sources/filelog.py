@@ -29,13 +29,13 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from state.codec import check_unicode
 from state.errors import KeyEncodingError
 from tridentflow.errors import PartitionUnavailable, SourceError
+from tridentflow.sources.base import LogScan
 
 SEGMENT_RECORDS = 100_000
 INDEX_EVERY = 512
@@ -60,18 +60,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 EMPTY_HEAD = {"offset": 0, "segment": 0, "size": 0}
-
-
-@dataclass(frozen=True)
-class LogScan:
-    """Every partition's head, and the partitions that cannot be read now, with the reason."""
-
-    heads: dict[int, int]
-    unavailable: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def partitions(self) -> list[int]:
-        return sorted([*self.heads, *self.unavailable])
 
 
 def encode_record(record: Any, what: str = "record") -> str:

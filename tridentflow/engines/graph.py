@@ -4,18 +4,18 @@
 asks a ``Backend`` (the local engine's lists, or Spark DataFrames) for three things only: run a
 function on every partition, exchange tuples between partitions (with Trident's count
 reports), and concatenate datasets.
-The operations themselves are tridentflow.batchops, written once for both engines.
+The operations themselves are tridentflow.engines.batchops, written once for both engines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from state.keys import KeySpace
 from tridentflow.aggregators import Combiner
-from tridentflow.batchops import (
+from tridentflow.engines.base import ExecContext
+from tridentflow.engines.batchops import (
     PHASE_COMBINE,
     PHASE_FULL,
     PHASE_PARTIAL,
@@ -28,7 +28,6 @@ from tridentflow.batchops import (
     StateQuery,
     Tag,
     compile_specs,
-    receive,
 )
 from tridentflow.errors import PipelineError
 from tridentflow.pipeline import (
@@ -60,18 +59,6 @@ class Backend(Protocol, Generic[D]):
     def union(self, parts: list[D]) -> D: ...
 
     def num_partitions(self, data: D) -> int: ...
-
-
-@dataclass(frozen=True)
-class ExecContext:
-    """What a batch's graph needs beyond the plan."""
-
-    txid: int
-    redis_url: str
-    lose_tuple: bool = False
-    """The ``lose-tuple`` fault: every target partition of the first exchange loses a tuple."""
-    namespace: str = ""
-    """The deployment's key namespace (state queries read keys under it)."""
 
 
 class GraphBuilder(Generic[D]):
@@ -227,36 +214,3 @@ class GraphBuilder(Generic[D]):
             label = f"persist({state})"
             keyed = self.exchange(keyed, Repartition.PARTITION_BY, n, label, key_idx=(0,))
         return self.backend.map_partitions(keyed, StageByKey(combiner))
-
-
-# -- the local backend --------------------------------------------------------------------------
-
-
-class LocalBackend:
-    """Datasets as lists of partitions, each a list of tuples, in one process."""
-
-    def __init__(self, lose_tuple: bool = False) -> None:
-        self.reports: list[Any] = []
-        self._lose = lose_tuple
-
-    def map_partitions(self, data: list[list[Any]], fn: PartitionFn) -> list[list[Any]]:
-        return [list(fn(index, rows)) for index, rows in enumerate(data)]
-
-    def exchange(self, data: list[list[Any]], exchange: Exchange) -> list[list[Any]]:
-        buckets: list[list[Any]] = [[] for _ in range(exchange.n)]
-        for sender, rows in enumerate(data):
-            for target, item in exchange.send(sender, rows):
-                buckets[target].append(item)
-        out = []
-        for target, items in enumerate(buckets):
-            rows, report = receive(exchange.stage, len(data), target, items, self._lose)
-            self.reports.append(report)
-            out.append(rows)
-        self._lose = False  # the fault hits the first exchange only
-        return out
-
-    def union(self, parts: list[list[list[Any]]]) -> list[list[Any]]:
-        return [partition for part in parts for partition in part]
-
-    def num_partitions(self, data: list[list[Any]]) -> int:
-        return len(data)

@@ -336,7 +336,7 @@ class StateQuery:
 
     def __call__(self, partition: int, rows: Iterable[Row]) -> list[Row]:
         from state.redis_backing import query_committed
-        from tridentflow.runtime import connect
+        from tridentflow.redisconn import connect
 
         rows = list(rows)
         if not rows:

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tridentflow.batchops import Exchange, StageReport, receive
-from tridentflow.graph import PartitionFn
+from tridentflow.engines.batchops import Exchange, StageReport, receive
+from tridentflow.engines.graph import PartitionFn
 
 CHUNK = 4096
 """Tuples per pickled chunk (one DataFrame row)."""
@@ -124,7 +124,7 @@ def _receive_body(
 
 
 class FrameBackend:
-    """``tridentflow.graph.Backend`` on DataFrames (classic Spark or Spark Connect)."""
+    """``tridentflow.engines.graph.Backend`` on DataFrames (classic Spark or Spark Connect)."""
 
     def __init__(self, spark: Any, lose_tuple: bool = False) -> None:
         self.spark = spark

@@ -1,8 +1,8 @@
 """The Spark engine: the record stage and the batch-operation graph on DataFrames, so the same
 code runs on classic Spark (a master, spark-submit) and over Spark Connect (which has no RDDs).
 
-Every source range is split into read tasks (tridentflow.engine.split_ranges); each task reads
-its range through the file log's index and runs ``read_task`` in a ``mapInArrow``: per-record
+Every source range is split into read tasks (``tasks.split_ranges``); each task reads its
+range through the file log's index and runs ``read_task`` in a ``mapInArrow``: per-record
 plan, quarantine of bad records, the Combiner's partial aggregation within the task, and the
 tuples that batch operations consume. Only those task outputs are cached; the driver collects
 the record counts (Trident's completeness check) and the bad records.
@@ -12,8 +12,8 @@ most counters) takes the direct path: one job whose read tasks return their part
 the driver combines per key in task order - what the exchange would stage, without its
 shuffle and its further jobs.
 
-Otherwise the graph (tridentflow.graph) runs with ``tridentflow.frames.FrameBackend``: every
-operation's Python function runs over Arrow batches of pickled tuple chunks, every exchange is
+Otherwise the graph (``graph``) runs with ``frames.FrameBackend``: every operation's
+Python function runs over Arrow batches of pickled tuple chunks, every exchange is
 a Spark shuffle with Trident's count reports and a deterministic order.
 """
 
@@ -27,11 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.batchops import StageByKey
-from tridentflow.engine import (
-    ComputeResult,
-    LocalEngine,
-    Ranges,
+from tridentflow.engines.base import ComputeResult, ExecContext, Ranges
+from tridentflow.engines.batchops import StageByKey
+from tridentflow.engines.frames import Frame, FrameBackend, chunk_rows, items_of, to_batch
+from tridentflow.engines.graph import GraphBuilder
+from tridentflow.engines.local import LocalEngine
+from tridentflow.engines.tasks import (
     TaskOutput,
     build_states,
     merge_counts,
@@ -40,8 +41,6 @@ from tridentflow.engine import (
     task_records,
 )
 from tridentflow.errors import TridentflowError
-from tridentflow.frames import Frame, FrameBackend, chunk_rows, items_of, to_batch
-from tridentflow.graph import ExecContext, GraphBuilder
 from tridentflow.plan import Plan
 
 if TYPE_CHECKING:
@@ -227,7 +226,7 @@ def _output(outputs: Any, kind: int, idx: int, tasks: int) -> Frame:
     return Frame(selected, tasks)
 
 
-LOG4J2 = Path(__file__).with_name("log4j2.properties")
+LOG4J2 = Path(__file__).parent.parent / "log4j2.properties"
 
 
 def quiet_java_options() -> str:

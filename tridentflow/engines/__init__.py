@@ -1,0 +1,2 @@
+"""Engines: the interface (``base``), the shared record stage (``tasks``), the batch-operation
+graph (``graph``, ``batchops``), and two engines: ``local`` and ``spark`` (with ``frames``)."""

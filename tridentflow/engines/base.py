@@ -1,0 +1,90 @@
+"""What every engine is: the interface a newcomer reads first.
+
+An engine computes one batch (a txid's offset ranges) of a compiled plan: per source partition
+how many records it read, per state the (encoded key, staged value) pairs to commit, the
+records it quarantined, and Trident's count reports of every exchange. It must be
+deterministic: a replay of the same ranges stages the same values.
+
+* ``tridentflow.engines.tasks``: the record stage every engine shares (read tasks, the fold).
+* ``tridentflow.engines.graph`` + ``batchops``: the batch-operation graph over a three-method
+  backend (map partitions, exchange, union), written once.
+* ``tridentflow.engines.local``: the plain-Python reference engine.
+* ``tridentflow.engines.spark`` + ``frames``: the same on Spark DataFrames (classic or Connect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tridentflow.errors import IncompleteBatchError
+
+if TYPE_CHECKING:
+    from tridentflow.engines.batchops import StageReport
+    from tridentflow.plan import BadRecord, Plan
+
+Ranges = Mapping[int, tuple[int, int]]
+"""partition -> [start, end) offsets to read."""
+
+
+@dataclass(frozen=True)
+class ExecContext:
+    """What a batch's graph needs beyond the plan."""
+
+    txid: int
+    redis_url: str
+    lose_tuple: bool = False
+    """The ``lose-tuple`` fault: every target partition of the first exchange loses a tuple."""
+    namespace: str = ""
+    """The deployment's key namespace (state queries read keys under it)."""
+
+
+@dataclass(frozen=True)
+class PartitionCount:
+    """Records actually read from one partition: how many, and the first and last offset."""
+
+    n: int
+    first: int | None
+    last: int | None
+
+    def to_json(self) -> list[Any]:
+        return [self.n, self.first, self.last]
+
+    @classmethod
+    def merge(cls, a: PartitionCount, b: PartitionCount) -> PartitionCount:
+        firsts = [x for x in (a.first, b.first) if x is not None]
+        lasts = [x for x in (a.last, b.last) if x is not None]
+        return cls(a.n + b.n, min(firsts, default=None), max(lasts, default=None))
+
+
+@dataclass
+class ComputeResult:
+    counts: dict[int, PartitionCount]
+    """Records read per partition, bad ones included."""
+    partials: dict[str, Iterable[tuple[str, Any]]]
+    """state name -> (encoded group key, staged value) pairs, one per key; consumed once,
+    lazily. The staged value is a Combiner's partial or a Reducer's/updater's tuples."""
+    bad: list[BadRecord]
+    """Records that could not be processed (quarantined)."""
+    stages: list[StageReport] = field(default_factory=list)
+    """Every exchange's per-partition count reports (Trident's completeness check)."""
+
+
+class Engine(Protocol):
+    name: str
+
+    def compute(
+        self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext
+    ) -> ComputeResult: ...
+
+
+def check_stages(txid: int, reports: Iterable[StageReport]) -> None:
+    """Fail (IncompleteBatchError) if any exchange lost or gained tuples or reports."""
+    failed = [r for r in reports if not r.ok]
+    if failed:
+        raise IncompleteBatchError(
+            f"txid {txid}: batch is incomplete, it must not commit: "
+            + "; ".join(r.describe() for r in failed[:5])
+            + (f" (and {len(failed) - 5} more)" if len(failed) > 5 else "")
+        )

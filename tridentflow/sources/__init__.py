@@ -1,0 +1,1 @@
+"""Source logs: the interface (``base``) and the file log (``filelog``)."""

@@ -1,0 +1,45 @@
+"""What a source log is: the interface a newcomer reads first.
+
+A source is partitioned; each partition is an append-only sequence of records at dense
+integer offsets. Everything else (the coordinator's batch metadata, the engines' read tasks,
+the audit) talks to it through this interface only:
+
+* ``scan()``: every partition's head (next offset), and the partitions that cannot be read
+  now, with the reason (an opaque batch skips them; a transactional one waits);
+* ``probe(p, start, end)``: fail (PartitionUnavailable) unless [start, end) can be read now;
+* ``read_raw(p, start, end)``: (offset, raw record bytes) for every offset in [start, end),
+  the same bytes on every call (a transactional replay reads exactly what it read before).
+
+``tridentflow.sources.filelog.FileLog`` (segments, sparse index, flock, fsync) is the one
+implementation; Spark executors open it by its ``root`` path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LogScan:
+    """Every partition's head, and the partitions that cannot be read now, with the reason."""
+
+    heads: dict[int, int]
+    unavailable: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted([*self.heads, *self.unavailable])
+
+
+class SourceLog(Protocol):
+    root: object
+
+    def partitions(self) -> int: ...
+
+    def scan(self) -> LogScan: ...
+
+    def probe(self, partition: int, start: int, end: int) -> None: ...
+
+    def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]: ...
