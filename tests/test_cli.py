@@ -61,6 +61,9 @@ def test_errors_are_one_line(tf):
         (("produce", "wordcount", "/no/such/file"), "cannot read /no/such/file"),
         (("query", "wordcount", '["a", 1]'), "has 2 value(s)"),
         (("reset", "wordcount"), "add --yes"),
+        (("run", "wordcount", "--remote", "sc://127.0.0.1:1"), "cannot reach Spark Connect at"),
+        (("run", "wordcount", "--remote", "http://h:1"), "not a Spark Connect URL"),
+        (("chaos", "--schedules", "1", "--remote", "sc://127.0.0.1:1"), "cannot reach Spark"),
     ]:
         out = tf(*args)
         assert out.returncode != 0

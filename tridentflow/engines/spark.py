@@ -233,6 +233,33 @@ def quiet_java_options() -> str:
     return f"-Dlog4j2.configurationFile=file:{LOG4J2}"
 
 
+CONNECT_PORT = 15002
+CONNECT_TIMEOUT = 10.0
+
+
+def check_connect_url(remote: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Fail in one line, within ``timeout`` seconds, unless ``remote`` is an sc:// URL whose
+    host and port accept a TCP connection (the Connect client itself retries for minutes)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(remote)
+    try:
+        host, port = parts.hostname, parts.port or CONNECT_PORT
+    except ValueError:
+        host = None
+    if parts.scheme != "sc" or not host:
+        raise TridentflowError(f"not a Spark Connect URL: {remote!r} (expected sc://HOST:PORT)")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise TridentflowError(
+            f"cannot reach Spark Connect at {remote}: {reason} (is it running? `tridentflow"
+            " spark-connect` starts a local one)"
+        ) from None
+
+
 def spark_session(
     app_name: str = "tridentflow", master: str | None = None, remote: str | None = None
 ) -> SparkSession:
@@ -243,6 +270,7 @@ def spark_session(
     if remote:
         from pyspark.sql import SparkSession
 
+        check_connect_url(remote)
         try:
             return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
         except Exception as exc:  # grpc's errors are many screens long
