@@ -31,3 +31,18 @@ def test_runs_join_a_partition_across_batches_and_refuse_a_split_one():
     again = to_batch([(0, 1, 1, pickle.dumps([9]))], names)
     with pytest.raises(RuntimeError, match="logical partition 0 is split"):
         list(runs(iter([split, again]), "part"))
+
+
+def test_shared_session_urls():
+    from tridentflow.engines.spark import SESSION_WINDOW_S, shared_session_url
+
+    now = 1_000 * SESSION_WINDOW_S + 5
+    a = shared_session_url("sc://h:15002", "ns/wc", now)
+    assert a.startswith("sc://h:15002/;session_id=") and len(a.split("=")[1]) == 36
+    assert shared_session_url("sc://h:15002/", "ns/wc", now + 100) == a  # same window
+    assert shared_session_url("sc://h:15002", "ns/wc", now + SESSION_WINDOW_S) != a
+    assert shared_session_url("sc://h:15002", "other/wc", now) != a
+    with_token = shared_session_url("sc://h:15002/;token=t", "ns/wc", now)
+    assert with_token == "sc://h:15002/;token=t;session_id=" + a.split("=")[1]
+    named = "sc://h:1/;session_id=00000000-0000-0000-0000-000000000001"
+    assert shared_session_url(named, "ns/wc", now) == named

@@ -288,3 +288,35 @@ def test_exchange_routes_put_each_target_in_its_own_spark_partition(spark):
         rows = spark.createDataFrame([(r, t) for t, r in enumerate(routes)], "route int, t int")
         placed = rows.repartition(n, "route").select("t", F.spark_partition_id().alias("p"))
         assert sorted((r["t"], r["p"]) for r in placed.collect()) == [(t, t) for t in range(n)]
+
+
+SESSION_PROBE = """
+import sys
+from tridentflow.engines.spark import spark_session
+spark = spark_session("probe", remote=sys.argv[1], share=sys.argv[2])
+assert spark.range(5).count() == 5
+print(spark.session_id)
+if sys.argv[3] == "release":
+    spark.stop()
+"""
+
+
+def test_connect_clients_of_one_pipeline_share_a_server_session(connect_url, cli_env):
+    """Task processes one after another attach to one server-side session (its Python workers
+    stay warm); one released by its owner (the server refuses a closed session's id) falls
+    back to a fresh session instead of failing."""
+
+    def probe(key: str, then: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", SESSION_PROBE, connect_url, key, then],
+            capture_output=True, text=True, env=cli_env, cwd=ROOT, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    first = probe("ns/pipeline-a", "keep")
+    assert probe("ns/pipeline-a", "keep") == first
+    assert probe("ns/pipeline-b", "keep") != first
+    released = probe("ns/pipeline-c", "release")
+    fresh = probe("ns/pipeline-c", "keep")
+    assert fresh != released

@@ -260,10 +260,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     started = time.monotonic()
     if args.engine == "spark":
         from tridentflow.engines.spark import SparkEngine, spark_session
+        from tridentflow.runs import session_key
 
         if args.master and args.remote:
             raise TridentflowError("give --master or --remote, not both")
-        session = spark_session(f"tridentflow-{rt.pipeline.name}", args.master, args.remote)
+        share = session_key(rt) if args.remote else None
+        session = spark_session(f"tridentflow-{rt.pipeline.name}", args.master, args.remote, share)
         engine: Any = SparkEngine(session)
     else:
         engine = LocalEngine()

@@ -97,11 +97,15 @@ def emit_run_remote(
     from tridentflow.engines.spark import SparkEngine, spark_session
 
     txid = owned_txid(rt, run_id, lease_ms)
-    spark = spark_session(f"tridentflow-emit-{rt.pipeline.name}-{txid}", remote=remote)
-    try:
-        return emit_summary(rt, txid, emit(rt, txid, SparkEngine(spark)))
-    finally:
-        spark.stop()
+    spark = spark_session(
+        f"tridentflow-emit-{rt.pipeline.name}", remote=remote, share=session_key(rt)
+    )  # not stopped: the pipeline's next emit attaches to the same server-side session
+    return emit_summary(rt, txid, emit(rt, txid, SparkEngine(spark)))
+
+
+def session_key(rt: Runtime) -> str:
+    """What Spark Connect clients of one pipeline share a session by (its namespace too)."""
+    return f"{rt.namespace}/{rt.pipeline.name}"
 
 
 def emit_summary(rt: Runtime, txid: int, staged: StagedBatch | None) -> dict[str, Any]:

@@ -23,6 +23,8 @@ import functools
 import os
 import pickle
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -237,6 +239,36 @@ CONNECT_PORT = 15002
 CONNECT_TIMEOUT = 10.0
 
 
+class _SessionClosed(Exception):
+    pass
+
+
+def _connect(url: str, app_name: str) -> SparkSession:
+    """A Connect client session, checked with one round trip (the server's version). With a
+    ``session_id`` in ``url``, a new client of exactly that session (not this process's
+    default session, which getOrCreate would return)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url)
+    session = None
+    try:
+        if "session_id=" in url:
+            session = builder.create()  # no options: create() itself makes no call
+        else:
+            session = builder.appName(app_name).getOrCreate()
+        session.version  # noqa: B018 (the round trip)
+        return session
+    except Exception as exc:  # grpc's errors are many screens long
+        if session is not None and "SESSION_CLOSED" in str(exc):
+            session.release_session_on_close = False  # it is closed already
+            session.stop()  # forget it now (its client, left to exit, can hang there)
+            raise _SessionClosed from None
+        shown = url.split("/;", 1)[0]
+        raise TridentflowError(
+            f"cannot reach Spark Connect at {shown}: {type(exc).__name__}"
+        ) from None
+
+
 def check_connect_url(remote: str, timeout: float = CONNECT_TIMEOUT) -> None:
     """Fail in one line, within ``timeout`` seconds, unless ``remote`` is an sc:// URL whose
     host and port accept a TCP connection (the Connect client itself retries for minutes)."""
@@ -260,23 +292,48 @@ def check_connect_url(remote: str, timeout: float = CONNECT_TIMEOUT) -> None:
         ) from None
 
 
+SESSION_WINDOW_S = 1200
+"""Clients that share a session key use one server-side session per this many seconds."""
+
+
+def shared_session_url(remote: str, key: str, now: float | None = None) -> str:
+    """``remote`` with the ``session_id`` every client sharing ``key`` uses in the current
+    SESSION_WINDOW_S window (a deterministic UUID), unless it names a session already.
+
+    A Connect server starts Python workers per session, so each new session pays their start
+    and imports (about 2.5 s of a 100k-record emit here); clients that attach to one session,
+    one task process after another, find them warm. The window moves on well before the
+    server's idle timeout (60 min by default) closes a session, so a closed session's id is
+    never asked for again (``spark_session`` falls back to a fresh one if it is)."""
+    if "session_id=" in remote:
+        return remote
+    window = int((time.time() if now is None else now) // SESSION_WINDOW_S)
+    sid = uuid.uuid5(uuid.NAMESPACE_URL, f"tridentflow:{key}:{window}")
+    if "/;" in remote:
+        return f"{remote};session_id={sid}"
+    return f"{remote.rstrip('/')}/;session_id={sid}"
+
+
 def spark_session(
-    app_name: str = "tridentflow", master: str | None = None, remote: str | None = None
+    app_name: str = "tridentflow",
+    master: str | None = None,
+    remote: str | None = None,
+    share: str | None = None,
 ) -> SparkSession:
     """A SparkSession configured for tridentflow (UI off, warnings-only logging). Python
     workers run this interpreter unless PYSPARK_PYTHON says otherwise (a venv's packages,
     redis among them, are then there even when the venv is not on PATH). ``remote``
-    (sc://HOST:PORT) makes it a Spark Connect client instead: no JVM here."""
+    (sc://HOST:PORT) makes it a Spark Connect client instead: no JVM here; with ``share``
+    (a key, e.g. the pipeline), it attaches to the session every client with that key uses
+    (``shared_session_url``): do not ``stop()`` such a session, others attach to it."""
     if remote:
-        from pyspark.sql import SparkSession
-
         check_connect_url(remote)
+        if share is None:
+            return _connect(remote, app_name)
         try:
-            return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
-        except Exception as exc:  # grpc's errors are many screens long
-            raise TridentflowError(
-                f"cannot reach Spark Connect at {remote}: {type(exc).__name__}"
-            ) from None
+            return _connect(shared_session_url(remote, share), app_name)
+        except _SessionClosed:  # the server closed it (a short idle timeout): a fresh one
+            return _connect(shared_session_url(remote, str(uuid.uuid4())), app_name)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if "PYSPARK_SUBMIT_ARGS" not in os.environ:  # in-process JVM: quiet its logging too
         os.environ["PYSPARK_SUBMIT_ARGS"] = (
