@@ -1,7 +1,7 @@
 """Benchmark: Airflow with a warm Spark Connect server (issue 10, goal 5).
 
     python -m benchmarks.airflow_connect [--records 100000] [--runs 4]
-                                         [--continuous-sentences 1000000]
+                                         [--continuous-sentences 2000000]
 
 Starts a private Redis, a local Spark Connect server (local[2]) and the Airflow stack
 (`tridentflow-airflow up --spark-connect`: api-server, scheduler, dag-processor, triggerer;
@@ -15,8 +15,8 @@ LocalExecutor), so every emit runs as a Connect client inside its task: no spark
    times the ledger records (coordinate, emit = the Spark job and staging, commit = Redis).
    The first run is a warm-up of the task processes' imports and is shown, not counted.
 2. **@continuous vs the CLI.** ``--continuous-sentences`` sentences for
-   ``tridentflow_wordcount_continuous`` (wordcount-opaque, 25,000 records per partition and
-   txid, the DAG's batch_size):
+   ``tridentflow_wordcount_continuous`` (wordcount-opaque, at most 100,000 records per
+   partition and txid, the DAG's batch_size):
    unpaused until the source is drained; records/s from its first coordinate to its last
    commit. The same data, in another home and Redis database, through ``tridentflow run
    wordcount-opaque --remote`` (same batch size): records/s. Goal: the DAG at >= 0.5x the CLI.
@@ -45,7 +45,7 @@ from tridentflow_airflow.rest import AirflowApi
 
 DAG = "tridentflow_wordcount"
 CONTINUOUS = "tridentflow_wordcount_continuous"
-CONTINUOUS_BATCH_SIZE = 25_000
+CONTINUOUS_BATCH_SIZE = 100_000
 """Records per partition per txid of the continuous DAG (its batch_size param; dags/)."""
 OTHER_DAGS = (
     "tridentflow_partitioned_count",
@@ -119,7 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=100_000, help="sentences per txid")
     parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("--continuous-sentences", type=int, default=1_000_000, help="0: skip")
+    parser.add_argument("--continuous-sentences", type=int, default=2_000_000, help="0: skip")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-airflow-"))
     home = work / "home"
@@ -136,7 +136,8 @@ def main() -> None:
             api.pause(*OTHER_DAGS)
             rt = Runtime.open(load_pipeline("wordcount"), redis_url, home)
             runs = [one_run(api, rt, home, args.records, seed=10 + i) for i in range(args.runs)]
-            report(runs)
+            if runs:
+                report(runs)
 
             if args.continuous_sentences <= 0:
                 return
