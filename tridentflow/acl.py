@@ -39,6 +39,8 @@ COMMANDS = (
     "ltrim",
     "lrange",
     "time",
+    # a commit with --wait-replicas / TRIDENTFLOW_WAIT_REPLICAS: WAIT after the mark
+    "wait",
     # reset: finds a pipeline's keys by SCAN with its MATCH pattern
     "scan",
 )

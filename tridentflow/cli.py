@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--remote", help="a Spark Connect server, sc://HOST:PORT (see `tridentflow spark-connect`)"
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--wait-replicas",
+        type=int,
+        metavar="N",
+        help="each commit succeeds only once N Redis replicas acknowledged its mark (WAIT; env"
+        " TRIDENTFLOW_WAIT_REPLICAS, timeout TRIDENTFLOW_WAIT_TIMEOUT_MS, default 5000)",
+    )
     _common(p)
 
     p = sub.add_parser("query", help="committed values of keys (Trident's DRPC stateQuery)")
@@ -236,7 +243,7 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runtime:
-    return Runtime.open(
+    rt = Runtime.open(
         pipeline or load_pipeline(args.pipeline),
         redis_url=args.redis_url,
         home=args.home,
@@ -244,6 +251,12 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
         namespace=args.namespace,
         redis_ca=args.redis_ca,
     )
+    replicas = getattr(args, "wait_replicas", None)
+    if replicas is not None:
+        if replicas < 0:
+            raise TridentflowError(f"--wait-replicas must be >= 0, got {replicas}")
+        rt.replicas = replicas
+    return rt
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:

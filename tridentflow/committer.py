@@ -31,7 +31,12 @@ from state.maps import MapState, StateKind, make_map_state
 from state.numeric import apply_numeric
 from state.redis_backing import CHUNK, fenced_hset
 from tridentflow.aggregators import Count, Max, Mean, Min, Persistable, Sum, apply_staged
-from tridentflow.errors import IncompleteBatchError, NotReadyError, StateUpdateError
+from tridentflow.errors import (
+    IncompleteBatchError,
+    NotReadyError,
+    ReplicationError,
+    StateUpdateError,
+)
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
 
@@ -182,6 +187,22 @@ def wait_turn(rt: Runtime, txid: int, timeout: float, poll: float = 0.2) -> None
         time.sleep(poll)
 
 
+def confirm_replicated(rt: Runtime, txid: int) -> None:
+    """With ``rt.replicas`` > 0 (TRIDENTFLOW_WAIT_REPLICAS): ReplicationError unless that many
+    replicas acknowledged the commit mark within ``rt.replica_timeout_ms``. The commit stands
+    on the master either way; the step fails so that Airflow (or the CLI) does not report as
+    durable what an asynchronous failover could still undo, and its retry waits again."""
+    if rt.replicas <= 0:
+        return
+    acked = rt.ledger.wait_replicated(rt.replicas, rt.replica_timeout_ms)
+    if acked < rt.replicas:
+        raise ReplicationError(
+            f"txid {txid} is committed on the Redis master but only {acked} of "
+            f"{rt.replicas} replica(s) acknowledged it within {rt.replica_timeout_ms} ms: a "
+            "failover now could undo it; retry the commit (it waits again, and redoes nothing)"
+        )
+
+
 def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     """Commit ``txid``; with ``wait`` > 0, first wait up to that many seconds for its turn."""
     ledger = rt.ledger
@@ -189,6 +210,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         wait_turn(rt, txid, wait)
     ticket = ledger.begin_commit(txid)
     if ticket is None:
+        confirm_replicated(rt, txid)  # a retry after a commit whose WAIT fell short
         return CommitResult(txid, "already-committed")
     attempt = ledger.staged_attempt(txid)
     if attempt is None:
@@ -235,6 +257,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         "rolled_back": rolled_back,
     }
     marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats)
+    confirm_replicated(rt, txid)  # before the staged batch is discarded: a retry can redo it
     removed = {name: state.tombstones() for name, (state, _) in maps.items()}
     for state, _ in maps.values():
         state.commit()

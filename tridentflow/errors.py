@@ -38,6 +38,10 @@ class IncompleteBatchError(TridentflowError):
     """Staged output is missing or disagrees with its record counts: it must not commit."""
 
 
+class ReplicationError(TridentflowError):
+    """A commit is on the Redis master, but fewer replicas than asked acknowledged it."""
+
+
 class StateUpdateError(TridentflowError):
     """A persisted aggregator or updater failed on a key at commit: the txid is not committed,
     and its retry replays safely (the failure repeats until the code or the input is fixed)."""

@@ -38,6 +38,19 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(raw).expanduser().resolve()
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise TridentflowError(f"{name} must be a whole number >= 0, got {raw!r}")
+    return value
+
+
 def resolve_namespace(explicit: str | None = None) -> str:
     """The deployment's key namespace: ``explicit``, else TRIDENTFLOW_NAMESPACE, else none."""
     return explicit if explicit is not None else os.environ.get(NAMESPACE_ENV, "")
@@ -66,6 +79,12 @@ class Runtime:
     """The Redis URL ``client`` was opened with (rebuilt from the client if not given)."""
     namespace: str = field(default_factory=resolve_namespace)
     """The deployment's key namespace (TRIDENTFLOW_NAMESPACE; see state.keys.KeySpace)."""
+    replicas: int = field(default_factory=lambda: _env_int("TRIDENTFLOW_WAIT_REPLICAS", 0))
+    """Replicas that must acknowledge a commit mark before the commit step succeeds (Redis
+    WAIT; 0: do not wait). See committer.confirm_replicated."""
+    replica_timeout_ms: int = field(
+        default_factory=lambda: _env_int("TRIDENTFLOW_WAIT_TIMEOUT_MS", 5000)
+    )
 
     @classmethod
     def open(

@@ -10,7 +10,9 @@ the record counts (Trident's completeness check) and the bad records.
 A plan whose states are all fed straight by the source (no batch operations: the word count,
 most counters) takes the direct path: one job whose read tasks return their partials, which
 the driver combines per key in task order - what the exchange would stage, without its
-shuffle and its further jobs.
+shuffle and its further jobs. Over Connect its tasks run in a ``mapInArrow``; on classic Spark
+they are a plain ``parallelize(tasks).map`` (the one RDD left: a fresh spark-submit JVM would
+otherwise pay Spark SQL's first-query warm-up, several seconds, for nothing).
 
 Otherwise the graph (``graph``) runs with ``frames.FrameBackend``: every operation's
 Python function runs over Arrow batches of pickled tuple chunks, every exchange is
@@ -134,7 +136,14 @@ class SparkEngine:
         exchange path's sender order, so every value is the one it would stage. None (use
         the exchange path) if the tasks make more than DIRECT_PAIRS partials in all."""
         cap = DIRECT_PAIRS // len(tasks)
-        results = self._direct_results_arrow(plan, log_root, tasks, cap)
+        if self.remote:
+            results = self._direct_results_arrow(plan, log_root, tasks, cap)
+        else:  # no Spark SQL: a one-shot spark-submit would pay its warm-up (~5 s here)
+            results = (
+                self.spark.sparkContext.parallelize(tasks, len(tasks))
+                .map(functools.partial(_direct_task, log_root, plan, cap))
+                .collect()
+            )
         if any(partials is None for _p, _count, _bad, partials in results):
             return None
         counts = merge_counts(ranges, ((p, count) for p, count, _bad, _partials in results))
@@ -176,6 +185,12 @@ def _direct_output(cap: int, out: TaskOutput) -> tuple[int, Any, list, list | No
     pairs = sum(len(p) for p in out.partials)
     partials = [list(p.items()) for p in out.partials] if pairs <= cap else None
     return out.partition, out.count, out.bad, partials
+
+
+def _direct_task(
+    log_root: str, plan: Plan, cap: int, task: tuple[int, int, int]
+) -> tuple[int, Any, list, list | None]:
+    return _direct_output(cap, read_task(log_root, plan, *task))
 
 
 def _read_tasks_arrow(
