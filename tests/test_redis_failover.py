@@ -36,21 +36,21 @@ def test_a_waited_commit_survives_its_master_being_killed_at_once(tf, replicated
     cluster = replicated
     env = {"TRIDENTFLOW_REDIS_URL": cluster.url(0), "TRIDENTFLOW_HOME": str(tmp_path / "h")}
     seeds = "\n".join(SEED_SENTENCES) + "\n"
-    assert tf("produce", "wordcount", "-", input=seeds, env=env).returncode == 0
+    assert tf("produce", "wordcount", "-", input=seeds * 4, env=env).returncode == 0
     ran = tf("run", "wordcount", "--engine", "local", "--batch-size", "1",
              "--wait-replicas", "1", env=env)  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     ledger = "tf:{wordcount}:ledger"
     master = cluster.master_of(ledger)
     committed = int(redis.Redis(port=master).hget(ledger, "committed"))
-    assert committed == len(SEED_SENTENCES)  # one sentence per partition per txid: 4 txids
+    assert committed == 3  # 12 sentences over 4 partitions, one per partition per txid
     assert cluster.replicas_of(master)
 
     cluster.kill(master)  # at once: no time for replication that WAIT did not already see
     promoted = cluster.wait_promoted(ledger, master)
     env["TRIDENTFLOW_REDIS_URL"] = alive_url(cluster, master)
     assert int(redis.Redis(port=promoted).hget(ledger, "committed")) == committed
-    assert counts(tf, "wordcount", env) == SEED_COUNTS
+    assert counts(tf, "wordcount", env) == {w: 4 * n for w, n in SEED_COUNTS.items()}
 
     # the promoted master has no replica left: a commit that asks for one fails in one line,
     # stands on the master, and its retry (without the wait) redoes nothing
@@ -63,7 +63,7 @@ def test_a_waited_commit_survives_its_master_being_killed_at_once(tf, replicated
     assert int(redis.Redis(port=promoted).hget(ledger, "committed")) == committed + 1
     again = tf("run", "wordcount", "--engine", "local", env=env)
     assert again.returncode == 0, again.stderr
-    assert counts(tf, "wordcount", env) == {w: 2 * n for w, n in SEED_COUNTS.items()}
+    assert counts(tf, "wordcount", env) == {w: 5 * n for w, n in SEED_COUNTS.items()}
     assert tf("audit", "wordcount", env=env).stdout.strip() == "lost=0 doubled=0"
 
 
