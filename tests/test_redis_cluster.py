@@ -57,3 +57,30 @@ def test_a_cluster_node_with_a_database_index_is_a_clear_error(tf, cluster):
     url = cluster.url(0)[:-1] + "3"
     out = tf("status", "wordcount", env={"TRIDENTFLOW_REDIS_URL": url})
     assert out.returncode == 1 and "a cluster has only database 0" in out.stderr
+
+
+def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
+    """`tridentflow acl wordcount --cluster`, set on every node, is all a user needs on a
+    cluster: every step of the word count runs; another pipeline is refused in one line."""
+    from tridentflow import acl
+
+    printed = tf("acl", "wordcount", "--cluster", "--namespace", "acl").stdout.strip()
+    assert printed == acl.rules("wordcount", "acl", cluster=True) and "+cluster|slots" in printed
+    for port in cluster.ports:
+        redis.Redis(port=port).execute_command(
+            "ACL", "SETUSER", "tf-wc", "on", ">pw-wc", *printed.split()
+        )
+    url = f"redis://tf-wc:pw-wc@127.0.0.1:{cluster.ports[2]}/0"
+    env = {"TRIDENTFLOW_REDIS_URL": url, "TRIDENTFLOW_HOME": str(tmp_path / "h"),
+           "TRIDENTFLOW_NAMESPACE": "acl"}  # fmt: skip
+    assert isinstance(connect(url), redis.RedisCluster)
+    produced = tf("produce", "wordcount", "-", input="\n".join(SEED_SENTENCES) + "\n", env=env)
+    assert produced.returncode == 0, produced.stderr
+    for step in (("run", "wordcount", "--engine", "local", "--batch-size", "1"),
+                 ("status", "wordcount"), ("query", "wordcount", "--all"),
+                 ("reset", "wordcount", "--yes")):  # fmt: skip
+        out = tf(*step, env=env)
+        assert out.returncode == 0, (step, out.stderr)
+    refused = tf("status", "wordcount-opaque", env=env)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert "has no permission on the keys of pipeline 'wordcount-opaque'" in refused.stderr

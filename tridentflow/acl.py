@@ -46,16 +46,25 @@ COMMANDS = (
 )
 
 
-def rules(pipeline: str, namespace: str = "") -> str:
+CLUSTER_COMMANDS = (
+    "info",  # cluster mode is detected with INFO cluster (without it: a single server)
+    "cluster|slots",  # the cluster client's slot map
+    "command",  # the cluster client's key positions per command (COMMAND)
+)
+"""What a user needs in addition on a Redis Cluster (set on every node: ACLs are per node)."""
+
+
+def rules(pipeline: str, namespace: str = "", cluster: bool = False) -> str:
     """The ACL rules (for ``ACL SETUSER name on >password <rules>``) that let a user run one
-    pipeline and nothing else."""
+    pipeline and nothing else (``cluster``: on a Redis Cluster)."""
     keys = KeySpace(pipeline, namespace)
+    commands = COMMANDS + (CLUSTER_COMMANDS if cluster else ())
     return " ".join(
         ["resetkeys", f"~{keys.acl_pattern}", "resetchannels", "-@all"]
-        + [f"+{command}" for command in COMMANDS]
+        + [f"+{command}" for command in commands]
     )
 
 
-def setuser_line(pipeline: str, user: str, namespace: str = "") -> str:
+def setuser_line(pipeline: str, user: str, namespace: str = "", cluster: bool = False) -> str:
     """The whole ``ACL SETUSER`` command, with a placeholder for the password."""
-    return f"ACL SETUSER {user} on >PASSWORD {rules(pipeline, namespace)}"
+    return f"ACL SETUSER {user} on >PASSWORD {rules(pipeline, namespace, cluster)}"

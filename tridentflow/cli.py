@@ -13,7 +13,7 @@
                       [--remote sc://HOST:PORT]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
-    tridentflow acl PIPELINE [--user U] [--namespace NS]
+    tridentflow acl PIPELINE [--user U] [--namespace NS] [--cluster]
 
 Common options: --redis-url / TRIDENTFLOW_REDIS_URL, --redis-ca FILE (TLS),
 --namespace / TRIDENTFLOW_NAMESPACE, --home / TRIDENTFLOW_HOME,
@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("acl", help="print the Redis ACL rules a user needs for one pipeline")
     p.add_argument("pipeline")
     p.add_argument("--user", help="print a whole ACL SETUSER line for this user")
+    p.add_argument(
+        "--cluster", action="store_true", help="for a Redis Cluster (set it on every node)"
+    )
     p.add_argument(
         "--namespace", help="key namespace of the deployment (env TRIDENTFLOW_NAMESPACE)"
     )
@@ -510,9 +513,9 @@ def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
 
     namespace = resolve_namespace(args.namespace)
     if args.user:
-        out.write(acl.setuser_line(args.pipeline, args.user, namespace) + "\n")
+        out.write(acl.setuser_line(args.pipeline, args.user, namespace, args.cluster) + "\n")
     else:
-        out.write(acl.rules(args.pipeline, namespace) + "\n")
+        out.write(acl.rules(args.pipeline, namespace, args.cluster) + "\n")
     return 0
 
 
