@@ -29,6 +29,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -188,41 +189,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- commands ---------------------------------------------------------------------------------
 def _lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every line; a line that is not UTF-8 is an error naming it."""
+    """(line number, text) of every line; a file that is not UTF-8 is an error naming the
+    first line that is not. Read and decoded whole (produce holds every record anyway)."""
     try:
-        fh = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read()
     except OSError as exc:
         raise TridentflowError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        for number, raw in enumerate(fh, 1):
-            try:
-                yield number, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise TridentflowError(f"{path}:{number}: not UTF-8 ({exc.reason})") from None
-    finally:
-        if fh is not sys.stdin.buffer:
-            fh.close()
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        number = data.count(b"\n", 0, exc.start) + 1
+        raise TridentflowError(f"{path}:{number}: not UTF-8 ({exc.reason})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if "\r" in text:
+        lines = [line.rstrip("\r") for line in lines]
+    return enumerate(lines, 1)
 
 
 def _records(pipeline: Pipeline, path: str, as_json: bool) -> list[str]:
-    """Every record of the file as its log line, all checked before any is appended."""
+    """Every record of the file as its log line, all checked before any is appended. A plain
+    line (one-field source) is one JSON string: ``encode_basestring`` is exactly json.dumps's
+    encoding with ensure_ascii=False, and a line decoded from UTF-8 is valid Unicode and holds
+    no newline, so it needs no further check."""
     fields = pipeline.source.fields
     if not as_json and len(fields) != 1:
         raise TridentflowError(
             f"pipeline {pipeline.name} has fields {list(fields)}: give JSON lines with --json"
         )
+    if not as_json:
+        return [encode_basestring(line) for _number, line in _lines(path) if line.strip()]
     records = []
     for number, line in _lines(path):
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        if as_json:
-            try:
-                value = json.loads(line)
-            except ValueError as exc:
-                raise TridentflowError(f"{where}: not JSON: {exc}") from None
-        else:
-            value = line
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise TridentflowError(f"{where}: not JSON: {exc}") from None
         records.append(encode_record(value, where))
     return records
 
