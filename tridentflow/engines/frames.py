@@ -126,8 +126,7 @@ def _receive_body(
 class FrameBackend:
     """``tridentflow.engines.graph.Backend`` on DataFrames (classic Spark or Spark Connect)."""
 
-    def __init__(self, spark: Any, lose_tuple: bool = False) -> None:
-        self.spark = spark
+    def __init__(self, lose_tuple: bool = False) -> None:
         self._lose = lose_tuple
         self.received: list[Any] = []
         self.cached: list[Any] = []

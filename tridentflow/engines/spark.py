@@ -72,7 +72,7 @@ class SparkEngine:
             direct = self._compute_direct(plan, log_root, ranges, tasks)
             if direct is not None:
                 return direct
-        backend = FrameBackend(self.spark, ctx.lose_tuple)
+        backend = FrameBackend(ctx.lose_tuple)
         try:
             outputs = backend.cache(
                 self.spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(
