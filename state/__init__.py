@@ -30,6 +30,7 @@ from state.maps import (
     make_map_state,
 )
 from state.redis_backing import RedisBackingMap, query_committed
+from state.shards import ShardedRedisBackingMap, query_state
 
 __all__ = [
     "GLOBAL_KEY",
@@ -47,6 +48,7 @@ __all__ = [
     "NonTransactionalMap",
     "OpaqueMap",
     "RedisBackingMap",
+    "ShardedRedisBackingMap",
     "StaleTxidError",
     "StateError",
     "StateKind",
@@ -56,4 +58,5 @@ __all__ = [
     "encode_key",
     "make_map_state",
     "query_committed",
+    "query_state",
 ]

@@ -1,10 +1,26 @@
-"""Redis key layout. Every key of a pipeline shares the hash tag ``{pipeline}`` so that the
-multi-key Lua scripts stay legal on Redis Cluster (all keys of one pipeline in one slot)."""
+"""Redis key layout.
+
+Every key of a pipeline shares the hash tag ``{pipeline}`` so that the multi-key Lua scripts
+stay legal on Redis Cluster (the ledger and everything fenced against it in one slot). With
+``shards`` > 1, the map states are split into that many *state shards*, each under a hash tag
+of its own (``{pipeline/I}``, chosen so the shards fall in evenly spaced slot ranges: on a
+cluster whose slots are split evenly, consecutive shards sit on different masters). A shard
+holds its part of every state, its written-sets, its own copy of the generation and a *fence*
+hash that stands in, inside the shard's slot, for the ledger and tx hash the fenced scripts
+check (see state.shards).
+"""
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import count
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+MAX_SHARDS = 256
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -28,11 +44,43 @@ class KeySpace:
     pipeline: str
     namespace: str = ""
     prefix: str = "tf"
+    shards: int = 1
+    """State shards (1: every state in the pipeline's own slot, fenced against the ledger)."""
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.pipeline)
         if self.namespace:
             check_name("namespace", self.namespace)
+        check_shards(self.shards)
+
+    @property
+    def sharded(self) -> bool:
+        return self.shards > 1
+
+    def shard(self, index: int) -> KeySpace:
+        """The keys of state shard ``index`` (this keyspace itself when unsharded)."""
+        if not self.sharded:
+            return self
+        tag = shard_tags(self.pipeline, self.shards)[index]
+        return ShardSpace(self.pipeline, self.namespace, self.prefix, tag=tag)
+
+    def shard_index(self, field: str) -> int:
+        """The shard that holds ``field`` (an encoded key) in every state: stable across
+        processes and machines (CRC-32 of its UTF-8 bytes)."""
+        if not self.sharded:
+            return 0
+        return zlib.crc32(field.encode("utf-8", "surrogatepass")) % self.shards
+
+    @property
+    def shard_pattern(self) -> str:
+        """SCAN pattern matching every key of every state shard of this pipeline."""
+        return self.shard_acl_pattern.replace("{", "\\{")
+
+    @property
+    def shard_acl_pattern(self) -> str:
+        """The ACL key pattern covering the state shards (names hold no '/' nor glob chars)."""
+        ns = f"{self.namespace}:" if self.namespace else ""
+        return f"{self.prefix}:{ns}{{{self.pipeline}/*"
 
     @property
     def base(self) -> str:
@@ -91,3 +139,52 @@ class KeySpace:
     def written(self, name: str, txid: int) -> str:
         """Set of fields of state ``name`` written by any commit attempt of ``txid``."""
         return f"{self.base}:written:{check_name('state', name)}:{int(txid)}"
+
+
+@dataclass(frozen=True)
+class ShardSpace(KeySpace):
+    """The keys of one state shard. Its fence hash stands for both the ledger and the tx hash
+    in the fenced scripts: a claim (state.shards) writes there the ``committed`` txid and the
+    ``commit_token`` the scripts check, inside the shard's own slot."""
+
+    tag: str = ""
+
+    @property
+    def base(self) -> str:
+        ns = f"{self.namespace}:" if self.namespace else ""
+        return f"{self.prefix}:{ns}{{{self.tag}}}"
+
+    @property
+    def ledger(self) -> str:
+        return self.fence
+
+    def tx(self, txid: int) -> str:
+        return self.fence
+
+    @property
+    def fence(self) -> str:
+        return f"{self.base}:fence"
+
+
+def check_shards(shards: int) -> int:
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(
+            f"state shards must be a whole number from 1 to {MAX_SHARDS}, got {shards!r}"
+        )
+    return shards
+
+
+@lru_cache(maxsize=64)
+def shard_tags(pipeline: str, shards: int) -> tuple[str, ...]:
+    """Hash tags of the shards: ``pipeline/I`` (or ``pipeline/I.K``, the first K whose slot
+    falls in the I-th of ``shards`` equal slot ranges)."""
+    tags = []
+    for index in range(shards):
+        low = index * REDIS_CLUSTER_HASH_SLOTS // shards
+        high = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+        for k in count():
+            tag = f"{pipeline}/{index}" if k == 0 else f"{pipeline}/{index}.{k}"
+            if low <= key_slot(tag.encode()) < high:
+                tags.append(tag)
+                break
+    return tuple(tags)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Any
 
 import redis
@@ -41,6 +42,7 @@ from state.scripts import (
     RENEW_LEASE,
     STORE_METADATA,
 )
+from state.shards import set_shard_generations
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
 HISTORY_LENGTH = 1000
@@ -100,9 +102,14 @@ class Ledger:
         pipeline: str,
         generation: str | None = None,
         namespace: str = "",
+        shards: int = 1,
+        reset_shards: int | None = None,
     ) -> None:
+        """``shards``: the state shards the pipeline's state is stored in; ``reset_shards``:
+        the count it is laid out in after a ``reset`` (default: the same)."""
         self.client = client
-        self.keys = KeySpace(pipeline, namespace)
+        self.keys = KeySpace(pipeline, namespace, shards=shards)
+        self.reset_shards = reset_shards or shards
         self.pipeline = pipeline
         self._generation = generation
 
@@ -264,7 +271,8 @@ class Ledger:
         txid = ticket.txid
         keys = [self.keys.ledger, self.keys.tx(txid), self.keys.offsets, self.keys.generation]
         keys += [self.keys.history, self.keys.tx(txid - 1)]
-        keys += [self.keys.written(name, txid) for name in state_names]
+        if not self.keys.sharded:  # a shard's written-sets go when it settles
+            keys += [self.keys.written(name, txid) for name in state_names]
         keys.append(self.keys.quarantine_written(txid))
         stats_json = json.dumps(dict(stats or {}), sort_keys=True)
         args: list[Any] = [txid, ticket.token, ticket.generation, stats_json, HISTORY_LENGTH]
@@ -321,11 +329,19 @@ class Ledger:
             [generation, "1" if force else "0"],
         )
         self._generation = generation
-        keep = self.keys.generation.encode()
+        self.keys = replace(self.keys, shards=self.reset_shards)
+        set_shard_generations(self.client, self.keys, generation)
+        keep = {self.keys.generation}
+        keep.update(self.keys.shard(i).generation for i in range(self.keys.shards))
+        keep.update([k.encode() for k in keep])
         n = 0
         batch: list[bytes] = []
-        for key in self.client.scan_iter(match=self.keys.pattern, count=1000):
-            if key == keep or key == self.keys.generation:
+        scans = chain(
+            self.client.scan_iter(match=self.keys.pattern, count=1000),
+            self.client.scan_iter(match=self.keys.shard_pattern, count=1000),
+        )
+        for key in scans:
+            if key in keep:
                 continue
             batch.append(key)
             if len(batch) >= 500:

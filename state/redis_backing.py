@@ -97,7 +97,8 @@ def query_committed(
     """Committed values of ``keys`` (None where absent) and the committed txid they reflect.
 
     Each chunk is one atomic snapshot; a value written by a pending commit is seen as its
-    ``prev`` (the last committed value), never half-applied.
+    ``prev`` (the last committed value), never half-applied. Unsharded states only: see
+    state.shards.query_state.
     """
     values: list[Any] = []
     committed = 0

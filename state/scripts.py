@@ -618,3 +618,54 @@ end
 return n
 """,
 )
+
+
+CLAIM_SHARD = LuaScript(
+    "claim_shard",
+    _GEN_CHECK
+    + """
+-- Claim one state shard for commit attempt ARGV[2] of txid ARGV[1] (called by that attempt
+-- after BEGIN_COMMIT handed it the token, before it writes anything in the shard). From then
+-- on the shard's fenced writes (which check the fence hash as if it were the ledger and the
+-- tx hash) accept this attempt only: every older attempt of the txid, every attempt of an
+-- older txid and any attempt of a txid already settled here is refused (TFFENCED).
+-- KEYS[1] shard fence hash  KEYS[2] shard generation key
+-- KEYS[3..] written-sets of txid-1 in this shard (deleted: left by a crash after its mark)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation
+-- Idempotent for the same attempt. Returns 1.
+local err = gen_check(KEYS[2], ARGV[3])
+if err then return redis.error_reply(err) end
+local txid, token = tonumber(ARGV[1]), tonumber(ARGV[2])
+local held = tonumber(redis.call('HGET', KEYS[1], 'txid') or '0')
+local held_token = tonumber(redis.call('HGET', KEYS[1], 'claim_token') or '0')
+local settled = tonumber(redis.call('HGET', KEYS[1], 'committed') or '-1')
+if held > txid or (held == txid and (held_token > token or settled >= txid)) then
+  return redis.error_reply('TFFENCED commit attempt ' .. token .. ' of txid ' .. txid ..
+    ' was superseded: state shard ' .. KEYS[1] .. ' is held by attempt ' .. held_token ..
+    ' of txid ' .. held .. (settled >= held and ' (committed)' or ''))
+end
+redis.call('HSET', KEYS[1], 'txid', txid, 'claim_token', token, 'commit_token', token,
+  'committed', txid - 1)
+for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+""",
+)
+
+SETTLE_SHARD = LuaScript(
+    "settle_shard",
+    """
+-- After the ledger marked txid ARGV[1] committed: close the shard to every attempt of it
+-- (its fence reads committed = txid, no token) and delete its written-sets.
+-- KEYS[1] shard fence hash  KEYS[2..] written-sets of txid ARGV[1] in this shard
+-- ARGV[1] txid
+-- A no-op (0) unless the shard is still held for that txid (a later txid may hold it now).
+local txid = tonumber(ARGV[1])
+if tonumber(redis.call('HGET', KEYS[1], 'txid') or '0') ~= txid
+    or tonumber(redis.call('HGET', KEYS[1], 'committed') or '-1') ~= txid - 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'committed', txid, 'commit_token', '')
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+""",
+)

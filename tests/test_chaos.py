@@ -30,6 +30,8 @@ def test_fixed_seed_schedules_are_exact():
         "outage:unmount",
         "outage:torn-head",
         "reset",
+        "state-shards:2",
+        "state-shards:3",
     ):
         assert kind in events, f"no {kind} event in {CI_SCHEDULES} schedules"
 
@@ -111,3 +113,22 @@ def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
     results = run_chaos(200, seed=0, redis_restarts=False)
     assert not results[-1].ok, "200 schedules did not expose a step that ignores a reset"
     assert "after a reset was not refused" in (results[-1].difference or "")
+
+
+def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
+    """A sharded commit whose stray-key rollback reads the written-set of one shard only
+    (every schedule with 3 shards): an opaque replay leaves a lost record's count behind."""
+    import tridentflow.chaos
+    from state.shards import ShardedRedisBackingMap
+
+    monkeypatch.setattr(tridentflow.chaos, "schedule_shards", lambda seed: 3)
+    monkeypatch.setattr(
+        ShardedRedisBackingMap, "keys_written_in", lambda self, t: self.shards[0].keys_written_in(t)
+    )
+    monkeypatch.setattr(
+        ShardedRedisBackingMap,
+        "count_written_in",
+        lambda self, t: self.shards[0].count_written_in(t),
+    )
+    results = run_chaos(50, seed=0, redis_restarts=False)  # caught at schedule 6
+    assert not results[-1].ok, "50 schedules did not expose a one-shard stray-key check"

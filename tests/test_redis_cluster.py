@@ -1,6 +1,7 @@
 """Against a real local Redis Cluster (3 masters): a URL naming any node is detected as a
 cluster, and every step of the word count - and a state query that reads the state from its
-read tasks - runs unchanged, each pipeline's keys in one slot (one hash tag)."""
+read tasks - runs unchanged, each pipeline's keys in one slot (one hash tag); with state
+shards, one pipeline's state on every master; the chaos harness's seeds against the cluster."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import json
 import pytest
 import redis
 
+from state.keys import KeySpace
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tests.redis_cluster import LocalCluster
+from tridentflow.chaos import run_chaos, schedule_shards
 from tridentflow.redisconn import connect
 
 
@@ -72,7 +75,7 @@ def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
         )
     url = f"redis://tf-wc:pw-wc@127.0.0.1:{cluster.ports[2]}/0"
     env = {"TRIDENTFLOW_REDIS_URL": url, "TRIDENTFLOW_HOME": str(tmp_path / "h"),
-           "TRIDENTFLOW_NAMESPACE": "acl"}  # fmt: skip
+           "TRIDENTFLOW_NAMESPACE": "acl", "TRIDENTFLOW_STATE_SHARDS": "3"}  # fmt: skip
     assert isinstance(connect(url), redis.RedisCluster)
     produced = tf("produce", "wordcount", "-", input="\n".join(SEED_SENTENCES) + "\n", env=env)
     assert produced.returncode == 0, produced.stderr
@@ -84,3 +87,46 @@ def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
     refused = tf("status", "wordcount-opaque", env=env)
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert "has no permission on the keys of pipeline 'wordcount-opaque'" in refused.stderr
+
+
+def test_state_shards_put_one_pipelines_state_on_every_master(tf, cluster, tmp_path):
+    env = {"TRIDENTFLOW_REDIS_URL": cluster.url(0), "TRIDENTFLOW_HOME": str(tmp_path / "h"),
+           "TRIDENTFLOW_STATE_SHARDS": "3", "TRIDENTFLOW_NAMESPACE": "sharded"}  # fmt: skip
+    produced = tf("produce", "wordcount-opaque", "-", input="\n".join(SEED_SENTENCES) + "\n",
+                  env=env)  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    ran = tf("run", "wordcount-opaque", "--engine", "local", "--batch-size", "2", env=env)
+    assert ran.returncode == 0, ran.stderr
+    rows = json.loads(tf("query", "wordcount-opaque", *SEED_COUNTS, "--json", env=env).stdout)
+    assert {r["key"][0]: r["value"] for r in rows["values"]} == SEED_COUNTS
+    listed = json.loads(tf("query", "wordcount-opaque", "--all", "--json", env=env).stdout)
+    assert {r["key"][0]: r["value"] for r in listed["values"]} == SEED_COUNTS
+    assert tf("audit", "wordcount-opaque", env=env).stdout.strip() == "lost=0 doubled=0"
+    keys = KeySpace("wordcount-opaque", "sharded", shards=3)
+    masters = {cluster.master_of(keys.shard(i).state("counts")) for i in range(3)}
+    assert len(masters) == 3  # each shard on a master of its own
+    client = connect(cluster.url(1))
+    assert all(client.hlen(keys.shard(i).state("counts")) > 0 for i in range(3))
+
+    # the same pipeline asked to run with another count: one line, nothing written
+    hashes = [keys.shard(i).state("counts") for i in range(3)]
+    before = [client.hgetall(k) for k in hashes]
+    tf("produce", "wordcount-opaque", "-", input="how are you\n", env=env)
+    other = tf("run", "wordcount-opaque", "--engine", "local",
+               env={**env, "TRIDENTFLOW_STATE_SHARDS": "2"})  # fmt: skip
+    assert other.returncode == 1 and len(other.stderr.strip().splitlines()) == 1, other.stderr
+    assert "stored in 3 shard(s) but this run asks for 2" in other.stderr
+    assert [client.hgetall(k) for k in hashes] == before
+    assert tf("reset", "wordcount-opaque", "--yes", env=env).returncode == 0
+    left = [k for k in client.scan_iter(match=keys.shard_pattern) if b"generation" not in k]
+    assert left == []
+
+
+def test_chaos_seeds_run_against_the_cluster(cluster):
+    """Every fault point, outages, resets in flight and commit races, with 1-3 state shards,
+    against the cluster (no Redis restarts: the failover tests kill nodes)."""
+    seed, schedules = 1000, 12
+    assert {schedule_shards(s) for s in range(seed, seed + schedules)} == {1, 2, 3}
+    results = run_chaos(schedules, seed=seed, redis_url=cluster.url(0))
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed and len(results) == schedules, failed

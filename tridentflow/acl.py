@@ -60,7 +60,8 @@ def rules(pipeline: str, namespace: str = "", cluster: bool = False) -> str:
     keys = KeySpace(pipeline, namespace)
     commands = COMMANDS + (CLUSTER_COMMANDS if cluster else ())
     return " ".join(
-        ["resetkeys", f"~{keys.acl_pattern}", "resetchannels", "-@all"]
+        ["resetkeys", f"~{keys.acl_pattern}", f"~{keys.shard_acl_pattern}", "resetchannels"]
+        + ["-@all"]
         + [f"+{command}" for command in commands]
     )
 

@@ -16,7 +16,8 @@ retries a task) through a random mix of:
   torn, for a few steps; appends meanwhile go to the readable partitions;
 * an operator's ``reset --source`` while a run is in flight: the run's next step must be
   refused (GenerationError), and only what is produced afterwards may be counted;
-* runs that give up (their txid is released and adopted by the next run).
+* runs that give up (their txid is released and adopted by the next run);
+* state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard).
 
 The pipelines include ``mutating`` and ``mutating-opaque`` (every aggregator kind mutating its
 arguments; typed keys where ``0.0``/``-0.0`` and ``1``/``1.0``/``true`` differ).
@@ -63,6 +64,9 @@ BAD_LINES = ('{"not json', '"bad \\ud800 word"', '["wrong", "arity"]', "\xff")
 """Undecodable records an external producer could write; each must be quarantined."""
 PIPELINES = ("wordcount", "wordcount-opaque", "partitioned-count", "mutating", "mutating-opaque")
 RETRIES = 3
+SHARD_CHOICES = (1, 2, 3)
+"""State shards a schedule may run with (see schedule_shards): the sharded fencing and
+commit under every fault, in a third of the schedules each."""
 ENGINE = LocalEngine()
 
 
@@ -131,18 +135,26 @@ class Chaos:
         pipelines: Sequence[str] = PIPELINES,
         redis_restarts: bool = True,
         engine: Engine | None = None,
+        redis_url: str | None = None,
     ) -> None:
         """``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
-        Connect session)."""
+        Connect session). ``redis_url``: run against that Redis (a cluster, say) instead of
+        an own redis-server; it is never restarted then."""
         self.engine = engine or ENGINE
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tridentflow-chaos-"))
         self.pipelines = tuple(pipelines)
-        self.redis_restarts = redis_restarts
         self.redis = RedisServer(self.workdir / "redis")
+        self.external_url = redis_url
+        self.redis_restarts = redis_restarts and redis_url is None
+
+    @property
+    def url(self) -> str:
+        return self.external_url or self.redis.url
 
     def __enter__(self) -> Chaos:
-        self.redis.start()
+        if self.external_url is None:
+            self.redis.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -158,7 +170,10 @@ class Chaos:
         result = ScheduleResult(seed, name)
         home = self.workdir / f"schedule-{seed}"
         shutil.rmtree(home, ignore_errors=True)
-        rt = Runtime(load_pipeline(name), connect(self.redis.url), home)
+        shards = schedule_shards(seed)
+        rt = Runtime(load_pipeline(name), connect(self.url), home, shards=shards)
+        if shards > 1:
+            result.events.append(f"state-shards:{shards}")
         rt.ledger.reset(force=True)
         sched = _Schedule(rng, rt, result, home / "aside")
         sched.append(rng.randint(5, 60))
@@ -264,7 +279,7 @@ class Chaos:
         next step must be refused; a new runtime (a new process) goes on from scratch."""
         old = sched.rt
         sched.end_outage(f"reset@step{step}")
-        fresh = Runtime(old.pipeline, connect(self.redis.url), old.home, old.faults)
+        fresh = Runtime(old.pipeline, connect(self.url), old.home, old.faults, shards=old.shards)
         try:
             fresh.ledger.reset()
             sched.result.events.append(f"reset@step{step}")
@@ -303,7 +318,7 @@ class Chaos:
         results: list[str] = []
 
         def attempt() -> None:
-            other = Runtime(rt.pipeline, connect(self.redis.url), rt.home, rt.faults)
+            other = Runtime(rt.pipeline, connect(self.url), rt.home, rt.faults, shards=rt.shards)
             try:
                 results.append(commit_run(other, run_id)["status"])
             except BaseException as exc:  # collected; re-raised below if no racer landed
@@ -413,6 +428,12 @@ class _Schedule:
         self.result.events.append(f"outage-over:{partition}@{when}")
 
 
+def schedule_shards(seed: int) -> int:
+    """The state shards a schedule runs with: 1, 2 or 3, drawn from the seed by a generator of
+    its own (the faults a seed draws stay what they were before shards existed)."""
+    return random.Random(f"state-shards-{seed}").choice(SHARD_CHOICES)
+
+
 def run_chaos(
     schedules: int,
     seed: int = 0,
@@ -420,10 +441,13 @@ def run_chaos(
     on_result: Callable[[ScheduleResult], None] | None = None,
     redis_restarts: bool = True,
     engine: Engine | None = None,
+    redis_url: str | None = None,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
-    with Chaos(pipelines=pipelines, redis_restarts=redis_restarts, engine=engine) as chaos:
+    with Chaos(
+        pipelines=pipelines, redis_restarts=redis_restarts, engine=engine, redis_url=redis_url
+    ) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)
             results.append(outcome)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -30,6 +31,7 @@ from state.errors import CommitOrderError, KeyEncodingError
 from state.maps import MapState, StateKind, make_map_state
 from state.numeric import apply_numeric
 from state.redis_backing import CHUNK, fenced_hset
+from state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
 from tridentflow.aggregators import Count, Max, Mean, Min, Persistable, Sum, apply_staged
 from tridentflow.errors import (
     IncompleteBatchError,
@@ -99,29 +101,60 @@ def _apply_python(state: MapState, name: str, persisted: Persistable, chunk: Seq
         raise StateUpdateError(f"state {name}: {persisted!r} failed on {exc}") from exc
 
 
-def _apply_in_redis(
-    rt: Runtime,
-    staged: StagedBatch,
-    state: MapState,
-    persisted: Persistable,
-    op: str,
-    fence: Fence,
-    lines: Sequence[str],
-) -> None:
-    """One chunk of staged ``key TAB partial`` lines through APPLY_NUMERIC, as they are; the
-    keys it leaves (not plain numbers) through the Python path."""
-    name = state.name
-    block = "".join(lines).rstrip("\n")
-    _applied, unhandled = apply_numeric(rt.client, rt.keyspace, name, state.kind, op, fence, block)
-    state.note_in_batch(len(lines) - len(unhandled), lambda: staged.keys(name))
+def _line_key(line: str) -> str:
+    return line[: line.index("\t")]
+
+
+@dataclass
+class _InFlight:
+    """One chunk of staged lines of a numeric state, submitted shard by shard."""
+
+    state: MapState
+    persisted: Persistable
+    lines: Sequence[str]
+    futures: list[Future]
+
+
+def _submit_in_redis(
+    rt: Runtime, pool: Executor, state: MapState, op: str, fence: Fence, lines: Sequence[str]
+) -> list[Future]:
+    """One chunk of staged ``key TAB partial`` lines to APPLY_NUMERIC, as they are, one call
+    per shard holding some of its keys, run by ``pool`` (shards are slots of their own: on a
+    cluster, different masters work at once)."""
+    ks = rt.keyspace
+    return [
+        pool.submit(
+            apply_numeric,
+            rt.client,
+            ks.shard(i),
+            state.name,
+            state.kind,
+            op,
+            fence,
+            "".join(group).rstrip("\n"),
+        )
+        for i, group in enumerate(split_by_shard(ks, lines, _line_key))
+        if group
+    ]
+
+
+def _finish_in_redis(staged: StagedBatch, chunk: _InFlight) -> None:
+    """Wait for a submitted chunk (its errors are raised here); the keys the script left (not
+    plain numbers) go through the Python path, in this thread."""
+    state, name = chunk.state, chunk.state.name
+    unhandled: list[str] = []
+    for future in chunk.futures:
+        _applied, left = future.result()
+        unhandled += left
+    state.note_in_batch(len(chunk.lines) - len(unhandled), lambda: staged.keys(name))
     if unhandled:
-        left = set(unhandled)
+        left_keys = set(unhandled)
         rest = []
-        for line in lines:
+        for line in chunk.lines:
             key, _tab, partial = line.rstrip("\n").partition("\t")
-            if key in left:
+            if key in left_keys:
                 rest.append((key, json.loads(partial)))
-        _apply_python(state, name, persisted, rest)
+        _apply_python(state, name, chunk.persisted, rest)
 
 
 def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
@@ -219,6 +252,8 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     check_continuity(staged, ledger.committed_offsets())
 
     fence = Fence(txid, ticket.token, ticket.generation)
+    ensure_shards(rt.client, rt.keyspace, rt.state_shards, ticket.generation)
+    claim_shards(rt.client, rt.keyspace, rt.pipeline.states, fence)
     maps: dict[str, tuple[MapState, Any]] = {}
     for name, persist in rt.pipeline.states.items():
         state = make_map_state(persist.state.kind, rt.backing(name), name)
@@ -230,18 +265,29 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     written = 0
     if half == 0:
         rt.faults.fire("mid-commit", txid, ticket.token)
-    for name, (state, persisted) in maps.items():
-        op = in_redis_op(persisted)
-        items = staged.lines(name) if op else staged.items(name)
-        size = IN_REDIS_CHUNK if op else CHUNK
-        for chunk in _chunks(items, size, max(0, half - written)):
-            if op:
-                _apply_in_redis(rt, staged, state, persisted, op, fence, chunk)
-            else:
-                _apply_python(state, name, persisted, chunk)
-            before, written = written, written + len(chunk)
-            if before < half <= written:
-                rt.faults.fire("mid-commit", txid, ticket.token)
+    shards = rt.keyspace.shards
+    with ThreadPoolExecutor(max_workers=shards, thread_name_prefix="tf-commit") as pool:
+        for name, (state, persisted) in maps.items():
+            op = in_redis_op(persisted)
+            items = staged.lines(name) if op else staged.items(name)
+            size = IN_REDIS_CHUNK * shards if op else CHUNK
+            in_flight: _InFlight | None = None  # one chunk in Redis while the next is read
+            for chunk in _chunks(items, size, max(0, half - written)):
+                if op:
+                    futures = _submit_in_redis(rt, pool, state, op, fence, chunk)
+                    if in_flight is not None:
+                        _finish_in_redis(staged, in_flight)
+                    in_flight = _InFlight(state, persisted, chunk, futures)
+                else:
+                    _apply_python(state, name, persisted, chunk)
+                before, written = written, written + len(chunk)
+                if before < half <= written:
+                    if in_flight is not None:  # half of the keys really written first
+                        _finish_in_redis(staged, in_flight)
+                        in_flight = None
+                    rt.faults.fire("mid-commit", txid, ticket.token)
+            if in_flight is not None:
+                _finish_in_redis(staged, in_flight)
     rolled_back = sum(state.rollback_stray_keys() for state, _ in maps.values())
     quarantined = quarantine(rt, staged, fence)
     rt.faults.fire("before-ledger", txid, ticket.token)
@@ -258,6 +304,8 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     }
     marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats)
     confirm_replicated(rt, txid)  # before the staged batch is discarded: a retry can redo it
+    if marked:
+        settle_shards(rt.client, rt.keyspace, maps.keys(), txid)
     removed = {name: state.tombstones() for name, (state, _) in maps.items()}
     for state, _ in maps.values():
         state.commit()

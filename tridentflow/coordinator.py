@@ -26,6 +26,7 @@ def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[st
     """Return the batch metadata of ``txid``, creating and storing it on the first call."""
     ledger = rt.ledger
     ledger.check_generation()
+    rt.check_layout()
     attempt = ledger.next_attempt(txid, "coordinate")
     meta = ledger.metadata(txid)
     if meta is None:

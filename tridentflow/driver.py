@@ -63,6 +63,7 @@ def run_batches(
 ) -> RunSummary:
     """Run up to ``max_batches`` txids; without a limit, until the source is drained (or a
     txid reads nothing, e.g. every remaining record sits in a dark partition)."""
+    rt.check_layout()
     summary = RunSummary()
     while max_batches is None or len(summary.results) < max_batches:
         if max_batches is None and not rt.ledger.pending_txids() and backlog(rt) == 0:
@@ -103,6 +104,7 @@ def run_pipelined(
     """Like run_batches, with up to ``depth`` txids in flight (emitting) at once."""
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
+    rt.check_layout()
     summary = RunSummary()
     driver = f"cli-{uuid.uuid4().hex[:12]}"
     next_txid = rt.ledger.committed_txid() + 1

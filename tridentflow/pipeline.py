@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from state.keys import check_name
+from state.keys import check_name, check_shards
 from state.maps import StateKind
 from tridentflow.aggregators import (
     Aggregator,
@@ -738,6 +738,11 @@ class Pipeline:
     default_parallelism: int = 4
     """Partitions of a repartitioning stage without a parallelism_hint. Engine-independent, so
     partition-level results are the same on Spark and on the local engine."""
+    state_shards: int | None = None
+    """Redis hashes (state shards, each in a slot of its own) every map state is split into,
+    so that a Redis Cluster spreads one pipeline's state and commit load over its masters
+    (None: TRIDENTFLOW_STATE_SHARDS, else 1). Fixed once the pipeline has state: changing it
+    needs a reset."""
     persists: list[Persist] = field(default_factory=list)
     stage_names: dict[Node, str] = field(default_factory=dict)
     """Names given with ``Stream.name``, by node (nodes compare by identity)."""
@@ -749,6 +754,11 @@ class Pipeline:
         if self.max_bad_fraction is not None and not 0 <= self.max_bad_fraction <= 1:
             raise PipelineError(f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
         _check_parallelism(self.default_parallelism)
+        if self.state_shards is not None:
+            try:
+                check_shards(self.state_shards)
+            except ValueError as exc:
+                raise PipelineError(f"pipeline {self.name}: {exc}") from None
         self._source_node = SourceNode(self.source.fields)
 
     @property

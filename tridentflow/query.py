@@ -14,7 +14,7 @@ from typing import Any
 
 from state.codec import decode_key, encode_key
 from state.maps import StoredValue, decode_stored
-from state.redis_backing import query_committed
+from state.shards import query_state
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Persist
@@ -63,7 +63,7 @@ def query(rt: Runtime, persist: Persist, keys: Sequence[tuple[Any, ...]]) -> tup
     if not persist.group_fields:
         keys = [()]
     encoded = [encode_key(k) for k in keys]
-    committed, values = query_committed(rt.client, rt.keyspace, persist.state.name, encoded)
+    committed, values = query_state(rt.client, rt.keyspace, persist.state.name, encoded)
     agg = persist.aggregator
     zero = absent_value(agg)
     return committed, [agg.present(zero if v is None else v) for v in values]
@@ -101,24 +101,46 @@ def list_state(
     """
     if limit < 1:
         raise TridentflowError(f"--limit must be >= 1, got {limit}")
+    shards = rt.keyspace.shards
     if after is None:
-        committed, scan, skip = rt.ledger.committed_txid(), 0, 0
+        committed, shard, scan, skip = rt.ledger.committed_txid(), 0, 0, 0
     else:
         try:
-            committed, scan, skip = (int(part) for part in after.split("-"))
+            parts = [int(part) for part in after.split("-")]
+            if len(parts) == 3:  # a cursor of an unsharded listing
+                parts.insert(1, 0)
+            committed, shard, scan, skip = parts
+            if not 0 <= shard < shards:
+                raise ValueError
         except ValueError:
             raise TridentflowError(f"--after {after!r} is not a cursor from a listing") from None
     name = persist.state.name
-    # HSCAN's COUNT is a hint (a small hash comes back whole): page within its reply too
-    next_scan, raw = rt.client.hscan(rt.keyspace.state(name), cursor=scan, count=limit)
-    batch = list(raw.items())
-    if skip + limit < len(batch):
-        following = f"{committed}-{scan}-{skip + limit}"
-    else:
-        following = None if int(next_scan) == 0 else f"{committed}-{int(next_scan)}-0"
+    entries: list[tuple[bytes, bytes]] = []
+    following: str | None = None
+    while True:  # fill the page from HSCAN replies, shard after shard
+        room = limit - len(entries)
+        space = rt.keyspace.shard(shard)
+        next_scan, raw = rt.client.hscan(space.state(name), cursor=scan, count=room)
+        batch = list(raw.items())[skip:]
+        if len(batch) > room:  # HSCAN's COUNT is a hint: page within its reply too
+            entries += batch[:room]
+            following = f"{committed}-{shard}-{scan}-{skip + room}"
+            break
+        entries += batch
+        if int(next_scan) != 0:
+            scan, skip = int(next_scan), 0
+        elif shard + 1 < shards:
+            shard, scan, skip = shard + 1, 0, 0
+        else:
+            break  # the listing is complete
+        if len(entries) == limit:
+            following = f"{committed}-{shard}-{scan}-{skip}"
+            break
+    if shards == 1 and following is not None:  # the unsharded cursor, as before
+        following = "-".join(p for i, p in enumerate(following.split("-")) if i != 1)
     agg = persist.aggregator
     items = []
-    for field, value in batch[skip : skip + limit]:
+    for field, value in entries:
         key = field.decode() if isinstance(field, bytes) else field
         stored = StoredValue.from_json(decode_stored(value, name, key), key, name)
         if stored.txid is not None and stored.txid > committed + 1:

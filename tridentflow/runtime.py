@@ -9,9 +9,10 @@ from pathlib import Path
 
 import redis
 
-from state.keys import KeySpace
+from state.keys import KeySpace, check_shards
 from state.ledger import Ledger
 from state.redis_backing import RedisBackingMap
+from state.shards import ShardedRedisBackingMap, check_layout, stored_shards
 from tridentflow.errors import PartitionUnavailable, TridentflowError
 from tridentflow.faults import FaultPlan
 from tridentflow.pipeline import Pipeline
@@ -31,6 +32,7 @@ from tridentflow.staging import StagingArea
 
 HOME_ENV = "TRIDENTFLOW_HOME"
 NAMESPACE_ENV = "TRIDENTFLOW_NAMESPACE"
+SHARDS_ENV = "TRIDENTFLOW_STATE_SHARDS"
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -85,6 +87,9 @@ class Runtime:
     replica_timeout_ms: int = field(
         default_factory=lambda: _env_int("TRIDENTFLOW_WAIT_TIMEOUT_MS", 5000)
     )
+    shards: int | None = None
+    """State shards to write with, over the pipeline's ``state_shards`` and the environment
+    (see ``state_shards``)."""
 
     @classmethod
     def open(
@@ -106,7 +111,7 @@ class Runtime:
             url,
             resolve_namespace(namespace),
         )
-        check_access(rt.client, rt.keyspace, url)
+        check_access(rt.client, KeySpace(rt.pipeline.name, rt.namespace), url)
         return rt
 
     @property
@@ -118,9 +123,35 @@ class Runtime:
     def plan(self) -> Plan:
         return compile_pipeline(self.pipeline)
 
+    @property
+    def state_shards(self) -> int:
+        """The shard count this run writes state with: the pipeline's ``state_shards``, else
+        TRIDENTFLOW_STATE_SHARDS, else 1 (the commit refuses it if the stored state has
+        another; see state.shards.ensure_shards)."""
+        if self.shards is not None:
+            return check_shards(self.shards)
+        if self.pipeline.state_shards is not None:
+            return self.pipeline.state_shards
+        shards = _env_int(SHARDS_ENV, 1) or 1
+        try:
+            return check_shards(shards)
+        except ValueError as exc:
+            raise TridentflowError(f"{SHARDS_ENV}: {exc}") from None
+
     @cached_property
     def ledger(self) -> Ledger:
-        return Ledger(self.client, self.pipeline.name, namespace=self.namespace)
+        """The ledger, with the keyspace of the stored state's shard count (the configured
+        one while nothing is stored)."""
+        base = KeySpace(self.pipeline.name, self.namespace)
+        configured = self.state_shards
+        shards = stored_shards(self.client, base) or configured
+        return Ledger(
+            self.client,
+            self.pipeline.name,
+            namespace=self.namespace,
+            shards=shards,
+            reset_shards=configured,
+        )
 
     @property
     def keyspace(self) -> KeySpace:
@@ -157,5 +188,12 @@ class Runtime:
             raise PartitionUnavailable(partition, reason)
         return scan.heads
 
-    def backing(self, state_name: str) -> RedisBackingMap:
+    def check_layout(self) -> None:
+        """StateError (one line) if the state is stored in another shard count than this run
+        writes with: a run checks this before it binds a txid (the commit checks it again)."""
+        check_layout(self.client, self.keyspace, self.state_shards)
+
+    def backing(self, state_name: str) -> RedisBackingMap | ShardedRedisBackingMap:
+        if self.keyspace.sharded:
+            return ShardedRedisBackingMap(self.client, self.keyspace, state_name)
         return RedisBackingMap(self.client, self.keyspace, state_name)

@@ -335,7 +335,7 @@ class StateQuery:
     key_idx: tuple[int, ...]
 
     def __call__(self, partition: int, rows: Iterable[Row]) -> list[Row]:
-        from state.redis_backing import query_committed
+        from state.shards import query_state, with_stored_layout
         from tridentflow.redisconn import connect
 
         rows = list(rows)
@@ -344,12 +344,12 @@ class StateQuery:
         keys = [encode_key(tuple([row[i] for i in self.key_idx])) for row in rows]
         distinct = list(dict.fromkeys(keys))
         client = connect(self.redis_url)
-        keyspace = self.keyspace
         found: dict[str, Any] = {}
         try:
+            keyspace = with_stored_layout(client, self.keyspace)
             for start in range(0, len(distinct), QUERY_CHUNK):
                 chunk = distinct[start : start + QUERY_CHUNK]
-                _txid, values = query_committed(client, keyspace, self.state_name, chunk)
+                _txid, values = query_state(client, keyspace, self.state_name, chunk)
                 found.update(zip(chunk, values, strict=True))
         finally:
             client.close()

@@ -1,0 +1,239 @@
+"""State shards: one pipeline's map states spread over many Redis Cluster slots.
+
+With ``KeySpace.shards`` = N > 1, every map state is split into N hashes by the CRC-32 of
+the encoded key (``KeySpace.shard_index``), each under its own hash tag (``KeySpace.shard``).
+The ledger stays in the pipeline's own slot and its mark is still the commit point; what
+changes is how writes are fenced, since a Lua script cannot read keys of another slot:
+
+1. ``BEGIN_COMMIT`` in the ledger hands the attempt its token (ordering checked there).
+2. ``claim_shards``: the attempt claims every shard (``CLAIM_SHARD``: refused if a newer
+   attempt of the txid, or a later txid, holds it), which writes the txid's ``committed``
+   predecessor and the token into the shard's fence hash. From then on, in that shard, the
+   unchanged fenced scripts (FENCED_HSET, APPLY_NUMERIC, DROP_TOMBSTONES) check the fence hash
+   as they would the ledger: a superseded attempt is refused on each shard before the newer
+   one writes there. A reset is caught the same way (each shard keeps a copy of the
+   generation, set by ``ensure_shards`` and by every reset).
+3. Every shard's writes, in parallel if the caller likes (each shard is a slot of its own).
+4. ``MARK_COMMITTED`` in the ledger, last and atomic, as without shards.
+5. ``settle_shards``: each shard closed to the txid and its written-sets deleted (best effort:
+   the next txid's claim deletes what a crash left).
+
+A reader gets a consistent view without a cross-slot snapshot: values carry ``[txid, curr,
+prev]``, so reading the ledger's committed txid C before and after the values, and retrying
+if it moved, leaves only values of txid <= C+1, each resolved to its value as of C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
+from typing import Any, TypeVar
+
+import redis
+
+from state.backing import Fence
+from state.errors import StateError
+from state.keys import KeySpace
+from state.maps import StoredValue
+from state.redis_backing import RedisBackingMap, query_committed
+from state.scripts import CLAIM_SHARD, SETTLE_SHARD
+
+SHARDS_FIELD = "state_shards"
+"""Ledger field recording the pipeline's shard count (absent: 1, or nothing committed yet)."""
+
+T = TypeVar("T")
+
+
+def split_by_shard(
+    keyspace: KeySpace, items: Sequence[T], key: Callable[[T], str]
+) -> list[list[T]]:
+    """``items`` grouped by the shard of ``key(item)``, in their order within each group."""
+    groups: list[list[T]] = [[] for _ in range(keyspace.shards)]
+    if not keyspace.sharded:
+        groups[0] = list(items)
+        return groups
+    index = keyspace.shard_index
+    for item in items:
+        groups[index(key(item))].append(item)
+    return groups
+
+
+class ShardedRedisBackingMap:
+    """BackingMap over the N shard hashes of one state. Each shard's write is fenced by the
+    shard's fence (claimed first, see ``claim_shards``); a multi_put is atomic per shard and
+    chunk, not across shards: the ledger mark is what makes a commit visible."""
+
+    def __init__(self, client: redis.Redis, keyspace: KeySpace, state_name: str) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.state_name = state_name
+        self.shards = [
+            RedisBackingMap(client, keyspace.shard(i), state_name) for i in range(keyspace.shards)
+        ]
+
+    def multi_get(self, keys: Sequence[str]) -> list[Any | None]:
+        positions = split_by_shard(self.keyspace, range(len(keys)), lambda i: keys[i])
+        out: list[Any | None] = [None] * len(keys)
+        for shard, where in zip(self.shards, positions, strict=True):
+            if where:
+                for i, value in zip(where, shard.multi_get([keys[i] for i in where]), strict=True):
+                    out[i] = value
+        return out
+
+    def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
+        groups = split_by_shard(self.keyspace, items, lambda item: item[0])
+        for shard, group in zip(self.shards, groups, strict=True):
+            if group:
+                shard.multi_put(group, fence)
+
+    def keys_written_in(self, txid: int) -> set[str]:
+        return set().union(*(shard.keys_written_in(txid) for shard in self.shards))
+
+    def count_written_in(self, txid: int) -> int:
+        return sum(shard.count_written_in(txid) for shard in self.shards)
+
+    def scan_items(self) -> Iterator[tuple[str, Any]]:
+        return chain.from_iterable(shard.scan_items() for shard in self.shards)
+
+    def drop_tombstones(self, txid: int | None, keys: Sequence[str], generation: str = "") -> int:
+        groups = split_by_shard(self.keyspace, keys, lambda key: key)
+        return sum(
+            shard.drop_tombstones(txid, group, generation)
+            for shard, group in zip(self.shards, groups, strict=True)
+            if group
+        )
+
+    def count(self) -> int:
+        return sum(shard.count() for shard in self.shards)
+
+
+def stored_shards(client: redis.Redis, keyspace: KeySpace) -> int | None:
+    """The shard count the pipeline's state was written with (None: nothing says yet)."""
+    raw = client.hget(keyspace.ledger, SHARDS_FIELD)
+    if raw is None:
+        committed = int(client.hget(keyspace.ledger, "committed") or 0)
+        return 1 if committed > 0 else None  # committed before shards existed: one
+    return int(raw)
+
+
+def with_stored_layout(client: redis.Redis, keyspace: KeySpace) -> KeySpace:
+    """``keyspace`` with the shard count its pipeline's state is stored with (readers must
+    use this one: a wrong count would read empty hashes, silently)."""
+    shards = stored_shards(client, keyspace) or keyspace.shards
+    if shards == keyspace.shards:
+        return keyspace
+    return KeySpace(keyspace.pipeline, keyspace.namespace, keyspace.prefix, shards)
+
+
+def check_layout(client: redis.Redis, keyspace: KeySpace, configured: int) -> int:
+    """The stored shard count (``configured`` if none yet); StateError (one line) if the
+    pipeline's state is stored with another count than ``configured``. Reads only."""
+    stored = stored_shards(client, keyspace) or configured
+    if stored != configured:
+        raise StateError(
+            f"pipeline {keyspace.pipeline}'s state is stored in {stored} shard(s) but this run "
+            f"asks for {configured} (state_shards / TRIDENTFLOW_STATE_SHARDS): keep "
+            f"{stored}, or reset the pipeline to change it"
+        )
+    return stored
+
+
+def ensure_shards(
+    client: redis.Redis, keyspace: KeySpace, configured: int, generation: str
+) -> None:
+    """Before a commit writes with ``keyspace``: record the ``configured`` shard count in the
+    ledger on first use; StateError (one line) if the state is stored with another count, or
+    if ``keyspace`` was read before a reset changed it. Gives every shard the generation if it
+    has none. Idempotent."""
+    if stored_shards(client, keyspace) is None:
+        client.hsetnx(keyspace.ledger, SHARDS_FIELD, configured)
+    stored = check_layout(client, keyspace, configured)
+    if keyspace.shards != stored:
+        raise StateError(
+            f"pipeline {keyspace.pipeline}'s state moved to {stored} shard(s) (a reset) since "
+            f"this step read {keyspace.shards}: run the step again"
+        )
+    if keyspace.sharded and generation:
+        for i in range(keyspace.shards):
+            client.set(keyspace.shard(i).generation, generation, nx=True)
+
+
+def set_shard_generations(client: redis.Redis, keyspace: KeySpace, generation: str) -> None:
+    """Give every shard ``generation`` (a reset: from now on a step of the old one is refused
+    on every shard too)."""
+    for i in range(keyspace.shards if keyspace.sharded else 0):
+        client.set(keyspace.shard(i).generation, generation)
+
+
+def claim_shards(
+    client: redis.Redis, keyspace: KeySpace, state_names: Iterable[str], fence: Fence
+) -> None:
+    """Claim every shard for the commit attempt ``fence`` (CLAIM_SHARD), before it writes in
+    any: FencedError if a newer attempt (or txid) holds one, GenerationError after a reset."""
+    names = list(state_names)
+    for i in range(keyspace.shards if keyspace.sharded else 0):
+        space = keyspace.shard(i)
+        stale = [space.written(name, fence.txid - 1) for name in names]
+        keys = [space.fence, space.generation, *stale]
+        CLAIM_SHARD(client, keys, [fence.txid, fence.token, fence.generation])
+
+
+def settle_shards(
+    client: redis.Redis, keyspace: KeySpace, state_names: Iterable[str], txid: int
+) -> None:
+    """After the mark: close every shard to ``txid`` and drop its written-sets."""
+    names = list(state_names)
+    for i in range(keyspace.shards if keyspace.sharded else 0):
+        space = keyspace.shard(i)
+        keys = [space.fence, *(space.written(name, txid) for name in names)]
+        SETTLE_SHARD(client, keys, [txid])
+
+
+def query_sharded(
+    client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str], tries: int = 20
+) -> tuple[int, list[Any]]:
+    """Committed values of ``keys`` of a sharded state and the committed txid C they reflect:
+    the ledger read before and after the values must agree (else read again), so every value
+    is of txid <= C+1 and resolves to its value as of C."""
+    backing = ShardedRedisBackingMap(client, keyspace, state_name)
+    for _ in range(tries):
+        before = int(client.hget(keyspace.ledger, "committed") or 0)
+        raws = backing.multi_get(keys)
+        after = int(client.hget(keyspace.ledger, "committed") or 0)
+        if before == after:
+            return before, [
+                None
+                if raw is None
+                else StoredValue.from_json(raw, key, state_name).committed_view(before)
+                for key, raw in zip(keys, raws, strict=True)
+            ]
+    raise StateError(
+        f"state {state_name} of pipeline {keyspace.pipeline} kept moving during {tries} reads "
+        "(a commit per read): query again"
+    )
+
+
+def query_state(
+    client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str]
+) -> tuple[int, list[Any]]:
+    """Committed values of ``keys`` (None where absent) and the committed txid they reflect,
+    sharded or not (``keyspace`` must have the stored layout: ``with_stored_layout``)."""
+    if keyspace.sharded:
+        return query_sharded(client, keyspace, state_name, keys)
+    return query_committed(client, keyspace, state_name, keys)
+
+
+__all__ = [
+    "SHARDS_FIELD",
+    "ShardedRedisBackingMap",
+    "check_layout",
+    "claim_shards",
+    "ensure_shards",
+    "query_sharded",
+    "query_state",
+    "set_shard_generations",
+    "settle_shards",
+    "split_by_shard",
+    "stored_shards",
+    "with_stored_layout",
+]
