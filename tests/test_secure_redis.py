@@ -99,6 +99,27 @@ def test_an_acl_user_runs_its_pipeline_and_cannot_touch_another(tf, acl_server, 
     assert not any(USER_PASSWORD in text or secure_redis.ADMIN_PASSWORD in text for text in outputs)
 
 
+def test_an_acl_user_runs_a_stream_pipeline_with_the_printed_line(tf, acl_server, tmp_path):
+    """`tridentflow acl wordcount-stream` adds the streams' keys and the stream commands:
+    produce, run (with state shards), query, audit, trim and reset --source all run; the
+    other stream pipeline's streams are refused."""
+    printed = tf("acl", "wordcount-stream").stdout.split()
+    admin = acl_server.admin()
+    admin.execute_command("ACL", "SETUSER", "tf-ws", "reset", "on", f">{USER_PASSWORD}", *printed)
+    env = {"TRIDENTFLOW_REDIS_URL": acl_server.url("tf-ws", USER_PASSWORD),
+           "TRIDENTFLOW_HOME": str(tmp_path / "h"), "TRIDENTFLOW_STATE_SHARDS": "2"}  # fmt: skip
+    produce_and_run(tf, "wordcount-stream", env)
+    assert query_seed(tf, "wordcount-stream", env) == SEED_COUNTS
+    for step in (("audit", "wordcount-stream"), ("trim", "wordcount-stream"),
+                 ("reset", "wordcount-stream", "--yes", "--source")):  # fmt: skip
+        proc = tf(*step, env=env)
+        assert proc.returncode == 0, (step, proc.stderr)
+    assert not admin.exists("tridentflow:wordcount-stream:p0")
+    refused = tf("produce", "wordcount-stream-tx", "-", input="a b\n", env=env)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert not admin.exists("tridentflow:wordcount-stream-tx:p0")
+
+
 def test_a_missing_command_permission_is_named(tf, acl_server, tmp_path):
     """A user whose ACL lacks one command tridentflow needs: the error names the command, and
     the committed state is untouched."""

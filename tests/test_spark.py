@@ -47,6 +47,28 @@ def test_spark_engine_matches_the_local_reference(spark, tmp_path):
     assert len(local.bad) >= 8
 
 
+def test_spark_reads_redis_streams_like_the_local_engine(
+    spark, redis_url, redis_client, home, monkeypatch
+):
+    """Spark's read tasks open the stream log from its locator (their own Redis connection);
+    a range split over several tasks skips inside the batch by ordinal."""
+    from tridentflow.engines import spark as spark_engine
+
+    rt = runtime("wordcount-stream", redis_url, home)
+    rt.ledger.reset(force=True)
+    for p in range(4):
+        redis_client.delete(f"tridentflow:wordcount-stream:p{p}")
+    lines = sentences(320, seed=12)
+    rt.log.append_fields_spread([{"sentence": s} for s in lines])
+    ranges = {p: (3, h) for p, h in rt.log.scan().heads.items()}
+    local = LocalEngine().compute(rt.plan, rt.log.locator, ranges)
+    monkeypatch.setattr(spark_engine, "task_records", lambda plan: 17)  # ranges split in tasks
+    on_spark = SparkEngine(spark).compute(rt.plan, rt.log.locator, ranges)
+    assert on_spark.counts == local.counts
+    assert dict(on_spark.partials["counts"]) == dict(local.partials["counts"])
+    assert sum(c.n for c in local.counts.values()) == len(lines) - 12
+
+
 def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
     spark, tmp_path, monkeypatch
 ):
@@ -223,6 +245,13 @@ def test_spark_connect_runs_every_pipeline_like_the_local_engine(connect_url, tf
         f"{w}\t{n}" for w, n in SEED_COUNTS.items()
     ]
     assert tf("audit", "wordcount").stdout.strip() == "lost=0 doubled=0"
+    # Redis Streams read by the Connect server's Python workers
+    tf("produce", "wordcount-stream", "-", input="\n".join(SEED_SENTENCES) + "\n")
+    run = tf("run", "wordcount-stream", "--remote", connect_url, "--batch-size", "2")
+    assert run.returncode == 0, run.stderr
+    assert tf("query", "wordcount-stream", *SEED_COUNTS).stdout.splitlines() == [
+        f"{w}\t{n}" for w, n in SEED_COUNTS.items()
+    ]
 
     lines = [*sentences(300, seed=3), "a BOOM b", *sentences(40, seed=4)]
     tf("produce", "tests.pipelines:folds", "-", input="\n".join(lines) + "\n")

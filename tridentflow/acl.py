@@ -10,6 +10,8 @@ channels are granted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from state.keys import KeySpace
 
 COMMANDS = (
@@ -54,18 +56,41 @@ CLUSTER_COMMANDS = (
 """What a user needs in addition on a Redis Cluster (set on every node: ACLs are per node)."""
 
 
-def rules(pipeline: str, namespace: str = "", cluster: bool = False) -> str:
+STREAM_COMMANDS = (
+    "xadd",  # produce
+    "xrange",  # every read
+    "xinfo|stream",  # heads, and the checks against trimming and recreation
+    "xtrim",  # trim
+    "hkeys",  # the ordinal index: the nearest indexed ordinal, and trim
+    "hdel",  # trim: index entries below the committed position
+)
+"""What a pipeline reading Redis Streams needs in addition."""
+
+
+def rules(
+    pipeline: str, namespace: str = "", cluster: bool = False, streams: Sequence[str] = ()
+) -> str:
     """The ACL rules (for ``ACL SETUSER name on >password <rules>``) that let a user run one
-    pipeline and nothing else (``cluster``: on a Redis Cluster)."""
+    pipeline and nothing else (``cluster``: on a Redis Cluster; ``streams``: the keys of the
+    Redis streams it reads)."""
     keys = KeySpace(pipeline, namespace)
-    commands = COMMANDS + (CLUSTER_COMMANDS if cluster else ())
+    commands = (
+        COMMANDS + (CLUSTER_COMMANDS if cluster else ()) + (STREAM_COMMANDS if streams else ())
+    )
     return " ".join(
-        ["resetkeys", f"~{keys.acl_pattern}", f"~{keys.shard_acl_pattern}", "resetchannels"]
-        + ["-@all"]
+        ["resetkeys", f"~{keys.acl_pattern}", f"~{keys.shard_acl_pattern}"]
+        + [f"~{stream}" for stream in streams]
+        + ["resetchannels", "-@all"]
         + [f"+{command}" for command in commands]
     )
 
 
-def setuser_line(pipeline: str, user: str, namespace: str = "", cluster: bool = False) -> str:
+def setuser_line(
+    pipeline: str,
+    user: str,
+    namespace: str = "",
+    cluster: bool = False,
+    streams: Sequence[str] = (),
+) -> str:
     """The whole ``ACL SETUSER`` command, with a placeholder for the password."""
-    return f"ACL SETUSER {user} on >PASSWORD {rules(pipeline, namespace, cluster)}"
+    return f"ACL SETUSER {user} on >PASSWORD {rules(pipeline, namespace, cluster, streams)}"

@@ -20,6 +20,7 @@ from typing import Any
 from state.maps import REMOVE, StoredValue
 from tridentflow.aggregators import absent_value, apply_staged
 from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import PartitionUnavailable
 from tridentflow.plan import compile_pipeline
 from tridentflow.runtime import Runtime
 
@@ -74,6 +75,11 @@ def audit(rt: Runtime) -> AuditReport:
                 f"unavailable: its head {scan.heads[partition]} is behind the committed offset "
                 f"{end}"
             )
+        else:
+            try:  # everything from offset 0 still there (a trimmed stream is not)
+                rt.log.probe(partition, 0, end)
+            except PartitionUnavailable as exc:
+                report.unreadable[partition] = exc.reason
     if report.unreadable:
         report.unaudited = list(rt.pipeline.states)
         return report

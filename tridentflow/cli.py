@@ -9,6 +9,7 @@
     tridentflow audit PIPELINE [--json]
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
+    tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--verbose]
                       [--remote sc://HOST:PORT]
     tridentflow spark-connect [--port P] [--master M] [--stop]
@@ -38,11 +39,12 @@ import redis
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.pipeline import Guarantee, Pipeline
+from tridentflow.pipeline import Guarantee, Pipeline, RedisStreamSource
 from tridentflow.redisconn import resolve_redis_url, scrubbed
-from tridentflow.registry import load_pipeline
+from tridentflow.registry import EXAMPLES, load_pipeline
 from tridentflow.runtime import Runtime, resolve_home
 from tridentflow.sources.filelog import FileLog, encode_record
+from tridentflow.sources.redisstream import RedisStreamLog, stream_entry
 
 EXIT_ERROR = 1
 EXIT_AUDIT_FAILED = 3
@@ -146,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
 
+    p = sub.add_parser("trim", help="remove stream entries up to the committed position")
+    p.add_argument("pipeline")
+    _common(p)
+
     p = sub.add_parser("acl", help="print the Redis ACL rules a user needs for one pipeline")
     p.add_argument("pipeline")
     p.add_argument("--user", help="print a whole ACL SETUSER line for this user")
@@ -237,8 +243,29 @@ def _records(pipeline: Pipeline, path: str, as_json: bool) -> list[str]:
     return records
 
 
+def _produce_stream(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -> int:
+    """XADD every line (or JSON record) of the file round robin to the pipeline's streams."""
+    if args.partitions:
+        raise TridentflowError("--partitions: a stream source's partitions are its streams")
+    fields = pipeline.source.fields
+    entries = []
+    for i, line in enumerate(_records(pipeline, args.file, args.json)):  # all checked first
+        entries.append(stream_entry(json.loads(line), fields, f"record {i + 1}"))
+    rt = _runtime(args, pipeline)
+    log = rt.log
+    added = log.append_fields_spread(entries)
+    scan = log.scan()
+    out.write(
+        f"added {len(entries)} entries to the streams of {pipeline.name} "
+        f"({len(added)} of {log.partitions()} streams; {sum(scan.heads.values())} ever added)\n"
+    )
+    return 0
+
+
 def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     pipeline = load_pipeline(args.pipeline)
+    if isinstance(pipeline.source, RedisStreamSource):
+        return _produce_stream(args, pipeline, out)
     log = FileLog(resolve_home(args.home) / "sources" / pipeline.name)
     records = _records(pipeline, args.file, args.json)  # every record checked first
     current = log.partitions() if log.exists() else 0
@@ -456,13 +483,32 @@ def cmd_reset(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args, pipeline)
     deleted = rt.ledger.reset(force=args.force)
     shutil.rmtree(rt.staging_root, ignore_errors=True)
-    if args.source:
+    if args.source and isinstance(rt.log, RedisStreamLog):
+        rt.log.delete()
+    elif args.source:
         shutil.rmtree(rt.log.root, ignore_errors=True)
     out.write(
         f"reset {pipeline.name}: {deleted} Redis keys deleted"
         + (", source log deleted" if args.source else "")
         + "\n"
     )
+    return 0
+
+
+def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
+    rt = _runtime(args)
+    if not isinstance(rt.log, RedisStreamLog):
+        raise TridentflowError(
+            f"pipeline {rt.pipeline.name} reads a file log: trim applies to Redis Streams"
+        )
+    committed = rt.ledger.committed_offsets()
+    removed = rt.log.trim(committed)
+    for partition, n in sorted(removed.items()):
+        out.write(
+            f"{rt.log.stream_keys[partition]}: {n} entries removed (up to ordinal "
+            f"{committed[partition]}, committed)\n"
+        )
+    out.write(f"trimmed {sum(removed.values())} committed entries of {rt.pipeline.name}\n")
     return 0
 
 
@@ -522,10 +568,19 @@ def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow.runtime import resolve_namespace
 
     namespace = resolve_namespace(args.namespace)
-    if args.user:
-        out.write(acl.setuser_line(args.pipeline, args.user, namespace, args.cluster) + "\n")
+    streams: list[str] = []
+    if args.pipeline in EXAMPLES or ":" in args.pipeline:  # a known pipeline: its streams too
+        pipeline = load_pipeline(args.pipeline)
+        if isinstance(pipeline.source, RedisStreamSource):
+            streams = pipeline.source.stream_keys(pipeline.name)
+        name = pipeline.name
     else:
-        out.write(acl.rules(args.pipeline, namespace, args.cluster) + "\n")
+        name = args.pipeline
+    if args.user:
+        line = acl.setuser_line(name, args.user, namespace, args.cluster, streams)
+    else:
+        line = acl.rules(name, namespace, args.cluster, streams)
+    out.write(line + "\n")
     return 0
 
 
@@ -549,6 +604,7 @@ COMMANDS = {
     "audit": cmd_audit,
     "quarantine": cmd_quarantine,
     "reset": cmd_reset,
+    "trim": cmd_trim,
     "chaos": cmd_chaos,
     "spark-connect": cmd_spark_connect,
     "dev-redis": cmd_dev_redis,

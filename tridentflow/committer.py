@@ -6,14 +6,18 @@
    Redis); a no-op if txid is already committed; otherwise a new fencing token.
 2. Loads the newest staged emit attempt and verifies it (checksums, record counts per partition:
    a partial batch fails here) and that it starts where the committed offsets stand.
-3. Applies every key's partial with the state's rule (transactional / opaque / non-
-   transactional), in chunks; every write is fenced, so a superseded attempt cannot land.
-   The built-in numeric combiners (Count, Sum, Min, Max, Mean) are applied inside Redis, one
-   script call per chunk (state.numeric); any other Combiner, Reducer or updater in Python.
+3. With state shards, checks the stored shard count and claims every shard for this attempt
+   (state.shards). Applies every key's partial with the state's rule (transactional / opaque /
+   non-transactional), in chunks; every write is fenced (by the ledger, or by the shard's
+   claim), so a superseded attempt cannot land. The built-in numeric combiners (Count, Sum,
+   Min, Max, Mean) are applied inside Redis, one script call per chunk and shard
+   (state.numeric), the shards in parallel threads while the next chunk is read; any other
+   Combiner, Reducer or updater in Python.
 4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks, and
    records the batch's bad records in the quarantine (fenced too).
 5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
-   after every key is written. A crash anywhere before this replays safely.
+   after every key is written. A crash anywhere before this replays safely. Then the shards
+   are settled and the keys the txid removed dropped (both best effort).
 """
 
 from __future__ import annotations

@@ -103,6 +103,30 @@ class LogSource:
 
 
 @dataclass(frozen=True)
+class RedisStreamSource(LogSource):
+    """Redis Streams, one per partition (see tridentflow.sources.redisstream), on the Redis
+    the pipeline's state lives in. ``streams`` names partition P's stream; entries carry the
+    source's ``fields`` by name (``XADD key * sentence "..."``); ``batch_size`` entries at
+    most per partition and txid."""
+
+    streams: str = "tridentflow:{pipeline}:p{partition}"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            self.stream_keys("pipeline")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise PipelineError(
+                f"streams {self.streams!r} must name {{pipeline}} and {{partition}}: {exc}"
+            ) from None
+        if len(set(self.stream_keys("p"))) != self.partitions:
+            raise PipelineError(f"streams {self.streams!r} must name {{partition}}")
+
+    def stream_keys(self, pipeline: str) -> list[str]:
+        return [self.streams.format(pipeline=pipeline, partition=p) for p in range(self.partitions)]
+
+
+@dataclass(frozen=True)
 class StateSpec:
     name: str
     kind: StateKind = StateKind.OPAQUE

@@ -15,7 +15,7 @@ from state.redis_backing import RedisBackingMap
 from state.shards import ShardedRedisBackingMap, check_layout, stored_shards
 from tridentflow.errors import PartitionUnavailable, TridentflowError
 from tridentflow.faults import FaultPlan
-from tridentflow.pipeline import Pipeline
+from tridentflow.pipeline import Pipeline, RedisStreamSource
 from tridentflow.plan import Plan, compile_pipeline
 from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps import)
     DEFAULT_REDIS_URL,
@@ -28,6 +28,7 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
 )
 from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import FileLog
+from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.staging import StagingArea
 
 HOME_ENV = "TRIDENTFLOW_HOME"
@@ -158,7 +159,13 @@ class Runtime:
         return self.ledger.keys
 
     @cached_property
-    def log(self) -> FileLog:
+    def log(self) -> FileLog | RedisStreamLog:
+        """The pipeline's source log: its file log under the home, or its Redis streams."""
+        source = self.pipeline.source
+        if isinstance(source, RedisStreamSource):
+            keyspace = KeySpace(self.pipeline.name, self.namespace)
+            streams = source.stream_keys(self.pipeline.name)
+            return RedisStreamLog(self.client, self.redis_url, keyspace, streams)
         return FileLog(self.home / "sources" / self.pipeline.name)
 
     @property

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SEED_SENTENCES
+from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import runtime, sentences, word_counts
 from tridentflow import devredis
 from tridentflow.audit import audit
@@ -92,6 +92,12 @@ def test_batch_operation_examples_under_airflow(af_env, redis_url, home):
     dags_test(af_env, dag="tridentflow_wordcount_drpc")
     answers = query(drpc, drpc.pipeline.states["answers"], [("how are you",), ("you nope",)])
     assert drpc.ledger.committed_txid() == 2 and answers[1] == [4, 2]
+
+    stream = runtime("wordcount-stream", redis_url, home)  # executors read Redis Streams
+    stream.log.append_spread(SEED_SENTENCES)
+    dags_test(af_env, dag="tridentflow_wordcount_stream")
+    _txid, values = query(stream, stream.pipeline.states["counts"], [(w,) for w in SEED_COUNTS])
+    assert values == list(SEED_COUNTS.values())
 
 
 def test_emits_through_a_spark_connect_connection(af_env, redis_url, home, connect_url):

@@ -27,6 +27,7 @@ EXPECTED_DAGS = {
     "tridentflow_wordcount_continuous": "@continuous",
     "tridentflow_user_scores": None,
     "tridentflow_wordcount_drpc": None,
+    "tridentflow_wordcount_stream": None,
 }
 CONSUMER_DAG = "tridentflow_wordcount_consumer"
 

@@ -26,7 +26,7 @@ from tridentflow.plan import (
     bad_record,
     decode_record,
 )
-from tridentflow.sources.filelog import FileLog
+from tridentflow.sources import is_file_log, open_log
 
 TASK_RECORDS = 50_000
 """Records per read task when the plan has edges: a task holds every tuple its records make
@@ -167,13 +167,13 @@ def read_task(
     decode_row = plan.decoder
     bad: list[BadRecord] = []
     n, first, last = 0, None, None
-    if start < end and not os.path.isdir(log_root):
+    if start < end and is_file_log(log_root) and not os.path.isdir(log_root):
         raise SourceError(
             f"the source log {log_root} is not visible on this Spark executor (host "
             f"{socket.gethostname()}): TRIDENTFLOW_HOME must be on storage every Spark worker "
             "mounts at the same path"
         )
-    for offset, raw in FileLog(log_root).read_raw(partition, start, end):
+    for offset, raw in open_log(log_root).read_raw(partition, start, end):
         n += 1
         first = offset if first is None else first
         last = offset

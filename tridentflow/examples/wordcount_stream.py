@@ -1,0 +1,36 @@
+"""The word count over Redis Streams (issue 13): sentences XADDed to the streams
+``tridentflow:wordcount-stream:p0`` .. ``p3`` (field ``sentence``) - by ``tridentflow produce
+wordcount-stream FILE`` (round robin) or by any producer - counted into an opaque state.
+
+The source is opaque: a stream that is missing or unreadable is skipped for a txid and caught
+up later, like a dark partition. ``wordcount-stream-tx`` reads the same kind of streams
+transactionally (each txid's ID ranges frozen in its batch metadata)."""
+
+from __future__ import annotations
+
+from state.maps import StateKind
+from tridentflow.aggregators import Count
+from tridentflow.examples.wordcount import split
+from tridentflow.pipeline import Pipeline, RedisStreamSource, SourceMode, StateSpec
+
+
+def _wordcount_stream(name: str, mode: SourceMode) -> Pipeline:
+    pipeline = Pipeline(
+        name,
+        RedisStreamSource(fields=("sentence",), mode=mode, partitions=4, batch_size=1000),
+        description=f"word count over {mode.value} Redis Streams into an opaque state",
+    )
+    (
+        pipeline.stream.each("sentence", split, "word")
+        .group_by("word")
+        .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+    )
+    return pipeline
+
+
+def wordcount_stream() -> Pipeline:
+    return _wordcount_stream("wordcount-stream", SourceMode.OPAQUE)
+
+
+def wordcount_stream_tx() -> Pipeline:
+    return _wordcount_stream("wordcount-stream-tx", SourceMode.TRANSACTIONAL)
