@@ -134,6 +134,7 @@ class MapState(ABC):
         self._txid: int | None = None
         self._fence: Fence | None = None
         self._written_now: dict[str, StoredValue] = {}
+        self._reached_now: dict[str, StoredValue] = {}
         self._in_batch: set[str] = set()
         self._in_batch_elsewhere = 0
         self._batch_keys: Callable[[], Iterable[str]] | None = None
@@ -154,6 +155,7 @@ class MapState(ABC):
         self._txid = None
         self._fence = None
         self._written_now = {}
+        self._reached_now = {}
         self._in_batch = set()
         self._in_batch_elsewhere = 0
         self._batch_keys = None
@@ -213,6 +215,8 @@ class MapState(ABC):
                     self._tombstones.discard(key)
             else:
                 results.append(None if stored is None else stored.curr)
+                if stored is not None:  # reached, nothing to write (already applied)
+                    self._reached_now[key] = stored
         if writes:
             self.backing.multi_put([(k, v.to_json()) for k, v in writes.items()], self._fence)
         return results
@@ -235,21 +239,28 @@ class MapState(ABC):
         self.multi_update(keys, [_const(REMOVE)] * len(keys))
 
     def multi_get(self, keys: Sequence[str]) -> list[Any]:
-        """The values ``keys`` have now, in this commit: what this commit wrote, else what
-        is stored (the txid rules' base, e.g. an opaque replay's ``prev``); None if absent.
-        For an updater that must read other keys than the one it updates."""
+        """The values ``keys`` have now, in this commit, for an updater that must read other
+        keys than the one it updates: a key this attempt has reached shows what it holds now
+        (written by this attempt, or already applied by an earlier one and skipped); any other
+        key shows its value before this txid - an earlier attempt's write of it does not count,
+        in either kind - so a replay reads exactly what the first attempt read at the same
+        point of the batch. None if absent."""
         txid = self.current_txid
         out: list[Any] = []
-        stored_now = self.read([k for k in keys if k not in self._written_now])
+        reached = self._written_now.keys() | self._reached_now.keys()
+        stored_now = self.read([k for k in keys if k not in reached])
         fetched = iter(stored_now)
         for key in keys:
             if key in self._written_now:
                 out.append(private(self._written_now[key].curr))
                 continue
+            if key in self._reached_now:
+                out.append(private(self._reached_now[key].curr))
+                continue
             stored = next(fetched)
             if stored is None:
                 out.append(None)
-            elif stored.txid == txid and self.kind is StateKind.OPAQUE:
+            elif stored.txid == txid and self.kind is not StateKind.NON_TRANSACTIONAL:
                 out.append(private(stored.prev))  # an earlier attempt's write does not count
             else:
                 out.append(private(stored.curr))

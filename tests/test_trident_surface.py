@@ -10,7 +10,7 @@ import pytest
 from state.codec import encode_key
 from tests.helpers import sentences, word_counts
 from tests.pipelines import keep_all
-from tridentflow import Count, LogSource, Pipeline, StateSpec, Sum
+from tridentflow import Count, LogSource, Pipeline, StateSpec, StateUpdater, Sum
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
@@ -296,3 +296,59 @@ def test_a_reducer_that_removes_keys_audits_clean(redis_url, redis_client, home)
     assert fields == {encode_key(("a",)), encode_key(("c",))}  # b was removed
     report = audit(rt)
     assert report.ok and report.keys == 2, report
+
+
+class SeenWithThe(StateUpdater):
+    """Per word: [times seen, what key "the" held when the commit reached this word] - an
+    updater that reads another key of its state during the commit (Trident's multiGet)."""
+
+    reads_state = True
+
+    def update(self, current, tuples, state):
+        the = state.get("the")
+        return [(current or [0])[0] + len(tuples), None if the is None else the[0]]
+
+
+def reading() -> Pipeline:
+    from tridentflow import SourceMode
+
+    p = Pipeline("reading", LogSource(fields=("sentence",), mode=SourceMode.TRANSACTIONAL))
+    words = p.stream.each("sentence", split, "word")
+    for kind in ("transactional", "opaque"):
+        words.partition_persist(StateSpec(kind, kind), SeenWithThe(), key_fields="word")
+    return p
+
+
+def test_an_updater_reads_other_keys_the_same_way_in_every_replay(redis_url, home, tmp_path):
+    """A commit that fails half-way, and one that fails before the mark, replay: every value
+    an updater stored from what it read equals the value of a run without faults."""
+    from tridentflow.driver import run_batches
+    from tridentflow.faults import FaultPlan, InjectedFault
+    from tridentflow.query import list_state
+    from tridentflow.runtime import connect
+
+    lines = [f"the {s}" if i % 3 else s for i, s in enumerate(sentences(200, seed=4))]
+    states = {}
+    for faults in ("", "mid-commit@2=raise,mid-commit@3=raise,before-ledger@4=raise"):
+        rt = Runtime(reading(), connect(redis_url), tmp_path / f"h{bool(faults)}",
+                     FaultPlan.parse(faults), namespace=f"r{bool(faults)}")  # fmt: skip
+        rt.ledger.reset(force=True)
+        rt.log.ensure(4)
+        rt.log.append_spread(lines)
+        for _ in range(5):
+            try:
+                run_batches(rt, LocalEngine(), batch_size=13)
+                break
+            except InjectedFault:
+                continue
+        assert rt.ledger.committed_txid() >= 4
+        states[faults] = {
+            kind: list_state(rt, rt.pipeline.states[kind], limit=10_000).items
+            for kind in ("transactional", "opaque")
+        }
+        counted = {k[0]: v[0] for k, v in states[faults]["opaque"]}
+        assert counted == word_counts(lines)
+        assert {v[1] for _k, v in states[faults]["opaque"]} - {None} != set()  # it read "the"
+    clean, faulted = states.values()
+    for kind in ("transactional", "opaque"):
+        assert sorted(map(str, faulted[kind])) == sorted(map(str, clean[kind]))

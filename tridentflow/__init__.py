@@ -14,6 +14,7 @@ from tridentflow.aggregators import (
     Min,
     Reducer,
     StateUpdater,
+    StateView,
     Sum,
 )
 from tridentflow.pipeline import (
@@ -48,6 +49,7 @@ __all__ = [
     "StateKind",
     "StateSpec",
     "StateUpdater",
+    "StateView",
     "Sum",
     "guarantee_of",
 ]

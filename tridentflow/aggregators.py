@@ -26,11 +26,11 @@ Aggregators must be deterministic and picklable (they are shipped to Spark execu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.codec import private, private_args
+from state.codec import encode_key, private, private_args
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,15 @@ class Aggregator(ABC):
 class StateUpdater(ABC):
     """A custom state update for ``partition_persist``: called once per key per txid. Return
     the key's new value, or ``tridentflow.REMOVE`` to remove the key (replay-safe; see
-    state.maps.REMOVE)."""
+    state.maps.REMOVE).
+
+    With ``reads_state = True`` it is called as ``update(current, tuples, state)``, ``state``
+    a ``StateView`` of the same state during the commit (Trident's ``multiGet`` from a
+    StateUpdater): ``state.get(*key)`` / ``state.multi_get(keys)`` read other keys - one Redis
+    round trip per call - as this commit attempt has left them so far, every key it has not
+    reached yet as of before the txid, so a replay reads what the first attempt read."""
+
+    reads_state: bool = False
 
     @abstractmethod
     def update(self, current: Any, tuples: list[tuple[Any, ...]]) -> Any: ...
@@ -112,6 +120,21 @@ class StateUpdater(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class StateView:
+    """What a StateUpdater with ``reads_state`` may read during a commit: other keys of the
+    state it updates (see StateUpdater). Keys are tuples of the group fields' values."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state  # a state.maps.MapState in its commit
+
+    def multi_get(self, keys: Sequence[Sequence[Any]]) -> list[Any]:
+        """The values of ``keys`` (None where absent), in one round trip."""
+        return self._state.multi_get([encode_key(tuple(k)) for k in keys])
+
+    def get(self, *key: Any) -> Any:
+        return self.multi_get([key])[0]
 
 
 @dataclass(frozen=True)
@@ -204,9 +227,10 @@ def guard(aggregator: Any) -> Any:
     return aggregator
 
 
-def apply_staged(persisted: Persistable, current: Any, staged: Any) -> Any:
+def apply_staged(persisted: Persistable, current: Any, staged: Any, view: Any = None) -> Any:
     """A key's new stored value from its current one and what the batch staged for it: a
-    Combiner's partial, or a Reducer's / StateUpdater's tuples in batch order."""
+    Combiner's partial, or a Reducer's / StateUpdater's tuples in batch order (``view``: the
+    StateView a StateUpdater with ``reads_state`` is handed)."""
     if isinstance(persisted, Combiner):
         return staged if current is None else persisted.combine(current, staged)
     tuples = [tuple(t) for t in staged]
@@ -215,6 +239,8 @@ def apply_staged(persisted: Persistable, current: Any, staged: Any) -> Any:
         for values in tuples:
             acc = persisted.reduce(acc, *values)
         return acc
+    if getattr(persisted, "reads_state", False):
+        return persisted.update(current, tuples, view)
     return persisted.update(current, tuples)
 
 

@@ -36,7 +36,16 @@ from state.maps import MapState, StateKind, make_map_state
 from state.numeric import apply_numeric
 from state.redis_backing import CHUNK, fenced_hset
 from state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
-from tridentflow.aggregators import Count, Max, Mean, Min, Persistable, Sum, apply_staged
+from tridentflow.aggregators import (
+    Count,
+    Max,
+    Mean,
+    Min,
+    Persistable,
+    StateView,
+    Sum,
+    apply_staged,
+)
 from tridentflow.errors import (
     IncompleteBatchError,
     NotReadyError,
@@ -70,10 +79,11 @@ class _ApplyStaged:
     staged: Any
     state: str
     key: str
+    view: StateView | None = None
 
     def __call__(self, old: Any) -> Any:
         try:
-            return apply_staged(self.persisted, old, self.staged)
+            return apply_staged(self.persisted, old, self.staged, self.view)
         except Exception as exc:
             raise StateUpdateError(
                 f"state {self.state}: {self.persisted!r} failed on key {self.key}: "
@@ -97,9 +107,10 @@ def in_redis_op(persisted: Persistable) -> str | None:
 
 
 def _apply_python(state: MapState, name: str, persisted: Persistable, chunk: Sequence) -> None:
+    view = StateView(state) if getattr(persisted, "reads_state", False) else None
     try:
         state.multi_update(
-            [k for k, _ in chunk], [_ApplyStaged(persisted, p, name, k) for k, p in chunk]
+            [k for k, _ in chunk], [_ApplyStaged(persisted, p, name, k, view) for k, p in chunk]
         )
     except KeyEncodingError as exc:  # a new value the store cannot write as JSON
         raise StateUpdateError(f"state {name}: {persisted!r} failed on {exc}") from exc
