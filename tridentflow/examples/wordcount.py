@@ -24,11 +24,14 @@ def split(sentence: str) -> Iterator[tuple[str]]:
 
 
 def _wordcount(name: str, mode: SourceMode) -> Pipeline:
-    pipeline = Pipeline(
-        name,
-        LogSource(fields=("sentence",), mode=mode, partitions=4, batch_size=1000),
-        description=f"word count over a {mode.value} source into an opaque state",
-    )
+    source = LogSource(fields=("sentence",), mode=mode, partitions=4, batch_size=1000)
+    return wordcount_over(name, source, f"word count over a {mode.value} source")
+
+
+def wordcount_over(name: str, source: LogSource, description: str) -> Pipeline:
+    """The word count (split, group by word, Count into an opaque state) over ``source``,
+    whose one field is ``sentence``."""
+    pipeline = Pipeline(name, source, description=f"{description} into an opaque state")
     (
         pipeline.stream.each("sentence", split, "word")
         .group_by("word")

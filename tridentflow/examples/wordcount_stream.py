@@ -8,24 +8,13 @@ transactionally (each txid's ID ranges frozen in its batch metadata)."""
 
 from __future__ import annotations
 
-from state.maps import StateKind
-from tridentflow.aggregators import Count
-from tridentflow.examples.wordcount import split
-from tridentflow.pipeline import Pipeline, RedisStreamSource, SourceMode, StateSpec
+from tridentflow.examples.wordcount import wordcount_over
+from tridentflow.pipeline import Pipeline, RedisStreamSource, SourceMode
 
 
 def _wordcount_stream(name: str, mode: SourceMode) -> Pipeline:
-    pipeline = Pipeline(
-        name,
-        RedisStreamSource(fields=("sentence",), mode=mode, partitions=4, batch_size=1000),
-        description=f"word count over {mode.value} Redis Streams into an opaque state",
-    )
-    (
-        pipeline.stream.each("sentence", split, "word")
-        .group_by("word")
-        .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
-    )
-    return pipeline
+    source = RedisStreamSource(fields=("sentence",), mode=mode, partitions=4, batch_size=1000)
+    return wordcount_over(name, source, f"word count over {mode.value} Redis Streams")
 
 
 def wordcount_stream() -> Pipeline:
