@@ -132,3 +132,25 @@ def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     )
     results = run_chaos(50, seed=0, redis_restarts=False)  # caught at schedule 6
     assert not results[-1].ok, "50 schedules did not expose a one-shard stray-key check"
+
+
+def test_fixed_seed_schedules_with_count_windows_are_exact():
+    """Count windows key on record positions, which depend on how records were batched:
+    every fault, outage and reset must still give each record one position."""
+    results = run_chaos(20, seed=3000, pipelines=("wordcount-windowed",))
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    assert len(results) == 20
+
+
+def test_the_harness_catches_positions_that_forget_a_skipped_partition(monkeypatch):
+    """The class 'keys that depend on batching': positions counted from the ranges read
+    only, so a batch that skips a dark partition reuses positions."""
+    import tridentflow.engines.local
+    from tridentflow.engines.tasks import split_ranges
+
+    monkeypatch.setattr(
+        tridentflow.engines.local, "split_ranges", lambda r, n, base=None: split_ranges(r, n)
+    )
+    results = run_chaos(50, seed=0, pipelines=("wordcount-windowed",), redis_restarts=False)
+    assert not results[-1].ok, "50 schedules did not expose positions reused across batches"

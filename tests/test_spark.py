@@ -69,6 +69,28 @@ def test_spark_reads_redis_streams_like_the_local_engine(
     assert sum(c.n for c in local.counts.values()) == len(lines) - 12
 
 
+def test_spark_gives_records_the_positions_the_local_engine_does(spark, tmp_path, monkeypatch):
+    """Count windows key on record positions: Spark's read tasks - a range split over
+    several - give every record the position the local engine does, from the batch's base."""
+    from tridentflow.engines import spark as spark_engine
+    from tridentflow.engines.base import ExecContext
+    from tridentflow.sources.filelog import FileLog
+
+    log = FileLog(tmp_path / "log")
+    log.ensure(3)
+    for p in range(3):
+        log.append(p, sentences(40, seed=p))
+    plan = compile_pipeline(load_pipeline("wordcount-windowed"))
+    ranges, ctx = {0: (2, 40), 1: (0, 35), 2: (5, 5)}, ExecContext(0, "", position_base=100)
+    local = LocalEngine().compute(plan, str(log.root), ranges, ctx)
+    monkeypatch.setattr(spark_engine, "task_records", lambda plan: 7)
+    on_spark = SparkEngine(spark).compute(plan, str(log.root), ranges, ctx)
+    for state in ("per_window", "sliding", "counts"):
+        assert dict(on_spark.partials[state]) == dict(local.partials[state]), state
+    windows = dict(local.partials["per_window"])
+    assert min(windows) == "[100]" and sum(windows.values()) == 38 + 35
+
+
 def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
     spark, tmp_path, monkeypatch
 ):
@@ -104,11 +126,16 @@ def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
 
 
 def test_split_ranges_bounds_task_size():
+    # (partition, start, end, position shift): positions 8.. for the records before (5 + 3)
     assert split_ranges({0: (5, 12), 1: (3, 3)}, task_records=3) == [
-        (0, 5, 8),
-        (0, 8, 11),
-        (0, 11, 12),
-        (1, 3, 3),  # an empty task: every partition read is a partition of the source stage
+        (0, 5, 8, 3),
+        (0, 8, 11, 3),
+        (0, 11, 12, 3),
+        (1, 3, 3, 12),  # an empty task: every partition read is a partition of the source stage
+    ]
+    assert split_ranges({0: (5, 7), 2: (1, 4)}, 10, position_base=9) == [
+        (0, 5, 7, 4),
+        (2, 1, 4, 10),
     ]
 
 

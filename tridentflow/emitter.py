@@ -156,7 +156,11 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         "next_positions": {str(p): v for p, v in sorted(next_positions.items())},
     }
     lose = rt.faults.armed("lose-tuple", txid, attempt) is not None
-    ctx = ExecContext(txid, rt.redis_url, lose_tuple=lose, namespace=rt.namespace)
+    # the records before this batch: every known partition's start, skipped ones included
+    base = sum(next_positions.values()) - sum(end - start for start, end in ranges.values())
+    ctx = ExecContext(
+        txid, rt.redis_url, lose_tuple=lose, namespace=rt.namespace, position_base=base
+    )
     result = engine.compute(rt.plan, str(rt.log.root), ranges, ctx)
     check_stages(txid, result.stages)
     check_bad_records(rt, txid, sum(c.n for c in result.counts.values()), len(result.bad))

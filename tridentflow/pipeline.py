@@ -90,12 +90,27 @@ class LogSource:
     mode: SourceMode = SourceMode.TRANSACTIONAL
     partitions: int = 4
     batch_size: int = 10_000
+    position_field: str | None = None
+    """If set, the source stream has one more field, after ``fields``: each record's position
+    in the source, 0, 1, 2, ... in the order records are committed (every earlier batch's
+    records, then this batch's partition by partition, offset by offset; see
+    engines.tasks.split_ranges). Unique and stable across replays: what count windows key
+    on (``Stream.tumbling_window(n, on=position_field)``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.fields))
         object.__setattr__(self, "mode", SourceMode(self.mode))
         if not self.fields:
             raise PipelineError("a source needs at least one field")
+        if self.position_field is not None and self.position_field in self.fields:
+            raise PipelineError(
+                f"position_field {self.position_field!r} is already a field of the source"
+            )
+
+    @property
+    def stream_fields(self) -> tuple[str, ...]:
+        """The source stream's fields: the records' fields, then the position if asked for."""
+        return self.fields + ((self.position_field,) if self.position_field else ())
         if self.partitions < 1:
             raise PipelineError(f"a source needs at least one partition, got {self.partitions}")
         if self.batch_size < 1:
@@ -195,6 +210,8 @@ class Scope(StrEnum):
 @dataclass(frozen=True, eq=False)
 class SourceNode:
     fields: tuple[str, ...]
+    position_field: str | None = None
+    """The source's position field (LogSource.position_field), last of ``fields``."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -331,7 +348,13 @@ class Persist:
     def batch_invariant(self) -> bool:
         """True if the state depends only on the records, not on how they were batched: then
         ``audit`` can recompute it from the whole source as one batch."""
-        return is_record_level(self.node) and not isinstance(self.aggregator, StateUpdater)
+        return (
+            is_record_level(self.node)
+            and not isinstance(self.aggregator, StateUpdater)
+            and not any(
+                isinstance(n, SourceNode) and n.position_field for n in lineage(self.node)
+            )  # positions depend on how records were batched
+        )
 
 
 def _name(function: Any) -> str:
@@ -437,6 +460,21 @@ class Stream:
         if not callable(function):
             raise PipelineError(f"each(): {function!r} is not callable")
         return self._op(Each(ins, function, outs), self.fields + outs)
+
+    def tumbling_window(self, size: int | float, on: str, out_field: str = "window") -> Stream:
+        """One tuple per record, with the start of its window of ``size`` on field ``on``
+        (event time, or the source's ``position_field`` for count windows) as ``out_field``.
+        Persist per window with ``.group_by(out_field).persistent_aggregate(...)``."""
+        return self.sliding_window(size, size, on, out_field)
+
+    def sliding_window(
+        self, size: int | float, slide: int | float, on: str, out_field: str = "window"
+    ) -> Stream:
+        """One tuple per window of ``size`` every ``slide`` that holds the record's ``on``
+        value (size / slide windows each), with that window's start as ``out_field``."""
+        from tridentflow.windows import Windows
+
+        return self.each(on, Windows(size, slide), out_field)
 
     def filter(self, in_fields: str | Sequence[str], predicate: Callable[..., Any]) -> Stream:
         ins = _fields(in_fields)
@@ -783,7 +821,7 @@ class Pipeline:
                 check_shards(self.state_shards)
             except ValueError as exc:
                 raise PipelineError(f"pipeline {self.name}: {exc}") from None
-        self._source_node = SourceNode(self.source.fields)
+        self._source_node = SourceNode(self.source.stream_fields, self.source.position_field)
 
     @property
     def stream(self) -> Stream:

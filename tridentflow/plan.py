@@ -225,6 +225,9 @@ class Plan:
     default_parallelism: int = 4
     stage_names: Mapping[Node, str] = field(default_factory=dict)
     """``Stream.name`` labels, by node."""
+    position: bool = False
+    """Whether the source stream carries each record's position (LogSource.position_field)
+    after the record's fields."""
 
     def edge_index(self, node: Node) -> int | None:
         for index, (edge_node, _expand) in enumerate(self.edges):
@@ -262,6 +265,7 @@ def compile_pipeline(pipeline: Pipeline, states: Collection[str] | None = None) 
         tuple(graph),
         pipeline.default_parallelism,
         dict(pipeline.stage_names),
+        pipeline.source.position_field is not None,
     )
 
 

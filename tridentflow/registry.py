@@ -20,6 +20,7 @@ EXAMPLES = {
     "wordcount-drpc": "tridentflow.examples.wordcount_drpc:wordcount_drpc",
     "mutating": "tridentflow.examples.mutating:mutating",
     "mutating-opaque": "tridentflow.examples.mutating:mutating_opaque",
+    "wordcount-windowed": "tridentflow.examples.windowed:wordcount_windowed",
     "wordcount-stream": "tridentflow.examples.wordcount_stream:wordcount_stream",
     "wordcount-stream-tx": "tridentflow.examples.wordcount_stream:wordcount_stream_tx",
 }

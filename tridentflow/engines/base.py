@@ -38,6 +38,9 @@ class ExecContext:
     """The ``lose-tuple`` fault: every target partition of the first exchange loses a tuple."""
     namespace: str = ""
     """The deployment's key namespace (state queries read keys under it)."""
+    position_base: int | None = None
+    """Records before this batch, every partition counted (positions of the records read
+    start there; see LogSource.position_field). None: the sum of the ranges' starts."""
 
 
 @dataclass(frozen=True)

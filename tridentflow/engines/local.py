@@ -27,7 +27,7 @@ class LocalEngine:
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
     ) -> ComputeResult:
         ctx = ctx or ExecContext(0, "")
-        tasks = split_ranges(ranges, task_records(plan))
+        tasks = split_ranges(ranges, task_records(plan), ctx.position_base)
         outputs = [read_task(log_root, plan, *task) for task in tasks]
         counts = merge_counts(ranges, ((o.partition, o.count) for o in outputs))
         bad = [b for o in outputs for b in o.bad]

@@ -37,6 +37,7 @@ from tridentflow.engines.frames import Frame, FrameBackend, chunk_rows, items_of
 from tridentflow.engines.graph import GraphBuilder
 from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.tasks import (
+    ReadTask,
     TaskOutput,
     build_states,
     merge_counts,
@@ -65,7 +66,7 @@ class SparkEngine:
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
     ) -> ComputeResult:
         ctx = ctx or ExecContext(0, "")
-        tasks = split_ranges(ranges, task_records(plan))
+        tasks = split_ranges(ranges, task_records(plan), ctx.position_base)
         if not tasks:  # nothing to read: no source partitions, nothing for executors
             return LocalEngine().compute(plan, log_root, ranges, ctx)
         if not plan.edges and not ctx.lose_tuple:  # lose-tuple is a fault in an exchange
@@ -129,7 +130,7 @@ class SparkEngine:
         return streams
 
     def _compute_direct(
-        self, plan: Plan, log_root: str, ranges: Ranges, tasks: list[tuple[int, int, int]]
+        self, plan: Plan, log_root: str, ranges: Ranges, tasks: list[ReadTask]
     ) -> ComputeResult | None:
         """A plan whose states are all fed straight by the source, in one Spark job: the read
         tasks' partials go to the driver, which combines them per key in task order - the
@@ -160,7 +161,7 @@ class SparkEngine:
         return ComputeResult(counts, states, bad, [])
 
     def _direct_results_arrow(
-        self, plan: Plan, log_root: str, tasks: list[tuple[int, int, int]], cap: int
+        self, plan: Plan, log_root: str, tasks: list[ReadTask], cap: int
     ) -> list[tuple]:
         """The read tasks' direct outputs through the DataFrame API (what Spark Connect
         has): ``range(n)`` in n partitions is one task index per Spark partition, each run
@@ -194,7 +195,7 @@ def _direct_task(
 
 
 def _read_tasks_arrow(
-    log_root: str, plan: Plan, cap: int, tasks: list[tuple[int, int, int]], batches: Iterator[Any]
+    log_root: str, plan: Plan, cap: int, tasks: list[ReadTask], batches: Iterator[Any]
 ) -> Iterator[Any]:
     """mapInArrow body: the direct output of each task whose index comes in, pickled."""
     import pyarrow as pa
@@ -223,7 +224,7 @@ partition ``part`` (the task's index)."""
 
 
 def _read_tasks_frames(
-    log_root: str, plan: Plan, tasks: list[tuple[int, int, int]], batches: Iterator[Any]
+    log_root: str, plan: Plan, tasks: list[ReadTask], batches: Iterator[Any]
 ) -> Iterator[Any]:
     """mapInArrow body: each task whose index comes in, as TASK_SCHEMA rows."""
     names = ("kind", "idx", "part", "seq", "n", "data")

@@ -44,15 +44,33 @@ def task_records(plan: Plan) -> int:
     return TASK_RECORDS if plan.edges else FOLD_TASK_RECORDS
 
 
-def split_ranges(ranges: Ranges, task_records: int = TASK_RECORDS) -> list[tuple[int, int, int]]:
+ReadTask = tuple[int, int, int, int]
+"""(partition, start, end, position shift): a read task; a record's position (see
+``LogSource.position_field``) is its offset plus the shift."""
+
+
+def split_ranges(
+    ranges: Ranges, task_records: int = TASK_RECORDS, position_base: int | None = None
+) -> list[ReadTask]:
     """The batch's read tasks: each range split every ``task_records`` records, and at least
     one task per partition read (an empty one too), so the source stage's partitions do not
-    depend on the engine."""
+    depend on the engine.
+
+    Positions: the records before the batch come first (``position_base``: every partition's
+    start, those skipped by an opaque batch too; by default the ranges' starts, offsets being
+    dense), then the batch's records partition by partition, offset by offset. So positions
+    are contiguous, never reused, and the same in every replay of a transactional batch (its
+    ranges are frozen); an opaque batch's are those of the attempt committed."""
     tasks = []
+    position = sum(start for start, _end in ranges.values())
+    if position_base is not None:
+        position = position_base
     for partition, (start, end) in sorted(ranges.items()):
-        tasks.append((partition, start, min(end, start + task_records)))
+        shift = position - start
+        tasks.append((partition, start, min(end, start + task_records), shift))
         for s in range(start + task_records, end, task_records):
-            tasks.append((partition, s, min(end, s + task_records)))
+            tasks.append((partition, s, min(end, s + task_records), shift))
+        position += max(0, end - start)
     return tasks
 
 
@@ -153,7 +171,13 @@ def _keys(pp: PersistPlan, outs: Iterable[Row]) -> list[tuple[Any, ...]]:
 
 
 def read_task(
-    log_root: str, plan: Plan, partition: int, start: int, end: int, defer: bool = True
+    log_root: str,
+    plan: Plan,
+    partition: int,
+    start: int,
+    end: int,
+    shift: int = 0,
+    defer: bool = True,
 ) -> TaskOutput:
     """Read [start, end) of one partition and run the record stage on it. Runs on Spark
     executors too.
@@ -165,6 +189,7 @@ def read_task(
     expands = [expand for _node, expand in plan.edges]
     edges: list[list[Row]] = [[] for _ in plan.edges]
     decode_row = plan.decoder
+    with_position = plan.position
     bad: list[BadRecord] = []
     n, first, last = 0, None, None
     if start < end and is_file_log(log_root) and not os.path.isdir(log_root):
@@ -179,6 +204,8 @@ def read_task(
         last = offset
         try:
             row = decode_row(decode_record(raw))
+            if with_position:
+                row += (offset + shift,)
             staged = [fold.stage(row) for fold in folds]
             edge_rows = [list(expand(row)) for expand in expands]
         except Exception as exc:
@@ -191,7 +218,7 @@ def read_task(
     try:
         partials = [fold.partials() for fold in folds]
     except KeyEncodingError:  # a deferred str key was bad: find its records
-        return read_task(log_root, plan, partition, start, end, defer=False)
+        return read_task(log_root, plan, partition, start, end, shift, defer=False)
     return TaskOutput(partition, PartitionCount(n, first, last), bad, partials, edges)
 
 
