@@ -33,7 +33,9 @@ def test_seed_word_count_through_the_cli(tf):
     assert (info["committed_txid"], info["lag"], info["pending"]) == (1, 0, [])
 
 
-@pytest.mark.parametrize("name", ["wordcount", "wordcount-opaque"])
+@pytest.mark.parametrize(
+    "name", ["wordcount", "wordcount-opaque", "wordcount-stream", "wordcount-stream-tx"]
+)
 @pytest.mark.parametrize("point", POINTS)
 def test_killed_at_every_fault_point_then_resumed_is_exact(tf, tmp_path, name, point):
     lines = sentences(25, seed=3)
