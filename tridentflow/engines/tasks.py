@@ -198,23 +198,29 @@ def read_task(
             f"{socket.gethostname()}): TRIDENTFLOW_HOME must be on storage every Spark worker "
             "mounts at the same path"
         )
-    for offset, raw in open_log(log_root).read_raw(partition, start, end):
-        n += 1
-        first = offset if first is None else first
-        last = offset
-        try:
-            row = decode_row(decode_record(raw))
-            if with_position:
-                row += (offset + shift,)
-            staged = [fold.stage(row) for fold in folds]
-            edge_rows = [list(expand(row)) for expand in expands]
-        except Exception as exc:
-            bad.append(bad_record(partition, offset, raw, exc))
-            continue
-        for fold, items in zip(folds, staged, strict=True):
-            fold.apply(items)
-        for rows, produced in zip(edges, edge_rows, strict=True):
-            rows.extend(produced)
+    log = open_log(log_root)
+    try:
+        for offset, raw in log.read_raw(partition, start, end):
+            n += 1
+            first = offset if first is None else first
+            last = offset
+            try:
+                row = decode_row(decode_record(raw))
+                if with_position:
+                    row += (offset + shift,)
+                staged = [fold.stage(row) for fold in folds]
+                edge_rows = [list(expand(row)) for expand in expands]
+            except Exception as exc:
+                bad.append(bad_record(partition, offset, raw, exc))
+                continue
+            for fold, items in zip(folds, staged, strict=True):
+                fold.apply(items)
+            for rows, produced in zip(edges, edge_rows, strict=True):
+                rows.extend(produced)
+    finally:
+        close = getattr(log, "close", None)  # a stream log's own connection
+        if close is not None:
+            close()
     try:
         partials = [fold.partials() for fold in folds]
     except KeyEncodingError:  # a deferred str key was bad: find its records

@@ -121,7 +121,16 @@ class RedisStreamLog:
 
         spec = json.loads(locator[len(LOCATOR_PREFIX) :])
         keyspace = KeySpace(spec["pipeline"], spec["namespace"])
-        return cls(connect(spec["url"]), spec["url"], keyspace, spec["streams"])
+        log = cls(connect(spec["url"]), spec["url"], keyspace, spec["streams"])
+        log._owns_client = True
+        return log
+
+    _owns_client = False
+
+    def close(self) -> None:
+        """Close the connection ``open`` made (a log handed its client leaves it alone)."""
+        if self._owns_client:
+            self.client.close()
 
     def index_key(self, partition: int) -> str:
         return f"{self.keyspace.base}:stream-index:{int(partition)}"
