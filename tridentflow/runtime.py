@@ -165,7 +165,7 @@ class Runtime:
         if isinstance(source, RedisStreamSource):
             keyspace = KeySpace(self.pipeline.name, self.namespace)
             streams = source.stream_keys(self.pipeline.name)
-            return RedisStreamLog(self.client, self.redis_url, keyspace, streams)
+            return RedisStreamLog(self.client, self.redis_url, keyspace, streams, source.fields)
         return FileLog(self.home / "sources" / self.pipeline.name)
 
     @property

@@ -92,12 +92,19 @@ class RedisStreamLog:
     connect with."""
 
     def __init__(
-        self, client: redis.Redis, url: str, keyspace: KeySpace, stream_keys: list[str]
+        self,
+        client: redis.Redis,
+        url: str,
+        keyspace: KeySpace,
+        stream_keys: list[str],
+        fields: tuple[str, ...] = (),
     ) -> None:
         self.client = client
         self.url = url
         self.keyspace = keyspace
         self.stream_keys = list(stream_keys)
+        self.fields = tuple(fields)
+        """The source's fields (what ``append_spread`` maps a list or a scalar record to)."""
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -287,11 +294,11 @@ class RedisStreamLog:
             yield ordinal, json.loads(raw)
 
     # -- write --------------------------------------------------------------------------------
-    def append_spread(
-        self, records: Iterable[Any], fields: tuple[str, ...] = ("sentence",)
-    ) -> dict[int, tuple[int, int]]:
-        """XADD records (see ``stream_entry``) round robin over the partitions' streams,
-        continuing where they stand. Every record is checked before anything is added."""
+    def append_spread(self, records: Iterable[Any]) -> dict[int, tuple[int, int]]:
+        """XADD records (see ``stream_entry``, with the source's fields) round robin over the
+        partitions' streams, continuing where they stand. Every record is checked before
+        anything is added."""
+        fields = self.fields
         entries = [stream_entry(r, fields, f"record {i + 1}") for i, r in enumerate(records)]
         return self.append_fields_spread(entries)
 
