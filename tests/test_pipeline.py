@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from state.maps import StateKind
 from tridentflow import GUARANTEES, Count, Guarantee, LogSource, Pipeline, SourceMode, StateSpec
 from tridentflow.aggregators import Aggregator, Reducer, Sum
 from tridentflow.errors import PipelineError
+from tridentflow.pipeline import RedisStreamSource
 from tridentflow.registry import load_pipeline
 
 
@@ -46,6 +49,22 @@ def test_definition_errors_are_clear():
 
     with pytest.raises(ValueError, match="state name"):
         StateSpec("bad name")
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (lambda: LogSource(fields=()), "at least one field"),
+        (lambda: LogSource(fields=("a",), partitions=0), "at least one partition, got 0"),
+        (lambda: LogSource(fields=("a",), batch_size=0), "batch_size must be >= 1, got 0"),
+        (lambda: LogSource(fields=("a",), position_field="a"), "already a field"),
+        (lambda: RedisStreamSource(fields=("a",), partitions=0), "at least one partition"),
+        (lambda: RedisStreamSource(fields=("a",), streams="s:{pipeline}"), "name {partition}"),
+    ],
+)
+def test_bad_sources_are_one_clear_error(source, message):
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        source()
 
 
 class Last(Reducer):

@@ -102,6 +102,10 @@ class LogSource:
         object.__setattr__(self, "mode", SourceMode(self.mode))
         if not self.fields:
             raise PipelineError("a source needs at least one field")
+        if self.partitions < 1:
+            raise PipelineError(f"a source needs at least one partition, got {self.partitions}")
+        if self.batch_size < 1:
+            raise PipelineError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.position_field is not None and self.position_field in self.fields:
             raise PipelineError(
                 f"position_field {self.position_field!r} is already a field of the source"
@@ -111,10 +115,6 @@ class LogSource:
     def stream_fields(self) -> tuple[str, ...]:
         """The source stream's fields: the records' fields, then the position if asked for."""
         return self.fields + ((self.position_field,) if self.position_field else ())
-        if self.partitions < 1:
-            raise PipelineError(f"a source needs at least one partition, got {self.partitions}")
-        if self.batch_size < 1:
-            raise PipelineError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass(frozen=True)
