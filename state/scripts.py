@@ -632,7 +632,9 @@ CLAIM_SHARD = LuaScript(
 -- KEYS[1] shard fence hash  KEYS[2] shard generation key
 -- KEYS[3..] written-sets of txid-1 in this shard (deleted: left by a crash after its mark)
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation
+-- A shard without a generation (its first claim) takes ARGV[3]; a reset sets every shard's.
 -- Idempotent for the same attempt. Returns 1.
+if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3], 'NX') end
 local err = gen_check(KEYS[2], ARGV[3])
 if err then return redis.error_reply(err) end
 local txid, token = tonumber(ARGV[1]), tonumber(ARGV[2])

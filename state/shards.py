@@ -12,7 +12,7 @@ changes is how writes are fenced, since a Lua script cannot read keys of another
    unchanged fenced scripts (FENCED_HSET, APPLY_NUMERIC, DROP_TOMBSTONES) check the fence hash
    as they would the ledger: a superseded attempt is refused on each shard before the newer
    one writes there. A reset is caught the same way (each shard keeps a copy of the
-   generation, set by ``ensure_shards`` and by every reset).
+   generation, set by its first claim and by every reset).
 3. Every shard's writes, in parallel if the caller likes (each shard is a slot of its own).
 4. ``MARK_COMMITTED`` in the ledger, last and atomic, as without shards.
 5. ``settle_shards``: each shard closed to the txid and its written-sets deleted (best effort:
@@ -138,13 +138,10 @@ def check_layout(client: redis.Redis, keyspace: KeySpace, configured: int) -> in
     return stored
 
 
-def ensure_shards(
-    client: redis.Redis, keyspace: KeySpace, configured: int, generation: str
-) -> None:
+def ensure_shards(client: redis.Redis, keyspace: KeySpace, configured: int) -> None:
     """Before a commit writes with ``keyspace``: record the ``configured`` shard count in the
     ledger on first use; StateError (one line) if the state is stored with another count, or
-    if ``keyspace`` was read before a reset changed it. Gives every shard the generation if it
-    has none. Idempotent."""
+    if ``keyspace`` was read before a reset changed it. Idempotent."""
     if stored_shards(client, keyspace) is None:
         client.hsetnx(keyspace.ledger, SHARDS_FIELD, configured)
     stored = check_layout(client, keyspace, configured)
@@ -153,9 +150,6 @@ def ensure_shards(
             f"pipeline {keyspace.pipeline}'s state moved to {stored} shard(s) (a reset) since "
             f"this step read {keyspace.shards}: run the step again"
         )
-    if keyspace.sharded and generation:
-        for i in range(keyspace.shards):
-            client.set(keyspace.shard(i).generation, generation, nx=True)
 
 
 def set_shard_generations(client: redis.Redis, keyspace: KeySpace, generation: str) -> None:

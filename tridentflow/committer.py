@@ -267,7 +267,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     check_continuity(staged, ledger.committed_offsets())
 
     fence = Fence(txid, ticket.token, ticket.generation)
-    ensure_shards(rt.client, rt.keyspace, rt.state_shards, ticket.generation)
+    ensure_shards(rt.client, rt.keyspace, rt.state_shards)
     claim_shards(rt.client, rt.keyspace, rt.pipeline.states, fence)
     maps: dict[str, tuple[MapState, Any]] = {}
     for name, persist in rt.pipeline.states.items():

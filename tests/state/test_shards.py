@@ -19,6 +19,7 @@ from state.shards import (
     claim_shards,
     ensure_shards,
     query_state,
+    set_shard_generations,
     settle_shards,
     stored_shards,
 )
@@ -76,7 +77,8 @@ def _begin(ledger: Ledger, txid: int) -> Fence:
 @pytest.fixture
 def sharded(redis_client):
     ledger = Ledger(redis_client, "shard-test", shards=3)
-    ensure_shards(redis_client, ledger.keys, 3, ledger.generation)
+    ensure_shards(redis_client, ledger.keys, 3)
+    set_shard_generations(redis_client, ledger.keys, ledger.generation)  # as a first claim
     ledger.bind_run("r1")
     return ledger
 
@@ -156,9 +158,9 @@ def test_a_reset_refuses_the_old_generation_on_every_shard(sharded, redis_client
 def test_the_stored_count_wins_and_a_different_one_is_refused(sharded, redis_client):
     assert stored_shards(redis_client, sharded.keys) == 3
     with pytest.raises(StateError, match=r"stored in 3 shard.* asks for 2.*reset the pipeline"):
-        ensure_shards(redis_client, KeySpace("shard-test", shards=2), 2, sharded.generation)
+        ensure_shards(redis_client, KeySpace("shard-test", shards=2), 2)
     with pytest.raises(StateError, match="moved to 3 shard"):  # a keyspace read before a reset
-        ensure_shards(redis_client, KeySpace("shard-test", shards=2), 3, sharded.generation)
+        ensure_shards(redis_client, KeySpace("shard-test", shards=2), 3)
     # a pipeline committed before shards existed reads as one shard
     old = Ledger(redis_client, "pre-shards")
     old.bind_run("r")

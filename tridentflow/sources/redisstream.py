@@ -62,7 +62,6 @@ class StreamInfo:
     length: int
     entries_added: int
     max_deleted: tuple[int, int]
-    first_id: str | None
 
     @property
     def first_ordinal(self) -> int:
@@ -98,13 +97,17 @@ class RedisStreamLog:
         keyspace: KeySpace,
         stream_keys: list[str],
         fields: tuple[str, ...] = (),
+        owns_client: bool = False,
     ) -> None:
+        """``owns_client``: ``close`` closes the client (a log ``open`` made for a read
+        task); otherwise the client is the caller's."""
         self.client = client
         self.url = url
         self.keyspace = keyspace
         self.stream_keys = list(stream_keys)
         self.fields = tuple(fields)
         """The source's fields (what ``append_spread`` maps a list or a scalar record to)."""
+        self._owns_client = owns_client
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -128,11 +131,7 @@ class RedisStreamLog:
 
         spec = json.loads(locator[len(LOCATOR_PREFIX) :])
         keyspace = KeySpace(spec["pipeline"], spec["namespace"])
-        log = cls(connect(spec["url"]), spec["url"], keyspace, spec["streams"])
-        log._owns_client = True
-        return log
-
-    _owns_client = False
+        return cls(connect(spec["url"]), spec["url"], keyspace, spec["streams"], owns_client=True)
 
     def close(self) -> None:
         """Close the connection ``open`` made (a log handed its client leaves it alone)."""
@@ -175,12 +174,10 @@ class RedisStreamLog:
             raise PartitionUnavailable(partition, f"unavailable: stream {key}: {exc}") from None
         if "entries-added" not in raw:
             raise SourceError("a Redis Streams source needs Redis 7.0 or newer (entries-added)")
-        first = raw.get("first-entry")
         return StreamInfo(
             int(raw["length"]),
             int(raw["entries-added"]),
             _id(raw.get("max-deleted-entry-id") or "0-0"),
-            _s(first[0]) if first else None,
         )
 
     def head(self, partition: int) -> int:
