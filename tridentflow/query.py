@@ -115,6 +115,11 @@ def list_state(
         except ValueError:
             raise TridentflowError(f"--after {after!r} is not a cursor from a listing") from None
     name = persist.state.name
+
+    def cursor(shard: int, scan: int, skip: int) -> str:
+        parts = (committed, scan, skip) if shards == 1 else (committed, shard, scan, skip)
+        return "-".join(map(str, parts))  # unsharded: the cursor as it always was
+
     entries: list[tuple[bytes, bytes]] = []
     following: str | None = None
     while True:  # fill the page from HSCAN replies, shard after shard
@@ -124,7 +129,7 @@ def list_state(
         batch = list(raw.items())[skip:]
         if len(batch) > room:  # HSCAN's COUNT is a hint: page within its reply too
             entries += batch[:room]
-            following = f"{committed}-{shard}-{scan}-{skip + room}"
+            following = cursor(shard, scan, skip + room)
             break
         entries += batch
         if int(next_scan) != 0:
@@ -134,10 +139,8 @@ def list_state(
         else:
             break  # the listing is complete
         if len(entries) == limit:
-            following = f"{committed}-{shard}-{scan}-{skip}"
+            following = cursor(shard, scan, skip)
             break
-    if shards == 1 and following is not None:  # the unsharded cursor, as before
-        following = "-".join(p for i, p in enumerate(following.split("-")) if i != 1)
     agg = persist.aggregator
     items = []
     for field, value in entries:

@@ -189,7 +189,7 @@ def _direct_output(cap: int, out: TaskOutput) -> tuple[int, Any, list, list | No
 
 
 def _direct_task(
-    log_root: str, plan: Plan, cap: int, task: tuple[int, int, int]
+    log_root: str, plan: Plan, cap: int, task: ReadTask
 ) -> tuple[int, Any, list, list | None]:
     return _direct_output(cap, read_task(log_root, plan, *task))
 

@@ -62,8 +62,9 @@ def split_ranges(
     are contiguous, never reused, and the same in every replay of a transactional batch (its
     ranges are frozen); an opaque batch's are those of the attempt committed."""
     tasks = []
-    position = sum(start for start, _end in ranges.values())
-    if position_base is not None:
+    if position_base is None:
+        position = sum(start for start, _end in ranges.values())
+    else:
         position = position_base
     for partition, (start, end) in sorted(ranges.items()):
         shift = position - start
