@@ -44,7 +44,7 @@ from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
 from tridentflow.runtime import Runtime, resolve_home
 from tridentflow.sources.filelog import FileLog, encode_record
-from tridentflow.sources.redisstream import RedisStreamLog, stream_entry
+from tridentflow.sources.redisstream import RedisStreamLog
 
 EXIT_ERROR = 1
 EXIT_AUDIT_FAILED = 3
@@ -247,16 +247,12 @@ def _produce_stream(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -
     """XADD every line (or JSON record) of the file round robin to the pipeline's streams."""
     if args.partitions:
         raise TridentflowError("--partitions: a stream source's partitions are its streams")
-    fields = pipeline.source.fields
-    entries = []
-    for i, line in enumerate(_records(pipeline, args.file, args.json)):  # all checked first
-        entries.append(stream_entry(json.loads(line), fields, f"record {i + 1}"))
-    rt = _runtime(args, pipeline)
-    log = rt.log
-    added = log.append_fields_spread(entries)
+    records = [json.loads(line) for line in _records(pipeline, args.file, args.json)]
+    log = _runtime(args, pipeline).log
+    added = log.append_spread(records)  # every record checked before any is added
     scan = log.scan()
     out.write(
-        f"added {len(entries)} entries to the streams of {pipeline.name} "
+        f"added {len(records)} entries to the streams of {pipeline.name} "
         f"({len(added)} of {log.partitions()} streams; {sum(scan.heads.values())} ever added)\n"
     )
     return 0
