@@ -6,7 +6,10 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from tridentflow.faults import FaultPlan
+from tridentflow.driver import run_batches
+from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import IncompleteBatchError
+from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import Runtime
 
@@ -29,3 +32,16 @@ def runtime(name: str, redis_url: str, home: Path, faults: str = "") -> Runtime:
 def produce(rt: Runtime, lines: list[str]) -> None:
     rt.source_heads()
     rt.log.append_spread(lines)
+
+
+def drain_retrying(rt: Runtime, batch_size: int, tries: int = 40) -> None:
+    """Run txids until the source is drained, each failure retried as Airflow retries a task
+    (the same txid replays): an injected fault (raise or crash) or a batch refused as
+    incomplete (lose-tuple). AssertionError if it never drains."""
+    for _ in range(tries):
+        try:
+            run_batches(rt, LocalEngine(), batch_size=batch_size)
+            return
+        except (InjectedFault, SimulatedCrash, IncompleteBatchError):
+            continue
+    raise AssertionError(f"did not drain in {tries} tries")

@@ -11,13 +11,13 @@ import pytest
 from state.codec import encode_key
 from state.errors import StateError
 from state.keys import KeySpace
-from tests.helpers import produce, sentences
+from tests.helpers import drain_retrying, produce, sentences
 from tridentflow.audit import audit
 from tridentflow.chaos import WORDS
 from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan
 from tridentflow.query import list_state
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import Runtime, connect
@@ -66,12 +66,7 @@ def test_sharded_state_holds_what_unsharded_state_holds(pipeline, redis_url, tmp
         rt.ledger.reset(force=True)
         produce(rt, lines)
         rt.faults = FaultPlan.parse("mid-commit@2=raise,before-ledger@3=raise")
-        for _ in range(3):
-            try:
-                run_batches(rt, ENGINE, batch_size=9)
-                break
-            except InjectedFault:
-                pass
+        drain_retrying(rt, batch_size=9)
         assert rt.ledger.committed_txid() > 3
         assert audit(rt).ok
         if shards == 3:

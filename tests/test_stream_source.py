@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import sentences, word_counts
+from tests.helpers import drain_retrying, sentences, word_counts
 from tridentflow.audit import audit
 from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import IncompleteBatchError, PartitionUnavailable, SourceError
-from tridentflow.faults import POINTS, Fault, FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.errors import PartitionUnavailable, SourceError
+from tridentflow.faults import POINTS, Fault, FaultPlan
 from tridentflow.query import list_state
 from tridentflow.registry import load_pipeline
 from tridentflow.runtime import Runtime, connect
@@ -50,13 +50,7 @@ def xadd(client, name: str, lines: list[str], start: int = 0) -> None:
 
 
 def drain(rt: Runtime, batch_size: int = 5) -> None:
-    for _ in range(40):  # retried like Airflow retries a task: the txid replays
-        try:
-            run_batches(rt, ENGINE, batch_size=batch_size)
-            return
-        except (InjectedFault, SimulatedCrash, IncompleteBatchError):  # lose-tuple: refused
-            continue
-    raise AssertionError("did not drain")
+    drain_retrying(rt, batch_size)
 
 
 @pytest.mark.parametrize("name", ["wordcount-stream", "wordcount-stream-tx"])

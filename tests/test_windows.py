@@ -9,12 +9,11 @@ from collections import Counter
 
 import pytest
 
+from tests.helpers import drain_retrying
 from tridentflow import Count, LogSource, Pipeline, SourceMode, StateSpec, Sum
 from tridentflow.audit import audit
-from tridentflow.driver import run_batches
-from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import IncompleteBatchError, PipelineError
-from tridentflow.faults import Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.errors import PipelineError
+from tridentflow.faults import Dark, Fault, FaultPlan
 from tridentflow.query import list_state
 from tridentflow.runtime import Runtime, connect
 from tridentflow.windows import Windows
@@ -72,12 +71,7 @@ def _run(redis_url, home, mode, records, batch_size, faults=None) -> dict:
     rt.ledger.reset(force=True)
     rt.log.ensure(3)
     rt.log.append_spread(records)
-    for _ in range(30):  # retried like Airflow retries a task: the txid replays
-        try:
-            run_batches(rt, LocalEngine(), batch_size=batch_size)
-            break
-        except (InjectedFault, SimulatedCrash, IncompleteBatchError):
-            continue
+    drain_retrying(rt, batch_size)
     assert sum(rt.ledger.committed_offsets().values()) == len(records)
     states = {}
     for name, persist in rt.pipeline.states.items():
