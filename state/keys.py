@@ -79,13 +79,21 @@ class KeySpace:
     @property
     def shard_acl_pattern(self) -> str:
         """The ACL key pattern covering the state shards (names hold no '/' nor glob chars)."""
-        ns = f"{self.namespace}:" if self.namespace else ""
-        return f"{self.prefix}:{ns}{{{self.pipeline}/*"
+        return f"{self._head}{{{self.pipeline}/*"
+
+    @property
+    def _head(self) -> str:
+        """What every key starts with before its hash tag: prefix and namespace."""
+        return f"{self.prefix}:{self.namespace}:" if self.namespace else f"{self.prefix}:"
+
+    @property
+    def hash_tag(self) -> str:
+        """What this keyspace's keys have between braces: the pipeline (a shard: its tag)."""
+        return self.pipeline
 
     @property
     def base(self) -> str:
-        ns = f"{self.namespace}:" if self.namespace else ""
-        return f"{self.prefix}:{ns}{{{self.pipeline}}}"
+        return f"{self._head}{{{self.hash_tag}}}"
 
     @property
     def pattern(self) -> str:
@@ -150,9 +158,8 @@ class ShardSpace(KeySpace):
     tag: str = ""
 
     @property
-    def base(self) -> str:
-        ns = f"{self.namespace}:" if self.namespace else ""
-        return f"{self.prefix}:{ns}{{{self.tag}}}"
+    def hash_tag(self) -> str:
+        return self.tag
 
     @property
     def ledger(self) -> str:
