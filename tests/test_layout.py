@@ -101,3 +101,35 @@ def test_dependency_direction():
         assert "import airflow" not in text and "from airflow" not in text, path
         if path.is_relative_to(ROOT / "state"):
             assert "pyspark" not in text, path
+
+
+def test_every_user_facing_class_is_importable_from_the_package():
+    """What a pipeline is written with - every source spec, built-in aggregator, aggregator
+    base and static state - comes from ``tridentflow`` itself (a class added to one of those
+    modules and forgotten in ``__init__`` fails here)."""
+    import inspect
+
+    import tridentflow
+    from tridentflow import aggregators, pipeline, static_state
+
+    public = set(tridentflow.__all__)
+    wanted = {
+        name
+        for module, base in [
+            (pipeline, pipeline.LogSource),
+            (aggregators, (aggregators.Combiner, aggregators.Reducer, aggregators.Aggregator,
+                           aggregators.StateUpdater)),
+            (static_state, object),
+        ]  # fmt: skip
+        for name, cls in vars(module).items()
+        if inspect.isclass(cls)
+        and cls.__module__ == module.__name__
+        and issubclass(cls, base)
+        and not name.startswith(("_", "Guarded", "Function"))
+        and cls.__doc__
+    }
+    wanted -= {"StaticQuery", "StaticState"}  # internal nodes of the graph, not user API
+    assert {"LogSource", "RedisStreamSource", "Count", "RedisHashLookup"} <= wanted
+    assert wanted <= public, sorted(wanted - public)
+    for name in public:
+        assert getattr(tridentflow, name) is not None
