@@ -37,8 +37,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from airflow.api_fastapi.core_api.security import requires_authenticated
-from fastapi import Depends, FastAPI, HTTPException, Query
-from fastapi.responses import FileResponse
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, HTMLResponse
 
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
@@ -58,7 +60,35 @@ app = FastAPI(
     title="tridentflow",
     description="Exactly-once pipelines: ledger, states, quarantine, audit.",
     dependencies=[Depends(AUTHENTICATED)],
+    # FastAPI adds these three without the app's dependencies: they are routes of ours below
+    openapi_url=None,
+    docs_url=None,
+    redoc_url=None,
 )
+
+
+@app.get("/openapi.json", include_in_schema=False)
+def openapi_schema() -> dict[str, Any]:
+    """The API's OpenAPI schema (authenticated like every other route)."""
+    if app.openapi_schema is None:
+        app.openapi_schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+    return app.openapi_schema
+
+
+@app.get("/docs", include_in_schema=False)
+def swagger_docs(request: Request) -> HTMLResponse:
+    """Swagger UI over ``/openapi.json`` (authenticated like every other route)."""
+    root = request.scope.get("root_path", "")
+    return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title="tridentflow API")
+
+
+@app.get("/redoc", include_in_schema=False)
+def redoc_docs(request: Request) -> HTMLResponse:
+    """ReDoc over ``/openapi.json`` (authenticated like every other route)."""
+    root = request.scope.get("root_path", "")
+    return get_redoc_html(openapi_url=f"{root}/openapi.json", title="tridentflow API")
 
 
 def known_pipelines() -> dict[str, Pipeline]:
