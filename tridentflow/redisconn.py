@@ -45,21 +45,56 @@ def with_ca(url: str, ca_file: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
 
 
-def redacted(url: str) -> str:
-    """The URL without its password, for messages."""
+SECRET_PARAMS = frozenset({"password", "ssl_password"})
+"""URL query parameters redis-py takes as credentials (``?password=``: the login's password,
+``?ssl_password=``: the TLS key's). With the URL's own ``user:password@``, every way a URL
+carries a secret to redis-py."""
+
+
+def _password(parts) -> str | None:
+    try:
+        return parts.password
+    except ValueError:  # an unparsable port: the netloc is still shown redacted below
+        return None
+
+
+def url_secrets(url: str) -> set[str]:
+    """Every secret ``url`` carries, as written and decoded (what must never be shown)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    found: set[str] = set()
+    password = _password(parts)
+    if password:
+        found |= {password, unquote(password)}
+    for pair in parts.query.split("&"):
+        name, _eq, raw = pair.partition("=")
+        if unquote(name).lower() in SECRET_PARAMS and raw:
+            found |= {raw, unquote(raw), unquote(raw.replace("+", " "))}
+    return {secret for secret in found if secret}
+
+
+def redacted(url: str) -> str:
+    """The URL with every secret (the password, ``?password=``, ``?ssl_password=``) shown as
+    ``***``, for messages."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _at, host = netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}:***@{host}" if colon else netloc
+    query = "&".join(
+        f"{name}=***" if unquote(name).lower() in SECRET_PARAMS else f"{name}{eq}{raw}"
+        for name, eq, raw in (pair.partition("=") for pair in parts.query.split("&"))
+        if name or eq
+    )
+    shown = urlunsplit(parts._replace(netloc=netloc, query=query))
+    if url.startswith(f"{parts.scheme}://") and not shown.startswith(f"{parts.scheme}://"):
+        shown = f"{parts.scheme}://{shown[len(parts.scheme) + 1 :]}"  # unix:///path keeps //
+    return shown
 
 
 def scrubbed(text: str, url: str) -> str:
-    """``text`` with ``url``'s password (as written, and decoded) replaced by ``***``."""
-    password = urlsplit(url).password
-    if not password:
-        return text
-    for secret in {password, unquote(password)}:
+    """``text`` with every secret of ``url`` (as written, and decoded) replaced by ``***``."""
+    for secret in sorted(url_secrets(url), key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
 

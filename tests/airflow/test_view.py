@@ -140,3 +140,27 @@ def test_the_launcher_stores_the_connections_it_sets(tmp_path):
         "password": "p@ss",
         "extra": {"db": 3, "ssl": True},
     }
+
+
+def test_no_response_shows_a_secret_of_the_redis_url(redis_client, monkeypatch, tmp_path):
+    """The view's ``redis`` field and its error details, for every form a credential takes in
+    the URL (tests/test_secrets.py: the same forms through the CLI)."""
+    from tests import secure_redis
+    from tests.test_secrets import credential_forms
+
+    server = secure_redis.start(tmp_path / "secret-redis")
+    view.app.dependency_overrides[view.AUTHENTICATED] = lambda: None
+    try:
+        for url, secret in credential_forms(server.port)[:2] + credential_forms(server.port)[3:5]:
+            for shown_url in (url, url.replace(f":{server.port}/", ":1/")):  # and unreachable
+                monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", shown_url)
+                client = TestClient(view.app)
+                listed = client.get("/api/pipelines")
+                detail = client.get("/api/pipelines/wordcount")
+                assert listed.status_code == 200
+                assert "***" in listed.json()["redis"]
+                for response in (listed, detail):
+                    assert secret not in response.text, response.text
+    finally:
+        view.app.dependency_overrides.clear()
+        server.stop()
