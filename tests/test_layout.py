@@ -113,14 +113,16 @@ def test_every_user_facing_class_is_importable_from_the_package():
     from tridentflow import aggregators, pipeline, static_state
 
     public = set(tridentflow.__all__)
+    agg_bases = (
+        aggregators.Combiner,
+        aggregators.Reducer,
+        aggregators.Aggregator,
+        aggregators.StateUpdater,
+    )
+    modules = [(pipeline, pipeline.LogSource), (aggregators, agg_bases), (static_state, object)]
     wanted = {
         name
-        for module, base in [
-            (pipeline, pipeline.LogSource),
-            (aggregators, (aggregators.Combiner, aggregators.Reducer, aggregators.Aggregator,
-                           aggregators.StateUpdater)),
-            (static_state, object),
-        ]  # fmt: skip
+        for module, base in modules
         for name, cls in vars(module).items()
         if inspect.isclass(cls)
         and cls.__module__ == module.__name__
