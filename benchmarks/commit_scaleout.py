@@ -28,9 +28,9 @@ from pathlib import Path
 
 from benchmarks.commit_throughput import pipeline, timed_commits
 from state.maps import StateKind
-from tests.redis_cluster import LocalCluster
 from tridentflow import devredis
 from tridentflow.audit import audit
+from tridentflow.devcluster import LocalCluster
 from tridentflow.runtime import Runtime, connect
 
 KINDS = {"count": StateKind.OPAQUE, "sum": StateKind.TRANSACTIONAL}

@@ -31,6 +31,7 @@ import redis
 
 from state.errors import GenerationError, MetadataError, RetryError
 from state.keys import KeySpace
+from state.replication import wait_for_replicas
 from state.scripts import (
     BEGIN_COMMIT,
     BIND_RUN,
@@ -281,19 +282,10 @@ class Ledger:
         return bool(MARK_COMMITTED(self.client, keys, args))
 
     def wait_replicated(self, replicas: int, timeout_ms: int) -> int:
-        """Block until at least ``replicas`` replicas of the node holding this pipeline's keys
-        have everything it executed so far (the commit mark included), or ``timeout_ms``
-        passes; the number that acknowledged. Redis's WAIT counts the writes of its own
-        connection, so one connection (a non-transactional pipeline, on the owning node in a
-        cluster) makes a write that follows the mark (a probe counter in the ledger hash) and
-        then WAITs: replication is in execution order, so the mark is covered."""
-        node_client = self.client
-        if hasattr(self.client, "get_node_from_key"):  # a RedisCluster: the slot's master
-            node_client = self.client.get_node_from_key(self.keys.ledger).redis_connection
-        pipe = node_client.pipeline(transaction=False)
-        pipe.hincrby(self.keys.ledger, "replication_probes", 1)
-        pipe.execute_command("WAIT", int(replicas), int(timeout_ms))
-        return int(pipe.execute()[-1])
+        """Block until at least ``replicas`` replicas of the master holding this pipeline's
+        ledger have everything it executed so far (the commit mark included), or
+        ``timeout_ms`` passes; the number that acknowledged (state.replication)."""
+        return wait_for_replicas(self.client, self.keys.ledger, replicas, timeout_ms)
 
     # -- maintenance ------------------------------------------------------------------------
     def quarantined(self) -> int:

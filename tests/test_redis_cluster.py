@@ -12,8 +12,8 @@ import redis
 
 from state.keys import KeySpace
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
-from tests.redis_cluster import LocalCluster
 from tridentflow.chaos import run_chaos, schedule_shards
+from tridentflow.devcluster import LocalCluster
 from tridentflow.redisconn import connect
 
 

@@ -17,7 +17,11 @@ retries a task) through a random mix of:
 * an operator's ``reset --source`` while a run is in flight: the run's next step must be
   refused (GenerationError), and only what is produced afterwards may be counted;
 * runs that give up (their txid is released and adopted by the next run);
-* state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard).
+* state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard);
+* against a gated Redis Cluster with replicas (``cluster=``, tridentflow.devcluster):
+  failovers with replication lag - a master's replication is held (the ledger's or a state
+  shard's), the run goes on with ``--wait-replicas 1``, and a few steps later that master is
+  killed while its replica is behind, the replica takes over and the old master rejoins.
 
 The pipelines include ``mutating`` and ``mutating-opaque`` (every aggregator kind mutating its
 arguments; typed keys where ``0.0``/``-0.0`` and ``1``/``1.0``/``true`` differ).
@@ -41,18 +45,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from state.codec import decode_key, encode_key
 from state.errors import GenerationError, PipelineBusyError, StateError
 from tridentflow import devredis
 from tridentflow.audit import audit
+from tridentflow.devcluster import LocalCluster
 from tridentflow.driver import backlog, run_batches
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable, TridentflowError
+from tridentflow.errors import PartitionUnavailable, ReplicationError, TridentflowError
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.query import list_state, query
 from tridentflow.registry import load_pipeline
+from tridentflow.reset import reset_pipeline
 from tridentflow.runs import coordinate_run, emit_run, release_run
 from tridentflow.runtime import Runtime, connect
 
@@ -136,11 +144,17 @@ class Chaos:
         redis_restarts: bool = True,
         engine: Engine | None = None,
         redis_url: str | None = None,
+        cluster: LocalCluster | None = None,
     ) -> None:
         """``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
         Connect session). ``redis_url``: run against that Redis (a cluster, say) instead of
-        an own redis-server; it is never restarted then."""
+        an own redis-server; it is never restarted then. ``cluster``: a gated cluster with
+        replicas (tridentflow.devcluster): commits wait for one replica, and schedules fail
+        masters over with their replicas behind."""
         self.engine = engine or ENGINE
+        self.cluster = cluster
+        if cluster is not None:
+            redis_url = cluster.url()
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tridentflow-chaos-"))
         self.pipelines = tuple(pipelines)
@@ -150,7 +164,17 @@ class Chaos:
 
     @property
     def url(self) -> str:
+        if self.cluster is not None:  # any node still up
+            return f"redis://127.0.0.1:{self.cluster.announced(self.cluster.alive()[0])}/0"
         return self.external_url or self.redis.url
+
+    def _runtime(self, pipeline, home: Path, faults: FaultPlan | None = None, shards: int = 1):
+        """A runtime of its own (a new process's): against a gated cluster, its commits wait
+        for one replica (a short timeout: a held replica fails them fast)."""
+        rt = Runtime(pipeline, connect(self.url), home, faults or FaultPlan(), shards=shards)
+        if self.cluster is not None:
+            rt.replicas, rt.replica_timeout_ms = 1, 300
+        return rt
 
     def __enter__(self) -> Chaos:
         if self.external_url is None:
@@ -171,7 +195,7 @@ class Chaos:
         home = self.workdir / f"schedule-{seed}"
         shutil.rmtree(home, ignore_errors=True)
         shards = schedule_shards(seed)
-        rt = Runtime(load_pipeline(name), connect(self.url), home, shards=shards)
+        rt = self._runtime(load_pipeline(name), home, shards=shards)
         if shards > 1:
             result.events.append(f"state-shards:{shards}")
         rt.ledger.reset(force=True)
@@ -183,6 +207,9 @@ class Chaos:
         self._drive(sched, runs, batch_size)
 
         sched.end_outage("drain")
+        if sched.lagging is not None:  # the replica catches up: nothing lost, nothing to fail
+            self.cluster.release_replication(sched.lagging[0])
+            sched.lagging = None
         rt = sched.rt
         rt.faults = FaultPlan()  # resume: drain what is left, with no faults
         run_batches(rt, self.engine)
@@ -217,6 +244,8 @@ class Chaos:
         run_id = f"run-{run_no}"
         steps = ("coordinate", "emit", "commit")
         for step in range(runs * 10):
+            if self.cluster is not None and self._failover_step(sched, step):
+                continue
             rt = sched.rt
             if rt.ledger.committed_txid() >= runs:
                 return
@@ -258,7 +287,7 @@ class Chaos:
                     rt.faults = FaultPlan(rt.faults.faults, ())
                     sched.end_outage(f"step{step}")
                     result.events.append(f"repaired-dark@step{step}")
-            except (SimulatedCrash, InjectedFault, TridentflowError, StateError):
+            except (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError):
                 failures += 1
                 if rng.random() < 0.3:  # an outage starts while the txid is being retried
                     txid = rt.ledger.committed_txid() + 1
@@ -274,20 +303,56 @@ class Chaos:
                     run_no, failures, step_index = run_no + 1, 0, 0
                     run_id = f"run-{run_no}"
 
+    def _failover_step(self, sched: _Schedule, step: int) -> bool:
+        """Against a gated cluster: maybe hold a master's replication (a shard's, or the
+        ledger's); a few steps after, fail it over with its replica behind, and go on with a
+        new runtime (a new process). True if this step was spent on it."""
+        cluster, rng, rt = self.cluster, sched.rng, sched.rt
+        assert cluster is not None
+        if sched.lagging is not None:
+            port, steps_left = sched.lagging
+            if steps_left > 0:
+                sched.lagging = (port, steps_left - 1)
+                return False
+            cluster.failover(port)
+            sched.lagging = None
+            sched.result.events.append(f"failover-with-lag@step{step}")
+            old = sched.rt
+            sched.rt = self._runtime(old.pipeline, old.home, old.faults, old.shards or 1)
+            old.client.close()
+            return True
+        if rng.random() >= 0.12:
+            return False
+        ks = rt.keyspace
+        ledger_master = cluster.master_of(ks.ledger)
+        shard_masters = [cluster.master_of(ks.shard(i).ledger) for i in range(ks.shards)]
+        others = [m for m in shard_masters if m != ledger_master]
+        target = rng.choice(others) if others and rng.random() < 0.7 else ledger_master
+        cluster.hold_replication(target)
+        sched.lagging = (target, rng.randint(1, 3))
+        role = "ledger" if target == ledger_master else "shard"
+        sched.result.events.append(f"replication-lag:{role}@step{step}")
+        return True
+
     def _reset_in_flight(self, sched: _Schedule, run_id: str, next_step: str, step: int) -> None:
         """An operator resets the pipeline (and its source) while ``run_id`` is in flight: its
         next step must be refused; a new runtime (a new process) goes on from scratch."""
         old = sched.rt
         sched.end_outage(f"reset@step{step}")
-        fresh = Runtime(old.pipeline, connect(self.url), old.home, old.faults, shards=old.shards)
+        fresh = self._runtime(old.pipeline, old.home, old.faults, old.shards or 1)
         try:
-            fresh.ledger.reset()
-            sched.result.events.append(f"reset@step{step}")
-        except PipelineBusyError:  # a run holds a live lease: the operator insists
-            fresh.ledger.reset(force=True)
-            sched.result.events.append(f"reset-forced@step{step}")
-        shutil.rmtree(fresh.staging_root, ignore_errors=True)
-        shutil.rmtree(fresh.log.root, ignore_errors=True)
+            try:
+                reset_pipeline(fresh, source=True)
+                sched.result.events.append(f"reset@step{step}")
+            except PipelineBusyError:  # a run holds a live lease: the operator insists
+                reset_pipeline(fresh, force=True, source=True)
+                sched.result.events.append(f"reset-forced@step{step}")
+        except ReplicationError:  # not on a replica: the operator waits for it, resets again
+            assert self.cluster is not None and sched.lagging is not None
+            self.cluster.release_replication(sched.lagging[0])
+            sched.lagging = None
+            reset_pipeline(fresh, force=True, source=True)
+            sched.result.events.append(f"reset-after-replication-wait@step{step}")
         sched.produced.clear()
         try:
             if next_step == "coordinate":
@@ -318,7 +383,7 @@ class Chaos:
         results: list[str] = []
 
         def attempt() -> None:
-            other = Runtime(rt.pipeline, connect(self.url), rt.home, rt.faults, shards=rt.shards)
+            other = self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1)
             try:
                 results.append(commit_run(other, run_id)["status"])
             except BaseException as exc:  # collected; re-raised below if no racer landed
@@ -401,6 +466,8 @@ class _Schedule:
         self.produced: list[str] = []
         self.was_reset = False
         self.outage: tuple[str, int, bytes] | None = None
+        self.lagging: tuple[int, int] | None = None
+        """(master port, steps left) while a master's replication is held (gated clusters)."""
 
     def append(self, n: int, during: str | None = None) -> None:
         rng = self.rng
@@ -465,11 +532,16 @@ def run_chaos(
     redis_restarts: bool = True,
     engine: Engine | None = None,
     redis_url: str | None = None,
+    cluster: LocalCluster | None = None,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
     with Chaos(
-        pipelines=pipelines, redis_restarts=redis_restarts, engine=engine, redis_url=redis_url
+        pipelines=pipelines,
+        redis_restarts=redis_restarts,
+        engine=engine,
+        redis_url=redis_url,
+        cluster=cluster,
     ) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -42,6 +41,7 @@ from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.pipeline import Guarantee, Pipeline, RedisStreamSource
 from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
+from tridentflow.reset import reset_pipeline
 from tridentflow.runtime import Runtime, resolve_home
 from tridentflow.sources.filelog import FileLog, encode_record
 from tridentflow.sources.redisstream import RedisStreamLog
@@ -477,15 +477,10 @@ def cmd_reset(args: argparse.Namespace, out: TextIO) -> int:
     if not args.yes:
         raise TridentflowError(f"reset deletes pipeline {pipeline.name}'s state: add --yes")
     rt = _runtime(args, pipeline)
-    deleted = rt.ledger.reset(force=args.force)
-    shutil.rmtree(rt.staging_root, ignore_errors=True)
-    if args.source and isinstance(rt.log, RedisStreamLog):
-        rt.log.delete()
-    elif args.source:
-        shutil.rmtree(rt.log.root, ignore_errors=True)
+    done = reset_pipeline(rt, force=args.force, source=args.source)
     out.write(
-        f"reset {pipeline.name}: {deleted} Redis keys deleted"
-        + (", source log deleted" if args.source else "")
+        f"reset {pipeline.name}: {done.deleted_keys} Redis keys deleted"
+        + (", source log deleted" if done.source_deleted else "")
         + "\n"
     )
     return 0

@@ -14,9 +14,11 @@
    (state.numeric), the shards in parallel threads while the next chunk is read; any other
    Combiner, Reducer or updater in Python.
 4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks, and
-   records the batch's bad records in the quarantine (fenced too).
+   records the batch's bad records in the quarantine (fenced too). With ``--wait-replicas``
+   and state shards on other masters, waits until their replicas acknowledged all of it.
 5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
-   after every key is written. A crash anywhere before this replays safely. Then the shards
+   after every key is written. A crash anywhere before this replays safely. With
+   ``--wait-replicas``, the ledger's replicas must acknowledge the mark. Then the shards
    are settled and the keys the txid removed dropped (both best effort).
 """
 
@@ -35,6 +37,7 @@ from state.errors import CommitOrderError, KeyEncodingError
 from state.maps import MapState, StateKind, make_map_state
 from state.numeric import apply_numeric
 from state.redis_backing import CHUNK, fenced_hset
+from state.replication import node_of, wait_for_replicas_of
 from state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
 from tridentflow.aggregators import (
     Count,
@@ -235,11 +238,36 @@ def wait_turn(rt: Runtime, txid: int, timeout: float, poll: float = 0.2) -> None
         time.sleep(poll)
 
 
+def confirm_shards_replicated(rt: Runtime, txid: int) -> None:
+    """Before the mark, with ``rt.replicas`` > 0 and state shards on other masters than the
+    ledger's: ReplicationError unless that many replicas of each such master acknowledged
+    everything this attempt wrote there. The ledger's acknowledgement (after the mark) covers
+    only its own master; a shard master that failed over with its replica behind would drop
+    its part of a txid the ledger calls committed. Failing here, before the mark, leaves the
+    txid pending: its retry rewrites what a failover lost (the txid rules make that exact)."""
+    ks = rt.keyspace
+    if rt.replicas <= 0 or not ks.sharded:
+        return
+    fences = [ks.shard(i).fence for i in range(ks.shards)]
+    ledger_node = node_of(rt.client, ks.ledger)
+    for node, _key, acked in wait_for_replicas_of(
+        rt.client, fences, rt.replicas, rt.replica_timeout_ms, skip=ledger_node
+    ):
+        if acked < rt.replicas:
+            raise ReplicationError(
+                f"txid {txid}'s state shard writes on Redis master {node} were acknowledged by "
+                f"only {acked} of {rt.replicas} replica(s) within {rt.replica_timeout_ms} ms: "
+                "not committed; retry the commit (it rewrites them exactly)"
+            )
+
+
 def confirm_replicated(rt: Runtime, txid: int) -> None:
     """With ``rt.replicas`` > 0 (TRIDENTFLOW_WAIT_REPLICAS): ReplicationError unless that many
-    replicas acknowledged the commit mark within ``rt.replica_timeout_ms``. The commit stands
-    on the master either way; the step fails so that Airflow (or the CLI) does not report as
-    durable what an asynchronous failover could still undo, and its retry waits again."""
+    replicas of the ledger's master acknowledged the commit mark (and so every write before
+    it on that master) within ``rt.replica_timeout_ms``. The commit stands on the master
+    either way; the step fails so that Airflow (or the CLI) does not report as durable what
+    an asynchronous failover could still undo, and its retry waits again. Shards on other
+    masters were waited for before the mark (``confirm_shards_replicated``)."""
     if rt.replicas <= 0:
         return
     acked = rt.ledger.wait_replicated(rt.replicas, rt.replica_timeout_ms)
@@ -265,6 +293,9 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         raise NotReadyError(f"txid {txid} has no staged output: run its emitter first")
     staged = rt.staging.load(txid, attempt)
     check_continuity(staged, ledger.committed_offsets())
+    rt.require_replicated(  # txid-1's mark: what every write of this txid builds on
+        f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
+    )
 
     fence = Fence(txid, ticket.token, ticket.generation)
     ensure_shards(rt.client, rt.keyspace, rt.state_shards)
@@ -305,6 +336,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
                 _finish_in_redis(staged, in_flight)
     rolled_back = sum(state.rollback_stray_keys() for state, _ in maps.values())
     quarantined = quarantine(rt, staged, fence)
+    confirm_shards_replicated(rt, txid)  # every write the mark will stand on, acknowledged
     rt.faults.fire("before-ledger", txid, ticket.token)
 
     offsets = {p: end for p, (_start, end) in staged.ranges.items()}

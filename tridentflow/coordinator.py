@@ -2,7 +2,8 @@
 
 ``coordinate(rt, txid)`` creates the metadata on the first attempt and stores it in the ledger
 before anything is emitted; every later attempt - a retry, a manual clear - gets the stored
-copy back unchanged. Idempotent.
+copy back unchanged. Idempotent. With ``--wait-replicas``, it returns only once the stored
+metadata is on the replicas (a failover must not hand a replay other ranges).
 
 * transactional source: the metadata freezes each partition's range [start, end) for the txid:
   start is where txid-1 ended, end is at most ``batch_size`` records further, bounded by the
@@ -34,6 +35,9 @@ def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[st
         if txid <= committed:
             return {"txid": txid, "already_committed": True}
         meta = ledger.store_metadata(txid, new_metadata(rt, txid, committed, batch_size))
+    rt.require_replicated(
+        f"txid {txid}'s batch metadata", "not emitted yet; retry the coordinator (it waits again)"
+    )
     rt.faults.fire("after-coordinate", txid, attempt)
     return meta
 

@@ -12,8 +12,9 @@ import redis
 from state.keys import KeySpace, check_shards
 from state.ledger import Ledger
 from state.redis_backing import RedisBackingMap
+from state.replication import wait_for_replicas_of
 from state.shards import ShardedRedisBackingMap, check_layout, stored_shards
-from tridentflow.errors import PartitionUnavailable, TridentflowError
+from tridentflow.errors import PartitionUnavailable, ReplicationError, TridentflowError
 from tridentflow.faults import FaultPlan
 from tridentflow.pipeline import Pipeline, RedisStreamSource
 from tridentflow.plan import Plan, compile_pipeline
@@ -194,6 +195,30 @@ class Runtime:
             partition, reason = min(scan.unavailable.items())
             raise PartitionUnavailable(partition, reason)
         return scan.heads
+
+    def require_replicated(
+        self, what: str, then: str, shards: bool = False, also: KeySpace | None = None
+    ) -> None:
+        """With ``replicas`` > 0: ReplicationError (one line: ``what``, the count, ``then``)
+        unless that many replicas of the ledger's master (and, with ``shards``, of every
+        state shard's master) acknowledged everything it executed so far. Nothing may build
+        on a write a failover could still undo: a txid's metadata before it is emitted,
+        txid-1's mark before txid writes any state, a reset before its source is deleted.
+        ``also``: another layout whose shard masters must acknowledge too (a reset's old one)."""
+        if self.replicas <= 0:
+            return
+        keys = [self.keyspace.ledger]
+        for ks in (self.keyspace, also):
+            if shards and ks is not None and ks.sharded:
+                keys += [ks.shard(i).ledger for i in range(ks.shards)]
+        for node, _key, acked in wait_for_replicas_of(
+            self.client, keys, self.replicas, self.replica_timeout_ms
+        ):
+            if acked < self.replicas:
+                raise ReplicationError(
+                    f"{what} is on Redis master {node} but only {acked} of {self.replicas} "
+                    f"replica(s) acknowledged it within {self.replica_timeout_ms} ms: {then}"
+                )
 
     def check_layout(self) -> None:
         """StateError (one line) if the state is stored in another shard count than this run

@@ -1,0 +1,43 @@
+"""Resetting a pipeline: a new generation, its Redis keys and staging deleted, its source too
+if asked (``tridentflow reset``; the chaos harness's operator).
+
+Order is what makes it safe: the new generation is set first, atomically with the check that
+no run holds a live lease (state.ledger.Ledger.reset), so every step still in flight is refused
+from then on; with ``--wait-replicas`` the reset must be on the replicas before anything
+outside Redis (staging, the source log) is deleted - a failover that undid an unreplicated
+reset would otherwise bring back a ledger whose source records are gone.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+from tridentflow.runtime import Runtime
+from tridentflow.sources.redisstream import RedisStreamLog
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    deleted_keys: int
+    source_deleted: bool
+
+
+def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> ResetResult:
+    """Reset ``rt``'s pipeline (see the module doc). PipelineBusyError while a run holds a
+    live lease (unless ``force``); ReplicationError, with nothing outside Redis deleted, if
+    the replicas do not acknowledge the reset. Idempotent: run it again after an error."""
+    before = rt.keyspace  # its shards' keys are deleted too, on their own masters
+    deleted = rt.ledger.reset(force=force)
+    rt.require_replicated(
+        f"the reset of pipeline {rt.pipeline.name}",
+        "staging and the source were left as they were; run the reset again",
+        shards=True,  # each shard's new generation and deletions, on its own master
+        also=before,
+    )
+    shutil.rmtree(rt.staging_root, ignore_errors=True)
+    if source and isinstance(rt.log, RedisStreamLog):
+        rt.log.delete()
+    elif source:
+        shutil.rmtree(rt.log.root, ignore_errors=True)
+    return ResetResult(deleted, source)
