@@ -29,7 +29,7 @@ from state.maps import (
     TransactionalMap,
     make_map_state,
 )
-from state.redis_backing import RedisBackingMap, query_committed
+from state.redis_backing import RedisBackingMap
 from state.shards import ShardedRedisBackingMap, query_state
 
 __all__ = [
@@ -57,6 +57,5 @@ __all__ = [
     "decode_key",
     "encode_key",
     "make_map_state",
-    "query_committed",
     "query_state",
 ]

@@ -32,6 +32,14 @@ class PipelineBusyError(StateError):
     """A reset was refused: a run holds a live lease on a pending txid (use --force)."""
 
 
+class CommitsHeldError(StateError):
+    """A reader holds commits back for a moment (state.shards.query_state); ``ms`` left."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.ms = int(message.split()[0]) if message.split() else 0
+
+
 class RetryError(StateError):
     """The ledger moved while a script ran; the caller retries (never surfaces)."""
 
@@ -53,6 +61,7 @@ LUA_ERROR_PREFIXES: dict[str, type[StateError]] = {
     "TFGENERATION": GenerationError,
     "TFBUSY": PipelineBusyError,
     "TFRETRY": RetryError,
+    "TFHELD": CommitsHeldError,
 }
 
 

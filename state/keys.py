@@ -117,6 +117,17 @@ class KeySpace:
         return f"{self.base}:generation"
 
     @property
+    def read_hold(self) -> str:
+        """Set for a moment by a reader that kept missing a consistent view: the next commit
+        waits for it (state.shards.query_state)."""
+        return f"{self.base}:read-hold"
+
+    @property
+    def commit_waiting(self) -> str:
+        """Set while a commit waits for a read hold: no new hold is taken before it begins."""
+        return f"{self.base}:commit-waiting"
+
+    @property
     def runs(self) -> str:
         return f"{self.base}:runs"
 

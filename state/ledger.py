@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -29,7 +30,7 @@ from typing import Any
 
 import redis
 
-from state.errors import GenerationError, MetadataError, RetryError
+from state.errors import CommitsHeldError, GenerationError, MetadataError, RetryError
 from state.keys import KeySpace
 from state.replication import wait_for_replicas
 from state.scripts import (
@@ -250,11 +251,18 @@ class Ledger:
     def begin_commit(self, txid: int) -> CommitTicket | None:
         """New fencing token for a commit of ``txid``; None if it is already committed.
 
-        Raises CommitOrderError unless the ledger stands at txid-1.
+        Raises CommitOrderError unless the ledger stands at txid-1. While a starved reader
+        holds commits back (a few ms to seconds, expiring by itself), waits for it.
         """
         generation = self.generation
         keys = [self.keys.ledger, self.keys.tx(txid), self.keys.generation]
-        token, _committed = BEGIN_COMMIT(self.client, keys, [txid, generation])
+        keys += [self.keys.read_hold, self.keys.commit_waiting]
+        while True:
+            try:
+                token, _committed = BEGIN_COMMIT(self.client, keys, [txid, generation])
+                break
+            except CommitsHeldError as held:
+                time.sleep(min(max(held.ms, 1), 5) / 1000)
         token = int(token)
         return None if token == 0 else CommitTicket(txid, token, generation)
 

@@ -304,7 +304,7 @@ class MapState(ABC):
         return len(resets)
 
     def read(self, keys: Sequence[str]) -> list[StoredValue | None]:
-        """Raw stored values (for queries use state.redis_backing.query_committed)."""
+        """Raw stored values (for queries use state.shards.query_state)."""
         return [
             None if raw is None else StoredValue.from_json(raw, key, self.name)
             for key, raw in zip(keys, self.backing.multi_get(keys), strict=True)

@@ -15,8 +15,8 @@ from state.backing import Fence
 from state.codec import encode_value
 from state.errors import KeyEncodingError
 from state.keys import KeySpace
-from state.maps import StoredValue, decode_stored
-from state.scripts import DROP_TOMBSTONES, FENCED_HSET, QUERY_COMMITTED
+from state.maps import decode_stored
+from state.scripts import DROP_TOMBSTONES, FENCED_HSET
 
 CHUNK = 1000
 """Fields per round trip (keeps Lua's unpack() and a single script's run time small)."""
@@ -89,30 +89,3 @@ def fenced_hset(
                 raise KeyEncodingError(f"key {key}: {exc}") from exc
             args += (key, encoded)
         FENCED_HSET(client, script_keys, args)
-
-
-def query_committed(
-    client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str]
-) -> tuple[int, list[Any]]:
-    """Committed values of ``keys`` (None where absent) and the committed txid they reflect.
-
-    Each chunk is one atomic snapshot; a value written by a pending commit is seen as its
-    ``prev`` (the last committed value), never half-applied. Unsharded states only: see
-    state.shards.query_state.
-    """
-    values: list[Any] = []
-    committed = 0
-    for i in range(0, len(keys), CHUNK):
-        chunk = list(keys[i : i + CHUNK])
-        reply = QUERY_COMMITTED(client, [keyspace.ledger, keyspace.state(state_name)], chunk)
-        committed = int(reply[0])
-        for key, raw in zip(chunk, reply[1:], strict=True):
-            stored = (
-                None
-                if raw is None
-                else StoredValue.from_json(decode_stored(raw, state_name, key), key, state_name)
-            )
-            values.append(None if stored is None else stored.committed_view(committed))
-    if not keys:
-        committed = int(client.hget(keyspace.ledger, "committed") or 0)
-    return committed, values

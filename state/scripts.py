@@ -116,16 +116,51 @@ return n
 """,
 )
 
-QUERY_COMMITTED = LuaScript(
-    "query_committed",
+QUERY_SNAPSHOT = LuaScript(
+    "query_snapshot",
     """
--- Read fields of a map state together with the committed txid, as one atomic snapshot.
--- KEYS[1] ledger hash  KEYS[2] state hash   ARGV fields (at least one)
--- Returns {committed txid, value1, value2, ...} (a missing field is nil).
-local out = {tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')}
+-- Read fields of a map state together with what its slot knows of the commits, as one
+-- atomic snapshot (state.shards.query_state combines such snapshots into one committed view).
+-- KEYS[1] the slot's ledger hash (the pipeline's ledger, or a state shard's fence)
+-- KEYS[2] state hash   ARGV fields (at least one)
+-- Returns {committed txid, newest txid whose tombstones were dropped, value1, value2, ...}
+-- (a missing field is nil). ``committed`` is the ledger's, or for a shard the txid its fence
+-- is closed to (the txid holding it, minus one, until it settles).
+local out = {tonumber(redis.call('HGET', KEYS[1], 'committed') or '0'),
+  tonumber(redis.call('HGET', KEYS[1], 'dropped_txid') or '0')}
 local values = redis.call('HMGET', KEYS[2], unpack(ARGV))
-for i = 1, #ARGV do out[i + 1] = values[i] end
+for i = 1, #ARGV do out[i + 2] = values[i] end
 return out
+""",
+)
+
+HOLD_COMMITS = LuaScript(
+    "hold_commits",
+    """
+-- A reader that kept missing a consistent view asks the next commits to wait: BEGIN_COMMIT
+-- refuses (TFHELD) while KEYS[1] exists. The hold expires by itself after ARGV[2] ms. Fair:
+-- once a commit waited for a hold (KEYS[2] set by BEGIN_COMMIT), no new hold is taken until
+-- that commit has begun, so back-to-back readers cannot starve the commits either.
+-- KEYS[1] read-hold key  KEYS[2] waiting-commit key   ARGV[1] reader token
+-- ARGV[2] hold in ms (0: release this token's hold)
+-- Returns 1 if the caller holds it now, 2 if another reader's hold stands (extended),
+-- 0 if refused (a commit is waiting its turn).
+if tonumber(ARGV[2]) <= 0 then
+  if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+  return 1
+end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if holder then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 2
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """,
 )
 
@@ -212,16 +247,24 @@ BEGIN_COMMIT = LuaScript(
     + _NOW_MS
     + """
 -- Start a commit attempt of a txid: hands out a new fencing token.
--- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] generation key   ARGV[1] txid
--- ARGV[2] generation
+-- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] generation key  KEYS[4] read-hold key
+-- KEYS[5] waiting-commit key (set while held: no new hold is taken before this one begins)
+-- ARGV[1] txid  ARGV[2] generation
 -- Returns {0, committed} if the txid is already committed (a re-commit is a no-op),
 -- {token, committed} otherwise; refused (TFORDER) unless the ledger stands at txid-1,
--- (TFGENERATION) if the pipeline was reset since the caller started.
+-- (TFGENERATION) if the pipeline was reset since the caller started, (TFHELD ms) while a
+-- starved reader holds commits back (HOLD_COMMITS; the caller waits and asks again).
 local gerr = gen_check(KEYS[3], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
 local txid = tonumber(ARGV[1])
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 if committed >= txid then return {0, committed} end
+local held = redis.call('PTTL', KEYS[4])
+if held > 0 then
+  redis.call('SET', KEYS[5], '1', 'PX', held + 1000)
+  return redis.error_reply('TFHELD ' .. held)
+end
+redis.call('DEL', KEYS[5])
 if committed ~= txid - 1 then
   return redis.error_reply('TFORDER txid ' .. txid .. ' cannot commit before txid ' ..
     (committed + 1) .. ' (the ledger stands at ' .. committed .. ')')
@@ -599,6 +642,8 @@ DROP_TOMBSTONES = LuaScript(
 -- ARGV[1] generation  ARGV[2] txid ('null' for a non-transactional state)  ARGV[3..] fields
 -- Does nothing unless the pipeline is still in generation ARGV[1] and, for a txid, the
 -- ledger's committed txid is at least ARGV[2] (a pending txid's tombstone keeps its prev).
+-- The ledger's ``dropped_txid`` becomes at least ARGV[2] when a field is deleted (a reader
+-- then knows a key absent now may have existed as of an older txid: QUERY_SNAPSHOT).
 -- Returns the number of fields deleted.
 local err = gen_check(KEYS[3], ARGV[1])
 if err then return redis.error_reply(err) end
@@ -614,6 +659,10 @@ for i = 3, #ARGV do
     redis.call('HDEL', KEYS[1], ARGV[i])
     n = n + 1
   end
+end
+if n > 0 and ARGV[2] ~= 'null' then
+  local before = tonumber(redis.call('HGET', KEYS[2], 'dropped_txid') or '0')
+  if tonumber(ARGV[2]) > before then redis.call('HSET', KEYS[2], 'dropped_txid', ARGV[2]) end
 end
 return n
 """,

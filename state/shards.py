@@ -18,13 +18,17 @@ changes is how writes are fenced, since a Lua script cannot read keys of another
 5. ``settle_shards``: each shard closed to the txid and its written-sets deleted (best effort:
    the next txid's claim deletes what a crash left).
 
-A reader gets a consistent view without a cross-slot snapshot: values carry ``[txid, curr,
-prev]``, so reading the ledger's committed txid C before and after the values, and retrying
-if it moved, leaves only values of txid <= C+1, each resolved to its value as of C.
+A reader gets a consistent view without a cross-slot snapshot (``query_state``, sharded or
+not): values carry ``[txid, curr, prev]``, and each slot's snapshot says what it knew of the
+commits, so snapshots taken at different moments resolve to one committed txid C unless a
+key was written twice in between; a reader that keeps missing holds the next commits back
+for a moment (HOLD_COMMITS) rather than retry forever.
 """
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any, TypeVar
@@ -34,9 +38,9 @@ import redis
 from state.backing import Fence
 from state.errors import StateError
 from state.keys import KeySpace
-from state.maps import StoredValue
-from state.redis_backing import RedisBackingMap, query_committed
-from state.scripts import CLAIM_SHARD, SETTLE_SHARD
+from state.maps import StoredValue, decode_stored
+from state.redis_backing import CHUNK, RedisBackingMap
+from state.scripts import CLAIM_SHARD, HOLD_COMMITS, QUERY_SNAPSHOT, SETTLE_SHARD
 
 SHARDS_FIELD = "state_shards"
 """Ledger field recording the pipeline's shard count (absent: 1, or nothing committed yet)."""
@@ -183,38 +187,112 @@ def settle_shards(
         SETTLE_SHARD(client, keys, [txid])
 
 
-def query_sharded(
-    client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str], tries: int = 20
-) -> tuple[int, list[Any]]:
-    """Committed values of ``keys`` of a sharded state and the committed txid C they reflect:
-    the ledger read before and after the values must agree (else read again), so every value
-    is of txid <= C+1 and resolves to its value as of C."""
-    backing = ShardedRedisBackingMap(client, keyspace, state_name)
-    for _ in range(tries):
-        before = int(client.hget(keyspace.ledger, "committed") or 0)
-        raws = backing.multi_get(keys)
-        after = int(client.hget(keyspace.ledger, "committed") or 0)
-        if before == after:
-            return before, [
-                None
-                if raw is None
-                else StoredValue.from_json(raw, key, state_name).committed_view(before)
-                for key, raw in zip(keys, raws, strict=True)
-            ]
-    raise StateError(
-        f"state {state_name} of pipeline {keyspace.pipeline} kept moving during {tries} reads "
-        "(a commit per read): query again"
-    )
+READ_TRIES = 4
+"""Lock-free attempts at a consistent view before a reader holds the next commits back."""
+READ_HOLD_MS = 5000
+"""How long one hold keeps new commits waiting (renewed while the reader still waits)."""
+READ_WAIT_S = 60.0
+"""How long a reader waits, holding commits back, for the commit in flight to finish."""
+
+
+def _snapshots(
+    client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str]
+) -> list[tuple[int, int, list[int], list[Any]]]:
+    """Atomic snapshots (QUERY_SNAPSHOT) of ``keys``, CHUNK keys per shard and call: for
+    each, (what its slot says is committed, the newest dropped tombstones' txid, the
+    positions of its keys in ``keys``, their raw values)."""
+    positions = split_by_shard(keyspace, range(len(keys)), lambda i: keys[i])
+    out = []
+    for index, where in enumerate(positions):
+        space = keyspace.shard(index)
+        for i in range(0, len(where), CHUNK):
+            part = where[i : i + CHUNK]
+            reply = QUERY_SNAPSHOT(
+                client, [space.ledger, space.state(state_name)], [keys[j] for j in part]
+            )
+            out.append((int(reply[0]), int(reply[1]), part, reply[2:]))
+    return out
+
+
+def _consistent_view(
+    client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str]
+) -> tuple[int, list[Any]] | None:
+    """One attempt: (C, every value as of committed txid C), or None if the snapshots share
+    no C. Each snapshot, taken at some moment t, tells the value of its keys as of any C from
+    ``low`` (one below the newest txid a value carries, and no older than the newest dropped
+    tombstones: a key absent at t may have existed before those) up to ``high`` (what was
+    committed at t: its slot's own count, or the ledger's read before it, whichever is
+    higher - a shard's fence lags its settle). C is the lowest ``high``."""
+    before = int(client.hget(keyspace.ledger, "committed") or 0) if keyspace.sharded else 0
+    snapshots = _snapshots(client, keyspace, state_name, keys)
+    if not snapshots:
+        return int(client.hget(keyspace.ledger, "committed") or 0), []
+    stored: list[StoredValue | None] = [None] * len(keys)
+    low, high = 0, None
+    for committed, dropped, part, raws in snapshots:
+        newest = dropped
+        for j, raw in zip(part, raws, strict=True):
+            if raw is not None:
+                value = StoredValue.from_json(
+                    decode_stored(raw, state_name, keys[j]), keys[j], state_name
+                )
+                stored[j] = value
+                if value.txid is not None:
+                    newest = max(newest, value.txid - 1)
+        low = max(low, newest)
+        high = max(committed, before) if high is None else min(high, max(committed, before))
+    assert high is not None
+    if low > high:
+        return None
+    return high, [None if v is None else v.committed_view(high) for v in stored]
 
 
 def query_state(
     client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str]
 ) -> tuple[int, list[Any]]:
-    """Committed values of ``keys`` (None where absent) and the committed txid they reflect,
-    sharded or not (``keyspace`` must have the stored layout: ``with_stored_layout``)."""
-    if keyspace.sharded:
-        return query_sharded(client, keyspace, state_name, keys)
-    return query_committed(client, keyspace, state_name, keys)
+    """Committed values of ``keys`` (None where absent) and the committed txid C they all
+    reflect, sharded or not (``keyspace`` must have the stored layout: ``with_stored_layout``).
+
+    Readers take no lock: values carry ``[txid, curr, prev]``, so snapshots taken while
+    commits go on resolve to one C unless a key was written twice meanwhile. After
+    READ_TRIES such misses (commits outpacing the read), the reader holds the next commits
+    back (HOLD_COMMITS: BEGIN_COMMIT waits, the commit in flight finishes) and reads again:
+    a reader makes progress at any commit rate, and delays commits only when it must."""
+    return read_consistently(lambda: _consistent_view(client, keyspace, state_name, keys),
+                             client, keyspace, f"state {state_name}")  # fmt: skip
+
+
+T_View = TypeVar("T_View")
+
+
+def read_consistently(
+    attempt: Callable[[], T_View | None], client: redis.Redis, keyspace: KeySpace, what: str
+) -> T_View:
+    """``attempt()`` until it returns a view (None: commits moved under it): READ_TRIES times
+    lock-free, then holding the next commits back (HOLD_COMMITS) while the one in flight
+    finishes. StateError (one line) if that commit does not finish within READ_WAIT_S."""
+    for _ in range(READ_TRIES):
+        view = attempt()
+        if view is not None:
+            return view
+    token = secrets.token_hex(8)
+    holds = [keyspace.read_hold, keyspace.commit_waiting]
+    deadline = time.monotonic() + READ_WAIT_S
+    try:
+        while True:
+            HOLD_COMMITS(client, holds, [token, READ_HOLD_MS])  # 0: a commit goes first
+            view = attempt()
+            if view is not None:
+                return view
+            if time.monotonic() > deadline:
+                raise StateError(
+                    f"{what} of pipeline {keyspace.pipeline}: the commit in flight did not "
+                    f"finish within {READ_WAIT_S:.0f}s while this read held the next ones "
+                    "back; read again"
+                )
+            time.sleep(0.002)
+    finally:
+        HOLD_COMMITS(client, holds, [token, 0])
 
 
 __all__ = [
@@ -223,8 +301,8 @@ __all__ = [
     "check_layout",
     "claim_shards",
     "ensure_shards",
-    "query_sharded",
     "query_state",
+    "read_consistently",
     "set_shard_generations",
     "settle_shards",
     "split_by_shard",

@@ -1,8 +1,9 @@
 """State queries (Trident's stateQuery / DRPC): committed values of keys, batched; and
 whole-state listings (Trident's TupleCollectionGet), paginated and consistent.
 
-One Redis round trip per CHUNK keys; each chunk is an atomic snapshot of the committed view,
-so a query during a pending commit sees the last committed value, never a half-applied one.
+One Redis round trip per CHUNK keys (and state shard): atomic snapshots combined into one
+committed view (state.shards.query_state), so a query during a pending commit sees the last
+committed value, never a half-applied one, and every value of one query is as of one txid.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from state.codec import decode_key, encode_key
 from state.maps import StoredValue, decode_stored
-from state.shards import query_state
+from state.shards import query_state, read_consistently
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Persist
@@ -96,11 +97,32 @@ def list_state(
 
     Consistent: the first page fixes the committed txid C the listing reads at, and the cursor
     carries it. A key written since by txid C+1 (pending or committed) shows its ``prev``, the
-    value as of C; a key created by C+1 is left out. If a key was written by a txid beyond C+1
-    (the state moved twice), the page is refused: list again. Keys never written show nothing.
-    """
+    value as of C; a key created by C+1 is left out. The first page is read again at a newer
+    C while commits move under it (holding them back for a moment if they keep doing so:
+    state.shards.read_consistently), so it always comes back. A later page whose keys were
+    written by a txid beyond C+1 (the state moved twice since the listing began) is refused:
+    list again."""
     if limit < 1:
         raise TridentflowError(f"--limit must be >= 1, got {limit}")
+    if after is not None:
+        page = _list_page(rt, persist, limit, after)
+        if page is None:
+            raise TridentflowError(
+                f"state {persist.state.name} changed twice since this listing began at txid "
+                f"{after.split('-')[0]}: list it again"
+            )
+        return page
+    return read_consistently(
+        lambda: _list_page(rt, persist, limit, None),
+        rt.client,
+        rt.keyspace,
+        f"state {persist.state.name}",
+    )
+
+
+def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> StatePage | None:
+    """One page (see list_state); None if a key on it is beyond txid C+1, or a tombstone of a
+    txid beyond C was dropped meanwhile (a key absent now may have existed as of C)."""
     shards = rt.keyspace.shards
     if after is None:
         committed, shard, scan, skip = rt.ledger.committed_txid(), 0, 0, 0
@@ -121,6 +143,7 @@ def list_state(
         return "-".join(map(str, parts))  # unsharded: the cursor as it always was
 
     entries: list[tuple[bytes, bytes]] = []
+    read_shards = {shard}
     following: str | None = None
     while True:  # fill the page from HSCAN replies, shard after shard
         room = limit - len(entries)
@@ -136,21 +159,22 @@ def list_state(
             scan, skip = int(next_scan), 0
         elif shard + 1 < shards:
             shard, scan, skip = shard + 1, 0, 0
+            read_shards.add(shard)
         else:
             break  # the listing is complete
         if len(entries) == limit:
             following = cursor(shard, scan, skip)
             break
+    dropped = [rt.client.hget(rt.keyspace.shard(i).ledger, "dropped_txid") for i in read_shards]
+    if max(int(d or 0) for d in dropped) > committed:
+        return None
     agg = persist.aggregator
     items = []
     for field, value in entries:
         key = field.decode() if isinstance(field, bytes) else field
         stored = StoredValue.from_json(decode_stored(value, name, key), key, name)
         if stored.txid is not None and stored.txid > committed + 1:
-            raise TridentflowError(
-                f"state {name} changed twice since this listing began at txid {committed} "
-                f"(key {key} is at txid {stored.txid}): list it again"
-            )
+            return None
         current = stored.committed_view(committed)
         if current is not None:
             items.append((decode_key(key), agg.present(current)))

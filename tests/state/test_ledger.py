@@ -13,7 +13,8 @@ from state.errors import CommitOrderError, FencedError, MetadataError
 from state.keys import KeySpace
 from state.ledger import Ledger
 from state.maps import StateKind, make_map_state
-from state.redis_backing import RedisBackingMap, query_committed
+from state.redis_backing import RedisBackingMap
+from state.shards import query_state
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ def test_a_query_during_a_pending_commit_sees_the_committed_value(ledger, redis_
         if txid == 1:
             ledger.mark_committed(ticket, {}, ["counts"])
     # txid 2 wrote the key but is not marked committed
-    assert query_committed(redis_client, ledger.keys, "counts", [key]) == (1, [3])
+    assert query_state(redis_client, ledger.keys, "counts", [key]) == (1, [3])
 
 
 def test_two_pipelines_share_a_redis_without_collisions(redis_client):
