@@ -150,15 +150,11 @@ if tonumber(ARGV[2]) <= 0 then
   return 1
 end
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+if holder then  -- extended, whoever holds it (commands the ACL rules already grant)
+  redis.call('SET', KEYS[1], holder, 'PX', ARGV[2])
+  return holder == ARGV[1] and 1 or 2
 end
-if holder then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 2
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('GET', KEYS[2]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """,
@@ -252,17 +248,16 @@ BEGIN_COMMIT = LuaScript(
 -- ARGV[1] txid  ARGV[2] generation
 -- Returns {0, committed} if the txid is already committed (a re-commit is a no-op),
 -- {token, committed} otherwise; refused (TFORDER) unless the ledger stands at txid-1,
--- (TFGENERATION) if the pipeline was reset since the caller started, (TFHELD ms) while a
--- starved reader holds commits back (HOLD_COMMITS; the caller waits and asks again).
+-- (TFGENERATION) if the pipeline was reset since the caller started, (TFHELD ms: when to
+-- ask again) while a starved reader holds commits back (HOLD_COMMITS).
 local gerr = gen_check(KEYS[3], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
 local txid = tonumber(ARGV[1])
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 if committed >= txid then return {0, committed} end
-local held = redis.call('PTTL', KEYS[4])
-if held > 0 then
-  redis.call('SET', KEYS[5], '1', 'PX', held + 1000)
-  return redis.error_reply('TFHELD ' .. held)
+if redis.call('GET', KEYS[4]) then
+  redis.call('SET', KEYS[5], '1', 'PX', 10000)
+  return redis.error_reply('TFHELD 5')
 end
 redis.call('DEL', KEYS[5])
 if committed ~= txid - 1 then
