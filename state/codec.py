@@ -93,8 +93,15 @@ def decode_key(encoded: str | bytes) -> tuple[Any, ...]:
 def encode_value(value: Any) -> str:
     """Encode a stored value as JSON (int and float stay distinct); the text is valid UTF-8."""
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        if "Out of range float" in str(exc):
+            raise KeyEncodingError(
+                f"value {value!r:.200} holds NaN or an infinity: a state never stores one (an "
+                "aggregate that overflowed a float? fix the function, or quarantine such records)"
+            ) from exc
+        raise KeyEncodingError(f"value {value!r:.200} is not JSON-serialisable: {exc}") from exc
+    except TypeError as exc:
         raise KeyEncodingError(f"value {value!r:.200} is not JSON-serialisable: {exc}") from exc
     check_unicode(text, f"value {value!r:.200}")
     return text

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import re
 
+NON_FINITE = (
+    "a number that is not finite (NaN, Infinity, or beyond ±1.8e308): JSON has no such "
+    "number and no state may hold one; write null or a string"
+)
+"""Why a record, a staged partial or a stored value holding NaN or an infinity is refused."""
+
 
 class TridentflowError(Exception):
     """Base class of errors the CLI reports as a single line."""

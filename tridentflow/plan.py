@@ -11,6 +11,7 @@ where these run; the semantics live here once.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from state.codec import check_unicode, encode_key
 from state.errors import KeyEncodingError
 from tridentflow.aggregators import Combiner
-from tridentflow.errors import BadRecordError, PipelineError
+from tridentflow.errors import NON_FINITE, BadRecordError, PipelineError
 from tridentflow.pipeline import (
     Each,
     Filter,
@@ -320,7 +321,19 @@ class KeyEncoder:
         return encoded
 
 
-_decode_json = json.JSONDecoder().decode
+def _no_constant(name: str) -> Any:
+    raise BadRecordError(f"record holds {name}: {NON_FINITE}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise BadRecordError(f"record holds {text[:40]}: {NON_FINITE}")
+    return value
+
+
+_decode_json = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float).decode
+"""JSON as Python reads it, but NaN / Infinity / 1e400 are bad records, never floats."""
 
 
 def decode_record(raw: bytes) -> Any:

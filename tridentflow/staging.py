@@ -30,7 +30,7 @@ from state.codec import encode_value
 from state.errors import KeyEncodingError
 from tridentflow.engines.base import PartitionCount
 from tridentflow.engines.batchops import StageReport
-from tridentflow.errors import IncompleteBatchError, StagingValueError
+from tridentflow.errors import NON_FINITE, IncompleteBatchError, StagingValueError
 from tridentflow.plan import BadRecord
 from tridentflow.sources.filelog import _fsync_dir, _write_atomic
 
@@ -42,6 +42,8 @@ def _stageable(value: Any, what: str) -> str:
     try:
         return encode_value(value)
     except KeyEncodingError as exc:
+        if isinstance(value, float) or "NaN or an infinity" in str(exc):
+            raise StagingValueError(f"{what}: cannot stage {value!r:.200}: {NON_FINITE}") from None
         raise StagingValueError(
             f"{what}: cannot stage {value!r:.200} as JSON ({exc.__cause__ or exc}); "
             "aggregators and updaters must return JSON values (numbers, strings, lists, "

@@ -34,7 +34,7 @@ from typing import Any
 
 from state.codec import check_unicode
 from state.errors import KeyEncodingError
-from tridentflow.errors import PartitionUnavailable, SourceError
+from tridentflow.errors import NON_FINITE, PartitionUnavailable, SourceError
 from tridentflow.sources.base import LogScan
 
 SEGMENT_RECORDS = 100_000
@@ -65,8 +65,12 @@ EMPTY_HEAD = {"offset": 0, "segment": 0, "size": 0}
 def encode_record(record: Any, what: str = "record") -> str:
     """One record as its log line: compact JSON, one line, valid Unicode; SourceError if not."""
     try:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:
+        if "Out of range float" in str(exc):
+            raise SourceError(f"{what} holds {NON_FINITE}") from None
+        raise SourceError(f"{what} is not JSON-serialisable: {exc}") from None
+    except TypeError as exc:
         raise SourceError(f"{what} is not JSON-serialisable: {exc}") from None
     check_line(line, what)
     return line
