@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from state.keys import KeySpace
+from tridentflow.errors import TridentflowError
 
 COMMANDS = (
     # connection: redis-py's handshake (HELLO) and checks (PING; SELECT for a db other than 0)
@@ -92,5 +93,12 @@ def setuser_line(
     cluster: bool = False,
     streams: Sequence[str] = (),
 ) -> str:
-    """The whole ``ACL SETUSER`` command, with a placeholder for the password."""
+    """The whole ``ACL SETUSER`` command, with a placeholder for the password. TridentflowError
+    for a user name Redis would read otherwise (empty, or holding spaces or control
+    characters: ``a b`` would set up user ``a``)."""
+    if not user or any(c.isspace() or not c.isprintable() for c in user):
+        raise TridentflowError(
+            f"Redis user name {user!r} cannot be written in an ACL SETUSER line: use one "
+            "word of printable characters, without spaces"
+        )
     return f"ACL SETUSER {user} on >PASSWORD {rules(pipeline, namespace, cluster, streams)}"

@@ -28,10 +28,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import redis
 
@@ -62,16 +62,43 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--faults", help="fault injection spec (adds to TRIDENTFLOW_FAULTS)")
 
 
+def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in [minimum, maximum], else a one-line error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            upper = f" and <= {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number >= {minimum}{upper}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (naming the fix), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tridentflow", description="Trident's exactly-once batches on Spark and Redis."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser
+    )
 
     p = sub.add_parser("produce", help="append records (one per line of FILE) to the source")
     p.add_argument("pipeline")
     p.add_argument("file", help="input file, '-' for stdin")
-    p.add_argument("--partitions", type=int, help="create or grow the log to P partitions")
+    p.add_argument("--partitions", type=whole(1), help="create or grow the log to P partitions")
     p.add_argument("--json", action="store_true", help="each line is a JSON record")
     p.add_argument(
         "--skip-unavailable",
@@ -82,12 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run txids until the source is drained (or --batches)")
     p.add_argument("pipeline")
-    p.add_argument("--batches", type=int, help="run at most N txids")
-    p.add_argument("--batch-size", type=int, help="records per partition per txid")
+    p.add_argument("--batches", type=whole(1), help="run at most N txids")
+    p.add_argument("--batch-size", type=whole(1), help="records per partition per txid")
     p.add_argument("--engine", choices=("spark", "local"), default="spark")
     p.add_argument(
         "--depth",
-        type=int,
+        type=whole(1),
         default=1,
         help="txids emitting at once while commits stay ordered (max.spout.pending)",
     )
@@ -98,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--wait-replicas",
-        type=int,
+        type=whole(0),
         metavar="N",
         help="each commit succeeds only once N Redis replicas acknowledged its mark (WAIT; env"
         " TRIDENTFLOW_WAIT_REPLICAS, timeout TRIDENTFLOW_WAIT_TIMEOUT_MS, default 5000)",
@@ -118,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--all", action="store_true", help="list every key (TupleCollectionGet), paginated"
     )
-    p.add_argument("--limit", type=int, default=100, help="with --all: keys per page (at most)")
+    p.add_argument(
+        "--limit", type=whole(1), default=100, help="with --all: keys per page (at most)"
+    )
     p.add_argument("--after", help="with --all: the cursor a previous page printed")
     _common(p)
 
@@ -133,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("quarantine", help="list the bad records set aside by commits")
     p.add_argument("pipeline")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=whole(1), default=20)
     p.add_argument("--json", action="store_true")
     _common(p)
 
@@ -163,8 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("chaos", help="random fault schedules, resume, audit (own redis-server)")
-    p.add_argument("--schedules", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0, help="first schedule's seed (then +1, +2, ...)")
+    p.add_argument("--schedules", type=whole(1), default=100)
+    p.add_argument(
+        "--seed", type=whole(0), default=0, help="first schedule's seed (then +1, +2, ...)"
+    )
     p.add_argument(
         "--pipelines",
         default="wordcount,wordcount-opaque,partitioned-count,mutating,mutating-opaque",
@@ -180,13 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "spark-connect", help="start (or --stop) a local Spark Connect server, print its URL"
     )
-    p.add_argument("--port", type=int, default=15002)
+    p.add_argument("--port", type=whole(1, 65535), default=15002)
     p.add_argument("--master", default="local[*]", help="the server's Spark master")
     p.add_argument("--stop", action="store_true")
     p.add_argument("--home")
 
     p = sub.add_parser("dev-redis", help="start (or --stop) a local redis-server, print its URL")
-    p.add_argument("--port", type=int, default=6390)
+    p.add_argument("--port", type=whole(1, 65535), default=6390)
     p.add_argument("--dir", help="data directory (default: HOME/redis)")
     p.add_argument("--stop", action="store_true")
     p.add_argument("--home")
@@ -289,8 +320,6 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
     )
     replicas = getattr(args, "wait_replicas", None)
     if replicas is not None:
-        if replicas < 0:
-            raise TridentflowError(f"--wait-replicas must be >= 0, got {replicas}")
         rt.replicas = replicas
     return rt
 

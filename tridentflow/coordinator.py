@@ -46,9 +46,9 @@ def new_metadata(
     rt: Runtime, txid: int, committed: int, batch_size: int | None = None
 ) -> dict[str, Any]:
     source = rt.pipeline.source
-    size = int(batch_size or source.batch_size)
+    size = int(source.batch_size if batch_size is None else batch_size)
     if size < 1:
-        raise SourceError(f"batch size must be >= 1, got {size}")
+        raise SourceError(f"batch size must be a whole number >= 1, got {batch_size!r}")
     meta: dict[str, Any] = {"txid": txid, "mode": source.mode.value, "batch_size": size}
     if source.mode is not SourceMode.TRANSACTIONAL:
         return meta

@@ -23,7 +23,7 @@ from tridentflow.committer import CommitResult, commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
 from tridentflow.engines.base import Engine
-from tridentflow.errors import IncompleteBatchError, NotReadyError
+from tridentflow.errors import IncompleteBatchError, NotReadyError, TridentflowError
 from tridentflow.runtime import Runtime
 
 
@@ -102,8 +102,8 @@ def run_pipelined(
     on_commit: Callable[[CommitResult], None] | None = None,
 ) -> RunSummary:
     """Like run_batches, with up to ``depth`` txids in flight (emitting) at once."""
-    if depth < 1:
-        raise ValueError(f"depth must be >= 1, got {depth}")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise TridentflowError(f"depth must be a whole number >= 1, got {depth!r}")
     rt.check_layout()
     summary = RunSummary()
     driver = f"cli-{uuid.uuid4().hex[:12]}"

@@ -19,6 +19,11 @@ class PipelineError(TridentflowError):
     """The pipeline definition is invalid or its semantics are refused."""
 
 
+class InvalidNameError(PipelineError, ValueError):
+    """A pipeline, state or namespace name that cannot name Redis keys (still a ValueError,
+    as it was before it became one of tridentflow's one-line errors)."""
+
+
 class SourceError(TridentflowError):
     """The source log is missing, malformed, or a range cannot be read."""
 

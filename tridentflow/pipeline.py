@@ -35,7 +35,7 @@ from tridentflow.aggregators import (
     StateUpdater,
     guard,
 )
-from tridentflow.errors import PipelineError
+from tridentflow.errors import InvalidNameError, PipelineError
 from tridentflow.static_state import FileLookup, Lookup, RedisHashLookup, StaticState
 
 
@@ -141,13 +141,21 @@ class RedisStreamSource(LogSource):
         return [self.streams.format(pipeline=pipeline, partition=p) for p in range(self.partitions)]
 
 
+def _checked_name(kind: str, name: str) -> str:
+    """``name`` if it can name a pipeline or state in Redis keys; PipelineError otherwise."""
+    try:
+        return check_name(kind, name)
+    except ValueError as exc:
+        raise InvalidNameError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class StateSpec:
     name: str
     kind: StateKind = StateKind.OPAQUE
 
     def __post_init__(self) -> None:
-        check_name("state", self.name)
+        _checked_name("state", self.name)
         object.__setattr__(self, "kind", StateKind.parse(self.kind))
 
 
@@ -810,7 +818,7 @@ class Pipeline:
     """Names given with ``Stream.name``, by node (nodes compare by identity)."""
 
     def __post_init__(self) -> None:
-        check_name("pipeline", self.name)
+        _checked_name("pipeline", self.name)
         if self.max_bad_records is not None and self.max_bad_records < 0:
             raise PipelineError(f"max_bad_records must be >= 0, got {self.max_bad_records}")
         if self.max_bad_fraction is not None and not 0 <= self.max_bad_fraction <= 1:

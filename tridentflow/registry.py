@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from tridentflow.errors import PipelineError
+from tridentflow.errors import PipelineError, TridentflowError
 from tridentflow.pipeline import Pipeline
 
 EXAMPLES = {
@@ -38,12 +38,25 @@ def load_pipeline(ref: str) -> Pipeline:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise PipelineError(f"pipeline {ref!r}: cannot import {module_name}: {exc}") from None
+    except TridentflowError:
+        raise
+    except Exception as exc:  # the module's own code failed while it was imported
+        raise PipelineError(
+            f"pipeline {ref!r}: importing {module_name} raised {type(exc).__name__}: {exc}"
+        ) from None
     try:
         obj = getattr(module, attr)
     except AttributeError:
         raise PipelineError(f"pipeline {ref!r}: {module_name} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, Pipeline):
-        obj = obj()
+        try:
+            obj = obj()
+        except TridentflowError:
+            raise
+        except Exception as exc:  # the user's own code: one line naming where it failed
+            raise PipelineError(
+                f"pipeline {ref!r}: {target} raised {type(exc).__name__}: {exc}"
+            ) from None
     if not isinstance(obj, Pipeline):
         raise PipelineError(f"pipeline {ref!r} is a {type(obj).__name__}, not a Pipeline")
     return obj.validate()

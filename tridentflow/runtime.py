@@ -9,12 +9,17 @@ from pathlib import Path
 
 import redis
 
-from state.keys import KeySpace, check_shards
+from state.keys import KeySpace, check_name, check_shards
 from state.ledger import Ledger
 from state.redis_backing import RedisBackingMap
 from state.replication import wait_for_replicas_of
 from state.shards import ShardedRedisBackingMap, check_layout, stored_shards
-from tridentflow.errors import PartitionUnavailable, ReplicationError, TridentflowError
+from tridentflow.errors import (
+    InvalidNameError,
+    PartitionUnavailable,
+    ReplicationError,
+    TridentflowError,
+)
 from tridentflow.faults import FaultPlan
 from tridentflow.pipeline import Pipeline, RedisStreamSource
 from tridentflow.plan import Plan, compile_pipeline
@@ -38,8 +43,16 @@ SHARDS_ENV = "TRIDENTFLOW_STATE_SHARDS"
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The home (source logs, staging): ``explicit``, else TRIDENTFLOW_HOME, else
+    ~/.tridentflow. TridentflowError (one line) if it exists and is not a directory."""
     raw = explicit or os.environ.get(HOME_ENV) or Path.home() / ".tridentflow"
-    return Path(raw).expanduser().resolve()
+    home = Path(raw).expanduser().resolve()
+    if home.exists() and not home.is_dir():
+        raise TridentflowError(
+            f"the tridentflow home {home} (--home or {HOME_ENV}) is a file, not a directory: "
+            "point it at a directory"
+        )
+    return home
 
 
 def _env_int(name: str, default: int) -> int:
@@ -56,8 +69,15 @@ def _env_int(name: str, default: int) -> int:
 
 
 def resolve_namespace(explicit: str | None = None) -> str:
-    """The deployment's key namespace: ``explicit``, else TRIDENTFLOW_NAMESPACE, else none."""
-    return explicit if explicit is not None else os.environ.get(NAMESPACE_ENV, "")
+    """The deployment's key namespace: ``explicit``, else TRIDENTFLOW_NAMESPACE, else none.
+    TridentflowError (one line) if it is not a valid name."""
+    namespace = explicit if explicit is not None else os.environ.get(NAMESPACE_ENV, "")
+    if namespace:
+        try:
+            check_name("namespace", namespace)
+        except ValueError as exc:
+            raise InvalidNameError(f"{exc} (--namespace or {NAMESPACE_ENV})") from None
+    return namespace
 
 
 def check_access(client: redis.Redis, keyspace: KeySpace, url: str) -> None:
@@ -134,7 +154,7 @@ class Runtime:
             return check_shards(self.shards)
         if self.pipeline.state_shards is not None:
             return self.pipeline.state_shards
-        shards = _env_int(SHARDS_ENV, 1) or 1
+        shards = _env_int(SHARDS_ENV, 1)
         try:
             return check_shards(shards)
         except ValueError as exc:

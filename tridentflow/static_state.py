@@ -44,10 +44,16 @@ def lookup_field(key: tuple[Any, ...]) -> str:
     return json.dumps(list(key), separators=(",", ":"), ensure_ascii=False)
 
 
-def _decode(raw: Any, values: str, where: str) -> Any:
+def _decode(raw: Any, values: str, where: str, field: str = "") -> Any:
     if raw is None:
         return None
-    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise SourceError(
+            f"static state {where}: the value of {field!r} is not UTF-8 ({raw[:40]!r}): store "
+            "it as UTF-8 text"
+        ) from None
     if values == "text":
         return text
     try:
@@ -77,8 +83,12 @@ class RedisHashLookup:
         try:
             out: list[Any] = []
             for i in range(0, len(fields), QUERY_CHUNK):
-                raw = client.hmget(self.key, list(fields[i : i + QUERY_CHUNK]))
-                out.extend(_decode(r, self.values, f"hash {self.key}") for r in raw)
+                chunk = list(fields[i : i + QUERY_CHUNK])
+                raw = client.hmget(self.key, chunk)
+                where = f"hash {self.key}"
+                out.extend(
+                    _decode(r, self.values, where, f) for r, f in zip(raw, chunk, strict=True)
+                )
             return out
         finally:
             client.close()

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
+from tridentflow.errors import TridentflowError
 from tridentflow.registry import load_pipeline
 from tridentflow_airflow.assets import commit_alias
 from tridentflow_airflow.operators import (
@@ -41,6 +42,44 @@ def default_dag_id(pipeline_name: str) -> str:
     return f"tridentflow_{pipeline_name.replace('-', '_')}"
 
 
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise TridentflowError(f"{name} must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def check_dag_arguments(
+    retries: int,
+    max_active_runs: int,
+    batch_size: int | None,
+    lease: timedelta,
+    retry_delay: timedelta,
+) -> None:
+    """TridentflowError (one line, shown by Airflow as the DAG file's import error) for a
+    value a tridentflow DAG cannot run with."""
+    problems = [
+        (not _whole(retries, 1), f"retries must be a whole number >= 1 (a retry replays the "
+                                  f"same txid), got {retries!r}"),
+        (not _whole(max_active_runs, 1), f"max_active_runs must be >= 1, got {max_active_runs!r}"),
+        (batch_size is not None and not _whole(batch_size, 1),
+         f"batch_size must be a whole number >= 1 or None, got {batch_size!r}"),
+        (lease <= timedelta(0), f"lease must be positive, got {lease}"),
+        (retry_delay < timedelta(0), f"retry_delay must be >= 0, got {retry_delay}"),
+    ]  # fmt: skip
+    for bad, message in problems:
+        if bad:
+            raise TridentflowError(f"pipeline_dag: {message}")
+
+
+def _whole(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def pipeline_dag(
     pipeline: str,
     *,
@@ -66,9 +105,8 @@ def pipeline_dag(
     anyway, and later txids would only wait for earlier ones.
     """
     if retry_delay is None:
-        retry_delay = timedelta(seconds=float(os.environ.get(RETRY_DELAY_ENV, "10")))
-    if retries < 1:
-        raise ValueError("tridentflow DAGs need retries >= 1 (a retry replays the same txid)")
+        retry_delay = timedelta(seconds=_env_seconds(RETRY_DELAY_ENV, 10.0))
+    check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay)
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}
     with DAG(

@@ -196,3 +196,29 @@ def test_the_emit_renews_the_dags_lease_and_runs_workers_on_this_interpreter(dag
     assert emit.emit_env()["PYSPARK_PYTHON"] == sys.executable
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python3")
     assert emit.emit_env()["PYSPARK_PYTHON"] == "/opt/python3"
+
+
+def test_the_dag_factory_refuses_bad_arguments_in_one_line(monkeypatch):
+    """What a DAG file may pass (or the environment may set) that no run could use: one line,
+    which Airflow shows as the DAG file's import error."""
+    from datetime import timedelta
+
+    import pytest
+
+    from tridentflow.errors import TridentflowError
+    from tridentflow_airflow import pipeline_dag
+
+    for kwargs, says in [
+        ({"retries": 0}, "retries must be a whole number >= 1"),
+        ({"batch_size": 0}, "batch_size must be a whole number >= 1"),
+        ({"batch_size": 2.5}, "batch_size must be a whole number >= 1"),
+        ({"max_active_runs": 0}, "max_active_runs must be >= 1"),
+        ({"lease": timedelta(0)}, "lease must be positive"),
+        ({"retry_delay": timedelta(seconds=-1)}, "retry_delay must be >= 0"),
+    ]:
+        with pytest.raises(TridentflowError, match=says) as info:
+            pipeline_dag("wordcount", dag_id="bad_args", **kwargs)
+        assert "\n" not in str(info.value)
+    monkeypatch.setenv("TRIDENTFLOW_RETRY_DELAY_SECONDS", "soon")
+    with pytest.raises(TridentflowError, match="TRIDENTFLOW_RETRY_DELAY_SECONDS"):
+        pipeline_dag("wordcount", dag_id="bad_env")
