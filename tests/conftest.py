@@ -17,6 +17,7 @@ import redis
 from tridentflow import devredis
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.quiet_shutdown"]
 SEED_SENTENCES = ["how are you", "nice to meet you", "what a good day"]
 SEED_COUNTS = {
     "how": 1,
