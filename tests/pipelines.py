@@ -220,3 +220,21 @@ def explodes() -> Pipeline:
         "word", Explodes(), "n"
     ).partition_persist(StateSpec("n", StateKind.OPAQUE), keep_all, "word", "n")
     return pipeline
+
+
+def slow_word(sentence: str) -> Iterator[tuple[str]]:
+    """A per-record function that takes its time: a job long enough to be cut mid-way."""
+    import time
+
+    time.sleep(0.02)
+    for word in sentence.split():
+        yield (word,)
+
+
+def slow() -> Pipeline:
+    """A word count whose every record costs 20 ms (Spark jobs that run for seconds)."""
+    pipeline = Pipeline("slow", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE))
+    pipeline.stream.each("sentence", slow_word, "word").group_by("word").persistent_aggregate(
+        StateSpec("counts", StateKind.OPAQUE), Count()
+    )
+    return pipeline

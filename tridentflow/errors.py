@@ -84,6 +84,12 @@ def one_line(exc: BaseException) -> str:
     if module.startswith(("py4j", "pyspark")):
         cause = _python_cause(text)
         return f"Spark task failed: {cause}" if cause else f"Spark: {_first(text, exc)}"
+    if module.startswith("grpc"):  # a Connect client's raw gRPC error (a _MultiThreadedRendezvous)
+        try:
+            code, details = exc.code().name, exc.details()  # type: ignore[attr-defined]
+        except Exception:
+            code, details = type(exc).__name__, text
+        return f"Spark Connect: {code}: {_first(details or '', exc)}"
     if module.startswith("redis"):
         if type(exc).__name__ == "NoPermissionError":
             return (

@@ -21,12 +21,16 @@ a Spark shuffle with Trident's count reports and a deterministic order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
+import re
 import sys
+import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +49,7 @@ from tridentflow.engines.tasks import (
     split_ranges,
     task_records,
 )
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import TridentflowError, one_line
 from tridentflow.plan import Plan
 
 if TYPE_CHECKING:
@@ -63,6 +67,45 @@ class SparkEngine:
         self.remote = is_connect(spark)
 
     def compute(
+        self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
+    ) -> ComputeResult:
+        """The batch's ComputeResult. Over Connect, bounded: a server that stops answering
+        fails it once the retry budget is spent, and a job still running after the job
+        deadline is interrupted - each one line naming the endpoint."""
+        if not self.remote:
+            return self._compute(plan, log_root, ranges, ctx)
+        _handshake, retry_s, job_s = connect_deadlines()
+        endpoint = getattr(self.spark, "_tridentflow_endpoint", "the Spark Connect server")
+        expired = threading.Event()
+
+        def interrupt() -> None:
+            expired.set()
+            with contextlib.suppress(Exception):
+                self.spark.interruptAll()
+
+        timer = threading.Timer(job_s, interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self._compute(plan, log_root, ranges, ctx)
+        except TridentflowError:
+            raise
+        except Exception as exc:
+            if expired.is_set():
+                raise TridentflowError(
+                    f"Spark Connect at {endpoint}: the job did not finish within {job_s:.0f}s "
+                    f"({JOB_ENV}) and was interrupted"
+                ) from None
+            if lost_server(exc):
+                raise TridentflowError(
+                    f"Spark Connect at {endpoint} stopped answering during the job (retried "
+                    f"for up to {retry_s:.0f}s, {RETRY_ENV}): {grpc_summary(exc)}"
+                ) from None
+            raise
+        finally:
+            timer.cancel()
+
+    def _compute(
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
     ) -> ComputeResult:
         ctx = ctx or ExecContext(0, "")
@@ -206,6 +249,16 @@ def _read_tasks_arrow(
             yield pa.RecordBatch.from_pydict({"task": [index], "result": [pickle.dumps(out)]})
 
 
+def lost_server(exc: BaseException) -> bool:
+    """Whether ``exc`` says the Connect server could not be reached (not a failed task)."""
+    if type(exc).__module__.startswith("grpc"):
+        return True
+    text = str(exc)
+    if "PythonException" in text or "Traceback" in text:
+        return False
+    return any(mark in text for mark in ("RETRIES_EXCEEDED", "UNAVAILABLE", "DEADLINE_EXCEEDED"))
+
+
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect client session."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
@@ -254,35 +307,117 @@ def quiet_java_options() -> str:
 CONNECT_PORT = 15002
 CONNECT_TIMEOUT = 10.0
 
+HANDSHAKE_ENV = "TRIDENTFLOW_CONNECT_TIMEOUT_S"
+"""Seconds a Spark Connect server has to answer the first call (default 10)."""
+RETRY_ENV = "TRIDENTFLOW_CONNECT_RETRY_S"
+"""Seconds a call keeps retrying a server that stopped answering (default 30; the client's
+own policy retries for 10 minutes and more)."""
+JOB_ENV = "TRIDENTFLOW_SPARK_JOB_TIMEOUT_S"
+"""Seconds one emit's Spark job may run over Connect before it is interrupted (default 3600)."""
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise TridentflowError(f"{name} must be a number of seconds > 0, got {raw!r}")
+    return value
+
+
+def connect_deadlines() -> tuple[float, float, float]:
+    """(handshake, retry budget, job) in seconds, from the environment (see above)."""
+    return (
+        _env_seconds(HANDSHAKE_ENV, CONNECT_TIMEOUT),
+        _env_seconds(RETRY_ENV, 30.0),
+        _env_seconds(JOB_ENV, 3600.0),
+    )
+
+
+def _bound_client(session: SparkSession, call_s: float, retry_s: float) -> None:
+    """Give a Connect client bounded calls: every RPC but a job's execution stream has a
+    deadline of ``call_s``, and a server that stops answering is retried for about
+    ``retry_s`` seconds in all (backoff 0.2, 0.4, ... 5 s), not the client's 10+ minutes."""
+    from pyspark.sql.connect.client.core import RpcDeadlines
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    waits, total = 0, 0.0
+    while True:
+        step = min(0.2 * 2**waits, 5.0)
+        if total + step > retry_s:
+            break
+        total, waits = total + step, waits + 1
+    policy = DefaultPolicy(
+        max_retries=waits,
+        initial_backoff=200,
+        backoff_multiplier=2.0,
+        max_backoff=5000,
+        jitter=100,
+        max_server_retry_delay=int(retry_s * 1000),
+    )
+    session.client.set_retry_policies([policy])
+    quick = max(call_s, 1.0)
+    session.client._rpc_deadlines = RpcDeadlines(  # pinned pyspark; tests/test_spark.py checks
+        reattachable_execute_plan=600.0,
+        reattach_execute=600.0,
+        analyze_plan=quick,
+        add_artifacts=max(quick, 300.0),
+        config=quick,
+        interrupt=quick,
+        release_session=quick,
+        artifact_status=quick,
+        clone_session=quick,
+        get_status=quick,
+        fetch_error_details=quick,
+    )
+
 
 class _SessionClosed(Exception):
     pass
 
 
 def _connect(url: str, app_name: str) -> SparkSession:
-    """A Connect client session, checked with one round trip (the server's version). With a
-    ``session_id`` in ``url``, a new client of exactly that session (not this process's
-    default session, which getOrCreate would return)."""
+    """A Connect client session with bounded calls (``_bound_client``), checked with one round
+    trip (the server's version) within the handshake deadline. With a ``session_id`` in
+    ``url``, a new client of exactly that session (not this process's default session).
+    ``app_name`` is the server's to choose (a Connect session has no name of its own)."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.remote(url)
+    handshake, retry_s, _job = connect_deadlines()
+    shown = url.split("/;", 1)[0]
+    # the client warns before it raises; the error we raise says it in one line
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
     session = None
     try:
-        if "session_id=" in url:
-            session = builder.create()  # no options: create() itself makes no call
-        else:
-            session = builder.appName(app_name).getOrCreate()
+        session = SparkSession.builder.remote(url).create()  # create() itself makes no call
+        _bound_client(session, handshake, min(retry_s, handshake))
         session.version  # noqa: B018 (the round trip)
+        _bound_client(session, max(handshake, 60.0), retry_s)
+        session._tridentflow_endpoint = shown  # type: ignore[attr-defined]
         return session
     except Exception as exc:  # grpc's errors are many screens long
-        if session is not None and "SESSION_CLOSED" in str(exc):
-            session.release_session_on_close = False  # it is closed already
-            session.stop()  # forget it now (its client, left to exit, can hang there)
+        if session is not None:  # forget it now: at exit its client would retry the release
+            session.release_session_on_close = False
+            with contextlib.suppress(Exception):
+                session.stop()
+        if "SESSION_CLOSED" in str(exc):
             raise _SessionClosed from None
-        shown = url.split("/;", 1)[0]
         raise TridentflowError(
-            f"cannot reach Spark Connect at {shown}: {type(exc).__name__}"
+            f"cannot reach Spark Connect at {shown} within {handshake:.0f}s "
+            f"({HANDSHAKE_ENV}): {grpc_summary(exc)}"
         ) from None
+
+
+def grpc_summary(exc: BaseException) -> str:
+    """A Connect client error in a few words: its gRPC status and details, when it has them."""
+    text = str(exc)
+    code = re.search(r"status = StatusCode\.(\w+)", text)
+    details = re.search(r'details = "([^"]*)"', text)
+    if code:
+        return f"{code.group(1)}" + (f": {details.group(1)}" if details else "")
+    return one_line(exc)
 
 
 def check_connect_url(remote: str, timeout: float = CONNECT_TIMEOUT) -> None:
