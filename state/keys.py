@@ -141,6 +141,12 @@ class KeySpace:
         return f"{self.base}:offsets"
 
     @property
+    def base_offsets(self) -> str:
+        """Hash partition -> the offset this generation started reading at (set by a reset of
+        a reader whose stream was trimmed before it; absent: 0). Audit recomputes from there."""
+        return f"{self.base}:base-offsets"
+
+    @property
     def quarantine(self) -> str:
         """Hash "partition:offset" -> JSON of a quarantined (bad) record."""
         return f"{self.base}:quarantine"

@@ -30,7 +30,13 @@ from typing import Any
 
 import redis
 
-from state.errors import CommitsHeldError, GenerationError, MetadataError, RetryError
+from state.errors import (
+    CommitsHeldError,
+    GenerationError,
+    MetadataError,
+    RetryError,
+    StateError,
+)
 from state.keys import KeySpace
 from state.replication import wait_for_replicas
 from state.scripts import (
@@ -150,6 +156,22 @@ class Ledger:
     def committed_offsets(self) -> dict[int, int]:
         raw = self.client.hgetall(self.keys.offsets)
         return {int(k): int(v) for k, v in raw.items()}
+
+    def base_offsets(self) -> dict[int, int]:
+        """Where this generation started reading, per partition (0 where not recorded)."""
+        raw = self.client.hgetall(self.keys.base_offsets)
+        return {int(k): int(v) for k, v in raw.items()}
+
+    def start_at(self, offsets: Mapping[int, int]) -> None:
+        """A fresh generation (right after ``reset``) starts reading at ``offsets``: they are
+        its committed offsets and its base offsets. Only before anything is committed."""
+        if not offsets:
+            return
+        if self.committed_txid() != 0:
+            raise StateError(f"pipeline {self.pipeline} has committed txids: reset it first")
+        mapping = {int(p): int(o) for p, o in offsets.items()}
+        self.client.hset(self.keys.offsets, mapping=mapping)
+        self.client.hset(self.keys.base_offsets, mapping=mapping)
 
     def tx_info(self, txid: int) -> dict[str, str]:
         raw = self.client.hgetall(self.keys.tx(txid))

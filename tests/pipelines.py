@@ -238,3 +238,25 @@ def slow() -> Pipeline:
         StateSpec("counts", StateKind.OPAQUE), Count()
     )
     return pipeline
+
+
+def _shared_words(name: str) -> Pipeline:
+    from tridentflow.examples.wordcount import wordcount_over
+    from tridentflow.pipeline import RedisStreamSource
+
+    source = RedisStreamSource(
+        fields=("sentence",),
+        mode=SourceMode.OPAQUE,
+        partitions=2,
+        streams="shared-events:p{partition}",
+    )
+    return wordcount_over(name, source, "a word count over streams other readers share")
+
+
+def shared_a() -> Pipeline:
+    """Two pipelines reading the same two streams (``shared-events:p0``, ``p1``)."""
+    return _shared_words("shared-a")
+
+
+def shared_b() -> Pipeline:
+    return _shared_words("shared-b")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from state.maps import MapState, OpaqueMap, StoredValue
-from tridentflow.chaos import run_chaos
+from tridentflow.chaos import STREAM_PIPELINES, run_chaos
 
 CI_SCHEDULES = 60
 
@@ -154,3 +154,29 @@ def test_the_harness_catches_positions_that_forget_a_skipped_partition(monkeypat
     )
     results = run_chaos(50, seed=0, pipelines=("wordcount-windowed",), redis_restarts=False)
     assert not results[-1].ok, "50 schedules did not expose positions reused across batches"
+
+
+def test_stream_schedules_with_external_mutations_are_exact():
+    """The Redis Streams family: XDEL and trims of what was read, entries removed before they
+    were read, streams deleted and recreated, bytes that are not UTF-8 - among every other
+    fault; the operator resets the reader where status names a stream that lost entries."""
+    results = run_chaos(40, seed=0, pipelines=STREAM_PIPELINES)
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    events = " ".join(e for r in results for e in r.events)
+    for kind in ("stream-xdel-read", "stream-trim-read", "stream-xdel-unread",
+                 "stream-maxlen-unread", "stream-delete", "stream-recreate", "bad-entry",
+                 "reader-reset"):  # fmt: skip
+        assert kind in events, f"no {kind} event in 40 stream schedules"
+
+
+def test_the_harness_catches_a_recreated_stream_read_as_new(monkeypatch):
+    from tridentflow.sources.redisstream import RedisStreamLog
+
+    def lax(self, partition, start, info):  # no check that the stream is the one it read
+        if self.group not in self.groups(partition):
+            self._create_group(partition, start)
+
+    monkeypatch.setattr(RedisStreamLog, "_check_group", lax)
+    results = run_chaos(120, seed=0, pipelines=STREAM_PIPELINES)
+    assert not results[-1].ok, "120 stream schedules did not expose a recreated stream"

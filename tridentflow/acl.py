@@ -64,6 +64,11 @@ STREAM_COMMANDS = (
     "xtrim",  # trim
     "hkeys",  # the ordinal index: the nearest indexed ordinal, and trim
     "hdel",  # trim: index entries below the committed position
+    "xgroup|create",  # each reader's consumer group (its registration on a shared stream)
+    "xgroup|setid",  # the group follows the reader's committed entry
+    "xgroup|destroy",  # a reset moves the group to where the reader starts again
+    "xinfo|groups",  # the other readers: trim and reset --source respect them
+    "xpending",  # a foreign group's oldest unacknowledged entry (trim keeps it)
 )
 """What a pipeline reading Redis Streams needs in addition."""
 

@@ -60,11 +60,12 @@ class AuditReport:
 def audit(rt: Runtime) -> AuditReport:
     committed = rt.ledger.committed_txid()
     offsets = rt.ledger.committed_offsets()
+    base = rt.ledger.base_offsets()  # where this generation started reading (a reset reader)
     report = AuditReport(committed)
-    ranges = {p: (0, end) for p, end in offsets.items()}
-    scan = rt.log.scan() if rt.log.exists() else None
+    ranges = {p: (base.get(p, 0), end) for p, end in offsets.items()}
+    scan = rt.log.scan(offsets) if rt.log.exists() else None
     for partition, end in sorted(offsets.items()):
-        if end == 0:
+        if end <= base.get(partition, 0):
             continue
         if scan is None or partition in scan.unavailable:
             report.unreadable[partition] = (
@@ -76,8 +77,8 @@ def audit(rt: Runtime) -> AuditReport:
                 f"{end}"
             )
         else:
-            try:  # everything from offset 0 still there (a trimmed stream is not)
-                rt.log.probe(partition, 0, end)
+            try:  # everything from the start still there (a trimmed stream is not)
+                rt.log.probe(partition, base.get(partition, 0), end)
             except PartitionUnavailable as exc:
                 report.unreadable[partition] = exc.reason
     if report.unreadable:

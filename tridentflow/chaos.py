@@ -17,6 +17,12 @@ retries a task) through a random mix of:
 * an operator's ``reset --source`` while a run is in flight: the run's next step must be
   refused (GenerationError), and only what is produced afterwards may be counted;
 * runs that give up (their txid is released and adopted by the next run);
+* for the Redis Streams pipelines (``STREAM_PIPELINES``), the external mutations other
+  clients make: XDEL of entries already read (the last one too), trims of what was read, and
+  entries removed before they were read (XDEL, XTRIM MAXLEN), a stream deleted or deleted
+  and recreated, bytes that are not UTF-8. The first kind must go on counting; for the
+  others the operator sees the reason in ``status``, resets the reader, and from then on
+  exactly what the streams hold must be counted;
 * state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard);
 * against a gated Redis Cluster with replicas (``cluster=``, tridentflow.devcluster):
   failovers with replication lag - a master's replication is held (the ledger's or a state
@@ -55,7 +61,12 @@ from tridentflow.devcluster import LocalCluster
 from tridentflow.driver import backlog, run_batches
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable, ReplicationError, TridentflowError
+from tridentflow.errors import (
+    PartitionUnavailable,
+    ReplicationError,
+    SourceError,
+    TridentflowError,
+)
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.query import list_state, query
@@ -63,6 +74,8 @@ from tridentflow.registry import load_pipeline
 from tridentflow.reset import reset_pipeline
 from tridentflow.runs import coordinate_run, emit_run, release_run
 from tridentflow.runtime import Runtime, connect
+from tridentflow.sources.redisstream import RedisStreamLog
+from tridentflow.status import status
 
 WORDS = (
     "man", "dog", "apple", "how", "are", "you", "nice", "day", "good", "a", "ünï", "中文",
@@ -70,7 +83,11 @@ WORDS = (
 )  # fmt: skip
 BAD_LINES = ('{"not json', '"bad \\ud800 word"', '["wrong", "arity"]', "\xff")
 """Undecodable records an external producer could write; each must be quarantined."""
+BAD_ENTRIES = ({b"sentence": b"caf\xe9"}, {b"sent\xffence": b"x"}, {b"other": b"field"})
+"""Stream entries another producer could XADD that are no sentence; each is quarantined."""
 PIPELINES = ("wordcount", "wordcount-opaque", "partitioned-count", "mutating", "mutating-opaque")
+STREAM_PIPELINES = ("wordcount-stream", "wordcount-stream-tx")
+"""Redis Streams sources: their schedules add the external stream mutations."""
 RETRIES = 3
 SHARD_CHOICES = (1, 2, 3)
 """State shards a schedule may run with (see schedule_shards): the sharded fencing and
@@ -198,7 +215,10 @@ class Chaos:
         rt = self._runtime(load_pipeline(name), home, shards=shards)
         if shards > 1:
             result.events.append(f"state-shards:{shards}")
-        rt.ledger.reset(force=True)
+        if isinstance(rt.log, RedisStreamLog):  # streams live in Redis: start from none
+            reset_pipeline(rt, force=True, source=True)
+        else:
+            rt.ledger.reset(force=True)
         sched = _Schedule(rng, rt, result, home / "aside")
         sched.append(rng.randint(5, 60))
         runs = rng.randint(3, 8)
@@ -207,6 +227,8 @@ class Chaos:
         self._drive(sched, runs, batch_size)
 
         sched.end_outage("drain")
+        if isinstance(sched.rt.log, RedisStreamLog) and status(sched.rt)["unavailable_partitions"]:
+            sched.operator_resets_reader("drain")
         if sched.lagging is not None:  # the replica catches up: nothing lost, nothing to fail
             self.cluster.release_replication(sched.lagging[0])
             sched.lagging = None
@@ -258,7 +280,10 @@ class Chaos:
                 sched.append(rng.randint(1, 10), during=f"step{step}")
                 continue
             if roll < 0.19:
-                sched.toggle_outage(f"step{step}")
+                if isinstance(rt.log, RedisStreamLog):
+                    sched.mutate_stream(f"step{step}")
+                else:
+                    sched.toggle_outage(f"step{step}")
                 continue
             if roll < 0.2 and not sched.was_reset:
                 self._reset_in_flight(sched, run_id, steps[step_index], step)
@@ -287,6 +312,10 @@ class Chaos:
                     rt.faults = FaultPlan(rt.faults.faults, ())
                     sched.end_outage(f"step{step}")
                     result.events.append(f"repaired-dark@step{step}")
+                    if isinstance(rt.log, RedisStreamLog):
+                        sched.operator_resets_reader(f"step{step}")
+                        dark_failures, run_no, failures, step_index = 0, run_no + 1, 0, 0
+                        run_id = f"run-{run_no}"
             except (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError):
                 failures += 1
                 if rng.random() < 0.3:  # an outage starts while the txid is being retried
@@ -405,6 +434,11 @@ class Chaos:
             result.difference = f"{left} records were never committed"
         report = audit(rt)
         result.lost, result.doubled = report.lost, report.doubled
+        if report.unreadable and isinstance(rt.log, RedisStreamLog):
+            # entries this schedule deleted or trimmed after they were read cannot be
+            # recomputed from: the exact counts below are the check then
+            result.events.append("audit:stream-entries-removed")
+            report.unreadable = {}
         if (report.mismatched or report.unreadable) and not result.difference:
             if report.unreadable:
                 result.difference = report.line()
@@ -473,16 +507,80 @@ class _Schedule:
         rng = self.rng
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(n)]
         self.rt.source_scan()
-        self.rt.log.append_spread(lines, skip_unavailable=True)
+        log = self.rt.log
+        if isinstance(log, RedisStreamLog):
+            try:
+                log.append_spread(lines)
+            except SourceError:  # refused: a stream it read was deleted; the operator resets
+                self.operator_resets_reader(f"produce-refused@{during or 'append'}")
+                log.append_spread(lines)
+        else:
+            log.append_spread(lines, skip_unavailable=True)
         self.produced.extend(lines)
         if during:
             self.result.events.append(f"append+{n}@{during}")
         if rng.random() < 0.15:  # an external producer writes records that cannot be decoded
+            log = self.rt.log
+            if isinstance(log, RedisStreamLog):  # bytes that are not UTF-8, a wrong field
+                bad = rng.choice(BAD_ENTRIES)
+                self.rt.client.xadd(log.stream_keys[rng.randrange(log.partitions())], bad)
+                self.result.events.append(f"bad-entry{BAD_ENTRIES.index(bad)}")
+                return
             bad = rng.choice(BAD_LINES)
-            readable = sorted(self.rt.log.scan().heads)
+            readable = sorted(log.scan().heads)
             if readable:
-                self.rt.log.append_lines(rng.choice(readable), [bad])
+                log.append_lines(rng.choice(readable), [bad])
                 self.result.events.append(f"bad-record{BAD_LINES.index(bad)}")
+
+    def mutate_stream(self, when: str) -> None:
+        """What another client does to the streams (see the module doc). Those that remove
+        entries nobody read are reported by ``status``; the drain (or a failing run) makes
+        the operator reset the reader."""
+        rng, log, client = self.rng, self.rt.log, self.rt.client
+        assert isinstance(log, RedisStreamLog)
+        committed = self.rt.ledger.committed_offsets()
+        p = rng.randrange(log.partitions())
+        key = log.stream_keys[p]
+        entries = client.xrange(key)
+        last_read = log._index_id(p, committed.get(p, 0)) if committed.get(p, 0) else None
+        read = [i for i, _f in entries if last_read is not None and _id(_s(i)) <= _id(last_read)]
+        unread = [i for i, _f in entries if i not in read]
+        kind = rng.choice(("xdel-read", "xdel-read", "trim-read", "xdel-unread",
+                           "maxlen-unread", "delete", "recreate"))  # fmt: skip
+        if kind == "xdel-read" and read:
+            client.xdel(key, *rng.sample(read, rng.randint(1, len(read))))
+        elif kind == "trim-read" and read:
+            log.trim(committed)
+        elif kind == "xdel-unread" and unread:
+            client.xdel(key, rng.choice(unread))
+        elif kind == "maxlen-unread" and len(unread) > 1:
+            client.xtrim(key, maxlen=rng.randrange(len(unread)), approximate=False)
+        elif kind == "delete" and entries:
+            client.delete(key)
+        elif kind == "recreate" and entries:
+            client.delete(key)
+            fresh = [" ".join(rng.choice(WORDS) for _ in range(2)) for _ in range(3)]
+            for line in fresh:
+                client.xadd(key, {"sentence": line})
+        else:
+            return
+        self.result.events.append(f"stream-{kind}:{p}@{when}")
+
+    def operator_resets_reader(self, when: str) -> None:
+        """``status`` names a stream that lost entries before they were read: the operator
+        resets the reader (not the source); from now on exactly what the streams hold
+        counts."""
+        rt = self.rt
+        reset_pipeline(rt, force=True)
+        log = rt.log
+        assert isinstance(log, RedisStreamLog)
+        self.produced = [
+            _s(fields.get(b"sentence", b""))
+            for key in log.stream_keys
+            for _id_, fields in rt.client.xrange(key)
+            if set(fields) == {b"sentence"} and _decodes(fields[b"sentence"])
+        ]
+        self.result.events.append(f"reader-reset@{when}")
 
     def toggle_outage(self, when: str) -> None:
         if self.outage is not None:
@@ -516,6 +614,23 @@ class _Schedule:
             (pdir / "HEAD").write_bytes(head)
         self.outage = None
         self.result.events.append(f"outage-over:{partition}@{when}")
+
+
+def _s(raw: bytes | str) -> str:
+    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _dash, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def schedule_shards(seed: int) -> int:

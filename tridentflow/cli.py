@@ -523,12 +523,15 @@ def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
         )
     committed = rt.ledger.committed_offsets()
     removed = rt.log.trim(committed)
-    for partition, n in sorted(removed.items()):
-        out.write(
-            f"{rt.log.stream_keys[partition]}: {n} entries removed (up to ordinal "
-            f"{committed[partition]}, committed)\n"
+    for partition, (n, holder) in sorted(removed.items()):
+        limit = (
+            f"up to ordinal {committed[partition]}, committed"
+            if holder == rt.log.group
+            else f"kept what reader {holder} has not read yet"
         )
-    out.write(f"trimmed {sum(removed.values())} committed entries of {rt.pipeline.name}\n")
+        out.write(f"{rt.log.stream_keys[partition]}: {n} entries removed ({limit})\n")
+    total = sum(n for n, _holder in removed.values())
+    out.write(f"trimmed {total} committed entries of {rt.pipeline.name} (read by every reader)\n")
     return 0
 
 
@@ -592,7 +595,7 @@ def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
     if args.pipeline in EXAMPLES or ":" in args.pipeline:  # a known pipeline: its streams too
         pipeline = load_pipeline(args.pipeline)
         if isinstance(pipeline.source, RedisStreamSource):
-            streams = pipeline.source.stream_keys(pipeline.name)
+            streams = pipeline.source.stream_keys(pipeline.name, namespace)
         name = pipeline.name
     else:
         name = args.pipeline

@@ -19,7 +19,8 @@
 5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
    after every key is written. A crash anywhere before this replays safely. With
    ``--wait-replicas``, the ledger's replicas must acknowledge the mark. Then the shards
-   are settled and the keys the txid removed dropped (both best effort).
+   are settled, the source told the new positions, and the keys the txid removed dropped
+   (all best effort).
 """
 
 from __future__ import annotations
@@ -353,6 +354,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     confirm_replicated(rt, txid)  # before the staged batch is discarded: a retry can redo it
     if marked:
         settle_shards(rt.client, rt.keyspace, maps.keys(), txid)
+        rt.log.acknowledge(offsets)  # a shared stream keeps what this reader still needs
     removed = {name: state.tombstones() for name, (state, _) in maps.items()}
     for state, _ in maps.values():
         state.commit()

@@ -125,6 +125,12 @@ class RedisStreamSource(LogSource):
     most per partition and txid."""
 
     streams: str = "tridentflow:{pipeline}:p{partition}"
+    """Partition P's stream: ``{pipeline}``, ``{partition}`` and ``{namespace}`` are filled in.
+    The default name is the deployment's own: in a namespace it becomes
+    ``tridentflow:NAMESPACE:{pipeline}:p{partition}``. A name without ``{pipeline}`` (or
+    without ``{namespace}``) is a stream other readers may share: each tridentflow reader
+    keeps a consumer group on it, trim deletes only what every group has read, and a reset
+    of one reader never deletes the stream."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -132,13 +138,25 @@ class RedisStreamSource(LogSource):
             self.stream_keys("pipeline")
         except (KeyError, IndexError, ValueError) as exc:
             raise PipelineError(
-                f"streams {self.streams!r} must name {{pipeline}} and {{partition}}: {exc}"
+                f"streams {self.streams!r} may name only {{pipeline}}, {{partition}} and "
+                f"{{namespace}} and must name {{partition}}: {exc}"
             ) from None
         if len(set(self.stream_keys("p"))) != self.partitions:
             raise PipelineError(f"streams {self.streams!r} must name {{partition}}")
 
-    def stream_keys(self, pipeline: str) -> list[str]:
-        return [self.streams.format(pipeline=pipeline, partition=p) for p in range(self.partitions)]
+    def stream_keys(self, pipeline: str, namespace: str = "") -> list[str]:
+        """The streams of partitions 0..partitions-1 for ``pipeline`` in ``namespace``."""
+        template = self.streams
+        if namespace and template == DEFAULT_STREAMS:
+            template = DEFAULT_NAMESPACED_STREAMS
+        return [
+            template.format(pipeline=pipeline, partition=p, namespace=namespace)
+            for p in range(self.partitions)
+        ]
+
+
+DEFAULT_STREAMS = RedisStreamSource.__dataclass_fields__["streams"].default
+DEFAULT_NAMESPACED_STREAMS = "tridentflow:{namespace}:{pipeline}:p{partition}"
 
 
 def _checked_name(kind: str, name: str) -> str:

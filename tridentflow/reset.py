@@ -26,7 +26,15 @@ class ResetResult:
 def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> ResetResult:
     """Reset ``rt``'s pipeline (see the module doc). PipelineBusyError while a run holds a
     live lease (unless ``force``); ReplicationError, with nothing outside Redis deleted, if
-    the replicas do not acknowledge the reset. Idempotent: run it again after an error."""
+    the replicas do not acknowledge the reset; SourceError, with nothing reset, if ``source``
+    would delete streams other readers read. Idempotent: run it again after an error.
+
+    A reader of Redis Streams reset without ``source`` starts at what its streams still hold
+    (``RedisStreamLog.rebase``): entries trimmed before the reset are not counted, and audit
+    recomputes from there."""
+    streams = rt.log if isinstance(rt.log, RedisStreamLog) else None
+    if source and streams is not None:
+        streams.check_unshared()  # before anything is reset
     before = rt.keyspace  # its shards' keys are deleted too, on their own masters
     deleted = rt.ledger.reset(force=force)
     rt.require_replicated(
@@ -36,8 +44,10 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
         also=before,
     )
     shutil.rmtree(rt.staging_root, ignore_errors=True)
-    if source and isinstance(rt.log, RedisStreamLog):
-        rt.log.delete()
+    if streams is not None and source:
+        streams.delete()
+    elif streams is not None:
+        rt.ledger.start_at(streams.rebase())
     elif source:
         shutil.rmtree(rt.log.root, ignore_errors=True)
     return ResetResult(deleted, source)

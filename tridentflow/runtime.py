@@ -185,7 +185,7 @@ class Runtime:
         source = self.pipeline.source
         if isinstance(source, RedisStreamSource):
             keyspace = KeySpace(self.pipeline.name, self.namespace)
-            streams = source.stream_keys(self.pipeline.name)
+            streams = source.stream_keys(self.pipeline.name, self.namespace)
             return RedisStreamLog(self.client, self.redis_url, keyspace, streams, source.fields)
         return FileLog(self.home / "sources" / self.pipeline.name)
 

@@ -11,7 +11,7 @@ def status(rt: Runtime) -> dict[str, Any]:
     ledger = rt.ledger
     committed = ledger.committed_txid()
     offsets = ledger.committed_offsets()
-    scan = rt.log.scan() if rt.log.exists() else None
+    scan = rt.log.scan(offsets) if rt.log.exists() else None
     heads = scan.heads if scan else {}
     unavailable = scan.unavailable if scan else {}
     now_ms = _redis_now_ms(rt)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from state.backing import Fence
 from state.codec import decode_value
-from state.errors import StaleTxidError
+from state.errors import KeyEncodingError, StaleTxidError
 from state.keys import KeySpace
 from state.ledger import Ledger
 from state.maps import StateKind, make_map_state
@@ -98,9 +98,17 @@ def test_in_redis_and_python_paths_store_the_same_values(redis_client, keyspace,
     redis_client.flushdb()
     results = []
     for name, apply in (("py", by_python), ("lua", by_redis)):
-        _ledger_at(redis_client, keyspace, commits, apply, name, kind, op)
+        try:
+            _ledger_at(redis_client, keyspace, commits, apply, name, kind, op)
+        except KeyEncodingError as exc:  # a float sum beyond the range: never stored
+            assert "NaN or an infinity" in str(exc)
+            results.append("refused")
+            continue
         results.append(snapshot(redis_client, keyspace.state(name)))
     python, lua = results
+    assert (python == "refused") == (lua == "refused"), results
+    if python == "refused":
+        return
     assert python.keys() == lua.keys()
     for key in python:
         assert _typed(decode_value(lua[key])) == _typed(decode_value(python[key])), key

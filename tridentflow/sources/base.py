@@ -8,10 +8,13 @@ the audit) talks to it through this interface only:
   now, with the reason (an opaque batch skips them; a transactional one waits);
 * ``probe(p, start, end)``: fail (PartitionUnavailable) unless [start, end) can be read now;
 * ``read_raw(p, start, end)``: (offset, raw record bytes) for every offset in [start, end),
-  the same bytes on every call (a transactional replay reads exactly what it read before).
+  the same bytes on every call (a transactional replay reads exactly what it read before);
+* ``acknowledge(committed)``: after a commit, the reader's new positions (a shared log keeps
+  what this reader still needs; best effort).
 
-``tridentflow.sources.filelog.FileLog`` (segments, sparse index, flock, fsync) is the one
-implementation; Spark executors open it by its ``root`` path.
+``tridentflow.sources.filelog.FileLog`` (segments, sparse index, flock, fsync) and
+``tridentflow.sources.redisstream.RedisStreamLog`` implement it; Spark executors open a log
+by its ``root`` (a path, or a stream log's locator).
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ class SourceLog(Protocol):
 
     def partitions(self) -> int: ...
 
-    def scan(self) -> LogScan: ...
+    def scan(self, committed: dict[int, int] | None = None) -> LogScan: ...
 
     def probe(self, partition: int, start: int, end: int) -> None: ...
 
     def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]: ...
+
+    def acknowledge(self, committed: dict[int, int]) -> None: ...

@@ -172,8 +172,9 @@ class FileLog:
         if any cannot be read (see ``scan`` to go on without it)."""
         return {p: int(self._head(p)["offset"]) for p in range(self.partitions())}
 
-    def scan(self) -> LogScan:
-        """Head of every readable partition, and why each other one cannot be read."""
+    def scan(self, committed: dict[int, int] | None = None) -> LogScan:
+        """Head of every readable partition, and why each other one cannot be read
+        (``committed`` is for logs that check positions; a file's head says it all)."""
         heads: dict[int, int] = {}
         unavailable: dict[int, str] = {}
         for p in range(self.partitions()):
@@ -194,6 +195,9 @@ class FileLog:
         Every record is checked before any is written."""
         encoded = [encode_record(r, f"record {i + 1}") for i, r in enumerate(records)]
         return self._append_checked(partition, encoded)
+
+    def acknowledge(self, committed: dict[int, int]) -> None:
+        """A commit moved the reader to ``committed``: nothing to tell a file."""
 
     def append_lines(self, partition: int, encoded: list[str]) -> tuple[int, int]:
         """Append pre-encoded lines as they are (tests use it to plant undecodable records).
