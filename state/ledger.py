@@ -47,6 +47,7 @@ from state.scripts import (
     MARK_COMMITTED,
     NEW_GENERATION,
     RECORD_STAGED,
+    RECORD_TASK,
     RENEW_LEASE,
     STORE_METADATA,
 )
@@ -255,6 +256,15 @@ class Ledger:
         """Count one more attempt of ``step`` (coordinate/emit/...) for ``txid``; return it."""
         keys = [self.keys.tx(txid), self.keys.generation]
         return int(COUNT_ATTEMPT(self.client, keys, [step, self.generation]))
+
+    def record_task(
+        self, txid: int, step: str, try_number: int, started_ms: int, ended_ms: int | None = None
+    ) -> None:
+        """What the orchestrator knows of ``step``'s task for ``txid`` (RECORD_TASK): its try
+        number, its first try's start and its last end. Idempotent."""
+        keys = [self.keys.tx(txid), self.keys.generation]
+        args = [step, self.generation, int(try_number), int(started_ms)]
+        RECORD_TASK(self.client, keys, [*args, "" if ended_ms is None else int(ended_ms)])
 
     def attempts(self, txid: int, step: str) -> int:
         return int(self.client.hget(self.keys.tx(txid), f"{step}_attempts") or 0)

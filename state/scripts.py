@@ -283,8 +283,9 @@ MARK_COMMITTED = LuaScript(
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON (an object)
 -- ARGV[5] history length  ARGV[6..] partition, offset, ...
 -- The history entry is the stats with the txid, the owning run, every step's attempts and
--- start/end times (ms) from the tx hash, and the commit time: what a cleared Airflow task's
--- deleted XCom no longer shows. Returns 1 when marked, 0 if already committed (no-op).
+-- start/end times (ms) from the tx hash - and, under an orchestrator, its task's tries and
+-- start/end (RECORD_TASK) - and the commit time: what a cleared Airflow task's deleted XCom
+-- no longer shows. Returns 1 when marked, 0 if already committed (no-op).
 local err = gen_check(KEYS[4], ARGV[3])
 if err then return redis.error_reply(err) end
 local txid = tonumber(ARGV[1])
@@ -305,10 +306,17 @@ for _, step in ipairs({'coordinate', 'emit', 'commit'}) do
   local started = redis.call('HGET', KEYS[2], step .. '_started_ms')
   local ended = redis.call('HGET', KEYS[2], step .. '_ended_ms')
   if step == 'commit' then ended = now end
+  local tries = redis.call('HGET', KEYS[2], step .. '_tries')
+  local task_started = redis.call('HGET', KEYS[2], step .. '_task_started_ms')
+  local task_ended = redis.call('HGET', KEYS[2], step .. '_task_ended_ms')
+  if step == 'commit' and task_started then task_ended = now end
   steps[step] = {
     attempts = tonumber(redis.call('HGET', KEYS[2], step .. '_attempts') or '0'),
     started_ms = started and tonumber(started) or cjson.null,
     ended_ms = ended and tonumber(ended) or cjson.null,
+    tries = tries and tonumber(tries) or cjson.null,
+    task_started_ms = task_started and tonumber(task_started) or cjson.null,
+    task_ended_ms = task_ended and tonumber(task_ended) or cjson.null,
   }
 end
 steps['commit']['attempts'] = tonumber(ARGV[2])
@@ -401,13 +409,35 @@ COUNT_ATTEMPT = LuaScript(
     _GEN_CHECK
     + _NOW_MS
     + """
--- Count one more attempt of a step of a txid, and note when it started.
+-- Count one more attempt of a step of a txid, and note when its first attempt started (a
+-- step's time runs from its first attempt to its last end: never negative, retries included).
 -- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] step  ARGV[2] generation
 -- Returns the attempt number.
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
-redis.call('HSET', KEYS[1], ARGV[1] .. '_started_ms', now_ms())
+redis.call('HSETNX', KEYS[1], ARGV[1] .. '_started_ms', now_ms())
 return redis.call('HINCRBY', KEYS[1], ARGV[1] .. '_attempts', 1)
+""",
+)
+
+RECORD_TASK = LuaScript(
+    "record_task",
+    _GEN_CHECK
+    + """
+-- What the orchestrator knows of a step's task: its try number (Airflow's, retries and clears
+-- included, which the step's own attempt counter misses when a try failed before it reached
+-- Redis), when its first try started and when its last one ended.
+-- KEYS[1] tx hash  KEYS[2] generation key
+-- ARGV[1] step  ARGV[2] generation  ARGV[3] try number  ARGV[4] started ms  ARGV[5] ended ms
+-- ('' = not yet). Idempotent; returns 1.
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+local step = ARGV[1]
+local tries = tonumber(redis.call('HGET', KEYS[1], step .. '_tries') or '0')
+if tonumber(ARGV[3]) > tries then redis.call('HSET', KEYS[1], step .. '_tries', ARGV[3]) end
+redis.call('HSETNX', KEYS[1], step .. '_task_started_ms', ARGV[4])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], step .. '_task_ended_ms', ARGV[5]) end
+return 1
 """,
 )
 

@@ -13,19 +13,35 @@ A run that stopped and whose txid another run adopted (and committed) is bound t
 txid if it is cleared later: every green run in the grid committed (or found committed) the
 txid it owns, and each txid belongs to exactly one run.
 * ``release_run``: the run gave up (its last retry failed): the next run adopts the txid now.
+
+Healing without anyone clearing anything: the orchestrator can say what state a run is in
+(``RunState``: Airflow's tasks ask the API server through the Task SDK). A pending txid whose
+owner run has *finished* (failed, or marked failed or success by hand) is released when the
+next run coordinates, so that run adopts it at once - even when the owner's failure callback
+could not release it (Redis was down) and its lease is still live. A live owner keeps it. A
+commit refused because an earlier txid is not committed names that txid, its owner run, the
+run's state and what unblocks it.
+
+No work when there is nothing to do: ``emit_plan`` tells, from the ledger and the source's
+heads alone, whether the run's txid is committed already or its batch is empty; the Airflow
+emit then starts no Spark job at all.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from state.errors import CommitOrderError
 from state.ledger import DEFAULT_LEASE_MS
 from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
 from tridentflow.engines.base import Engine
 from tridentflow.errors import TridentflowError
+from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
 from tridentflow.staging import StagedBatch
 
@@ -34,10 +50,43 @@ class RunNotBoundError(TridentflowError):
     """The run has no txid, or lost it to another run."""
 
 
+RunState = Callable[[str], "str | None"]
+"""The orchestrator's state of a run id ("queued", "running", "success", "failed"), None if
+it cannot tell (the run is unknown, or the orchestrator cannot be asked)."""
+FINISHED = frozenset({"success", "failed"})
+
+
+def _now_ms(rt: Runtime) -> int:
+    seconds, micros = rt.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def release_finished_owners(rt: Runtime, run_id: str, run_state: RunState) -> list[dict[str, Any]]:
+    """Release every pending txid whose owner run (not ``run_id``) has finished, though its
+    lease is live: it will never come back for it. [{txid, owner, state}] released."""
+    released = []
+    now = _now_ms(rt)
+    for txid in rt.ledger.pending_txids():
+        info = rt.ledger.tx_info(txid)
+        owner = info.get("owner")
+        if not owner or owner == run_id or int(info.get("lease_until") or 0) <= now:
+            continue
+        state = run_state(owner)
+        if state in FINISHED and rt.ledger.release(txid, owner):
+            released.append({"txid": txid, "owner": owner, "state": state})
+    return released
+
+
 def coordinate_run(
-    rt: Runtime, run_id: str, batch_size: int | None = None, lease_ms: int = DEFAULT_LEASE_MS
+    rt: Runtime,
+    run_id: str,
+    batch_size: int | None = None,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    run_state: RunState | None = None,
 ) -> dict[str, Any]:
-    """Bind ``run_id`` to a txid and return {txid, binding, committed, mode, ranges}."""
+    """Bind ``run_id`` to a txid and return {txid, binding, committed, mode, ranges}. With
+    ``run_state``, txids held by finished runs are released first (and adopted here)."""
+    released = release_finished_owners(rt, run_id, run_state) if run_state else []
     binding = rt.ledger.bind_run(run_id, lease_ms)
     result: dict[str, Any] = {
         "pipeline": rt.pipeline.name,
@@ -46,6 +95,8 @@ def coordinate_run(
         "binding": binding.how,
         "committed": binding.already_committed,
     }
+    if released:
+        result["released"] = released
     if binding.already_committed:
         return result
     meta = coordinate(rt, binding.txid, batch_size)
@@ -89,6 +140,40 @@ def emit_run(
     return emit(rt, owned_txid(rt, run_id, lease_ms), engine)
 
 
+def emit_plan(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> tuple[int, str]:
+    """(the run's txid, what its emit has to do): "committed" (nothing: it is), "empty" (its
+    batch reads no record: no Spark needed), or "work". Reads the ledger and the source's
+    heads only; renews the run's lease."""
+    txid = owned_txid(rt, run_id, lease_ms)
+    ledger = rt.ledger
+    if txid <= ledger.committed_txid():
+        return txid, "committed"
+    meta = ledger.metadata(txid) or {}
+    if rt.pipeline.source.mode is SourceMode.TRANSACTIONAL:
+        ranges = meta.get("ranges")
+        empty = ranges is not None and all(start >= end for start, end in ranges.values())
+        return txid, "empty" if empty else "work"
+    if txid != ledger.committed_txid() + 1:
+        return txid, "work"  # reads where an earlier pending txid stopped: not known here
+    committed = ledger.committed_offsets()
+    heads = rt.source_scan().heads  # an unavailable partition is skipped by the emit too
+    empty = all(head <= committed.get(p, 0) for p, head in heads.items())
+    return txid, "empty" if empty else "work"
+
+
+def note_task(
+    rt: Runtime, txid: int, step: str, try_number: int, started_ms: int, done: bool
+) -> None:
+    """Record the orchestrator's view of a step's task (its try number; its first start; its
+    end once ``done``) in the ledger, best effort: a try that cannot reach Redis is counted
+    by the next one that can."""
+    try:
+        ended = int(time.time() * 1000) if done else None
+        rt.ledger.record_task(txid, step, try_number, started_ms, ended)
+    except Exception:  # never fail a task for its bookkeeping
+        return
+
+
 def emit_run_remote(
     rt: Runtime, run_id: str, remote: str, lease_ms: int = DEFAULT_LEASE_MS
 ) -> dict[str, Any]:
@@ -124,9 +209,49 @@ def emit_summary(rt: Runtime, txid: int, staged: StagedBatch | None) -> dict[str
     }
 
 
-def commit_run(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
-    """Commit the run's txid; the result JSON-native (Airflow shows it as the task's XCom)."""
-    result = asdict(commit(rt, owned_txid(rt, run_id, lease_ms)))
+def blocker(rt: Runtime, txid: int, run_state: RunState | None = None) -> str:
+    """Why ``txid`` cannot commit yet, in words: the first uncommitted txid before it, its
+    owner run and that run's state, and the one action that unblocks it. A txid held by a
+    finished run is released here, so the next run adopts it."""
+    first = rt.ledger.committed_txid() + 1
+    info = rt.ledger.tx_info(first)
+    owner = info.get("owner")
+    lease_left = (int(info.get("lease_until") or 0) - _now_ms(rt)) / 1000
+    head = f"txid {txid} cannot commit before txid {first}"
+    if not owner or lease_left <= 0:
+        return (
+            f"{head}, which no run holds now (its owner {owner or 'is unknown'} released it or "
+            "its lease ran out): the next run adopts it - trigger one"
+        )
+    state = run_state(owner) if run_state else None
+    if state in FINISHED:
+        rt.ledger.release(first, owner)
+        return (
+            f"{head}, held by run {owner}, which {state if state == 'failed' else 'ended'} "
+            f"({state}) without committing it: released now, so the next run adopts it - "
+            "trigger one (or let the schedule)"
+        )
+    shown = f" ({state})" if state else ""
+    return (
+        f"{head}, held by run {owner}{shown} for {lease_left:.0f}s more: that run commits it "
+        f"- let it finish, or mark it failed so that the next run adopts txid {first}"
+    )
+
+
+def commit_run(
+    rt: Runtime,
+    run_id: str,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    run_state: RunState | None = None,
+) -> dict[str, Any]:
+    """Commit the run's txid; the result JSON-native (Airflow shows it as the task's XCom).
+    Refused out of order with one line naming what blocks it (``blocker``)."""
+    txid = owned_txid(rt, run_id, lease_ms)
+    try:
+        done = commit(rt, txid)
+    except CommitOrderError:
+        raise CommitOrderError(blocker(rt, txid, run_state)) from None
+    result = asdict(done)
     result["skipped_partitions"] = list(result["skipped_partitions"])
     return {"pipeline": rt.pipeline.name, "run_id": run_id, **result}
 

@@ -61,15 +61,30 @@ def status(rt: Runtime) -> dict[str, Any]:
 HISTORY_SHOWN = 20
 
 
+def step_seconds(info: dict[str, Any]) -> float | None:
+    """How long a step took: its orchestrator task's span (first try start to last end) where
+    recorded, else the step's own (first attempt to last end); never negative."""
+    for start, end in (("task_started_ms", "task_ended_ms"), ("started_ms", "ended_ms")):
+        if info.get(start) and info.get(end):
+            return max(0.0, (info[end] - info[start]) / 1000)
+    return None
+
+
+def step_tries(info: dict[str, Any]) -> int:
+    """A step's tries as the orchestrator counts them (Airflow's try number), else its
+    attempts as the ledger counted them."""
+    return int(info.get("tries") or info.get("attempts") or 0)
+
+
 def describe_commit(entry: dict[str, Any]) -> str:
     """One line of a history entry: txid, run, sizes, skipped partitions, step durations."""
     steps = entry.get("steps", {})
     timing = []
     for step in ("coordinate", "emit", "commit"):
         info = steps.get(step, {})
-        if info.get("started_ms") and info.get("ended_ms"):
-            seconds = (info["ended_ms"] - info["started_ms"]) / 1000
-            timing.append(f"{step} {seconds:.1f}s x{info.get('attempts', 0)}")
+        seconds = step_seconds(info)
+        if seconds is not None:
+            timing.append(f"{step} {seconds:.1f}s x{step_tries(info)}")
     skipped = f", skipped {entry['skipped']}" if entry.get("skipped") else ""
     return (
         f"txid {entry['txid']} by {entry.get('run_id') or '?'}: {entry.get('records', 0)} "

@@ -33,8 +33,11 @@ def commit_alias(pipeline: str) -> AssetAlias:
 def emit_commit_events(
     outlet_events: Any, pipeline: str, states: list[str], redis_conn_id: str, result: dict
 ) -> int:
-    """Add one Asset event per state for a commit ``result``; none unless it committed."""
+    """Add one Asset event per state for a commit ``result``; none unless it committed
+    something (a txid that read no record and changed no key changed no state)."""
     if result.get("status") != "committed":
+        return 0
+    if not result.get("records") and not result.get("keys") and not result.get("quarantined"):
         return 0
     extra = {k: result.get(k) for k in ("txid", "records", "keys", "run_id")}
     alias = outlet_events[commit_alias(pipeline)]

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,22 @@ from airflow.sdk import AssetAlias, BaseOperator
 
 import spark_jobs
 from state.ledger import DEFAULT_LEASE_MS
+from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.registry import load_pipeline
-from tridentflow.runs import commit_run, coordinate_run, emit_run_remote, release_run
+from tridentflow.runs import (
+    RunState,
+    commit_run,
+    coordinate_run,
+    emit_plan,
+    emit_run,
+    emit_run_remote,
+    emit_summary,
+    note_task,
+    owned_txid,
+    release_run,
+)
 from tridentflow.runtime import Runtime, resolve_home
 from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
@@ -68,6 +81,31 @@ class TridentflowTask:
         return Runtime.open(load_pipeline(self.pipeline), redis_url=url, home=self.home)
 
 
+def run_state(context: Any) -> RunState:
+    """What Airflow says of another run of this DAG (through the Task SDK, as
+    TriggerDagRunOperator asks): its state, or None if it cannot tell."""
+    ti = context["ti"]
+    dag_id = ti.dag_id
+
+    def state(run_id: str) -> str | None:
+        try:
+            return str(ti.get_dagrun_state(dag_id, run_id))
+        except Exception:  # unknown run, API unreachable: do not guess
+            return None
+
+    return state
+
+
+def _started_ms(context: Any) -> int:
+    start = getattr(context["ti"], "start_date", None)
+    return int(start.timestamp() * 1000) if start is not None else int(time.time() * 1000)
+
+
+def record(rt: Runtime, context: Any, txid: int, step: str, done: bool) -> None:
+    """The task's try and times in the ledger (best effort; see runs.note_task)."""
+    note_task(rt, txid, step, int(context["ti"].try_number or 1), _started_ms(context), done)
+
+
 def release_on_failure(context: Any) -> None:
     """on_failure_callback: the run gave up, so the next run adopts its txid at once."""
     task = context["task"]
@@ -90,7 +128,14 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         size = int(self.batch_size) if self.batch_size not in (None, "", "None") else None
-        result = coordinate_run(self.runtime(), context["run_id"], size, self.lease_ms)
+        rt = self.runtime()
+        result = coordinate_run(rt, context["run_id"], size, self.lease_ms, run_state(context))
+        for gone in result.get("released", ()):
+            self.log.warning(
+                "txid %s was held by run %s, which is %s: released, adopted by this run",
+                gone["txid"], gone["owner"], gone["state"],
+            )  # fmt: skip
+        record(rt, context, result["txid"], "coordinate", done=True)
         self.log.info(
             "run %s -> txid %s (%s)", context["run_id"], result["txid"], result["binding"]
         )
@@ -154,9 +199,20 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
 
     def execute(self, context: Any) -> dict[str, Any] | None:
         check_spark_connection(self._conn_id)
+        rt = self.runtime()
+        txid, plan = emit_plan(rt, context["run_id"], self.lease_ms)
+        record(rt, context, txid, "emit", done=False)
+        if plan != "work":  # committed already, or an empty batch: no Spark job at all
+            staged = None if plan == "committed" else emit_run(rt, context["run_id"], LocalEngine())
+            result = emit_summary(rt, txid, staged)
+            record(rt, context, txid, "emit", done=True)
+            self.log.info("emit of txid %s without Spark (%s): %s", txid, plan, result)
+            return result
         remote = spark_connect_url(self._conn_id)
         if remote is not None:
-            return self.execute_over_connect(context, remote)
+            result = self.execute_over_connect(context, remote)
+            record(rt, context, txid, "emit", done=True)
+            return result
         with tempfile.TemporaryDirectory(prefix="tridentflow-emit-") as scratch:
             error_file = Path(scratch) / "error"
             self.env_vars = {
@@ -172,6 +228,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
                     raise
                 self.log.error("emit failed: %s", cause)
                 raise EmitFailed(cause) from exc
+        record(rt, context, txid, "emit", done=True)
         return None
 
     def execute_over_connect(self, context: Any, remote: str) -> dict[str, Any]:
@@ -211,7 +268,8 @@ class CommitOperator(TridentflowTask, BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         rt = self.runtime()
-        result = commit_run(rt, context["run_id"], self.lease_ms)
+        record(rt, context, owned_txid(rt, context["run_id"], self.lease_ms), "commit", False)
+        result = commit_run(rt, context["run_id"], self.lease_ms, run_state(context))
         self.log.info("commit of txid %s: %s", result["txid"], result["status"])
         if any(isinstance(o, AssetAlias) for o in self.outlets or ()):
             emitted = emit_commit_events(

@@ -1,0 +1,128 @@
+"""The orchestrator path heals itself and spends Spark only on real work (tridentflow.runs):
+a txid held by a run the orchestrator says has finished is adopted at once, a live owner keeps
+its txid, a refused commit names what blocks it and what unblocks it, an emit knows when it
+has nothing to do, and the ledger counts the orchestrator's tries and task time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from state.errors import CommitOrderError
+from tests.helpers import produce, runtime, sentences
+from tridentflow.engines.local import LocalEngine
+from tridentflow.runs import (
+    commit_run,
+    coordinate_run,
+    emit_plan,
+    emit_run,
+    note_task,
+    release_finished_owners,
+)
+from tridentflow.status import describe_commit, step_seconds, step_tries
+
+ENGINE = LocalEngine()
+
+
+def states(**by_run: str):
+    return lambda run_id: by_run.get(run_id.replace("-", "_"))
+
+
+@pytest.mark.parametrize("finished", ["failed", "success"])
+def test_a_txid_held_by_a_finished_run_is_adopted_by_the_next_run_at_once(
+    finished, redis_url, redis_client, home
+):
+    """Redis was down through every retry of run-1 and its failure callback: its 30-minute
+    lease is live, but Airflow says run-1 has finished. The next run takes its txid."""
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    coordinate_run(rt, "run-1", batch_size=1, lease_ms=30 * 60_000)
+    bound = coordinate_run(rt, "run-2", batch_size=1, run_state=states(run_1=finished))
+    assert (bound["txid"], bound["binding"]) == (1, "adopted")
+    assert bound["released"] == [{"txid": 1, "owner": "run-1", "state": finished}]
+    emit_run(rt, "run-2", ENGINE)
+    assert commit_run(rt, "run-2")["status"] == "committed"
+
+
+def test_a_live_owner_keeps_its_txid(redis_url, redis_client, home):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    coordinate_run(rt, "run-1", batch_size=1)
+    for state in ("running", "queued", None):  # None: the orchestrator cannot tell
+        assert release_finished_owners(rt, "run-2", states(run_1=state)) == []
+    assert coordinate_run(rt, "run-2", batch_size=1, run_state=states(run_1="running"))["txid"] == 2
+
+
+def test_a_refused_commit_names_the_blocking_txid_its_run_and_the_way_out(
+    redis_url, redis_client, home
+):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    coordinate_run(rt, "run-1", batch_size=1)
+    coordinate_run(rt, "run-2", batch_size=1)
+    emit_run(rt, "run-2", ENGINE)
+    with pytest.raises(CommitOrderError) as live:
+        commit_run(rt, "run-2", run_state=states(run_1="running"))
+    line = str(live.value)
+    assert "txid 2 cannot commit before txid 1, held by run run-1 (running)" in line
+    assert "let it finish, or mark it failed" in line and "\n" not in line
+    with pytest.raises(CommitOrderError) as failed:
+        commit_run(rt, "run-2", run_state=states(run_1="failed"))
+    assert "held by run run-1, which failed (failed) without committing it" in str(failed.value)
+    assert "released now, so the next run adopts it" in str(failed.value)
+    assert coordinate_run(rt, "run-3", batch_size=1)["txid"] == 1  # adopted, no clear needed
+    emit_run(rt, "run-3", ENGINE)
+    commit_run(rt, "run-3")
+    assert commit_run(rt, "run-2")["status"] == "committed"  # run-2's retry now lands
+
+
+@pytest.mark.parametrize("name", ["wordcount", "wordcount-opaque"])
+def test_an_emit_knows_when_there_is_nothing_to_do(name, redis_url, redis_client, home):
+    rt = runtime(name, redis_url, home)
+    produce(rt, sentences(4))
+    coordinate_run(rt, "run-1")
+    assert emit_plan(rt, "run-1")[1] == "work"
+    emit_run(rt, "run-1", ENGINE)
+    commit_run(rt, "run-1")
+    assert emit_plan(rt, "run-1") == (1, "committed")  # a cleared emit of a committed txid
+    coordinate_run(rt, "run-2")  # no new record since
+    assert emit_plan(rt, "run-2") == (2, "empty")
+    produce(rt, sentences(2, seed=9))
+    if name == "wordcount-opaque":  # an opaque batch reads what is there when it emits
+        assert emit_plan(rt, "run-2") == (2, "work")
+    else:  # a transactional batch was frozen empty: records come in the next txid
+        assert emit_plan(rt, "run-2") == (2, "empty")
+
+
+def test_the_ledger_counts_the_orchestrators_tries_and_task_time(redis_url, redis_client, home):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(4))
+    started = 1_700_000_000_000
+    result = coordinate_run(rt, "run-1")
+    note_task(rt, 1, "coordinate", 1, started, done=True)
+    emit_run(rt, "run-1", ENGINE)
+    note_task(rt, 1, "emit", 3, started + 1_000, done=False)  # try 3: tries 1-2 never got here
+    note_task(rt, 1, "emit", 3, started + 5_000, done=True)
+    note_task(rt, 1, "commit", 1, started + 20_000, done=False)
+    commit_run(rt, "run-1")
+    entry = rt.ledger.history(1)[0]
+    emit = entry["steps"]["emit"]
+    assert step_tries(emit) == 3 and emit["attempts"] == 1  # Airflow's count wins
+    assert emit["task_started_ms"] == started + 1_000  # the first try that reached Redis
+    assert step_seconds(emit) >= 0 and step_seconds(entry["steps"]["commit"]) >= 0
+    assert "emit" in describe_commit(entry) and "x3" in describe_commit(entry)
+    assert result["txid"] == 1
+
+
+def test_adopting_a_txid_never_gives_a_step_a_negative_time(redis_url, redis_client, home):
+    """Was: an adopting run's coordinate recorded -182 s (its start overwrote the first)."""
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(4))
+    coordinate_run(rt, "run-1")
+    time.sleep(0.05)  # the adopting run coordinates later
+    coordinate_run(rt, "run-2", run_state=states(run_1="failed"))
+    emit_run(rt, "run-2", ENGINE)
+    commit_run(rt, "run-2")
+    for info in rt.ledger.history(1)[0]["steps"].values():
+        assert info["started_ms"] is not None and info["ended_ms"] >= info["started_ms"], info
