@@ -3,11 +3,15 @@
 Spark and Redis connections are stored in the metadata DB (Admin -> Connections) as well.
 
     tridentflow-airflow up [--port 8080] [--spark-connect [PORT]]
-                                             start (idempotent), print URL and login; with
-                                             --spark-connect, emits run on a warm local
-                                             Spark Connect server instead of spark-submit
+                                             start (idempotent); returns once every component
+                                             reports healthy and the DAGs are listed, then
+                                             prints the URL and login; with --spark-connect,
+                                             emits run on a warm local Spark Connect server
+                                             instead of spark-submit
     tridentflow-airflow down                 stop every component (process groups)
-    tridentflow-airflow status
+    tridentflow-airflow status               each component's process and health, the DAGs
+                                             listed, the Spark Connect server (exit 1 unless
+                                             all is ready)
     tridentflow-airflow env                  print the environment as shell exports
     tridentflow-airflow dags-test DAG_ID     `airflow dags test` with the same environment
 
@@ -156,13 +160,79 @@ def running(home: Path) -> dict[str, int]:
 
 
 def api_healthy(port: int, timeout: float = 5) -> bool:
+    return monitor_health(port, timeout) is not None
+
+
+def monitor_health(port: int, timeout: float = 5) -> dict[str, Any] | None:
+    """Airflow's own health report (metadatabase, scheduler, triggerer, dag_processor), or
+    None if the api-server does not answer."""
     try:
         with urllib.request.urlopen(
             f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=timeout
         ) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+            return json.loads(resp.read()) if resp.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+HEALTH_PARTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+
+
+def unhealthy(report: dict[str, Any] | None) -> list[str]:
+    """The parts of a health report that are not healthy (everything, without a report)."""
+    if report is None:
+        return ["api-server"]
+    return [p for p in HEALTH_PARTS if (report.get(p) or {}).get("status") != "healthy"]
+
+
+def dag_count(port: int, home: Path, timeout: float = 10) -> int:
+    """How many tridentflow DAGs the api-server lists (0 if it cannot tell yet)."""
+    try:
+        token_req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/auth/token",
+            data=json.dumps({"username": ADMIN_USER, "password": admin_password(home)}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(token_req, timeout=timeout) as resp:
+            token = json.loads(resp.read())["access_token"]
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/v2/dags?tags=tridentflow&limit=100",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(json.loads(resp.read())["total_entries"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return 0
+
+
+def expected_dags() -> int:
+    """The DAG files in dags/ (each defines one tridentflow DAG)."""
+    return len([p for p in (PROJECT_ROOT / "dags").glob("*.py") if not p.name.startswith("_")])
+
+
+def wait_ready(home: Path, port: int, pids: dict[str, int], timeout: float) -> None:
+    """Until every component reports healthy and every DAG is listed; TridentflowError naming
+    what is not, with the logs, when a component exits or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    want = expected_dags()
+    while True:
+        sick = unhealthy(monitor_health(port))
+        listed = dag_count(port, home) if not sick else 0
+        if not sick and listed >= want:
+            return
+        dead = [n for n, pid in pids.items() if not _alive(pid)]
+        if dead or time.monotonic() > deadline:
+            down(home)
+            why = (
+                f"{', '.join(dead)} exited"
+                if dead
+                else f"within {timeout:.0f}s: not healthy: {', '.join(sick) or 'none'}; "
+                f"DAGs listed: {listed} of {want}"
+            )
+            logs = airflow_home(home) / "logs"
+            raise TridentflowError(f"Airflow did not become ready ({why}); see {logs}")
+        time.sleep(1)
 
 
 def up(
@@ -188,6 +258,7 @@ def up(
     env = airflow_env(home, redis_url or resolve_redis(home), port, base)
     alive = running(home)
     if len(alive) == len(COMPONENTS):
+        wait_ready(home, port, alive, timeout)
         return {"url": f"http://127.0.0.1:{port}", "pids": alive, "started": False}
     down(home)
     migrate(env)
@@ -220,7 +291,46 @@ def up(
         time.sleep(1)
     for name in COMPONENTS[1:]:
         start(name)
+    wait_ready(home, port, pids, max(30.0, deadline - time.monotonic() + 120))
     return {"url": f"http://127.0.0.1:{port}", "pids": pids, "started": True}
+
+
+def status(home: Path, port: int) -> dict[str, Any]:
+    """Each component's process and health, the DAGs listed, and the Spark Connect server
+    ``up --spark-connect`` started (its URL and whether it answers)."""
+    alive = running(home)
+    report = monitor_health(port)
+    parts = {"api-server": "api-server", "scheduler": "scheduler", "triggerer": "triggerer",
+             "dag-processor": "dag_processor"}  # fmt: skip
+    components = {}
+    for name, key in parts.items():
+        health = "healthy" if report is not None and name == "api-server" else None
+        if report is not None and name != "api-server":
+            health = (report.get(key) or {}).get("status") or "unknown"
+        components[name] = {"pid": alive.get(name), "running": name in alive, "health": health}
+    connect = None
+    port_file = airflow_home(home) / "spark-connect.port"
+    if port_file.exists():
+        from tridentflow import connect_server
+
+        cport = int(port_file.read_text())
+        connect = {"url": connect_server.url(cport), "answering": connect_server.answering(cport)}
+    listed = dag_count(port, home) if report is not None else 0
+    ready = (
+        all(c["running"] for c in components.values())
+        and not unhealthy(report)
+        and listed >= expected_dags()
+        and (connect is None or connect["answering"])
+    )
+    return {
+        "url": f"http://127.0.0.1:{port}",
+        "ready": ready,
+        "components": components,
+        "metadatabase": (report or {}).get("metadatabase", {}).get("status"),
+        "dags_listed": listed,
+        "dags_expected": expected_dags(),
+        "spark_connect": connect,
+    }
 
 
 def redis_connection(redis_url: str) -> dict[str, Any]:
@@ -307,7 +417,11 @@ def dags_test(home: Path, dag_id: str, extra_env: dict[str, str] | None = None) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tridentflow-airflow", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tridentflow-airflow",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("command", choices=("up", "down", "status", "env", "password", "dags-test"))
     parser.add_argument("dag_id", nargs="?")
     parser.add_argument("--port", type=int, default=8080)
@@ -332,9 +446,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             stopped = down(home)
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
         elif args.command == "status":
-            alive = running(home)
-            print(json.dumps({"running": alive, "api_healthy": api_healthy(args.port)}))
-            return 0 if len(alive) == len(COMPONENTS) else 1
+            info = status(home, args.port)
+            print(json.dumps(info, indent=1))
+            return 0 if info["ready"] else 1
         elif args.command == "password":  # the admin login, e.g. for a REST token
             print(admin_password(home))
         elif args.command == "env":

@@ -89,9 +89,10 @@ def run_state(context: Any) -> RunState:
 
     def state(run_id: str) -> str | None:
         try:
-            return str(ti.get_dagrun_state(dag_id, run_id))
+            found = ti.get_dagrun_state(dag_id, run_id)
         except Exception:  # unknown run, API unreachable: do not guess
             return None
+        return str(getattr(found, "value", found)).lower()  # a DagRunState, or its text
 
     return state
 

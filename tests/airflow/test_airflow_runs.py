@@ -161,7 +161,7 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
 def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
     home = tmp_path_factory.mktemp("live-home")
     port = devredis.free_port()
-    redis_proc = devredis.start(port, home / "redis", appendonly=False)
+    server = LIVE_REDIS["server"] = RestartableRedis(port, home / "redis")  # AOF: restartable
     redis_url = f"redis://127.0.0.1:{port}/0"
     api_port = devredis.free_port()
     saved = dict(os.environ)
@@ -178,8 +178,26 @@ def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
         yield api, redis_url, home
     finally:
         launcher.down(home)
-        redis_proc.terminate()
-        redis_proc.wait(timeout=10)
+        server.kill()
+
+
+class RestartableRedis:
+    """The live stack's redis-server: SIGKILL it, start it again on the same port and data
+    (AOF, fsync every second)."""
+
+    def __init__(self, port: int, directory: Path) -> None:
+        self.port, self.directory = port, directory
+        self.proc = devredis.start(port, directory)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def start(self) -> None:
+        self.proc = devredis.start(self.port, self.directory)
+
+
+LIVE_REDIS: dict[str, RestartableRedis] = {}
 
 
 def trigger(api: AirflowApi) -> str:
@@ -305,3 +323,56 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         assert browser.run_tab(page, api.base, DAG, run_id) == before
         assert counts(rt, ["you", "how"]) == counts_before
         browser.screenshot(page, "tridentflow-run-after-clear")
+
+
+def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everything(live):
+    """Redis dies while a run's emit runs and stays away through every retry and the failure
+    callback (which cannot release the txid): that run fails, its txid held under a live
+    lease. Once Redis is back, the next runs commit every record produced - no task cleared,
+    nobody told: the coordinator asks Airflow about the owner run, finds it failed, adopts.
+    (Before: the pipeline stayed stuck ~29 minutes, until the lease ran out.)"""
+    api, redis_url, home = live
+    port = int(api.base.rsplit(":", 1)[1])
+    ready = launcher.status(home, port)  # what `tridentflow-airflow status` prints
+    assert ready["ready"] and ready["dags_listed"] == ready["dags_expected"], ready
+    assert {c["health"] for c in ready["components"].values()} == {"healthy"}, ready
+    server = LIVE_REDIS["server"]
+    rt = runtime("wordcount", redis_url, home)
+    committed = rt.ledger.committed_txid()
+    lines = sentences(300, seed=21)
+    produce(rt, lines)
+    before = counts(rt, sorted(word_counts(lines)))
+    doomed = trigger(api)
+    deadline = time.monotonic() + 240
+    while api.task(doomed, "emit")["state"] != "running":  # the emit is under way
+        assert time.monotonic() < deadline, api.task(doomed, "emit")
+        time.sleep(0.5)
+    server.kill()
+    assert api.wait_run(doomed, timeout=300) == "failed"  # every try failed without Redis
+    server.start()
+    back = time.monotonic()
+    rt = runtime("wordcount", redis_url, home)
+    doomed_txid = committed + 1
+    owner = rt.ledger.tx_info(doomed_txid).get("owner")
+    assert owner == doomed and rt.ledger.committed_txid() == committed  # held, not committed
+    healed = trigger(api)
+    assert api.wait_run(healed) == "success"
+    bound = api.xcom(healed, "coordinate")
+    assert (bound["txid"], bound["binding"]) == (doomed_txid, "adopted"), bound
+    assert bound["released"][0]["owner"] == doomed and bound["released"][0]["state"] == "failed"
+    took = time.monotonic() - back
+    assert rt.ledger.committed_txid() == doomed_txid
+    got = counts(rt, sorted(word_counts(lines)))
+    assert got == {w: before.get(w, 0) + n for w, n in word_counts(lines).items()}
+    assert audit(rt).ok
+    assert took < 120, f"{took:.0f}s from Redis back to everything committed"
+    # the emit of a txid already committed starts no Spark job (a clear of the healed emit)
+    api.call(
+        "POST",
+        f"/dags/{DAG}/clearTaskInstances",
+        {"dag_run_id": healed, "task_ids": ["emit"], "only_failed": False, "dry_run": False,
+         "include_downstream": False},
+    )  # fmt: skip
+    assert api.wait_run(healed) == "success"
+    again = api.xcom(healed, "emit")
+    assert again["status"] == "already-committed", again
