@@ -105,6 +105,7 @@ def idle(api: AirflowApi, last_run: str, runs: int) -> list[tuple[str, float]]:
     ``last_run`` (committed already)."""
     out = []
     for _ in range(runs):
+        time.sleep(1)  # two triggers within one API request's time collided (HTTP 500) once
         run_id = api.trigger(DAG)
         assert api.wait_run(run_id, timeout=600, poll=0.2, dag_id=DAG) == "success"
         out.append(("empty batch", emit_seconds(api, run_id)))
@@ -193,6 +194,11 @@ def main() -> None:
                 f"{cli_rate:,.0f} records/s (batch size {batch_size}/partition); "
                 f"ratio {dag_rate / cli_rate:.2f}x (goal >= 0.8x)"
             )
+    except Exception:
+        log = launcher.airflow_home(home) / "logs" / "api-server.log"
+        if log.exists():  # what the api-server said about a failed request
+            print("".join(log.read_text(errors="replace").splitlines(True)[-40:]))
+        raise
     finally:
         launcher.down(home)
         from tridentflow import connect_server
