@@ -33,8 +33,10 @@ from tridentflow.committer import commit
 from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
-from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import Pipeline
 from tridentflow.runtime import Runtime, connect
+from tridentflow.sources.specs import LogSource, SourceMode
 
 COMBINERS = {"count": Count, "sum": Sum, "min": Min, "max": Max, "mean": Mean}
 

@@ -242,7 +242,7 @@ def slow() -> Pipeline:
 
 def _shared_words(name: str) -> Pipeline:
     from tridentflow.examples.wordcount import wordcount_over
-    from tridentflow.pipeline import RedisStreamSource
+    from tridentflow.sources.specs import RedisStreamSource
 
     source = RedisStreamSource(
         fields=("sentence",),

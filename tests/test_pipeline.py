@@ -8,8 +8,8 @@ from state.maps import StateKind
 from tridentflow import GUARANTEES, Count, Guarantee, LogSource, Pipeline, SourceMode, StateSpec
 from tridentflow.aggregators import Aggregator, Reducer, Sum
 from tridentflow.errors import PipelineError
-from tridentflow.pipeline import RedisStreamSource
 from tridentflow.registry import load_pipeline
+from tridentflow.sources.specs import RedisStreamSource
 
 
 def make(mode, kind, **kw):

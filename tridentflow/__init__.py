@@ -17,16 +17,9 @@ from tridentflow.aggregators import (
     StateView,
     Sum,
 )
-from tridentflow.pipeline import (
-    GUARANTEES,
-    Guarantee,
-    LogSource,
-    Pipeline,
-    RedisStreamSource,
-    SourceMode,
-    StateSpec,
-    guarantee_of,
-)
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import GUARANTEES, Guarantee, Pipeline, guarantee_of
+from tridentflow.sources.specs import LogSource, RedisStreamSource, SourceMode
 from tridentflow.static_state import FileLookup, RedisHashLookup
 
 __all__ = [

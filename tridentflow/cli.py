@@ -38,13 +38,14 @@ import redis
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.pipeline import Guarantee, Pipeline, RedisStreamSource
+from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
 from tridentflow.reset import reset_pipeline
 from tridentflow.runtime import Runtime, resolve_home
 from tridentflow.sources.filelog import FileLog, encode_record
 from tridentflow.sources.redisstream import RedisStreamLog
+from tridentflow.sources.specs import RedisStreamSource
 
 EXIT_ERROR = 1
 EXIT_AUDIT_FAILED = 3

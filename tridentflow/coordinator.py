@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from tridentflow.errors import NotReadyError, SourceError
-from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
+from tridentflow.sources.specs import SourceMode
 
 
 def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[str, Any]:

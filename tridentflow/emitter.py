@@ -29,8 +29,8 @@ from tridentflow.errors import (
     PartitionUnavailable,
     TooManyBadRecords,
 )
-from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
+from tridentflow.sources.specs import SourceMode
 from tridentflow.staging import StagedBatch
 
 

@@ -20,7 +20,7 @@ from state.codec import check_unicode, encode_key
 from state.errors import KeyEncodingError
 from tridentflow.aggregators import Combiner
 from tridentflow.errors import NON_FINITE, BadRecordError, PipelineError
-from tridentflow.pipeline import (
+from tridentflow.nodes import (
     Each,
     Filter,
     Map,
@@ -28,7 +28,6 @@ from tridentflow.pipeline import (
     Operation,
     OpNode,
     Persist,
-    Pipeline,
     Project,
     SourceNode,
     StateSpec,
@@ -36,6 +35,7 @@ from tridentflow.pipeline import (
     lineage,
     parents_of,
 )
+from tridentflow.pipeline import Pipeline
 
 Row = tuple[Any, ...]
 

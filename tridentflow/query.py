@@ -18,7 +18,7 @@ from state.maps import StoredValue, decode_stored
 from state.shards import query_state, read_consistently
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
-from tridentflow.pipeline import Persist
+from tridentflow.nodes import Persist
 from tridentflow.runtime import Runtime
 
 

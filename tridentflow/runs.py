@@ -41,8 +41,8 @@ from tridentflow.coordinator import coordinate
 from tridentflow.emitter import emit
 from tridentflow.engines.base import Engine
 from tridentflow.errors import TridentflowError
-from tridentflow.pipeline import SourceMode
 from tridentflow.runtime import Runtime
+from tridentflow.sources.specs import SourceMode
 from tridentflow.staging import StagedBatch
 
 

@@ -21,7 +21,7 @@ from tridentflow.errors import (
     TridentflowError,
 )
 from tridentflow.faults import FaultPlan
-from tridentflow.pipeline import Pipeline, RedisStreamSource
+from tridentflow.pipeline import Pipeline
 from tridentflow.plan import Plan, compile_pipeline
 from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps import)
     DEFAULT_REDIS_URL,
@@ -35,6 +35,7 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
 from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.redisstream import RedisStreamLog
+from tridentflow.sources.specs import RedisStreamSource
 from tridentflow.staging import StagingArea
 
 HOME_ENV = "TRIDENTFLOW_HOME"

@@ -33,7 +33,7 @@ from tridentflow.aggregators import (
     Persistable,
     Reducer,
 )
-from tridentflow.pipeline import AggSpec, Repartition
+from tridentflow.nodes import AggSpec, Repartition
 from tridentflow.plan import as_rows
 
 Row = tuple[Any, ...]

@@ -30,7 +30,7 @@ from tridentflow.engines.batchops import (
     compile_specs,
 )
 from tridentflow.errors import PipelineError
-from tridentflow.pipeline import (
+from tridentflow.nodes import (
     AggregateNode,
     JoinNode,
     MergeNode,

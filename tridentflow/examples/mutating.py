@@ -26,7 +26,9 @@ from state.codec import encode_key
 from state.maps import REMOVE, StateKind
 from tridentflow.aggregators import Aggregator, BatchInfo, Combiner, Reducer, StateUpdater
 from tridentflow.examples.wordcount import split
-from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import Pipeline
+from tridentflow.sources.specs import LogSource, SourceMode
 
 
 class InPlaceCount(Combiner):

@@ -27,7 +27,9 @@ from typing import Any
 
 from state.maps import StateKind
 from tridentflow.aggregators import Aggregator, BatchInfo, Combiner, Sum
-from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import Pipeline
+from tridentflow.sources.specs import LogSource, SourceMode
 
 SEED_BATCH = [["nickt1", 1], ["nickt2", 1], ["nickt3", 1]]
 

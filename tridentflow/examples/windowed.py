@@ -9,7 +9,9 @@ from __future__ import annotations
 from state.maps import StateKind
 from tridentflow.aggregators import Count
 from tridentflow.examples.wordcount import split
-from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import Pipeline
+from tridentflow.sources.specs import LogSource, SourceMode
 
 
 def wordcount_windowed() -> Pipeline:

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 
 from state.maps import StateKind
 from tridentflow.aggregators import Count, Sum
-from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import Pipeline
+from tridentflow.sources.specs import LogSource, SourceMode
 
 
 def split(sentence: str) -> Iterator[tuple[str]]:

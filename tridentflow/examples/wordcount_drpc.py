@@ -22,7 +22,9 @@ from typing import Any
 from state.maps import StateKind
 from tridentflow.aggregators import Count, Sum
 from tridentflow.examples.user_scores import keep_latest
-from tridentflow.pipeline import LogSource, Pipeline, SourceMode, StateSpec
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import Pipeline
+from tridentflow.sources.specs import LogSource, SourceMode
 
 
 def split(text: str) -> Iterator[tuple[str]]:

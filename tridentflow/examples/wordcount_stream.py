@@ -9,7 +9,8 @@ transactionally (each txid's ID ranges frozen in its batch metadata)."""
 from __future__ import annotations
 
 from tridentflow.examples.wordcount import wordcount_over
-from tridentflow.pipeline import Pipeline, RedisStreamSource, SourceMode
+from tridentflow.pipeline import Pipeline
+from tridentflow.sources.specs import RedisStreamSource, SourceMode
 
 
 def _wordcount_stream(name: str, mode: SourceMode) -> Pipeline:

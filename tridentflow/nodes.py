@@ -1,0 +1,240 @@
+"""The stream graph's nodes: what ``Stream`` methods build (tridentflow.pipeline) and the
+engines walk (tridentflow.engines.graph). Nodes are immutable and compared by identity; a
+stream is a node. Also the specifications a graph ends in: ``StateSpec`` and ``Persist``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from state.keys import check_name
+from state.maps import StateKind
+from tridentflow.aggregators import AnyAggregator, Combiner, Persistable, StateUpdater, guard
+from tridentflow.errors import InvalidNameError
+from tridentflow.static_state import Lookup
+
+
+def _checked_name(kind: str, name: str) -> str:
+    """``name`` if it can name a pipeline or state in Redis keys; PipelineError otherwise."""
+    try:
+        return check_name(kind, name)
+    except ValueError as exc:
+        raise InvalidNameError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    name: str
+    kind: StateKind = StateKind.OPAQUE
+
+    def __post_init__(self) -> None:
+        _checked_name("state", self.name)
+        object.__setattr__(self, "kind", StateKind.parse(self.kind))
+
+
+@dataclass(frozen=True)
+class Each:
+    """Trident's each(): ``function(*in_values)`` returns 0..n output tuples, appended as
+    ``out_fields``. A function may also return None (no output) or a generator."""
+
+    in_fields: tuple[str, ...]
+    function: Callable[..., Iterable[Sequence[Any]] | None]
+    out_fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Trident's filter(): keep a tuple when ``predicate(*in_values)`` is truthy."""
+
+    in_fields: tuple[str, ...]
+    predicate: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Map:
+    """Trident's map(): ``function(*values)`` returns one tuple that replaces the input;
+    ``flat`` (flatMap) returns 0..n of them. The stream's fields become ``out_fields``."""
+
+    function: Callable[..., Any]
+    out_fields: tuple[str, ...]
+    flat: bool = False
+
+
+@dataclass(frozen=True)
+class Project:
+    """Trident's project(): keep only ``fields``, in that order."""
+
+    fields: tuple[str, ...]
+
+
+Operation = Each | Filter | Map | Project
+
+
+class Repartition(StrEnum):
+    PARTITION_BY = "partition_by"
+    SHUFFLE = "shuffle"
+    GLOBAL = "global"
+    BATCH_GLOBAL = "batch_global"
+    BROADCAST = "broadcast"
+    LOCAL_OR_SHUFFLE = "local_or_shuffle"
+
+
+class Scope(StrEnum):
+    PARTITION = "partition"  # partition_aggregate: per partition of the stream
+    BATCH = "batch"  # aggregate: once per batch
+    GROUP = "group"  # group_by().aggregate: once per group per batch
+
+
+# The stream graph. Nodes are immutable and compared by identity; a stream is a node.
+
+
+@dataclass(frozen=True, eq=False)
+class SourceNode:
+    fields: tuple[str, ...]
+    position_field: str | None = None
+    """The source's position field (LogSource.position_field), last of ``fields``."""
+
+
+@dataclass(frozen=True, eq=False)
+class OpNode:
+    parent: Node
+    op: Operation
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class RepartitionNode:
+    parent: Node
+    how: Repartition
+    key_fields: tuple[str, ...]
+    parallelism: int | None
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """One aggregator of an aggregate (several make a chained aggregate)."""
+
+    in_fields: tuple[str, ...]
+    aggregator: AnyAggregator
+    out_fields: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aggregator", guard(self.aggregator))
+
+
+@dataclass(frozen=True, eq=False)
+class AggregateNode:
+    parent: Node
+    scope: Scope
+    group_fields: tuple[str, ...]
+    specs: tuple[AggSpec, ...]
+    parallelism: int | None
+    fields: tuple[str, ...]
+
+    @property
+    def combiners_only(self) -> bool:
+        """All Combiners: partial aggregation per partition before any repartition."""
+        return all(isinstance(s.aggregator, Combiner) for s in self.specs)
+
+
+@dataclass(frozen=True, eq=False)
+class MergeNode:
+    inputs: tuple[Node, ...]
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class JoinNode:
+    left: Node
+    right: Node
+    left_fields: tuple[str, ...]
+    right_fields: tuple[str, ...]
+    parallelism: int | None
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class QueryNode:
+    """Trident's stateQuery with MapGet: appends the committed value of each tuple's key."""
+
+    parent: Node
+    pipeline_name: str
+    state_name: str
+    persisted: Persistable | None
+    key_fields: tuple[str, ...]
+    fields: tuple[str, ...]
+    static: Lookup | None = None
+    """A static state's store (read as it is, not a map state's committed value)."""
+
+
+Node = SourceNode | OpNode | RepartitionNode | AggregateNode | MergeNode | JoinNode | QueryNode
+
+
+def parents_of(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, SourceNode):
+        return ()
+    if isinstance(node, MergeNode):
+        return node.inputs
+    if isinstance(node, JoinNode):
+        return (node.left, node.right)
+    return (node.parent,)
+
+
+def lineage(node: Node) -> list[Node]:
+    """Every node ``node`` depends on, itself included, each once, parents first."""
+    seen: dict[int, Node] = {}
+
+    def visit(n: Node) -> None:
+        if id(n) in seen:
+            return
+        for parent in parents_of(n):
+            visit(parent)
+        seen[id(n)] = n
+
+    visit(node)
+    return list(seen.values())
+
+
+def is_record_level(node: Node) -> bool:
+    """True if ``node`` is the source followed only by per-record operations."""
+    while isinstance(node, OpNode):
+        node = node.parent
+    return isinstance(node, SourceNode)
+
+
+@dataclass(frozen=True)
+class Persist:
+    """A persisted state: the stream's tuples, grouped by ``group_fields``, folded into a map
+    state by a Combiner, a Reducer or a StateUpdater (``partition_persist``)."""
+
+    state: StateSpec
+    aggregator: Persistable
+    group_fields: tuple[str, ...]
+    in_fields: tuple[str, ...]
+    out_field: str
+    node: Node
+    parallelism: int | None = None
+    """Partitions of the state stage (its exchange by key); None: as many as senders, at most
+    the pipeline's default_parallelism. Speed only: the staged values never depend on it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aggregator", guard(self.aggregator))
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.node.fields
+
+    @property
+    def batch_invariant(self) -> bool:
+        """True if the state depends only on the records, not on how they were batched: then
+        ``audit`` can recompute it from the whole source as one batch."""
+        return (
+            is_record_level(self.node)
+            and not isinstance(self.aggregator, StateUpdater)
+            and not any(
+                isinstance(n, SourceNode) and n.position_field for n in lineage(self.node)
+            )  # positions depend on how records were batched
+        )

@@ -1,0 +1,98 @@
+"""Source specifications: what a pipeline reads, and how (its SourceMode). The logs they
+describe are beside them (filelog, redisstream); ``LogSource`` is the embedded file log,
+``RedisStreamSource`` Redis Streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tridentflow.errors import PipelineError
+
+
+class SourceMode(StrEnum):
+    TRANSACTIONAL = "transactional"
+    OPAQUE = "opaque"
+    NON_TRANSACTIONAL = "non-transactional"
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """The embedded partitioned file log (see tridentflow.sources.filelog).
+
+    ``batch_size`` is the most records taken from each partition per txid. Records are JSON
+    values: a dict gives its ``fields`` by name, a list by position, and a scalar is the single
+    field of a one-field source.
+    """
+
+    fields: tuple[str, ...]
+    mode: SourceMode = SourceMode.TRANSACTIONAL
+    partitions: int = 4
+    batch_size: int = 10_000
+    position_field: str | None = None
+    """If set, the source stream has one more field, after ``fields``: each record's position
+    in the source, 0, 1, 2, ... in the order records are committed (every earlier batch's
+    records, then this batch's partition by partition, offset by offset; see
+    engines.tasks.split_ranges). Unique and stable across replays: what count windows key
+    on (``Stream.tumbling_window(n, on=position_field)``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+        object.__setattr__(self, "mode", SourceMode(self.mode))
+        if not self.fields:
+            raise PipelineError("a source needs at least one field")
+        if self.partitions < 1:
+            raise PipelineError(f"a source needs at least one partition, got {self.partitions}")
+        if self.batch_size < 1:
+            raise PipelineError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.position_field is not None and self.position_field in self.fields:
+            raise PipelineError(
+                f"position_field {self.position_field!r} is already a field of the source"
+            )
+
+    @property
+    def stream_fields(self) -> tuple[str, ...]:
+        """The source stream's fields: the records' fields, then the position if asked for."""
+        return self.fields + ((self.position_field,) if self.position_field else ())
+
+
+@dataclass(frozen=True)
+class RedisStreamSource(LogSource):
+    """Redis Streams, one per partition (see tridentflow.sources.redisstream), on the Redis
+    the pipeline's state lives in. ``streams`` names partition P's stream; entries carry the
+    source's ``fields`` by name (``XADD key * sentence "..."``); ``batch_size`` entries at
+    most per partition and txid."""
+
+    streams: str = "tridentflow:{pipeline}:p{partition}"
+    """Partition P's stream: ``{pipeline}``, ``{partition}`` and ``{namespace}`` are filled in.
+    The default name is the deployment's own: in a namespace it becomes
+    ``tridentflow:NAMESPACE:{pipeline}:p{partition}``. A name without ``{pipeline}`` (or
+    without ``{namespace}``) is a stream other readers may share: each tridentflow reader
+    keeps a consumer group on it, trim deletes only what every group has read, and a reset
+    of one reader never deletes the stream."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            self.stream_keys("pipeline")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise PipelineError(
+                f"streams {self.streams!r} may name only {{pipeline}}, {{partition}} and "
+                f"{{namespace}} and must name {{partition}}: {exc}"
+            ) from None
+        if len(set(self.stream_keys("p"))) != self.partitions:
+            raise PipelineError(f"streams {self.streams!r} must name {{partition}}")
+
+    def stream_keys(self, pipeline: str, namespace: str = "") -> list[str]:
+        """The streams of partitions 0..partitions-1 for ``pipeline`` in ``namespace``."""
+        template = self.streams
+        if namespace and template == DEFAULT_STREAMS:
+            template = DEFAULT_NAMESPACED_STREAMS
+        return [
+            template.format(pipeline=pipeline, partition=p, namespace=namespace)
+            for p in range(self.partitions)
+        ]
+
+
+DEFAULT_STREAMS = RedisStreamSource.__dataclass_fields__["streams"].default
+DEFAULT_NAMESPACED_STREAMS = "tridentflow:{namespace}:{pipeline}:p{partition}"
