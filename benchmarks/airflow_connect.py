@@ -43,9 +43,9 @@ from datetime import datetime
 from pathlib import Path
 
 from benchmarks.vs_spark import generate
-from tridentflow import devredis
+from tridentflow.ops import devredis
 from tridentflow.registry import load_pipeline
-from tridentflow.runtime import Runtime
+from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 
@@ -201,7 +201,7 @@ def main() -> None:
         raise
     finally:
         launcher.down(home)
-        from tridentflow import connect_server
+        from tridentflow.ops import connect_server
 
         if args.emitter == "connect":
             connect_server.stop(home, connect_port)

@@ -18,14 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.helpers import sentences
 from tridentflow.engines.base import ExecContext
 from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import SparkEngine, spark_session
+from tridentflow.ops.sample_data import sentences
 from tridentflow.plan import compile_pipeline
 from tridentflow.registry import load_pipeline
-from tridentflow.runtime import resolve_redis_url
 from tridentflow.sources.filelog import FileLog
+from tridentflow.steps.runtime import resolve_redis_url
 
 
 def timed(fn, repeat: int) -> float:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from benchmarks.commit_throughput import pipeline, timed_commits
 from state.maps import StateKind
-from tridentflow import devredis
-from tridentflow.audit import audit
-from tridentflow.devcluster import LocalCluster
-from tridentflow.runtime import Runtime, connect
+from tridentflow.ops import devredis
+from tridentflow.ops.audit import audit
+from tridentflow.ops.devcluster import LocalCluster
+from tridentflow.steps.runtime import Runtime, connect
 
 KINDS = {"count": StateKind.OPAQUE, "sum": StateKind.TRANSACTIONAL}
 

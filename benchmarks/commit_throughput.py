@@ -26,17 +26,18 @@ import time
 from pathlib import Path
 
 from state.maps import StateKind
-from tridentflow import committer, devredis
 from tridentflow.aggregators import Count, Max, Mean, Min, Sum
-from tridentflow.audit import audit
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
 from tridentflow.nodes import StateSpec
+from tridentflow.ops import devredis
+from tridentflow.ops.audit import audit
 from tridentflow.pipeline import Pipeline
-from tridentflow.runtime import Runtime, connect
 from tridentflow.sources.specs import LogSource, SourceMode
+from tridentflow.steps import committer
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runtime import Runtime, connect
 
 COMBINERS = {"count": Count, "sum": Sum, "min": Min, "max": Max, "mean": Mean}
 

@@ -16,12 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tridentflow import devredis
-from tridentflow.audit import audit
-from tridentflow.driver import run_batches, run_pipelined
 from tridentflow.engines.spark import SparkEngine, spark_session
+from tridentflow.ops import devredis
+from tridentflow.ops.audit import audit
 from tridentflow.registry import load_pipeline
-from tridentflow.runtime import Runtime, connect
+from tridentflow.steps.driver import run_batches, run_pipelined
+from tridentflow.steps.runtime import Runtime, connect
 
 WORDS = [f"w{i}" for i in range(5000)]
 

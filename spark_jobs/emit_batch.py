@@ -3,7 +3,7 @@
     spark-submit spark_jobs/emit_batch.py --pipeline wordcount (--txid 7 | --run-id RUN) \
         [--lease-ms MS] [--redis-url redis://...] [--home DIR] [--faults SPEC]
 
-With --run-id, the txid is the one the orchestrator run is bound to (see tridentflow.runs);
+With --run-id, the txid is the one the orchestrator run is bound to (see tridentflow.steps.runs);
 its lease is renewed for --lease-ms (the DAG's ``lease``).
 The Redis URL may also come from TRIDENTFLOW_REDIS_URL (keeps passwords off the command line).
 Reads the txid's batch metadata from the ledger, computes the per-key partial aggregates on
@@ -22,13 +22,13 @@ import sys
 from collections.abc import Sequence
 
 from state.ledger import DEFAULT_LEASE_MS
-from tridentflow.emitter import emit
 from tridentflow.engines.spark import SparkEngine, spark_session
 from tridentflow.errors import one_line
 from tridentflow.faults import FaultPlan
 from tridentflow.registry import load_pipeline
-from tridentflow.runs import emit_summary, owned_txid
-from tridentflow.runtime import Runtime
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runs import emit_summary, owned_txid
+from tridentflow.steps.runtime import Runtime
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

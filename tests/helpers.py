@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import random
-from collections import Counter
 from pathlib import Path
 
-from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.ops.sample_data import WORDS, sentences, word_counts  # noqa: F401 (re-exported)
 from tridentflow.registry import load_pipeline
-from tridentflow.runtime import Runtime
-
-WORDS = ["man", "dog", "apple", "how", "are", "you", "nice", "day", "good", "a"]
-
-
-def sentences(n: int, seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(n)]
-
-
-def word_counts(lines: list[str]) -> dict[str, int]:
-    return dict(Counter(w for line in lines for w in line.split()))
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.runtime import Runtime
 
 
 def runtime(name: str, redis_url: str, home: Path, faults: str = "") -> Runtime:

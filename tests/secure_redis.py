@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from tridentflow import acl, devredis
+from tridentflow.ops import acl, devredis
 
 ADMIN_PASSWORD = "adm1n-S3cret-pw"
 
@@ -35,7 +35,7 @@ class SecureRedis:
         return redis.Redis.from_url(self.url(db=db))
 
     def add_user(self, user: str, password: str, pipeline: str, namespace: str = "") -> None:
-        """An ACL user holding exactly tridentflow.acl.rules(pipeline)."""
+        """An ACL user holding exactly tridentflow.ops.acl.rules(pipeline)."""
         rules = acl.rules(pipeline, namespace).split()
         self.admin().execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tridentflow import LogSource, Pipeline, StateSpec, cli
+from tridentflow import LogSource, Pipeline, StateSpec
 from tridentflow.errors import TridentflowError
+from tridentflow.ops import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,10 +87,10 @@ def raising_pipeline() -> Pipeline:
 
 def test_the_python_api_refuses_the_same_inputs_in_one_line(redis_url, tmp_path, monkeypatch):
     from tests.helpers import runtime
-    from tridentflow.driver import run_batches, run_pipelined
     from tridentflow.engines.local import LocalEngine
-    from tridentflow.runtime import Runtime, resolve_home
     from tridentflow.static_state import RedisHashLookup
+    from tridentflow.steps.driver import run_batches, run_pipelined
+    from tridentflow.steps.runtime import Runtime, resolve_home
 
     rt = runtime("wordcount", redis_url, tmp_path / "home")
     rt.source_heads()

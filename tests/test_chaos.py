@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from state.maps import MapState, OpaqueMap, StoredValue
-from tridentflow.chaos import STREAM_PIPELINES, run_chaos
+from tridentflow.ops.chaos import STREAM_PIPELINES, run_chaos
 
 CI_SCHEDULES = 60
 
@@ -118,10 +118,10 @@ def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
 def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     """A sharded commit whose stray-key rollback reads the written-set of one shard only
     (every schedule with 3 shards): an opaque replay leaves a lost record's count behind."""
-    import tridentflow.chaos
+    import tridentflow.ops.chaos
     from state.shards import ShardedRedisBackingMap
 
-    monkeypatch.setattr(tridentflow.chaos, "schedule_shards", lambda seed: 3)
+    monkeypatch.setattr(tridentflow.ops.chaos, "schedule_shards", lambda seed: 3)
     monkeypatch.setattr(
         ShardedRedisBackingMap, "keys_written_in", lambda self, t: self.shards[0].keys_written_in(t)
     )

@@ -8,15 +8,15 @@ import pytest
 
 from state.codec import encode_key
 from tests.helpers import produce, runtime, sentences, word_counts
-from tridentflow.audit import audit
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.driver import run_batches
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, PartitionUnavailable
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.query import query
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import query
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.emitter import emit
 
 ENGINE = LocalEngine()
 POINTS = ["after-coordinate", "in-emit", "mid-commit", "before-ledger"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
-from tridentflow.audit import audit
-from tridentflow.driver import run_pipelined
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.query import query
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import query
+from tridentflow.steps.driver import run_pipelined
 
 ENGINE = LocalEngine()
 
@@ -52,9 +52,9 @@ def test_an_opaque_emit_whose_base_commits_meanwhile_starts_from_the_commit(
 ):
     """Pipelined: txid 2 starts where txid 1's staged attempt stops, but txid 1 commits (and its
     staging is discarded) between the emit's ledger check and its read of that manifest."""
-    from tridentflow.committer import commit
-    from tridentflow.coordinator import coordinate
-    from tridentflow.emitter import emit
+    from tridentflow.steps.committer import commit
+    from tridentflow.steps.coordinator import coordinate
+    from tridentflow.steps.emitter import emit
 
     rt = runtime("wordcount-opaque", redis_url, home)
     lines = sentences(30)

@@ -10,17 +10,17 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import sentences, word_counts
-from tridentflow.audit import audit
-from tridentflow.chaos import RedisServer
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.driver import run_batches
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.query import query
+from tridentflow.ops.audit import audit
+from tridentflow.ops.chaos import RedisServer
+from tridentflow.ops.query import query
 from tridentflow.registry import load_pipeline
-from tridentflow.runtime import Runtime, connect
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runtime import Runtime, connect
 
 ENGINE = LocalEngine()
 BOUNDARIES = ["after-coordinate", "after-emit", "mid-commit", "before-ledger", "after-commit"]

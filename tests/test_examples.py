@@ -12,15 +12,15 @@ from state.keys import KeySpace
 from state.maps import StateKind
 from tests.helpers import runtime
 from tridentflow import LogSource, Pipeline, Reducer, StateSpec
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, StagingValueError, StateUpdateError
 from tridentflow.examples.user_scores import SEED_BATCH
 from tridentflow.faults import FaultPlan
-from tridentflow.runtime import Runtime
-from tridentflow.staging import MANIFEST
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runtime import Runtime
+from tridentflow.steps.staging import MANIFEST
 
 SEED_JSON = "".join(json.dumps(r) + "\n" for r in SEED_BATCH)
 
@@ -121,7 +121,7 @@ def test_a_reducer_state_folds_batches_in_order_and_replays_exactly(redis_url, r
     coordinate(rt, 2)
     emit(rt, 2, LocalEngine())
     commit(rt, 2)
-    from tridentflow.query import query
+    from tridentflow.ops.query import query
 
     _txid, values = query(rt, rt.pipeline.states["words"], [("a",), ("b",), ("c",)])
     assert values == ["hello", "world", ""]
@@ -184,7 +184,7 @@ def test_a_state_query_stream_sees_the_last_committed_value_during_a_pending_com
 
 def test_a_state_query_stream_over_another_pipelines_state(redis_url, redis_client, home):
     from tridentflow.examples.user_scores import keep_latest
-    from tridentflow.query import query
+    from tridentflow.ops.query import query
     from tridentflow.registry import load_pipeline
 
     counted = runtime("wordcount", redis_url, home)
@@ -241,7 +241,7 @@ def test_bad_aggregator_output_fails_with_a_clear_error_and_loses_nothing(
     with pytest.raises(StateUpdateError) as exc:
         commit(rt, 2)
     assert "state n: Boom() failed on key" in str(exc.value) and "no booms" in str(exc.value)
-    from tridentflow.query import query
+    from tridentflow.ops.query import query
 
     assert rt.ledger.committed_txid() == 1
     assert query(rt, rt.pipeline.states["n"], [("a",), ("b",)])[1] == [1, 1]  # txid 1's values

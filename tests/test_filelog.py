@@ -106,7 +106,7 @@ def test_produce_lines_are_what_json_dumps_makes(tmp_path):
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from tridentflow.cli import _records
+    from tridentflow.ops.cli import _records
     from tridentflow.registry import load_pipeline
 
     pipeline = load_pipeline("wordcount")

@@ -8,12 +8,12 @@ import pytest
 from state.backing import MemoryBackingMap
 from state.maps import StateKind, make_map_state
 from tests.helpers import produce, runtime, sentences
-from tridentflow.audit import audit
-from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import InjectedFault
-from tridentflow.query import query
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import query
+from tridentflow.steps.driver import run_batches
 
 ENGINE = LocalEngine()
 POINTS = ["after-coordinate", "in-emit", "mid-commit", "before-ledger"]

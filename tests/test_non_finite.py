@@ -10,9 +10,9 @@ import json
 import pytest
 
 from tests.helpers import runtime
-from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import SourceError, StagingValueError
+from tridentflow.steps.driver import run_batches
 
 PIPELINE = "tests.pipelines:scores"  # fields user, day, score: Sum by (user, day), Count by user
 TOKENS = ("NaN", "Infinity", "-Infinity", "1e400", "-1e999", "1.5E+309")

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
-from tridentflow.audit import audit
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.driver import run_batches
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable
-from tridentflow.query import query
-from tridentflow.status import status
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import query
+from tridentflow.ops.status import status
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.emitter import emit
 
 ENGINE = LocalEngine()
 

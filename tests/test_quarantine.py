@@ -8,12 +8,12 @@ import json
 import pytest
 
 from tests.helpers import runtime
-from tridentflow.audit import audit
-from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TooManyBadRecords
-from tridentflow.query import query
-from tridentflow.status import status
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import query
+from tridentflow.ops.status import status
+from tridentflow.steps.driver import run_batches
 
 ENGINE = LocalEngine()
 

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.driver import run_batches
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.query import list_state
+from tridentflow.ops.query import list_state
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.emitter import emit
 
 ENGINE = LocalEngine()
 

@@ -12,8 +12,8 @@ import redis
 
 from state.keys import KeySpace
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
-from tridentflow.chaos import run_chaos, schedule_shards
-from tridentflow.devcluster import LocalCluster
+from tridentflow.ops.chaos import run_chaos, schedule_shards
+from tridentflow.ops.devcluster import LocalCluster
 from tridentflow.redisconn import connect
 
 
@@ -65,7 +65,7 @@ def test_a_cluster_node_with_a_database_index_is_a_clear_error(tf, cluster):
 def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
     """`tridentflow acl wordcount --cluster`, set on every node, is all a user needs on a
     cluster: every step of the word count runs; another pipeline is refused in one line."""
-    from tridentflow import acl
+    from tridentflow.ops import acl
 
     printed = tf("acl", "wordcount", "--cluster", "--namespace", "acl").stdout.strip()
     assert printed == acl.rules("wordcount", "acl", cluster=True) and "+cluster|slots" in printed

@@ -11,9 +11,9 @@ import redis
 
 from state.keys import shard_tags
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
-from tridentflow import committer
-from tridentflow.chaos import run_chaos
-from tridentflow.devcluster import LocalCluster
+from tridentflow.ops.chaos import run_chaos
+from tridentflow.ops.devcluster import LocalCluster
+from tridentflow.steps import committer
 
 
 @pytest.fixture

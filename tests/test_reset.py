@@ -11,14 +11,14 @@ from state.backing import Fence
 from state.errors import GenerationError, PipelineBusyError
 from state.redis_backing import fenced_hset
 from tests.helpers import produce, runtime, sentences, word_counts
-from tridentflow.audit import audit
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.driver import run_batches
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
-from tridentflow.query import query
-from tridentflow.runs import coordinate_run, emit_run
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import query
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runs import coordinate_run, emit_run
 
 ENGINE = LocalEngine()
 

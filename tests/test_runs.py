@@ -12,14 +12,14 @@ from tests.conftest import ROOT
 from tests.helpers import produce, runtime, sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import one_line
-from tridentflow.runs import (
+from tridentflow.ops.status import format_status, status
+from tridentflow.steps.runs import (
     RunNotBoundError,
     commit_run,
     coordinate_run,
     emit_run,
     release_run,
 )
-from tridentflow.status import format_status, status
 
 ENGINE = LocalEngine()
 
@@ -64,7 +64,7 @@ def test_the_emit_job_renews_the_lease_it_is_given(redis_url, redis_client, home
     coordinate_run(rt, "r", lease_ms=1_000)
     assert emit_batch.parse_args(["--pipeline", "p", "--txid", "1"]).lease_ms == 15 * 60_000
     args = emit_batch.parse_args(["--pipeline", "p", "--run-id", "r", "--lease-ms", "1800000"])
-    from tridentflow.runs import owned_txid
+    from tridentflow.steps.runs import owned_txid
 
     owned_txid(rt, "r", args.lease_ms)
     (pending,) = status(rt)["pending"]
@@ -189,7 +189,7 @@ def test_what_each_task_returns_is_json_native(redis_url, redis_client, home):
     Airflow would serialise as {"__classname__": "builtins.tuple", ...}."""
     import json
 
-    from tridentflow.runs import emit_summary, owned_txid
+    from tridentflow.steps.runs import emit_summary, owned_txid
 
     rt = runtime("wordcount-opaque", redis_url, home)
     produce(rt, sentences(20))

@@ -1,4 +1,4 @@
-"""The orchestrator path heals itself and spends Spark only on real work (tridentflow.runs):
+"""The orchestrator path heals itself and spends Spark only on real work (tridentflow.steps.runs):
 a txid held by a run the orchestrator says has finished is adopted at once, a live owner keeps
 its txid, a refused commit names what blocks it and what unblocks it, an emit knows when it
 has nothing to do, and the ledger counts the orchestrator's tries and task time."""
@@ -12,7 +12,8 @@ import pytest
 from state.errors import CommitOrderError
 from tests.helpers import produce, runtime, sentences
 from tridentflow.engines.local import LocalEngine
-from tridentflow.runs import (
+from tridentflow.ops.status import describe_commit, step_seconds, step_tries
+from tridentflow.steps.runs import (
     commit_run,
     coordinate_run,
     emit_plan,
@@ -20,7 +21,6 @@ from tridentflow.runs import (
     note_task,
     release_finished_owners,
 )
-from tridentflow.status import describe_commit, step_seconds, step_tries
 
 ENGINE = LocalEngine()
 

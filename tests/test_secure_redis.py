@@ -12,7 +12,7 @@ import redis
 
 from tests import secure_redis
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
-from tridentflow import acl
+from tridentflow.ops import acl
 
 USER_PASSWORD = "wc-Us3r-pa55"
 

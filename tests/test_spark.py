@@ -13,15 +13,15 @@ import pytest
 
 from tests.conftest import ROOT, SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import produce, runtime, sentences, word_counts
-from tridentflow.audit import audit
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import SparkEngine
 from tridentflow.engines.tasks import split_ranges
+from tridentflow.ops.audit import audit
 from tridentflow.plan import compile_pipeline
 from tridentflow.registry import load_pipeline
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
 
 pytestmark = pytest.mark.spark
 
@@ -200,7 +200,7 @@ def test_emit_through_real_spark_submit(redis_url, redis_client, home, cli_env):
     assert commit(rt, 1).records == 200
     assert audit(rt).ok
     persist = rt.pipeline.states["counts"]
-    from tridentflow.query import query
+    from tridentflow.ops.query import query
 
     expected = word_counts(lines)
     assert query(rt, persist, [(w,) for w in expected])[1] == list(expected.values())

@@ -12,16 +12,16 @@ from state.codec import encode_key
 from state.errors import StateError
 from state.keys import KeySpace
 from tests.helpers import drain_retrying, produce, sentences
-from tridentflow.audit import audit
-from tridentflow.chaos import WORDS
-from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan
-from tridentflow.query import list_state
+from tridentflow.ops.audit import audit
+from tridentflow.ops.chaos import WORDS
+from tridentflow.ops.query import list_state
+from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
-from tridentflow.runtime import Runtime, connect
-from tridentflow.status import status
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.runtime import Runtime, connect
 
 ENGINE = LocalEngine()
 

@@ -12,15 +12,15 @@ from collections import Counter
 import pytest
 
 from tests.helpers import sentences
-from tridentflow.audit import audit
-from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import SourceError
-from tridentflow.query import list_state
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import list_state
+from tridentflow.ops.reset import reset_pipeline
+from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
-from tridentflow.reset import reset_pipeline
-from tridentflow.runtime import Runtime, connect
-from tridentflow.status import status
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.runtime import Runtime, connect
 
 NAME = "wordcount-stream"
 

@@ -10,15 +10,15 @@ from collections import Counter
 import pytest
 
 from tests.helpers import drain_retrying, sentences, word_counts
-from tridentflow.audit import audit
-from tridentflow.driver import run_batches
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.faults import POINTS, Fault, FaultPlan
-from tridentflow.query import list_state
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import list_state
 from tridentflow.registry import load_pipeline
-from tridentflow.runtime import Runtime, connect
 from tridentflow.sources.redisstream import RedisStreamLog
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.runtime import Runtime, connect
 
 ENGINE = LocalEngine()
 STREAMS = [f"tridentflow:wordcount-stream:p{p}" for p in range(4)]

@@ -11,14 +11,14 @@ from state.codec import encode_key
 from tests.helpers import drain_retrying, sentences, word_counts
 from tests.pipelines import keep_all
 from tridentflow import Count, LogSource, Pipeline, StateSpec, StateUpdater, Sum
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.emitter import emit
 from tridentflow.engines.base import ExecContext
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError
 from tridentflow.examples.wordcount import split
-from tridentflow.runtime import Runtime
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runtime import Runtime
 
 
 def surface() -> Pipeline:
@@ -130,7 +130,7 @@ def test_static_states_in_a_redis_hash_and_a_file_join_the_stream(
 ):
     import json
 
-    from tridentflow.query import query
+    from tridentflow.ops.query import query
 
     redis_client.hset("ref:tweeters", mapping={k: json.dumps(v) for k, v in TWEETERS.items()})
     followers = tmp_path / "followers.json"
@@ -167,7 +167,7 @@ def test_static_state_rules_and_errors(redis_url, redis_client, home, tmp_path):
     coordinate(rt, 1)
     emit(rt, 1, LocalEngine())
     commit(rt, 1)
-    from tridentflow.query import query
+    from tridentflow.ops.query import query
 
     keys = [("United States",), ("France",), (None,)]
     assert query(rt, rt.pipeline.states["by_country"], keys)[1] == [2, 1, 1]
@@ -230,9 +230,9 @@ def test_removed_keys_leave_the_store_once_committed_and_survive_a_failed_commit
     redis_url, redis_client, home
 ):
     from tridentflow import SourceMode, StateKind
-    from tridentflow.audit import audit
     from tridentflow.faults import FaultPlan, InjectedFault
-    from tridentflow.query import query
+    from tridentflow.ops.audit import audit
+    from tridentflow.ops.query import query
 
     p = Pipeline("sessions", LogSource(fields=("user", "action"), mode=SourceMode.OPAQUE))
     p.stream.partition_persist(
@@ -273,7 +273,7 @@ def test_a_reducer_that_removes_keys_audits_clean(redis_url, redis_client, home)
     """REMOVE from a Reducer (a word removed at its second occurrence): the audit recomputes
     it as absent, as the map state stores it."""
     from tridentflow import REMOVE, Reducer
-    from tridentflow.audit import audit
+    from tridentflow.ops.audit import audit
 
     class Once(Reducer):
         def init(self):
@@ -323,8 +323,8 @@ def test_an_updater_reads_other_keys_the_same_way_in_every_replay(redis_url, hom
     """A commit that fails half-way, and one that fails before the mark, replay: every value
     an updater stored from what it read equals the value of a run without faults."""
     from tridentflow.faults import FaultPlan
-    from tridentflow.query import list_state
-    from tridentflow.runtime import connect
+    from tridentflow.ops.query import list_state
+    from tridentflow.steps.runtime import connect
 
     lines = [f"the {s}" if i % 3 else s for i, s in enumerate(sentences(200, seed=4))]
     states = {}

@@ -11,11 +11,11 @@ import pytest
 
 from tests.helpers import drain_retrying
 from tridentflow import Count, LogSource, Pipeline, SourceMode, StateSpec, Sum
-from tridentflow.audit import audit
 from tridentflow.errors import PipelineError
 from tridentflow.faults import Dark, Fault, FaultPlan
-from tridentflow.query import list_state
-from tridentflow.runtime import Runtime, connect
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import list_state
+from tridentflow.steps.runtime import Runtime, connect
 from tridentflow.windows import Windows
 
 

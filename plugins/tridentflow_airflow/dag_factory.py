@@ -1,6 +1,6 @@
 """Turns a tridentflow pipeline into an Airflow DAG: coordinate -> emit -> commit.
 
-Each DAG run is one txid (see tridentflow.runs). Parse-time work is only the pipeline lookup
+Each DAG run is one txid (see tridentflow.steps.runs). Parse-time work is only the pipeline lookup
 (no Spark, no Redis).
 """
 

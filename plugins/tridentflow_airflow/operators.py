@@ -1,4 +1,4 @@
-"""Thin operators for coordinate -> emit -> commit. Each delegates to tridentflow.runs.
+"""Thin operators for coordinate -> emit -> commit. Each delegates to tridentflow.steps.runs.
 
 The run's txid lives in Redis (the ledger binds it to the Airflow run_id); XCom only carries a
 copy for the UI and templating, because Airflow deletes a task's own XCom when it re-runs.
@@ -24,7 +24,7 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.registry import load_pipeline
-from tridentflow.runs import (
+from tridentflow.steps.runs import (
     RunState,
     commit_run,
     coordinate_run,
@@ -36,7 +36,7 @@ from tridentflow.runs import (
     owned_txid,
     release_run,
 )
-from tridentflow.runtime import Runtime, resolve_home
+from tridentflow.steps.runtime import Runtime, resolve_home
 from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
 

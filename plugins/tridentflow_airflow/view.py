@@ -44,11 +44,11 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
+from tridentflow.ops.status import pending_txid, status
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import redacted, resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
-from tridentflow.runtime import Runtime
-from tridentflow.status import pending_txid, status
+from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.dag_factory import default_dag_id
 
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
@@ -189,7 +189,7 @@ def commit_entry(rt: Runtime, txid: int) -> dict[str, Any] | None:
 def get_state(
     name: str, state: str, key: Annotated[list[str] | None, Query()] = None
 ) -> dict[str, Any]:
-    from tridentflow.query import parse_key, pick_state, query
+    from tridentflow.ops.query import parse_key, pick_state, query
 
     with runtime(name) as rt:
         persist = pick_state(rt, state)
@@ -220,7 +220,7 @@ def get_quarantine(name: str, limit: Annotated[int, Query(ge=1, le=1000)] = 50) 
 
 @app.post("/api/pipelines/{name}/audit")
 def post_audit(name: str) -> dict[str, Any]:
-    from tridentflow.audit import audit
+    from tridentflow.ops.audit import audit
 
     with runtime(name) as rt:
         report = audit(rt)
@@ -269,7 +269,7 @@ def list_state_page(
 ) -> dict[str, Any]:
     """A page of every key of a state with its committed value (``after``: the cursor the
     previous page returned as ``next``)."""
-    from tridentflow.query import list_state, pick_state
+    from tridentflow.ops.query import list_state, pick_state
 
     with runtime(name) as rt:
         persist = pick_state(rt, state)

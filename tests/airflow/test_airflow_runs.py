@@ -24,9 +24,9 @@ import pytest
 
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import runtime, sentences, word_counts
-from tridentflow import devredis
-from tridentflow.audit import audit
-from tridentflow.query import query
+from tridentflow.ops import devredis
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import query
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 
@@ -70,11 +70,11 @@ def dags_test(env: dict[str, str], faults: str = "", dag: str = DAG) -> str:
 def test_batch_operation_examples_under_airflow(af_env, redis_url, home):
     """Seed 002 through spark-submit, with a tuple lost between stages in the first emit
     (Airflow retries it); then the DRPC word count, whose Spark executors query Redis."""
-    from tridentflow.committer import commit
-    from tridentflow.coordinator import coordinate
-    from tridentflow.emitter import emit
     from tridentflow.engines.local import LocalEngine
     from tridentflow.examples.user_scores import SEED_BATCH
+    from tridentflow.steps.committer import commit
+    from tridentflow.steps.coordinator import coordinate
+    from tridentflow.steps.emitter import emit
 
     scores = runtime("user-scores", redis_url, home)
     produce(scores, SEED_BATCH)

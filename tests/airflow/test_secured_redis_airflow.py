@@ -15,12 +15,12 @@ from fastapi.testclient import TestClient
 from tests import secure_redis
 from tests.conftest import SEED_SENTENCES
 from tests.helpers import runtime
-from tridentflow import devredis
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.emitter import emit
 from tridentflow.engines.local import LocalEngine
-from tridentflow.query import query
+from tridentflow.ops import devredis
+from tridentflow.ops.query import query
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
 from tridentflow_airflow import launcher, view
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("airflow")]

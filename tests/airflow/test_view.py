@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
-from tridentflow.runs import commit_run, coordinate_run, emit_run
+from tridentflow.steps.runs import commit_run, coordinate_run, emit_run
 from tridentflow_airflow import view
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tridentflow.runtime import Runtime
+from tridentflow.steps.runtime import Runtime
 
 
 def status(rt: Runtime) -> dict[str, Any]:

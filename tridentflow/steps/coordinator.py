@@ -11,7 +11,7 @@ metadata is on the replicas (a failover must not hand a replay other ranges).
   read at that moment (missing, unreadable, or its head behind where it should start) gets
   an empty range and is listed under ``unavailable``: its records come in a later txid.
 * opaque and non-transactional sources: the metadata holds only the batch size; the emitter
-  reads from the committed positions whatever is readable (see tridentflow.emitter).
+  reads from the committed positions whatever is readable (see tridentflow.steps.emitter).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from tridentflow.errors import NotReadyError, SourceError
-from tridentflow.runtime import Runtime
 from tridentflow.sources.specs import SourceMode
+from tridentflow.steps.runtime import Runtime
 
 
 def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.sources.specs import RedisStreamSource
-from tridentflow.staging import StagingArea
+from tridentflow.steps.staging import StagingArea
 
 HOME_ENV = "TRIDENTFLOW_HOME"
 NAMESPACE_ENV = "TRIDENTFLOW_NAMESPACE"

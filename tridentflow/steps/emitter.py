@@ -29,9 +29,9 @@ from tridentflow.errors import (
     PartitionUnavailable,
     TooManyBadRecords,
 )
-from tridentflow.runtime import Runtime
 from tridentflow.sources.specs import SourceMode
-from tridentflow.staging import StagedBatch
+from tridentflow.steps.runtime import Runtime
+from tridentflow.steps.staging import StagedBatch
 
 
 def unreadable_partitions(rt: Runtime, txid: int) -> tuple[dict[int, int], dict[int, str]]:

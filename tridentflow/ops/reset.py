@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
-from tridentflow.runtime import Runtime
 from tridentflow.sources.redisstream import RedisStreamLog
+from tridentflow.steps.runtime import Runtime
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from tridentflow.aggregators import absent_value, apply_staged
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable
 from tridentflow.plan import compile_pipeline
-from tridentflow.runtime import Runtime
+from tridentflow.steps.runtime import Runtime
 
 
 def _number(value: Any) -> bool:

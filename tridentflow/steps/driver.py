@@ -19,12 +19,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tridentflow.committer import CommitResult, commit
-from tridentflow.coordinator import coordinate
-from tridentflow.emitter import emit
 from tridentflow.engines.base import Engine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, TridentflowError
-from tridentflow.runtime import Runtime
+from tridentflow.steps.committer import CommitResult, commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runtime import Runtime
 
 
 @dataclass

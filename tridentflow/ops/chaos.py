@@ -1,7 +1,7 @@
 """The chaos harness: random fault schedules, resume, audit.
 
 Each schedule (fully determined by its seed) picks a bundled pipeline, feeds its source, and
-drives orchestrator-style runs (tridentflow.runs: one run id per txid, retried like Airflow
+drives orchestrator-style runs (tridentflow.steps.runs: one run id per txid, retried like Airflow
 retries a task) through a random mix of:
 
 * a fault at every point - ``raise`` (the step fails) or ``crash`` (nothing after the point
@@ -24,7 +24,7 @@ retries a task) through a random mix of:
   others the operator sees the reason in ``status``, resets the reader, and from then on
   exactly what the streams hold must be counted;
 * state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard);
-* against a gated Redis Cluster with replicas (``cluster=``, tridentflow.devcluster):
+* against a gated Redis Cluster with replicas (``cluster=``, tridentflow.ops.devcluster):
   failovers with replication lag - a master's replication is held (the ledger's or a state
   shard's), the run goes on with ``--wait-replicas 1``, and a few steps later that master is
   killed while its replica is behind, the replica takes over and the old master rejoins.
@@ -55,10 +55,6 @@ import redis
 
 from state.codec import decode_key, encode_key
 from state.errors import GenerationError, PipelineBusyError, StateError
-from tridentflow import devredis
-from tridentflow.audit import audit
-from tridentflow.devcluster import LocalCluster
-from tridentflow.driver import backlog, run_batches
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import (
@@ -69,13 +65,17 @@ from tridentflow.errors import (
 )
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
-from tridentflow.query import list_state, query
+from tridentflow.ops import devredis
+from tridentflow.ops.audit import audit
+from tridentflow.ops.devcluster import LocalCluster
+from tridentflow.ops.query import list_state, query
+from tridentflow.ops.reset import reset_pipeline
+from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
-from tridentflow.reset import reset_pipeline
-from tridentflow.runs import coordinate_run, emit_run, release_run
-from tridentflow.runtime import Runtime, connect
 from tridentflow.sources.redisstream import RedisStreamLog
-from tridentflow.status import status
+from tridentflow.steps.driver import backlog, run_batches
+from tridentflow.steps.runs import coordinate_run, emit_run, release_run
+from tridentflow.steps.runtime import Runtime, connect
 
 WORDS = (
     "man", "dog", "apple", "how", "are", "you", "nice", "day", "good", "a", "ünï", "中文",
@@ -166,7 +166,7 @@ class Chaos:
         """``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
         Connect session). ``redis_url``: run against that Redis (a cluster, say) instead of
         an own redis-server; it is never restarted then. ``cluster``: a gated cluster with
-        replicas (tridentflow.devcluster): commits wait for one replica, and schedules fail
+        replicas (tridentflow.ops.devcluster): commits wait for one replica, and schedules fail
         masters over with their replicas behind."""
         self.engine = engine or ENGINE
         self.cluster = cluster
@@ -389,7 +389,7 @@ class Chaos:
             elif next_step == "emit":
                 emit_run(old, run_id, self.engine, lease_ms=60_000)
             else:
-                from tridentflow.runs import commit_run
+                from tridentflow.steps.runs import commit_run
 
                 commit_run(old, run_id)
         except GenerationError:
@@ -403,7 +403,7 @@ class Chaos:
         sched.was_reset = True
 
     def _commit_race(self, rt: Runtime, run_id: str, racers: int) -> None:
-        from tridentflow.runs import commit_run
+        from tridentflow.steps.runs import commit_run
 
         if racers == 1:
             commit_run(rt, run_id)

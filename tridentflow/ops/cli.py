@@ -38,14 +38,14 @@ import redis
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.ops.reset import reset_pipeline
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
-from tridentflow.reset import reset_pipeline
-from tridentflow.runtime import Runtime, resolve_home
 from tridentflow.sources.filelog import FileLog, encode_record
 from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.sources.specs import RedisStreamSource
+from tridentflow.steps.runtime import Runtime, resolve_home
 
 EXIT_ERROR = 1
 EXIT_AUDIT_FAILED = 3
@@ -326,8 +326,8 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.driver import backlog, run_batches, run_pipelined
     from tridentflow.engines.local import LocalEngine
+    from tridentflow.steps.driver import backlog, run_batches, run_pipelined
 
     rt = _runtime(args)
     label = rt.pipeline.guarantee
@@ -339,7 +339,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     started = time.monotonic()
     if args.engine == "spark":
         from tridentflow.engines.spark import SparkEngine, spark_session
-        from tridentflow.runs import session_key
+        from tridentflow.steps.runs import session_key
 
         if args.master and args.remote:
             raise TridentflowError("give --master or --remote, not both")
@@ -390,7 +390,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.query import parse_key, pick_state, query
+    from tridentflow.ops.query import parse_key, pick_state, query
 
     rt = _runtime(args)
     persist = pick_state(rt, args.state)
@@ -422,7 +422,7 @@ def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _list_state(rt: Runtime, persist: Any, args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.query import list_state
+    from tridentflow.ops.query import list_state
 
     if args.keys:
         raise TridentflowError("query --all lists every key: give no keys")
@@ -449,7 +449,7 @@ def _show(value: Any) -> str:
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.status import format_status, status
+    from tridentflow.ops.status import format_status, status
 
     info = status(_runtime(args))
     out.write((json.dumps(info) if args.json else format_status(info)) + "\n")
@@ -457,7 +457,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_audit(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.audit import audit
+    from tridentflow.ops.audit import audit
 
     report = audit(_runtime(args))
     if args.json:
@@ -537,7 +537,7 @@ def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.chaos import run_chaos
+    from tridentflow.ops.chaos import run_chaos
 
     started = time.monotonic()
     faults = 0
@@ -576,7 +576,7 @@ def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_spark_connect(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow import connect_server
+    from tridentflow.ops import connect_server
 
     home = resolve_home(args.home)
     if args.stop:
@@ -588,8 +588,8 @@ def cmd_spark_connect(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow import acl
-    from tridentflow.runtime import resolve_namespace
+    from tridentflow.ops import acl
+    from tridentflow.steps.runtime import resolve_namespace
 
     namespace = resolve_namespace(args.namespace)
     streams: list[str] = []
@@ -609,7 +609,7 @@ def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_dev_redis(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow import devredis
+    from tridentflow.ops import devredis
 
     if args.stop:
         devredis.shutdown(args.port)

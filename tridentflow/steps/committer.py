@@ -56,8 +56,8 @@ from tridentflow.errors import (
     ReplicationError,
     StateUpdateError,
 )
-from tridentflow.runtime import Runtime
-from tridentflow.staging import StagedBatch
+from tridentflow.steps.runtime import Runtime
+from tridentflow.steps.staging import StagedBatch
 
 
 @dataclass(frozen=True)

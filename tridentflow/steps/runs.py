@@ -36,14 +36,14 @@ from typing import Any
 
 from state.errors import CommitOrderError
 from state.ledger import DEFAULT_LEASE_MS
-from tridentflow.committer import commit
-from tridentflow.coordinator import coordinate
-from tridentflow.emitter import emit
 from tridentflow.engines.base import Engine
 from tridentflow.errors import TridentflowError
-from tridentflow.runtime import Runtime
 from tridentflow.sources.specs import SourceMode
-from tridentflow.staging import StagedBatch
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runtime import Runtime
+from tridentflow.steps.staging import StagedBatch
 
 
 class RunNotBoundError(TridentflowError):

@@ -19,7 +19,7 @@ from state.shards import query_state, read_consistently
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
 from tridentflow.nodes import Persist
-from tridentflow.runtime import Runtime
+from tridentflow.steps.runtime import Runtime
 
 
 def pick_state(rt: Runtime, name: str | None) -> Persist:
