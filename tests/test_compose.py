@@ -131,8 +131,8 @@ def test_a_connect_service_fronts_the_cluster(compose):
     assert f"tridentflow-home:{home}" in connect["volumes"]
 
 
-def test_the_readme_says_how_to_use_the_stack():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_say_how_to_use_the_stack():
+    readme = (ROOT / "docs" / "airflow.md").read_text()
     assert "docker compose exec airflow-scheduler tridentflow produce wordcount" in readme
     assert "docker compose exec airflow-scheduler tridentflow status wordcount" in readme
     assert '"conn_type":"spark_connect","host":"sc://spark-connect","port":15002' in readme

@@ -217,6 +217,6 @@ def test_pipelines_and_deployments_sharing_one_redis_never_touch_each_other(
         done.add(victim)
 
 
-def test_the_readmes_acl_line_is_the_one_tridentflow_prints():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_docs_acl_line_is_the_one_tridentflow_prints():
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "redis.md").read_text()
     assert acl.setuser_line("wordcount", "tf-wordcount") in readme
