@@ -76,26 +76,32 @@ class SparkEngine:
             return self._compute(plan, log_root, ranges, ctx)
         _handshake, retry_s, job_s = connect_deadlines()
         endpoint = getattr(self.spark, "_tridentflow_endpoint", "the Spark Connect server")
-        expired = threading.Event()
+        expired, done = threading.Event(), threading.Event()
 
-        def interrupt() -> None:
+        def watchdog() -> None:  # past the deadline, interrupt until the call returns (an
+            if done.wait(job_s):  # interrupt sent before the job reached the server is moot)
+                return
             expired.set()
-            with contextlib.suppress(Exception):
-                self.spark.interruptAll()
+            while not done.is_set():
+                with contextlib.suppress(Exception):
+                    self.spark.interruptAll()
+                done.wait(0.5)
 
-        timer = threading.Timer(job_s, interrupt)
-        timer.daemon = True
-        timer.start()
+        too_late = TridentflowError(
+            f"Spark Connect at {endpoint}: the job did not finish within {job_s:.0f}s "
+            f"({JOB_ENV}) and was interrupted"
+        )
+        threading.Thread(target=watchdog, daemon=True, name="tf-connect-deadline").start()
         try:
-            return self._compute(plan, log_root, ranges, ctx)
+            result = self._compute(plan, log_root, ranges, ctx)
+            if expired.is_set():  # it finished, but past its deadline: not used
+                raise too_late
+            return result
         except TridentflowError:
             raise
         except Exception as exc:
             if expired.is_set():
-                raise TridentflowError(
-                    f"Spark Connect at {endpoint}: the job did not finish within {job_s:.0f}s "
-                    f"({JOB_ENV}) and was interrupted"
-                ) from None
+                raise too_late from None
             if lost_server(exc):
                 raise TridentflowError(
                     f"Spark Connect at {endpoint} stopped answering during the job (retried "
@@ -103,7 +109,7 @@ class SparkEngine:
                 ) from None
             raise
         finally:
-            timer.cancel()
+            done.set()
 
     def _compute(
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
