@@ -6,7 +6,6 @@ Each DAG run is one txid (see tridentflow.steps.runs). Parse-time work is only t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -14,6 +13,7 @@ from airflow.sdk import DAG, Param
 
 from tridentflow.errors import TridentflowError
 from tridentflow.registry import load_pipeline
+from tridentflow.settings import env_seconds
 from tridentflow_airflow.assets import commit_alias
 from tridentflow_airflow.operators import (
     CommitOperator,
@@ -40,17 +40,6 @@ counts do not change. Guarantee: **{guarantee}**.
 def default_dag_id(pipeline_name: str) -> str:
     """The DAG id ``pipeline_dag`` gives a pipeline unless told otherwise."""
     return f"tridentflow_{pipeline_name.replace('-', '_')}"
-
-
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise TridentflowError(f"{name} must be a number of seconds >= 0, got {raw!r}")
-    return value
 
 
 def check_dag_arguments(
@@ -105,7 +94,7 @@ def pipeline_dag(
     anyway, and later txids would only wait for earlier ones.
     """
     if retry_delay is None:
-        retry_delay = timedelta(seconds=_env_seconds(RETRY_DELAY_ENV, 10.0))
+        retry_delay = timedelta(seconds=env_seconds(RETRY_DELAY_ENV, 10.0, allow_zero=True))
     check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay)
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}

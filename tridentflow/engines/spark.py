@@ -51,6 +51,7 @@ from tridentflow.engines.tasks import (
 )
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.plan import Plan
+from tridentflow.settings import env_seconds
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -322,23 +323,12 @@ JOB_ENV = "TRIDENTFLOW_SPARK_JOB_TIMEOUT_S"
 """Seconds one emit's Spark job may run over Connect before it is interrupted (default 3600)."""
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise TridentflowError(f"{name} must be a number of seconds > 0, got {raw!r}")
-    return value
-
-
 def connect_deadlines() -> tuple[float, float, float]:
     """(handshake, retry budget, job) in seconds, from the environment (see above)."""
     return (
-        _env_seconds(HANDSHAKE_ENV, CONNECT_TIMEOUT),
-        _env_seconds(RETRY_ENV, 30.0),
-        _env_seconds(JOB_ENV, 3600.0),
+        env_seconds(HANDSHAKE_ENV, CONNECT_TIMEOUT),
+        env_seconds(RETRY_ENV, 30.0),
+        env_seconds(JOB_ENV, 3600.0),
     )
 
 

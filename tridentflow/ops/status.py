@@ -14,7 +14,7 @@ def status(rt: Runtime) -> dict[str, Any]:
     scan = rt.log.scan(offsets) if rt.log.exists() else None
     heads = scan.heads if scan else {}
     unavailable = scan.unavailable if scan else {}
-    now_ms = _redis_now_ms(rt)
+    now_ms = rt.redis_now_ms()
     pending = [pending_txid(rt, txid, now_ms) for txid in ledger.pending_txids()]
     history = ledger.history(HISTORY_SHOWN)
     partitions = []
@@ -95,7 +95,7 @@ def describe_commit(entry: dict[str, Any]) -> str:
 def pending_txid(rt: Runtime, txid: int, now_ms: int | None = None) -> dict[str, Any]:
     """A pending txid's owner run (None once its claim was released or expired: the next
     run adopts it), lease and attempts per step."""
-    now_ms = _redis_now_ms(rt) if now_ms is None else now_ms
+    now_ms = rt.redis_now_ms() if now_ms is None else now_ms
     info = rt.ledger.tx_info(txid)
     lease_until = int(info.get("lease_until", 0) or 0)
     live = "owner" in info and lease_until > now_ms
@@ -108,11 +108,6 @@ def pending_txid(rt: Runtime, txid: int, now_ms: int | None = None) -> dict[str,
         "staged_attempt": int(info["staged_attempt"]) if "staged_attempt" in info else None,
         "commit_attempts": int(info.get("commit_token", 0)),
     }
-
-
-def _redis_now_ms(rt: Runtime) -> int:
-    seconds, micros = rt.client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def format_status(info: dict[str, Any]) -> str:

@@ -56,16 +56,11 @@ it cannot tell (the run is unknown, or the orchestrator cannot be asked)."""
 FINISHED = frozenset({"success", "failed"})
 
 
-def _now_ms(rt: Runtime) -> int:
-    seconds, micros = rt.client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def release_finished_owners(rt: Runtime, run_id: str, run_state: RunState) -> list[dict[str, Any]]:
     """Release every pending txid whose owner run (not ``run_id``) has finished, though its
     lease is live: it will never come back for it. [{txid, owner, state}] released."""
     released = []
-    now = _now_ms(rt)
+    now = rt.redis_now_ms()
     for txid in rt.ledger.pending_txids():
         info = rt.ledger.tx_info(txid)
         owner = info.get("owner")
@@ -216,7 +211,7 @@ def blocker(rt: Runtime, txid: int, run_state: RunState | None = None) -> str:
     first = rt.ledger.committed_txid() + 1
     info = rt.ledger.tx_info(first)
     owner = info.get("owner")
-    lease_left = (int(info.get("lease_until") or 0) - _now_ms(rt)) / 1000
+    lease_left = (int(info.get("lease_until") or 0) - rt.redis_now_ms()) / 1000
     head = f"txid {txid} cannot commit before txid {first}"
     if not owner or lease_left <= 0:
         return (

@@ -32,6 +32,7 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     resolve_redis_url,
     url_of,
 )
+from tridentflow.settings import env_int
 from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.redisstream import RedisStreamLog
@@ -54,19 +55,6 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
             "point it at a directory"
         )
     return home
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise TridentflowError(f"{name} must be a whole number >= 0, got {raw!r}")
-    return value
 
 
 def resolve_namespace(explicit: str | None = None) -> str:
@@ -104,11 +92,11 @@ class Runtime:
     """The Redis URL ``client`` was opened with (rebuilt from the client if not given)."""
     namespace: str = field(default_factory=resolve_namespace)
     """The deployment's key namespace (TRIDENTFLOW_NAMESPACE; see state.keys.KeySpace)."""
-    replicas: int = field(default_factory=lambda: _env_int("TRIDENTFLOW_WAIT_REPLICAS", 0))
+    replicas: int = field(default_factory=lambda: env_int("TRIDENTFLOW_WAIT_REPLICAS", 0))
     """Replicas that must acknowledge a commit mark before the commit step succeeds (Redis
     WAIT; 0: do not wait). See committer.confirm_replicated."""
     replica_timeout_ms: int = field(
-        default_factory=lambda: _env_int("TRIDENTFLOW_WAIT_TIMEOUT_MS", 5000)
+        default_factory=lambda: env_int("TRIDENTFLOW_WAIT_TIMEOUT_MS", 5000)
     )
     shards: int | None = None
     """State shards to write with, over the pipeline's ``state_shards`` and the environment
@@ -155,7 +143,7 @@ class Runtime:
             return check_shards(self.shards)
         if self.pipeline.state_shards is not None:
             return self.pipeline.state_shards
-        shards = _env_int(SHARDS_ENV, 1)
+        shards = env_int(SHARDS_ENV, 1)
         try:
             return check_shards(shards)
         except ValueError as exc:
@@ -216,6 +204,11 @@ class Runtime:
             partition, reason = min(scan.unavailable.items())
             raise PartitionUnavailable(partition, reason)
         return scan.heads
+
+    def redis_now_ms(self) -> int:
+        """Redis's clock, in ms (leases are set and compared by it, never by this host's)."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def require_replicated(
         self, what: str, then: str, shards: bool = False, also: KeySpace | None = None
