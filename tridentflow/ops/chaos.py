@@ -541,10 +541,8 @@ class _Schedule:
         committed = self.rt.ledger.committed_offsets()
         p = rng.randrange(log.partitions())
         key = log.stream_keys[p]
-        entries = client.xrange(key)
-        last_read = log._index_id(p, committed.get(p, 0)) if committed.get(p, 0) else None
-        read = [i for i, _f in entries if last_read is not None and _id(_s(i)) <= _id(last_read)]
-        unread = [i for i, _f in entries if i not in read]
+        read, unread = log.split_at(p, committed.get(p, 0))
+        entries = read + unread
         kind = rng.choice(("xdel-read", "xdel-read", "trim-read", "xdel-unread",
                            "maxlen-unread", "delete", "recreate"))  # fmt: skip
         if kind == "xdel-read" and read:
@@ -575,9 +573,9 @@ class _Schedule:
         log = rt.log
         assert isinstance(log, RedisStreamLog)
         self.produced = [
-            _s(fields.get(b"sentence", b""))
+            fields[b"sentence"].decode()
             for key in log.stream_keys
-            for _id_, fields in rt.client.xrange(key)
+            for _entry, fields in rt.client.xrange(key)
             if set(fields) == {b"sentence"} and _decodes(fields[b"sentence"])
         ]
         self.result.events.append(f"reader-reset@{when}")
@@ -614,15 +612,6 @@ class _Schedule:
             (pdir / "HEAD").write_bytes(head)
         self.outage = None
         self.result.events.append(f"outage-over:{partition}@{when}")
-
-
-def _s(raw: bytes | str) -> str:
-    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
-
-
-def _id(entry_id: str) -> tuple[int, int]:
-    ms, _dash, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def _decodes(raw: bytes) -> bool:

@@ -239,6 +239,16 @@ class RedisStreamLog:
                 raise
         self.client.hset(self.index_key(partition), GROUP_MARK, "1")
 
+    def split_at(self, partition: int, position: int) -> tuple[list[str], list[str]]:
+        """The IDs of the partition's entries this reader has read, up to ordinal ``position``
+        (its committed position), and of those it has not, in stream order."""
+        last = self._index_id(partition, position) if position > 0 else None
+        read, unread = [], []
+        for raw, _fields in self.client.xrange(self.stream_keys[partition]):
+            entry = _s(raw)
+            (read if last is not None and _id(entry) <= _id(last) else unread).append(entry)
+        return read, unread
+
     def _index_id(self, partition: int, ordinal: int) -> str | None:
         return self._index_field(partition, str(ordinal))
 
