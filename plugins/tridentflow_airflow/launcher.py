@@ -73,8 +73,17 @@ def admin_password(home: Path) -> str:
     return json.loads(passwords.read_text())[ADMIN_USER]
 
 
+DEFAULT_IDLE_SLEEP_S = 0.1
+"""The scheduler's sleep when a loop found nothing to do (Airflow's default: 1 s). Lower
+starts runs and tasks sooner and costs idle CPU; measured in docs/benchmarks.md."""
+
+
 def airflow_env(
-    home: Path, redis_url: str, port: int = 8080, base: dict[str, str] | None = None
+    home: Path,
+    redis_url: str,
+    port: int = 8080,
+    base: dict[str, str] | None = None,
+    idle_sleep: float = DEFAULT_IDLE_SLEEP_S,
 ) -> dict[str, str]:
     """The environment every Airflow component (and `airflow dags test`) runs with."""
     ahome = airflow_home(home)
@@ -110,8 +119,11 @@ def airflow_env(
             "AIRFLOW__API_AUTH__JWT_SECRET": _secret(ahome / "jwt_secret"),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
-            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",  # Airflow's default
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": str(idle_sleep),
+            # task processes fork from a server that imported what tasks need (preload.py)
+            "AIRFLOW__SCHEDULER__MP_START_METHOD": "forkserver",
+            "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": "tridentflow_airflow.preload",
             "AIRFLOW_CONN_SPARK_DEFAULT": env.get(
                 "AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type":"spark","host":"local[*]"}'
             ),
@@ -241,10 +253,16 @@ def up(
     redis_url: str | None = None,
     timeout: float = 180,
     spark_connect: int | None = None,
+    idle_sleep: float = DEFAULT_IDLE_SLEEP_S,
 ) -> dict:
     """Start the components (each in its own process group); wait for the API. Idempotent.
     ``spark_connect``: also start a local Spark Connect server on that port and make
-    ``spark_default`` a ``spark_connect`` connection to it (emits then run as its clients)."""
+    ``spark_default`` a ``spark_connect`` connection to it (emits then run as its clients).
+    ``idle_sleep``: the scheduler's idle sleep in seconds (latency against idle CPU)."""
+    if not 0 < idle_sleep <= 60:
+        raise TridentflowError(
+            f"the scheduler's idle sleep must be > 0 and <= 60 seconds, got {idle_sleep}"
+        )
     base = dict(os.environ)
     if spark_connect is not None:
         from tridentflow.ops import connect_server
@@ -255,7 +273,7 @@ def up(
         base["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(
             {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": spark_connect}
         )
-    env = airflow_env(home, redis_url or resolve_redis(home), port, base)
+    env = airflow_env(home, redis_url or resolve_redis(home), port, base, idle_sleep)
     alive = running(home)
     if len(alive) == len(COMPONENTS):
         wait_ready(home, port, alive, timeout)
@@ -434,11 +452,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PORT",
         help="up: start a local Spark Connect server (default port 15002) and emit through it",
     )
+    parser.add_argument(
+        "--scheduler-idle-sleep",
+        type=float,
+        default=DEFAULT_IDLE_SLEEP_S,
+        metavar="SECONDS",
+        help=f"up: the scheduler's sleep when idle (default {DEFAULT_IDLE_SLEEP_S}; Airflow's is "
+        "1): lower starts runs sooner and costs idle CPU (docs/benchmarks.md)",
+    )
     args = parser.parse_args(argv)
     home = resolve_home(args.home)
     try:
         if args.command == "up":
-            info = up(home, args.port, spark_connect=args.spark_connect)
+            info = up(
+                home, args.port, spark_connect=args.spark_connect,
+                idle_sleep=args.scheduler_idle_sleep,
+            )  # fmt: skip
             print(f"Airflow UI: {info['url']}  (login: {ADMIN_USER} / {admin_password(home)})")
             print(f"components: {info['pids']}  logs: {airflow_home(home) / 'logs'}")
             print("stop with: tridentflow-airflow down")
