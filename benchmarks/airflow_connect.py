@@ -154,7 +154,35 @@ def continuous(api: AirflowApi, rt: Runtime, home: Path, sentences: int) -> tupl
     return sentences / (last - first), len(history)
 
 
+def _cpu_seconds_by_group(groups: set[int]) -> dict[int, int]:
+    """CPU seconds (user + system, whole seconds as ps shows them) of every process in each
+    of ``groups`` (the components' process groups: their task processes included)."""
+    out = dict.fromkeys(groups, 0)
+    ps = subprocess.run(["ps", "-eo", "pgid=,times="], capture_output=True, text=True).stdout
+    for line in ps.splitlines():
+        pgid, seconds = (int(x) for x in line.split())
+        if pgid in out:
+            out[pgid] += seconds
+    return out
+
+
+def idle_cpu(pids: dict[str, int], seconds: float) -> None:
+    """Each component's CPU while no run is active (the scheduler's idle loop, mostly)."""
+    time.sleep(10)  # past start-up
+    before = _cpu_seconds_by_group(set(pids.values()))
+    time.sleep(seconds)
+    after = _cpu_seconds_by_group(set(pids.values()))
+    used = {name: after[pid] - before[pid] for name, pid in pids.items()}
+    total = sum(used.values())
+    print(
+        f"idle CPU over {seconds:.0f} s: {total} CPU s ({100 * total / seconds:.0f}% of a core); "
+        + ", ".join(f"{name} {cpu} s" for name, cpu in used.items())
+    )
+
+
 def _identity(batches):  # pragma: no cover - runs in the Connect server's Python workers
+    import tridentflow.engines.tasks  # noqa: F401 - what an emit's read tasks import first
+
     yield from batches
 
 
@@ -165,7 +193,7 @@ def warm_session(remote: str, rt: Runtime) -> None:
     from tridentflow.steps.runs import session_key
 
     spark = spark_session("tridentflow-bench-warm", remote=remote, share=session_key(rt))
-    frame = spark.range(0, 8, 1, 4)
+    frame = spark.range(0, 16, 1, 8)
     frame.mapInArrow(_identity, frame.schema).count()
 
 
@@ -188,6 +216,10 @@ def main() -> None:
     parser.add_argument("--continuous-sentences", type=int, default=2_000_000, help="0: skip")
     parser.add_argument("--emitter", choices=("connect", "submit"), default="connect")
     parser.add_argument("--idle-runs", type=int, default=3, help="runs with nothing to read")
+    parser.add_argument(
+        "--idle-cpu", type=float, default=0, metavar="SECONDS",
+        help="first measure the stack's CPU while nothing runs, over SECONDS (0: skip)",
+    )  # fmt: skip
     parser.add_argument(
         "--scheduler-idle-sleep", type=float, default=launcher.DEFAULT_IDLE_SLEEP_S,
         help="the scheduler's idle sleep (tridentflow-airflow up --scheduler-idle-sleep)",
@@ -212,6 +244,8 @@ def main() -> None:
             for dag_id in (DAG, CONTINUOUS):
                 api.wait_for_dag(dag_id)
             api.pause(*OTHER_DAGS)
+            if args.idle_cpu > 0:
+                idle_cpu(info["pids"], args.idle_cpu)
             rt = Runtime.open(load_pipeline("wordcount"), redis_url, home)
             runs = [one_run(api, rt, home, args.records, seed=10 + i) for i in range(args.runs)]
             if runs:

@@ -126,3 +126,52 @@ def test_adopting_a_txid_never_gives_a_step_a_negative_time(redis_url, redis_cli
     commit_run(rt, "run-2")
     for info in rt.ledger.history(1)[0]["steps"].values():
         assert info["started_ms"] is not None and info["ended_ms"] >= info["started_ms"], info
+
+
+def test_blocked_says_which_txid_which_run_since_when_and_what_to_do(redis_url, redis_client, home):
+    """Nothing pending, or a live owner: not blocked. A finished owner (its lease still live)
+    or no owner at all: blocked, in one line with the action; read-only (releases nothing)."""
+    from tridentflow.steps.runs import blocked
+
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    assert blocked(rt, states()) is None  # nothing pending
+    coordinate_run(rt, "run-1", batch_size=1, lease_ms=30 * 60_000)
+    assert blocked(rt, states(run_1="running")) is None
+    assert blocked(rt, states()) is None  # unknown state: a live lease is not second-guessed
+    held = blocked(rt, states(run_1="failed"))
+    assert (held["txid"], held["owner"], held["owner_state"]) == (1, "run-1", "failed")
+    assert held["since_ms"] and abs(held["since_ms"] - rt.redis_now_ms()) < 60_000
+    assert "\n" not in held["line"] and "run run-1, which failed" in held["line"]
+    assert "Release" in held["line"]
+    assert rt.ledger.tx_info(1)["owner"] == "run-1"  # read-only
+    rt.ledger.release(1, "run-1")
+    free = blocked(rt, states(run_1="failed"))
+    assert free["owner"] is None and "no run holds it" in free["line"]
+
+
+def test_an_operator_releases_only_a_txid_whose_owner_has_finished(redis_url, redis_client, home):
+    from tridentflow.errors import TridentflowError
+    from tridentflow.steps.runs import release_finished_owner
+
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    coordinate_run(rt, "run-1", batch_size=1, lease_ms=30 * 60_000)
+    for state, refusal in [
+        ("running", "run run-1 is running and keeps txid 1"),
+        (None, "run run-1 is in an unknown state and keeps txid 1"),
+    ]:
+        with pytest.raises(TridentflowError, match=refusal):
+            release_finished_owner(rt, 1, states(run_1=state) if state else states())
+    released = release_finished_owner(rt, 1, states(run_1="failed"))
+    assert released == {"txid": 1, "released": True, "owner": "run-1", "owner_state": "failed"}
+    with pytest.raises(TridentflowError, match="no run holds txid 1: nothing to release"):
+        release_finished_owner(rt, 1, states(run_1="failed"))  # twice: nothing left to release
+    with pytest.raises(TridentflowError, match="txid 5 is not known yet"):
+        release_finished_owner(rt, 5, states())
+    adopted = coordinate_run(rt, "run-2", batch_size=1)
+    assert (adopted["txid"], adopted["binding"]) == (1, "adopted")
+    emit_run(rt, "run-2", ENGINE)
+    commit_run(rt, "run-2")
+    with pytest.raises(TridentflowError, match="txid 1 is committed: there is nothing to release"):
+        release_finished_owner(rt, 1, states())

@@ -23,6 +23,7 @@ from state.ledger import DEFAULT_LEASE_MS
 from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError, one_line
+from tridentflow.ops import metrics
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.runs import (
     RunState,
@@ -107,6 +108,18 @@ def record(rt: Runtime, context: Any, txid: int, step: str, done: bool) -> None:
     note_task(rt, txid, step, int(context["ti"].try_number or 1), _started_ms(context), done)
 
 
+def report_figures(rt: Runtime) -> None:
+    """The pipeline's figures (tridentflow.ops.metrics) through Airflow's Stats, so that a
+    StatsD or OpenTelemetry setup gets them from every coordinate and commit. Best effort:
+    a figure that cannot be read or sent never fails the task."""
+    try:
+        from airflow.sdk.observability.stats import Stats
+
+        metrics.send_to_airflow_stats(rt.pipeline.name, metrics.figures(rt), Stats)
+    except Exception as exc:
+        log.warning("tridentflow: figures not sent to Airflow's metrics: %s", one_line(exc))
+
+
 def release_on_failure(context: Any) -> None:
     """on_failure_callback: the run gave up, so the next run adopts its txid at once."""
     task = context["task"]
@@ -137,6 +150,7 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
                 gone["txid"], gone["owner"], gone["state"],
             )  # fmt: skip
         record(rt, context, result["txid"], "coordinate", done=True)
+        report_figures(rt)
         self.log.info(
             "run %s -> txid %s (%s)", context["run_id"], result["txid"], result["binding"]
         )
@@ -272,6 +286,7 @@ class CommitOperator(TridentflowTask, BaseOperator):
         record(rt, context, owned_txid(rt, context["run_id"], self.lease_ms), "commit", False)
         result = commit_run(rt, context["run_id"], self.lease_ms, run_state(context))
         self.log.info("commit of txid %s: %s", result["txid"], result["status"])
+        report_figures(rt)
         if any(isinstance(o, AssetAlias) for o in self.outlets or ()):
             emitted = emit_commit_events(
                 context["outlet_events"],

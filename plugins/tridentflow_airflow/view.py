@@ -15,6 +15,12 @@ JSON endpoints over what the Redis ledger knows (never XCom, which a cleared tas
 * ``POST /tridentflow/api/pipelines/{name}/audit``           lost / doubled / mismatched
 * ``GET  /tridentflow/api/runs/{dag_id}/{run_id}``           what an Airflow run bound and
   committed: its pipeline, txid, binding (or the run that adopted it) and commit
+* ``POST /tridentflow/api/pipelines/{name}/txids/{txid}/release``  release a txid whose owner
+  run has finished in Airflow (refused while it is alive); needs edit rights on the DAG's runs
+  and leaves an entry in Airflow's audit log
+* ``GET  /tridentflow/metrics``                              every pipeline's figures in
+  Prometheus text format (tridentflow.ops.metrics); a scraper may instead send
+  ``Authorization: Bearer $TRIDENTFLOW_METRICS_TOKEN`` (this route only)
 
 And two pages (static HTML that reads those endpoints; the plugin registers them as
 ``external_views``, shown by the UI in a frame): ``/tridentflow/ui`` (the nav page: ledger,
@@ -22,38 +28,68 @@ lag per partition, records per txid and step durations, quarantine, a state brow
 now") and ``/tridentflow/run?dag_id=...&run_id=...`` (the tab on every DAG run).
 
 Airflow does not authenticate plugin apps: every route here depends on the api-server's auth
-manager (``requires_authenticated``): no or a bad token is 401/403. Responses never hold the
+manager (``authenticated``: a JWT or the UI's session, as ``requires_authenticated``): no or a
+bad token is 401/403. Responses never hold the
 Redis password. Pipelines are the bundled examples and ``TRIDENTFLOW_PIPELINES`` (comma-
 separated ``module:attribute`` refs). Errors are JSON ``{"detail": one line}``.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
-from airflow.api_fastapi.core_api.security import requires_authenticated
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
 
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
+from tridentflow.ops import metrics
 from tridentflow.ops.status import pending_txid, status
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import redacted, resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
+from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.dag_factory import default_dag_id
 
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
 PAGE = Path(__file__).with_name("static") / "tridentflow.html"
-AUTHENTICATED = requires_authenticated()
+METRICS_TOKEN_ENV = "TRIDENTFLOW_METRICS_TOKEN"
+"""A scrape token: ``Authorization: Bearer <it>`` is accepted on ``/metrics`` (only there)
+for a Prometheus that cannot log in to Airflow. Unset: ``/metrics`` needs Airflow's auth."""
+METRICS_PATH = "/metrics"
+
+
+async def authenticated(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> None:
+    """Every route's guard: Airflow's auth manager decides (a JWT in ``Authorization``, or the
+    UI's session cookie), as ``requires_authenticated`` does; on ``/metrics`` the scrape token
+    (TRIDENTFLOW_METRICS_TOKEN) is accepted too. 401/403 otherwise."""
+    token = os.environ.get(METRICS_TOKEN_ENV, "")
+    if (
+        token
+        and credentials is not None
+        and request.url.path.endswith(METRICS_PATH)
+        and hmac.compare_digest(credentials.credentials.encode(), token.encode())
+    ):
+        return
+    await get_user(request, None, credentials)
+
+
+AUTHENTICATED = authenticated
 """The dependency every route has (tests override it to run the app without Airflow)."""
 
 app = FastAPI(
@@ -130,6 +166,32 @@ def _safe(text: str) -> str:
     return scrubbed(text.replace(url, redacted(url)), url)
 
 
+def airflow_run_state(dag_id: str, run_id: str) -> str | None:
+    """A DAG run's state from Airflow's metadata DB (the api-server's own session); None if
+    unknown or unreadable."""
+    try:
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            found = session.scalar(
+                select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+            )
+    except Exception:  # no metadata DB here: do not guess
+        return None
+    return None if found is None else str(getattr(found, "value", found)).lower()
+
+
+def run_states(pipeline: Pipeline) -> Callable[[str], str | None]:
+    """``run_id`` -> its Airflow state, for the pipeline's DAG."""
+    return partial(airflow_run_state, default_dag_id(pipeline.name))
+
+
+def blocked_with_owner_state(rt: Runtime) -> dict[str, Any] | None:
+    return blocked(rt, run_states(rt.pipeline))
+
+
 def summary(rt: Runtime) -> dict[str, Any]:
     info = status(rt)
     return {
@@ -142,11 +204,15 @@ def summary(rt: Runtime) -> dict[str, Any]:
         "unavailable_partitions": info["unavailable_partitions"],
         "quarantined": info["quarantined"],
         "last_commit": info["last_commit"],
+        "blocked": blocked_with_owner_state(rt),
     }
 
 
 @app.get("/api/pipelines")
 def list_pipelines() -> dict[str, Any]:
+    """Every pipeline's summary; those that cannot be read are listed with the one-line
+    reason. 503 (JSON, the same fields and a ``detail``) when none can be read: Redis is
+    unreachable or refuses this view."""
     out, unreadable = [], []
     for pipeline in known_pipelines().values():
         try:
@@ -154,7 +220,12 @@ def list_pipelines() -> dict[str, Any]:
                 out.append(summary(rt))
         except HTTPException as exc:  # e.g. a Redis ACL user limited to other pipelines
             unreadable.append({"pipeline": pipeline.name, "error": exc.detail})
-    return {"pipelines": out, "unreadable": unreadable, "redis": redacted(resolve_redis_url())}
+    body = {"pipelines": out, "unreadable": unreadable, "redis": redacted(resolve_redis_url())}
+    if unreadable and not out:
+        reason = unreadable[0]["error"]
+        detail = f"no pipeline can be read from Redis {body['redis']}: {reason}"
+        return JSONResponse(status_code=503, content={"detail": detail, **body})
+    return body
 
 
 @app.get("/api/pipelines/{name}")
@@ -162,6 +233,8 @@ def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) 
     with runtime(name) as rt:
         info = status(rt)
         info["history"] = rt.ledger.history(history)
+        info["blocked"] = blocked_with_owner_state(rt)
+        info["dag_id"] = default_dag_id(rt.pipeline.name)
         return info
 
 
@@ -177,6 +250,67 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
                 "metadata": rt.ledger.metadata(txid),
             }
         raise HTTPException(status_code=404, detail=f"txid {txid} is not known yet")
+
+
+async def current_user(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> Any:
+    """The Airflow user of the request (tests override it)."""
+    return await get_user(request, None, credentials)
+
+
+def may_edit_runs(user: Any, dag_id: str) -> bool:
+    """Whether Airflow's auth manager lets ``user`` edit ``dag_id``'s runs (None: tests)."""
+    if user is None:
+        return True
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+
+    return get_auth_manager().is_authorized_dag(
+        method="PUT", access_entity=DagAccessEntity.RUN, details=DagDetails(id=dag_id), user=user
+    )
+
+
+def audit_log(dag_id: str, run_id: str, user: Any, extra: dict[str, Any]) -> None:
+    """An entry in Airflow's audit log (Browse -> Audit Log); best effort without a DB."""
+    try:
+        from airflow.models.log import Log
+        from airflow.utils.session import create_session
+
+        name = getattr(user, "get_name", lambda: None)() if user is not None else None
+        with create_session() as session:
+            session.add(
+                Log(event="tridentflow.release_txid", dag_id=dag_id, run_id=run_id,
+                    owner=name, extra=json.dumps(extra))
+            )  # fmt: skip
+    except Exception:
+        pass
+
+
+@app.post("/api/pipelines/{name}/txids/{txid}/release")
+async def post_release(
+    name: str, txid: int, user: Annotated[Any, Depends(current_user)]
+) -> dict[str, Any]:
+    """Release ``txid`` from its owner run when that run has finished in Airflow (409, one
+    line, while it is alive or when nothing holds it), so the next run adopts it at once.
+    Needs edit rights on the DAG's runs (403 otherwise); each release is an entry in Airflow's
+    audit log (event ``tridentflow.release_txid``)."""
+    pipeline = known_pipelines().get(name)
+    if pipeline is None:
+        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+    dag_id = default_dag_id(pipeline.name)
+    if not may_edit_runs(user, dag_id):
+        raise HTTPException(
+            status_code=403, detail=f"releasing a txid needs edit rights on {dag_id}'s runs"
+        )
+    with runtime(pipeline) as rt:
+        result = release_finished_owner(rt, txid, run_states(pipeline))
+    audit_log(dag_id, result["owner"], user, {"pipeline": name, **result})
+    return {**result, "dag_id": dag_id}
 
 
 def commit_entry(rt: Runtime, txid: int) -> dict[str, Any] | None:
@@ -274,6 +408,15 @@ def list_state_page(
     with runtime(name) as rt:
         persist = pick_state(rt, state)
         return list_state(rt, persist, limit, after).to_json(persist.state.name)
+
+
+@app.get(METRICS_PATH, response_class=Response)
+def get_metrics() -> Response:
+    """Every pipeline's figures in Prometheus text format (``tridentflow_up`` 0 with the
+    reason left out for a pipeline that cannot be read: the others still report)."""
+    openers = [(p.name, partial(Runtime.open, p)) for p in known_pipelines().values()]
+    text = metrics.prometheus_text(metrics.collect(openers))
+    return Response(content=text, media_type=metrics.PROMETHEUS_CONTENT_TYPE)
 
 
 @app.get("/ui", include_in_schema=False)

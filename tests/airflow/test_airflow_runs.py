@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -348,13 +349,40 @@ def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everythin
         assert time.monotonic() < deadline, api.task(doomed, "emit")
         time.sleep(0.5)
     server.kill()
-    assert api.wait_run(doomed, timeout=300) == "failed"  # every try failed without Redis
-    server.start()
-    back = time.monotonic()
-    rt = runtime("wordcount", redis_url, home)
-    doomed_txid = committed + 1
-    owner = rt.ledger.tx_info(doomed_txid).get("owner")
-    assert owner == doomed and rt.ledger.committed_txid() == committed  # held, not committed
+    from tests.airflow import browser
+
+    with browser.logged_in(api.base, launcher.admin_password(home)) as page:
+        page.goto(f"{api.base}/plugin/tridentflow")  # Redis down: said so, in one line
+        down = browser.frame_text(page, "#redis-down")
+        assert down.startswith("no pipeline can be read from Redis"), down
+        browser.screenshot(page, "tridentflow-redis-down")
+        assert api.wait_run(doomed, timeout=300) == "failed"  # every try failed without Redis
+        server.start()
+        back = time.monotonic()
+        rt = runtime("wordcount", redis_url, home)
+        doomed_txid = committed + 1
+        owner = rt.ledger.tx_info(doomed_txid).get("owner")
+        assert owner == doomed and rt.ledger.committed_txid() == committed  # held, uncommitted
+        # the page shows the pipeline blocked by the failed run, with the run and the action
+        page.goto(f"{api.base}/plugin/tridentflow?pipeline=wordcount")
+        blocked = browser.frame_text(page, "#blocked")
+        assert f"txid {doomed_txid} is held by run {doomed}, which failed" in blocked, blocked
+        assert page.frame_locator("iframe").locator("#release").is_visible()
+        browser.screenshot(page, "tridentflow-blocked")
+    # what the view asks Airflow's DB in the api-server, and its audit-log entry, for real
+    env = launcher.airflow_env(home, redis_url, port)
+    code = (
+        "import sys\n"
+        "from tridentflow_airflow import view\n"
+        "print(view.airflow_run_state(sys.argv[1], sys.argv[2]))\n"
+        "view.audit_log(sys.argv[1], sys.argv[2], None, {'txid': 0, 'check': True})\n"
+    )
+    asked = subprocess.run(
+        [sys.executable, "-c", code, DAG, doomed], env=env, capture_output=True, text=True
+    )
+    assert asked.stdout.strip().splitlines()[-1:] == ["failed"], asked.stderr[-2000:]
+    logged = api.call("GET", "/eventLogs?event=tridentflow.release_txid")["event_logs"]
+    assert [(e["dag_id"], e["run_id"]) for e in logged] == [(DAG, doomed)], logged
     healed = trigger(api)
     assert api.wait_run(healed) == "success"
     bound = api.xcom(healed, "coordinate")

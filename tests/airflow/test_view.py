@@ -17,6 +17,7 @@ def client(redis_url, redis_client, home, monkeypatch):
     monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
     monkeypatch.setenv("TRIDENTFLOW_HOME", str(home))
     view.app.dependency_overrides[view.AUTHENTICATED] = lambda: None
+    view.app.dependency_overrides[view.current_user] = lambda: None
     try:
         yield TestClient(view.app)
     finally:
@@ -157,10 +158,97 @@ def test_no_response_shows_a_secret_of_the_redis_url(redis_client, monkeypatch, 
                 client = TestClient(view.app)
                 listed = client.get("/api/pipelines")
                 detail = client.get("/api/pipelines/wordcount")
-                assert listed.status_code == 200
+                assert listed.status_code in (200, 503)  # 503: unreachable, said in JSON
                 assert "***" in listed.json()["redis"]
                 for response in (listed, detail):
                     assert secret not in response.text, response.text
     finally:
         view.app.dependency_overrides.clear()
         server.stop()
+
+
+def test_metrics_in_prometheus_format_for_every_pipeline(client, redis_url, home):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(12))
+    coordinate_run(rt, "manual__1", batch_size=2)
+    emit_run(rt, "manual__1", LocalEngine())
+    commit_run(rt, "manual__1")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {
+        (s.name, s.labels["pipeline"]): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    assert samples[("tridentflow_committed_txid", "wordcount")] == 1
+    assert samples[("tridentflow_lag_records", "wordcount")] == 12 - 2 * 4
+    assert samples[("tridentflow_up", "wordcount-opaque")] == 1  # every known pipeline
+
+
+def test_the_scrape_token_opens_metrics_and_nothing_else(redis_url, redis_client, monkeypatch):
+    """Without Airflow's auth overridden: a scraper's bearer token is the one set in
+    TRIDENTFLOW_METRICS_TOKEN, on /metrics only; a wrong one, or none set, is refused."""
+    from airflow.api_fastapi.app import init_auth_manager
+
+    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    init_auth_manager()  # as the api-server does: a wrong token goes to Airflow's auth manager
+    anonymous = TestClient(view.app)
+    scrape = {"Authorization": "Bearer scrape-s3cret"}
+    assert anonymous.get("/metrics", headers=scrape).status_code in (401, 403)  # none set
+    monkeypatch.setenv(view.METRICS_TOKEN_ENV, "scrape-s3cret")
+    opened = anonymous.get("/metrics", headers=scrape)
+    assert opened.status_code == 200 and "tridentflow_up" in opened.text
+    assert anonymous.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code in (
+        401,
+        403,
+    )
+    assert anonymous.get("/metrics").status_code in (401, 403)
+    for path in ("/api/pipelines", "/openapi.json", "/ui"):
+        assert anonymous.get(path, headers=scrape).status_code in (401, 403), path
+
+
+def test_redis_unreachable_is_a_503_with_a_json_reason(client, monkeypatch):
+    from tridentflow.ops.devredis import free_port
+
+    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    listed = client.get("/api/pipelines")
+    assert listed.status_code == 503
+    body = listed.json()
+    assert body["pipelines"] == [] and body["unreadable"]
+    assert (
+        body["detail"].startswith("no pipeline can be read from Redis")
+        and "\n" not in body["detail"]
+    )
+    assert client.get("/api/pipelines/wordcount").status_code == 503
+    metrics = client.get("/metrics")  # still answers: every pipeline down
+    assert metrics.status_code == 200 and 'tridentflow_up{pipeline="wordcount"} 0.0' in metrics.text
+
+
+def test_a_blocked_pipeline_is_shown_and_released_by_an_operator(
+    client, redis_url, home, monkeypatch
+):
+    """The owner run's state comes from Airflow's metadata DB in the api-server; here that
+    lookup is given (the live stack has the DB): unknown first, then failed."""
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    coordinate_run(rt, "manual__1", batch_size=1)
+    states = {}
+    monkeypatch.setattr(view, "airflow_run_state", lambda dag_id, run_id: states.get(run_id))
+    detail = client.get("/api/pipelines/wordcount").json()
+    assert detail["blocked"] is None and detail["dag_id"] == "tridentflow_wordcount"
+    refused = client.post("/api/pipelines/wordcount/txids/1/release")
+    assert refused.status_code == 409 and "keeps txid 1" in refused.json()["detail"]
+
+    states["manual__1"] = "failed"
+    listed = client.get("/api/pipelines").json()
+    (wordcount,) = [p for p in listed["pipelines"] if p["pipeline"] == "wordcount"]
+    assert wordcount["blocked"]["owner"] == "manual__1" and wordcount["blocked"]["txid"] == 1
+    released = client.post("/api/pipelines/wordcount/txids/1/release")
+    assert released.status_code == 200, released.text
+    assert released.json()["owner_state"] == "failed"
+    after = client.get("/api/pipelines/wordcount").json()["blocked"]
+    assert after["owner"] is None and "trigger a run" in after["line"]
+    assert client.post("/api/pipelines/nope/txids/1/release").status_code == 404

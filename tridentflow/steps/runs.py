@@ -251,6 +251,65 @@ def commit_run(
     return {"pipeline": rt.pipeline.name, "run_id": run_id, **result}
 
 
+def blocked(rt: Runtime, run_state: RunState | None = None) -> dict[str, Any] | None:
+    """Whether the pipeline is blocked, and by what: the first uncommitted txid when no live
+    run is working on it - no run holds it (released, or its lease ran out), or its owner run
+    has finished (``run_state`` says so) without committing it. None when nothing is pending
+    or the owner is alive (or its state unknown). Read-only: releases nothing.
+
+    ``{txid, owner, owner_state, since_ms, action, line}``; ``line`` says it all in one line."""
+    first = rt.ledger.committed_txid() + 1
+    if first > rt.ledger.last_txid():
+        return None
+    info = rt.ledger.tx_info(first)
+    owner = info.get("owner")
+    started = [int(v) for k, v in info.items() if k.endswith("started_ms") and str(v).isdigit()]
+    since_ms = min(started) if started else None
+    live = bool(owner) and int(info.get("lease_until") or 0) > rt.redis_now_ms()
+    state = run_state(owner) if live and owner and run_state else None
+    if live and state not in FINISHED:
+        return None
+    if live:
+        action = "release it (the view's Release action), or trigger a run: it adopts it"
+        line = f"txid {first} is held by run {owner}, which {state} without committing it: {action}"
+    else:
+        owner, action = None, "trigger a run (or let the schedule): it adopts the txid"
+        line = f"txid {first} is pending and no run holds it: {action}"
+    return {
+        "txid": first,
+        "owner": owner,
+        "owner_state": state,
+        "since_ms": since_ms,
+        "action": action,
+        "line": line,
+    }
+
+
+def release_finished_owner(rt: Runtime, txid: int, run_state: RunState) -> dict[str, Any]:
+    """An operator's release of ``txid`` (a UI action): only when its owner run has finished
+    in the orchestrator; TridentflowError (one line) otherwise. Idempotent per owner: the
+    ledger's release is conditional on the owner (atomic in Redis)."""
+    if txid <= rt.ledger.committed_txid():
+        raise TridentflowError(f"txid {txid} is committed: there is nothing to release")
+    if txid > rt.ledger.last_txid():
+        raise TridentflowError(f"txid {txid} is not known yet")
+    info = rt.ledger.tx_info(txid)
+    owner = info.get("owner")
+    if not owner or int(info.get("lease_until") or 0) <= rt.redis_now_ms():
+        raise TridentflowError(
+            f"no run holds txid {txid}: nothing to release - trigger a run, it adopts the txid"
+        )
+    state = run_state(owner)
+    if state not in FINISHED:
+        raise TridentflowError(
+            f"run {owner} is {state or 'in an unknown state'} and keeps txid {txid}: a live "
+            "run is never released - wait for it, or mark it failed in Airflow first"
+        )
+    if not rt.ledger.release(txid, owner):
+        raise TridentflowError(f"txid {txid} changed hands meanwhile: reload and look again")
+    return {"txid": txid, "released": True, "owner": owner, "owner_state": state}
+
+
 def release_run(rt: Runtime, run_id: str) -> bool:
     """Release the run's claim on its txid (if it still owns one); True if released."""
     txid = rt.ledger.txid_of_run(run_id)
