@@ -1,5 +1,6 @@
-"""Runs once per committed txid of the word count: scheduled on the `counts` state's Asset,
-whose events the commit task emits only when it really committed (never on a replay)."""
+"""Runs after commits of the word count: scheduled on the `counts` state's Asset, whose events
+the commit task emits only when it really committed (never on a replay). Airflow coalesces the
+events queued while this DAG waits into one run, so a run handles every txid it lists."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ COUNTS = state_asset("wordcount", "counts")
     schedule=[COUNTS],
     catchup=False,
     tags=["tridentflow", "example"],
-    description="runs once per committed txid of the word count (its counts Asset)",
+    description="runs after word count commits (its counts Asset); handles every listed txid",
 )
 def tridentflow_wordcount_consumer() -> None:
     @task
     def report_new_counts() -> list[dict]:
-        """What a downstream job receives: the committed txid, records and keys."""
+        """What a downstream job receives: for each committed txid this run was triggered by
+        (one or several), its txid, records and keys, oldest first."""
         events = get_current_context()["triggering_asset_events"][COUNTS]
-        return [dict(event.extra) for event in events]
+        return sorted((dict(event.extra) for event in events), key=lambda e: e.get("txid", 0))
 
     report_new_counts()
 

@@ -183,6 +183,19 @@ class Ledger:
         raw = _s(self.client.hget(self.keys.runs, run_id))
         return None if raw is None or raw.startswith("lost:") else int(raw)
 
+    def runs_of_txid(self, txid: int) -> dict[str, str | None]:
+        """Every run bound to ``txid`` that the ledger remembers: run id -> None for the run
+        bound to it now, or the run that adopted it from this one. Read-only; scans the runs
+        hash (one entry per run bound since the last reset)."""
+        found: dict[str, str | None] = {}
+        for raw_run, raw in self.client.hscan_iter(self.keys.runs, count=1000):
+            run_id, value = _s(raw_run), _s(raw)
+            if value == str(txid):
+                found[run_id] = None
+            elif value.startswith(f"lost:{txid}:"):
+                found[run_id] = value.split(":", 2)[2]
+        return found
+
     def lost_txid(self, run_id: str) -> tuple[int, str] | None:
         """(txid, adopting run) if another run adopted the txid ``run_id`` was bound to."""
         raw = _s(self.client.hget(self.keys.runs, run_id))

@@ -240,16 +240,34 @@ def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) 
 
 @app.get("/api/pipelines/{name}/txids/{txid}")
 def get_txid(name: str, txid: int) -> dict[str, Any]:
+    """One txid's page: committed or pending; each partition's offset range and records; its
+    commit (records, keys, quarantined, each step's tries and times); every run bound to it
+    with its Airflow state, and the runs it was adopted from."""
     with runtime(name) as rt:
+        if txid < 1 or txid > rt.ledger.last_txid():
+            raise HTTPException(status_code=404, detail=f"txid {txid} is not known yet")
+        dag_id = default_dag_id(rt.pipeline.name)
+        states = run_states(rt.pipeline)
+        out: dict[str, Any] = {"txid": txid, "pipeline": rt.pipeline.name, "dag_id": dag_id}
+        metadata = rt.ledger.metadata(txid)
+        out["partitions"] = [
+            {"partition": int(p), "from": r[0], "to": r[1], "records": r[1] - r[0]}
+            for p, r in sorted(
+                ((metadata or {}).get("ranges") or {}).items(), key=lambda i: int(i[0])
+            )
+        ]
+        out["runs"] = [
+            {"run_id": run, "state": states(run), "adopted_by": adopter}
+            for run, adopter in sorted(rt.ledger.runs_of_txid(txid).items())
+        ]
         if txid <= rt.ledger.committed_txid():
-            return {"txid": txid, "status": "committed", "commit": commit_entry(rt, txid)}
-        if txid <= rt.ledger.last_txid():
-            return {
-                "status": "pending",
-                **pending_txid(rt, txid),
-                "metadata": rt.ledger.metadata(txid),
-            }
-        raise HTTPException(status_code=404, detail=f"txid {txid} is not known yet")
+            return {**out, "status": "committed", "commit": commit_entry(rt, txid)}
+        return {
+            **out,
+            "status": "pending",
+            **pending_txid(rt, txid),
+            "metadata": metadata,
+        }
 
 
 async def current_user(
@@ -421,6 +439,8 @@ def get_metrics() -> Response:
 
 @app.get("/ui", include_in_schema=False)
 @app.get("/run", include_in_schema=False)
+@app.get("/txid", include_in_schema=False)
 def page() -> FileResponse:
-    """The one page (it shows a pipeline at /ui, a DAG run's txid at /run)."""
+    """The one page (it shows a pipeline at /ui, a DAG run's txid at /run, one txid's page at
+    /txid?pipeline=P&txid=N)."""
     return FileResponse(PAGE, media_type="text/html")

@@ -307,6 +307,11 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         frame.locator("#audit").click()
         assert browser.frame_text(page, "#audit-result .ok") == "lost=0 doubled=0"
         browser.screenshot(page, "tridentflow-pipeline")
+        frame.locator("a[data-txid='1']").first.click()  # a commit row -> the txid's page
+        assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
+        runs_shown = browser.frame_text(page, "table")
+        assert run_id in runs_shown and "success" in runs_shown, runs_shown
+        browser.screenshot(page, "tridentflow-txid")
 
         before = browser.run_tab(page, api.base, DAG, run_id)
         (entry,) = [e for e in rt.ledger.history(10) if e["txid"] == 1]

@@ -252,3 +252,31 @@ def test_a_blocked_pipeline_is_shown_and_released_by_an_operator(
     after = client.get("/api/pipelines/wordcount").json()["blocked"]
     assert after["owner"] is None and "trigger a run" in after["line"]
     assert client.post("/api/pipelines/nope/txids/1/release").status_code == 404
+
+
+def test_a_txids_page_has_its_ranges_runs_adoptions_and_steps(client, redis_url, home):
+    from tridentflow.steps.runs import release_run
+
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(12))
+    coordinate_run(rt, "manual__1", batch_size=2)
+    release_run(rt, "manual__1")  # it gave up: the next run adopts txid 1
+    coordinate_run(rt, "manual__2", batch_size=5)
+    pending = client.get("/api/pipelines/wordcount/txids/1").json()
+    assert pending["status"] == "pending" and pending["owner"] == "manual__2"
+    emit_run(rt, "manual__2", LocalEngine())
+    commit_run(rt, "manual__2")
+    page = client.get("/api/pipelines/wordcount/txids/1").json()
+    assert page["status"] == "committed" and page["dag_id"] == "tridentflow_wordcount"
+    assert [(p["partition"], p["from"], p["to"], p["records"]) for p in page["partitions"]] == [
+        (p, 0, 2, 2) for p in range(4)
+    ]  # the metadata frozen on the first attempt, reused by the adopting run
+    assert page["runs"] == [
+        {"run_id": "manual__1", "state": None, "adopted_by": "manual__2"},
+        {"run_id": "manual__2", "state": None, "adopted_by": None},
+    ]
+    assert page["commit"]["run_id"] == "manual__2" and page["commit"]["records"] == 8
+    assert client.get("/api/pipelines/wordcount/txids/0").status_code == 404
+    assert client.get("/api/pipelines/wordcount/txids/2").status_code == 404
+    html = client.get("/txid?pipeline=wordcount&txid=1")
+    assert html.headers["content-type"].startswith("text/html") and "txidPage" in html.text
