@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
+from tridentflow_airflow.links import TridentflowRunLink
 from tridentflow_airflow.view import app
 
 
@@ -13,6 +14,7 @@ class TridentflowPlugin(AirflowPlugin):
     "tridentflow" tab on every DAG run (external views: the UI frames them, same origin)."""
 
     name = "tridentflow"
+    operator_extra_links = [TridentflowRunLink()]  # serialized DAGs keep the tasks' link
     fastapi_apps = [{"app": app, "url_prefix": "/tridentflow", "name": "tridentflow"}]
     external_views = [
         {

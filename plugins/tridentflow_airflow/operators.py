@@ -40,6 +40,7 @@ from tridentflow.steps.runs import (
 from tridentflow.steps.runtime import Runtime, resolve_home
 from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
+from tridentflow_airflow.links import TridentflowRunLink
 
 EMIT_APPLICATION = Path(spark_jobs.__file__).with_name("emit_batch.py")
 FORWARDED_ENV = (
@@ -135,6 +136,7 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
 
     template_fields = ("batch_size",)
     ui_color = "#e8f0fe"
+    operator_extra_links = (TridentflowRunLink(),)
 
     def __init__(self, *, batch_size: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -167,6 +169,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
     exception in a Spark task included) instead of spark-submit's exit code."""
 
     ui_color = "#fff4e5"
+    operator_extra_links = (TridentflowRunLink(),)
 
     def __init__(
         self,
@@ -275,6 +278,7 @@ class CommitOperator(TridentflowTask, BaseOperator):
     the pipeline through its AssetAlias outlet (tridentflow_airflow.assets)."""
 
     ui_color = "#e6f4ea"
+    operator_extra_links = (TridentflowRunLink(),)
 
     def __init__(self, **kwargs: Any) -> None:
         # Airflow's operator metaclass wraps the __init__ a concrete operator class defines

@@ -217,6 +217,9 @@ def test_live_runs_kill_and_clear_keep_their_txid(live):
     assert (first["txid"], first["binding"]) == (1, "new")
     before = counts(rt, ["you", "how"])
     assert before == {"you": 2, "how": 1}
+    quoted = urllib.parse.quote(run1, safe="")
+    links = api.call("GET", f"/dags/{DAG}/dagRuns/{quoted}/taskInstances/commit/links")
+    assert links["tridentflow txid"] == f"/dags/{DAG}/runs/{quoted}/plugin/tridentflow-run"
 
     # txid 2: its commit is SIGKILLed half-way (TRIDENTFLOW_FAULTS of the stack) and retried
     more = sentences(30, seed=5)

@@ -222,3 +222,27 @@ def test_the_dag_factory_refuses_bad_arguments_in_one_line(monkeypatch):
     monkeypatch.setenv("TRIDENTFLOW_RETRY_DELAY_SECONDS", "soon")
     with pytest.raises(TridentflowError, match="TRIDENTFLOW_RETRY_DELAY_SECONDS"):
         pipeline_dag("wordcount", dag_id="bad_env")
+
+
+def test_every_tridentflow_task_links_to_its_runs_txid_through_serialization(dagbag):
+    """Each task's "tridentflow txid" link (the run's tridentflow tab), kept by a serialized
+    DAG as the scheduler and the UI see it (the plugin registers the link's class)."""
+    from types import SimpleNamespace
+
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from tridentflow_airflow.links import TridentflowRunLink
+
+    for dag_id in EXPECTED_DAGS:
+        dag = dagbag.dags[dag_id]
+        restored = DagSerialization.from_dict(DagSerialization.to_dict(dag))
+        for task_id in ("coordinate", "emit", "commit"):
+            links = restored.get_task(task_id).extra_links
+            assert "tridentflow txid" in links, (dag_id, task_id, links)
+    key = SimpleNamespace(
+        dag_id="tridentflow_wordcount", run_id="manual__2026-01-01T00:00:00+00:00"
+    )
+    assert TridentflowRunLink().get_link(None, ti_key=key) == (
+        "/dags/tridentflow_wordcount/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+        "/plugin/tridentflow-run"
+    )
