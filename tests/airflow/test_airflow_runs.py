@@ -219,7 +219,8 @@ def test_live_runs_kill_and_clear_keep_their_txid(live):
     assert before == {"you": 2, "how": 1}
     quoted = urllib.parse.quote(run1, safe="")
     links = api.call("GET", f"/dags/{DAG}/dagRuns/{quoted}/taskInstances/commit/links")
-    assert links["tridentflow txid"] == f"/dags/{DAG}/runs/{quoted}/plugin/tridentflow-run"
+    shown = links["extra_links"]
+    assert shown["tridentflow txid"] == f"/dags/{DAG}/runs/{quoted}/plugin/tridentflow-run", shown
 
     # txid 2: its commit is SIGKILLed half-way (TRIDENTFLOW_FAULTS of the stack) and retried
     more = sentences(30, seed=5)
@@ -310,9 +311,25 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         frame.locator("#audit").click()
         assert browser.frame_text(page, "#audit-result .ok") == "lost=0 doubled=0"
         browser.screenshot(page, "tridentflow-pipeline")
+        # Airflow's dark theme and a time zone chosen in its UI: the page follows both
+        page.evaluate(
+            "localStorage.setItem('theme', 'dark');"
+            "localStorage.setItem('timezone', JSON.stringify('Asia/Kolkata'))"
+        )
+        page.reload()
+        browser.frame_text(page, "#committed-txid")
+        root = frame.locator("html")
+        assert root.evaluate("e => e.classList.contains('dark')"), "the page ignored dark mode"
+        committed_at = browser.frame_text(page, "#commits tr:nth-child(2) td:nth-child(9)")
+        assert committed_at.endswith("+05:30"), committed_at
+        browser.screenshot(page, "tridentflow-dark")
+        page.evaluate("localStorage.setItem('theme', 'light'); localStorage.removeItem('timezone')")
+        page.reload()
+        browser.frame_text(page, "#committed-txid")
+        assert not root.evaluate("e => e.classList.contains('dark')")
         frame.locator("a[data-txid='1']").first.click()  # a commit row -> the txid's page
         assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
-        runs_shown = browser.frame_text(page, "table")
+        runs_shown = browser.frame_text(page, "table:first-of-type")
         assert run_id in runs_shown and "success" in runs_shown, runs_shown
         browser.screenshot(page, "tridentflow-txid")
 
