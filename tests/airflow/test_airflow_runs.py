@@ -429,3 +429,73 @@ def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everythin
     assert api.wait_run(healed) == "success"
     again = api.xcom(healed, "emit")
     assert again["status"] == "already-committed", again
+
+
+def test_a_run_marked_failed_by_hand_blocks_until_released_from_the_ui(live):
+    """An operator marks a run failed in Airflow while its emit runs: its txid stays held
+    under a live lease (no failure callback runs for a run marked by hand). The view shows the
+    pipeline blocked by that run; Release (confirmed in the dialog) frees the txid, leaves an
+    entry in Airflow's audit log, and the next run adopts and commits it. The consumer DAG
+    reports each of the two txids committed exactly once, however Airflow groups its runs."""
+    from tests.airflow import browser
+    from tridentflow.ops.status import pending_txid
+
+    api, redis_url, home = live
+    rt = runtime("wordcount", redis_url, home)
+    api.pause("tridentflow_wordcount_consumer", paused=False)
+    committed = rt.ledger.committed_txid()
+    lines = sentences(200, seed=41)
+    produce(rt, lines)
+    before = counts(rt, sorted(word_counts(lines)))
+    marked = trigger(api)
+    deadline = time.monotonic() + 240
+    while api.task(marked, "emit")["state"] != "running":
+        assert time.monotonic() < deadline, api.task(marked, "emit")
+        time.sleep(0.3)
+    quoted = urllib.parse.quote(marked, safe="")
+    api.call("PATCH", f"/dags/{DAG}/dagRuns/{quoted}", {"state": "failed"})
+    assert api.wait_run(marked) == "failed"
+    txid = committed + 1
+    assert rt.ledger.tx_info(txid).get("owner") == marked  # held by a finished run
+    with browser.logged_in(api.base, launcher.admin_password(home)) as page:
+        page.goto(f"{api.base}/plugin/tridentflow?pipeline=wordcount")
+        blocked = browser.frame_text(page, "#blocked")
+        assert f"txid {txid} is held by run {marked}, which failed" in blocked, blocked
+        frame = page.frame_locator("iframe")
+        frame.locator("#release").click()
+        asked = browser.frame_text(page, "#release-confirm")
+        assert f"from run {marked} (failed)" in asked and "audit log" in asked, asked
+        browser.screenshot(page, "tridentflow-release-confirm")
+        frame.locator("#confirm-release").click()
+        error = page.frame_locator("iframe").locator("#release-error")
+        browser.wait_until(lambda: pending_txid(rt, txid)["owner"] is None or error.count(), 30)
+        assert not error.count(), error.inner_text()
+        shown = frame.locator("#blocked")  # the page re-renders once the release answered
+        browser.wait_until(lambda: "no run holds it" in shown.inner_text(), 30)
+        browser.screenshot(page, "tridentflow-released")
+    logged = api.call("GET", "/eventLogs?event=tridentflow.release_txid")["event_logs"]
+    assert (marked, "admin") in [(e["run_id"], e["owner"]) for e in logged], logged
+    adopting = trigger(api)
+    assert api.wait_run(adopting) == "success"
+    assert api.xcom(adopting, "coordinate")["txid"] == txid
+    produce(rt, sentences(20, seed=42))
+    second = trigger(api)
+    assert api.wait_run(second) == "success"
+    got = counts(rt, sorted(word_counts(lines)))
+    assert all(got[w] >= before.get(w, 0) + n for w, n in word_counts(lines).items())
+    assert audit(rt).ok
+
+    consumer = "tridentflow_wordcount_consumer"
+    deadline = time.monotonic() + 180
+    listed: list[int] = []
+    while sorted(set(listed)) != [txid, txid + 1]:
+        assert time.monotonic() < deadline, listed
+        time.sleep(2)
+        runs = api.call("GET", f"/dags/{consumer}/dagRuns?state=success&limit=100")["dag_runs"]
+        listed = [
+            e["txid"]
+            for run in runs
+            for e in api.xcom(run["dag_run_id"], "report_new_counts", dag_id=consumer) or []
+            if e["txid"] > committed
+        ]
+    assert len(listed) == 2  # each txid reported once, however Airflow grouped the runs
