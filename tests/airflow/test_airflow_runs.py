@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.airflow import live as live_stack
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import runtime, sentences, word_counts
 from tridentflow.ops import devredis
@@ -164,21 +164,11 @@ def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
     port = devredis.free_port()
     server = LIVE_REDIS["server"] = RestartableRedis(port, home / "redis")  # AOF: restartable
     redis_url = f"redis://127.0.0.1:{port}/0"
-    api_port = devredis.free_port()
-    saved = dict(os.environ)
-    os.environ.update(TRIDENTFLOW_RETRY_DELAY_SECONDS="1", TRIDENTFLOW_FAULTS="mid-commit@2=kill")
+    env = {"TRIDENTFLOW_RETRY_DELAY_SECONDS": "1", "TRIDENTFLOW_FAULTS": "mid-commit@2=kill"}
     try:
-        info = launcher.up(home, api_port, redis_url)
+        with live_stack.stack(home, redis_url, env) as api:
+            yield api, redis_url, home
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    try:
-        api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
-        api.wait_for_dag(timeout=180)
-        api.pause("tridentflow_partitioned_count", "tridentflow_wordcount_continuous")
-        yield api, redis_url, home
-    finally:
-        launcher.down(home)
         server.kill()
 
 
@@ -205,6 +195,16 @@ def trigger(api: AirflowApi) -> str:
     run_id = api.trigger()
     assert api.run(run_id)["logical_date"] is None
     return run_id
+
+
+def run_until_emitting(api: AirflowApi, rt: Any, lines: list[str]) -> tuple[str, dict]:
+    """Produce ``lines``, trigger a run and wait until its emit runs: (the run, the counts of
+    the lines' words before it)."""
+    produce(rt, lines)
+    before = counts(rt, sorted(word_counts(lines)))
+    run_id = trigger(api)
+    live_stack.wait_task_running(api, run_id, "emit")
+    return run_id, before
 
 
 def test_live_runs_kill_and_clear_keep_their_txid(live):
@@ -366,13 +366,7 @@ def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everythin
     rt = runtime("wordcount", redis_url, home)
     committed = rt.ledger.committed_txid()
     lines = sentences(300, seed=21)
-    produce(rt, lines)
-    before = counts(rt, sorted(word_counts(lines)))
-    doomed = trigger(api)
-    deadline = time.monotonic() + 240
-    while api.task(doomed, "emit")["state"] != "running":  # the emit is under way
-        assert time.monotonic() < deadline, api.task(doomed, "emit")
-        time.sleep(0.5)
+    doomed, before = run_until_emitting(api, rt, lines)
     server.kill()
     from tests.airflow import browser
 
@@ -445,13 +439,7 @@ def test_a_run_marked_failed_by_hand_blocks_until_released_from_the_ui(live):
     api.pause("tridentflow_wordcount_consumer", paused=False)
     committed = rt.ledger.committed_txid()
     lines = sentences(200, seed=41)
-    produce(rt, lines)
-    before = counts(rt, sorted(word_counts(lines)))
-    marked = trigger(api)
-    deadline = time.monotonic() + 240
-    while api.task(marked, "emit")["state"] != "running":
-        assert time.monotonic() < deadline, api.task(marked, "emit")
-        time.sleep(0.3)
+    marked, before = run_until_emitting(api, rt, lines)
     quoted = urllib.parse.quote(marked, safe="")
     api.call("PATCH", f"/dags/{DAG}/dagRuns/{quoted}", {"state": "failed"})
     assert api.wait_run(marked) == "failed"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.airflow import live
 from tests.helpers import runtime, sentences, word_counts
 from tridentflow.ops import connect_server, devredis
 from tridentflow.ops.audit import audit
@@ -26,27 +27,18 @@ DAG = "tridentflow_wordcount"
 @pytest.fixture(scope="module")
 def connect_stack(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path, int]]:
     home = tmp_path_factory.mktemp("connect-live-home")
-    redis_port, api_port, connect_port = (devredis.free_port() for _ in range(3))
+    redis_port, connect_port = devredis.free_port(), devredis.free_port()
     server = devredis.start(redis_port, home / "redis")
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    saved = dict(os.environ)
-    os.environ.update(  # short retries and Connect deadlines: every try fails within seconds
-        TRIDENTFLOW_RETRY_DELAY_SECONDS="1",
-        TRIDENTFLOW_CONNECT_TIMEOUT_S="4",
-        TRIDENTFLOW_CONNECT_RETRY_S="4",
-    )
+    env = {  # short retries and Connect deadlines: every try fails within seconds
+        "TRIDENTFLOW_RETRY_DELAY_SECONDS": "1",
+        "TRIDENTFLOW_CONNECT_TIMEOUT_S": "4",
+        "TRIDENTFLOW_CONNECT_RETRY_S": "4",
+    }
     try:
-        info = launcher.up(home, api_port, redis_url, spark_connect=connect_port)
+        with live.stack(home, redis_url, env, spark_connect=connect_port) as api:
+            yield api, redis_url, home, connect_port
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    try:
-        api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
-        api.wait_for_dag(timeout=180)
-        api.pause("tridentflow_partitioned_count", "tridentflow_wordcount_continuous")
-        yield api, redis_url, home, connect_port
-    finally:
-        launcher.down(home)  # stops the Connect server too
         server.kill()
 
 
@@ -77,10 +69,7 @@ def test_a_connect_server_killed_mid_emit_heals_with_nobody_clearing(connect_sta
     rt.source_heads()
     rt.log.append_spread(lines)
     doomed = api.trigger()
-    deadline = time.monotonic() + 240
-    while api.task(doomed, "emit")["state"] != "running":
-        assert time.monotonic() < deadline, api.task(doomed, "emit")
-        time.sleep(0.2)
+    live.wait_task_running(api, doomed, "emit")
     time.sleep(0.5)  # the emit's client is talking to the server (its first job: workers start)
     kill_connect_server(home, port)
     assert api.wait_run(doomed, timeout=300) == "failed"  # every try failed without a server

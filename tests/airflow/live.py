@@ -1,0 +1,47 @@
+"""The live Airflow stack for tests: `tridentflow-airflow up` in this process, with extra
+environment for its components, and what tests wait for on it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tridentflow.ops import devredis
+from tridentflow_airflow import launcher
+from tridentflow_airflow.rest import AirflowApi
+
+DAG = "tridentflow_wordcount"
+QUIET_DAGS = ("tridentflow_partitioned_count", "tridentflow_wordcount_continuous")
+"""Scheduled DAGs a test's runs should not compete with."""
+
+
+@contextmanager
+def stack(home: Path, redis_url: str, env: dict[str, str], **up: Any) -> Iterator[AirflowApi]:
+    """The stack up (its components see ``env`` too), the word count's DAG listed and the
+    scheduled DAGs paused; down (Connect server included) afterwards."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        info = launcher.up(home, devredis.free_port(), redis_url, **up)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
+        api.wait_for_dag(timeout=180)
+        api.pause(*QUIET_DAGS)
+        yield api
+    finally:
+        launcher.down(home)
+
+
+def wait_task_running(api: AirflowApi, run_id: str, task_id: str, timeout: float = 240) -> None:
+    """Until ``task_id`` of ``run_id`` runs (AssertionError with its state past ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while api.task(run_id, task_id)["state"] != "running":
+        assert time.monotonic() < deadline, api.task(run_id, task_id)
+        time.sleep(0.2)
