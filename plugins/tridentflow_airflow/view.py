@@ -55,7 +55,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.ops import metrics
-from tridentflow.ops.status import pending_txid, status
+from tridentflow.ops.status import pending_txid, replays_after_commit, status
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import redacted, resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
@@ -261,7 +261,9 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
             for run, adopter in sorted(rt.ledger.runs_of_txid(txid).items())
         ]
         if txid <= rt.ledger.committed_txid():
-            return {**out, "status": "committed", "commit": commit_entry(rt, txid)}
+            entry = commit_entry(rt, txid)
+            replays = replays_after_commit(rt, txid, entry) if entry else []
+            return {**out, "status": "committed", "commit": entry, "replays": replays}
         return {
             **out,
             "status": "pending",

@@ -255,7 +255,7 @@ def test_a_blocked_pipeline_is_shown_and_released_by_an_operator(
 
 
 def test_a_txids_page_has_its_ranges_runs_adoptions_and_steps(client, redis_url, home):
-    from tridentflow.steps.runs import release_run
+    from tridentflow.steps.runs import note_task, release_run
 
     rt = runtime("wordcount", redis_url, home)
     produce(rt, sentences(12))
@@ -265,6 +265,7 @@ def test_a_txids_page_has_its_ranges_runs_adoptions_and_steps(client, redis_url,
     pending = client.get("/api/pipelines/wordcount/txids/1").json()
     assert pending["status"] == "pending" and pending["owner"] == "manual__2"
     emit_run(rt, "manual__2", LocalEngine())
+    note_task(rt, 1, "commit", 1, 1_000, done=False)  # as the commit task does, try 1
     commit_run(rt, "manual__2")
     page = client.get("/api/pipelines/wordcount/txids/1").json()
     assert page["status"] == "committed" and page["dag_id"] == "tridentflow_wordcount"
@@ -276,6 +277,12 @@ def test_a_txids_page_has_its_ranges_runs_adoptions_and_steps(client, redis_url,
         {"run_id": "manual__2", "state": None, "adopted_by": None},
     ]
     assert page["commit"]["run_id"] == "manual__2" and page["commit"]["records"] == 8
+    assert page["replays"] == []
+    assert page["commit"]["steps"]["commit"]["tries"] == 1
+    note_task(rt, 1, "commit", 2, 2_000, done=True)  # a clear: found it committed, no change
+    (replay,) = client.get("/api/pipelines/wordcount/txids/1").json()["replays"]
+    assert (replay["step"], replay["tries_at_commit"], replay["tries_now"]) == ("commit", 1, 2)
+    assert replay["last_ended_ms"]
     assert client.get("/api/pipelines/wordcount/txids/0").status_code == 404
     assert client.get("/api/pipelines/wordcount/txids/2").status_code == 404
     html = client.get("/txid?pipeline=wordcount&txid=1")

@@ -149,3 +149,25 @@ def format_status(info: dict[str, Any]) -> str:
     suffix = f" (not counting unavailable partitions {unavailable})" if unavailable else ""
     lines.append(f"total lag      {info['lag']}{suffix}")
     return "\n".join(lines)
+
+
+def replays_after_commit(rt: Runtime, txid: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps of a committed txid that were tried again after its commit (a clear in
+    Airflow: each found the txid committed and changed nothing), from the orchestrator's tries
+    the ledger keeps counting: [{step, tries_at_commit, tries_now, last_ended_ms}]."""
+    info = rt.ledger.tx_info(txid)
+    replays = []
+    for step, at_commit in (entry.get("steps") or {}).items():
+        then = int(at_commit.get("tries") or 0)
+        now = int(info.get(f"{step}_tries") or 0)
+        if then and now > then:
+            ended = info.get(f"{step}_task_ended_ms")
+            replays.append(
+                {
+                    "step": step,
+                    "tries_at_commit": then,
+                    "tries_now": now,
+                    "last_ended_ms": int(ended) if ended else None,
+                }
+            )
+    return replays
