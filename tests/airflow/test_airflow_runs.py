@@ -332,6 +332,8 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         runs_shown = browser.frame_text(page, "table:first-of-type")
         assert run_id in runs_shown and "success" in runs_shown, runs_shown
         browser.screenshot(page, "tridentflow-txid")
+        frame.locator("h1 a").click()  # and back to the pipeline
+        assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
 
         before = browser.run_tab(page, api.base, DAG, run_id)
         (entry,) = [e for e in rt.ledger.history(10) if e["txid"] == 1]
