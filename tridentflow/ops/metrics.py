@@ -14,6 +14,7 @@ from typing import Any
 
 from tridentflow.errors import one_line
 from tridentflow.ops.status import status
+from tridentflow.steps.runs import first_started_ms
 from tridentflow.steps.runtime import Runtime
 
 FIGURES: dict[str, str] = {
@@ -51,7 +52,9 @@ def figures(rt: Runtime) -> dict[str, float]:
         "quarantined_records": info["quarantined"],
         "unavailable_partitions": len(info["unavailable_partitions"]),
     }
-    started = [t for t in (_first_started_ms(rt, p["txid"]) for p in info["pending"]) if t]
+    started = [
+        t for t in (first_started_ms(rt.ledger.tx_info(p["txid"])) for p in info["pending"]) if t
+    ]
     if started:
         out["oldest_pending_seconds"] = max(0.0, (now_ms - min(started)) / 1000)
     last = info["last_commit"]
@@ -59,13 +62,6 @@ def figures(rt: Runtime) -> dict[str, float]:
     if ended is not None:
         out["last_commit_seconds"] = max(0.0, (now_ms - ended) / 1000)
     return out
-
-
-def _first_started_ms(rt: Runtime, txid: int) -> int | None:
-    """When the txid's first step (or its task) started, from its ledger hash."""
-    info = rt.ledger.tx_info(txid)
-    times = [int(v) for k, v in info.items() if k.endswith("started_ms") and str(v).isdigit()]
-    return min(times) if times else None
 
 
 def _commit_ended_ms(entry: Mapping[str, Any]) -> int | None:

@@ -251,6 +251,12 @@ def commit_run(
     return {"pipeline": rt.pipeline.name, "run_id": run_id, **result}
 
 
+def first_started_ms(tx_info: dict[str, str]) -> int | None:
+    """When a txid's first step (or its task) started, from its ledger hash; None if none has."""
+    started = [int(v) for k, v in tx_info.items() if k.endswith("started_ms") and v.isdigit()]
+    return min(started) if started else None
+
+
 def blocked(rt: Runtime, run_state: RunState | None = None) -> dict[str, Any] | None:
     """Whether the pipeline is blocked, and by what: the first uncommitted txid when no live
     run is working on it - no run holds it (released, or its lease ran out), or its owner run
@@ -263,8 +269,7 @@ def blocked(rt: Runtime, run_state: RunState | None = None) -> dict[str, Any] | 
         return None
     info = rt.ledger.tx_info(first)
     owner = info.get("owner")
-    started = [int(v) for k, v in info.items() if k.endswith("started_ms") and str(v).isdigit()]
-    since_ms = min(started) if started else None
+    since_ms = first_started_ms(info)
     live = bool(owner) and int(info.get("lease_until") or 0) > rt.redis_now_ms()
     state = run_state(owner) if live and owner and run_state else None
     if live and state not in FINISHED:
