@@ -22,8 +22,9 @@ JSON endpoints over what the Redis ledger knows (never XCom, which a cleared tas
   Prometheus text format (tridentflow.ops.metrics); a scraper may instead send
   ``Authorization: Bearer $TRIDENTFLOW_METRICS_TOKEN`` (this route only)
 
-And two pages (static HTML that reads those endpoints; the plugin registers them as
-``external_views``, shown by the UI in a frame): ``/tridentflow/ui`` (the nav page: ledger,
+And pages (static HTML that reads those endpoints; the plugin registers two as
+``external_views``, shown by the UI in a frame; ``/tridentflow/txid?pipeline=P&txid=N`` is one
+txid's page, linked from both): ``/tridentflow/ui`` (the nav page: ledger,
 lag per partition, records per txid and step durations, quarantine, a state browser, "Audit
 now") and ``/tridentflow/run?dag_id=...&run_id=...`` (the tab on every DAG run).
 
@@ -189,6 +190,7 @@ def run_states(pipeline: Pipeline) -> Callable[[str], str | None]:
 
 
 def blocked_with_owner_state(rt: Runtime) -> dict[str, Any] | None:
+    """``runs.blocked``, the owner run's state asked of Airflow's DB; read-only."""
     return blocked(rt, run_states(rt.pipeline))
 
 
