@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,6 +65,7 @@ from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.dag_factory import default_dag_id
 
+log = logging.getLogger(__name__)
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
 PAGE = Path(__file__).with_name("static") / "tridentflow.html"
 METRICS_TOKEN_ENV = "TRIDENTFLOW_METRICS_TOKEN"
@@ -309,8 +311,8 @@ def audit_log(dag_id: str, run_id: str, user: Any, extra: dict[str, Any]) -> Non
                 Log(event="tridentflow.release_txid", dag_id=dag_id, run_id=run_id,
                     owner=name, extra=json.dumps(extra))
             )  # fmt: skip
-    except Exception:
-        pass
+    except Exception as exc:  # the release stands; say the audit entry is missing
+        log.warning("tridentflow: no audit-log entry for %s: %s", extra, one_line(exc))
 
 
 @app.post("/api/pipelines/{name}/txids/{txid}/release")
