@@ -10,9 +10,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import UTC, datetime
 from typing import Any
 
 from tridentflow_airflow.launcher import ADMIN_USER
+
+TRIGGER_ATTEMPTS = 3
 
 
 class AirflowApi:
@@ -63,11 +66,26 @@ class AirflowApi:
 
     def trigger(self, dag_id: str | None = None, conf: dict[str, Any] | None = None) -> str:
         """A manual run with ``logical_date: null`` (as the UI's trigger button), with
-        ``conf`` (e.g. the tridentflow DAGs' ``batch_size`` param): its run id."""
-        body: dict[str, Any] = {"logical_date": None}
+        ``conf`` (e.g. the tridentflow DAGs' ``batch_size`` param): its run id.
+
+        Idempotent: the run id is chosen here, so a trigger answered 500 is sent again (the
+        dev stack's SQLite lets one writer in at a time: two writes of one api-server process
+        can wait on each other until pysqlite's 5 s lock wait fails one), and a 409 means
+        the first attempt created the run."""
+        run_id = f"manual__{datetime.now(UTC).isoformat()}"
+        body: dict[str, Any] = {"logical_date": None, "dag_run_id": run_id}
         if conf:
             body["conf"] = conf
-        return self.call("POST", self._runs(dag_id), body)["dag_run_id"]
+        for attempt in range(TRIGGER_ATTEMPTS):
+            try:
+                return self.call("POST", self._runs(dag_id), body)["dag_run_id"]
+            except urllib.error.HTTPError as exc:
+                if exc.code == 409:
+                    return run_id
+                if exc.code < 500 or attempt == TRIGGER_ATTEMPTS - 1:
+                    raise
+                time.sleep(2)
+        raise AssertionError("unreachable")
 
     def run(self, run_id: str, dag_id: str | None = None) -> dict[str, Any]:
         return self.call("GET", f"{self._runs(dag_id)}/{urllib.parse.quote(run_id)}")

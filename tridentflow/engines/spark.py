@@ -406,6 +406,21 @@ def _connect(url: str, app_name: str) -> SparkSession:
         ) from None
 
 
+def silence_driver_logs() -> None:
+    """Turn this process's Spark driver logging off, if it runs one: after tridentflow's one-line
+    error, the JVM's shutdown (executors' late status updates racing the stop, "Could not find
+    CoarseGrainedScheduler") would follow it with screens of trace the user has no use for.
+    Imports nothing a command that never started Spark did not import."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is not None:
+        with contextlib.suppress(Exception):
+            context.setLogLevel("OFF")
+
+
 def grpc_summary(exc: BaseException) -> str:
     """A Connect client error in a few words: its gRPC status and details, when it has them."""
     text = str(exc)
