@@ -18,7 +18,7 @@ COPY --chown=airflow:root spark_jobs /opt/tridentflow/spark_jobs
 COPY --chown=airflow:root plugins /opt/tridentflow/plugins
 # Same recipe as scripts/bootstrap.sh: the Spark provider's pyspark-client overwrites pyspark's
 # files, so the pinned pyspark is force-reinstalled afterwards and checked.
-RUN pip install --no-cache-dir "apache-airflow==3.3.2" /opt/tridentflow \
+RUN pip install --no-cache-dir "apache-airflow==3.3.2" "/opt/tridentflow[postgres,kafka]" \
  && pip install --no-cache-dir --force-reinstall --no-deps "pyspark==4.3.0" \
  && python -c "import pyspark; assert pyspark.__version__ == '4.3.0', pyspark.__version__"
 # The mounted sources (docker-compose.yaml) win over the installed copy.

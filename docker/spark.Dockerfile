@@ -8,8 +8,9 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
  && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
-# what tridentflow's executors import besides tridentflow itself (mounted at /opt/tridentflow)
-RUN pip install --no-cache-dir "pyspark==4.3.0" "redis>=5,<9" "pyarrow>=15" "pandas<3" \
+# what tridentflow's executors import besides tridentflow itself (mounted at /opt/tridentflow);
+# confluent-kafka: read tasks of a KafkaSource consume on the executors
+RUN pip install --no-cache-dir "pyspark==4.3.0" "redis>=5,<9" "pyarrow>=15" "pandas<3" "confluent-kafka>=2.16,<3" \
  && python -c "import pyspark; assert pyspark.__version__ == '4.3.0', pyspark.__version__"
 ENV SPARK_HOME=/usr/local/lib/python${PYTHON_VERSION}/site-packages/pyspark
 ENV PATH=${SPARK_HOME}/bin:${SPARK_HOME}/sbin:${PATH}

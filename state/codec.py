@@ -87,6 +87,13 @@ def decode_key(encoded: str | bytes) -> tuple[Any, ...]:
     value = json.loads(encoded)
     if not isinstance(value, list):
         raise KeyEncodingError(f"not an encoded group key: {encoded!r}")
+    return tuple_key(value)
+
+
+def tuple_key(value: list[Any]) -> tuple[Any, ...]:
+    """A decoded key's JSON list as the key tuple (nested lists as tuples)."""
+    if all(not isinstance(v, list) for v in value):
+        return tuple(value)
     return tuple(_tupled(v) for v in value)
 
 

@@ -161,6 +161,28 @@ class KeySpace:
     def state(self, name: str) -> str:
         return f"{self.base}:state:{check_name('state', name)}"
 
+    def changes(self, name: str, txid: int) -> str:
+        """Hash of the keys txid changed in state ``name`` -> their stored value right after
+        it (state.changes: the change log new-values streams and sinks read)."""
+        return f"{self.base}:changes:{check_name('state', name)}:{int(txid)}"
+
+    def change_counts(self, name: str) -> str:
+        """Hash txid -> how many keys it changed in state ``name``: the seal of each complete
+        change log (an absent field: no change log for that txid)."""
+        return f"{self.base}:changelog:{check_name('state', name)}"
+
+    @property
+    def sinks(self) -> str:
+        """Hash sink name -> JSON of its last exported txid (a mirror of what the sink itself
+        records: status, metrics and the change log's retention read it)."""
+        return f"{self.base}:sinks"
+
+    @property
+    def source_identity(self) -> str:
+        """String: the identity of the source the reader reads (a Kafka topic's id), to tell
+        a source deleted and created again under the same name."""
+        return f"{self.base}:source-identity"
+
     def written(self, name: str, txid: int) -> str:
         """Set of fields of state ``name`` written by any commit attempt of ``txid``."""
         return f"{self.base}:written:{check_name('state', name)}:{int(txid)}"

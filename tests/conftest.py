@@ -63,6 +63,24 @@ def home(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """An admin DSN of a running PostgreSQL (tests.postgres.server)."""
+    from tests.postgres import server
+
+    with server() as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def pg_dsn(postgres_server: str) -> Iterator[str]:
+    """The DSN of a fresh database for this test."""
+    from tests.postgres import fresh_database
+
+    with fresh_database(postgres_server) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
 def spark():
     from tridentflow.engines.spark import spark_session
 

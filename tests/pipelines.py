@@ -260,3 +260,75 @@ def shared_a() -> Pipeline:
 
 def shared_b() -> Pipeline:
     return _shared_words("shared-b")
+
+
+# -- sinks (tests/test_sinks.py) ---------------------------------------------------------------
+
+
+def apply_ops(current, tuples):
+    """``set KEY VALUE`` sets, ``del KEY`` removes (REMOVE): the last op of the batch wins."""
+    from state.maps import REMOVE
+
+    op, value = tuples[-1]
+    return REMOVE if op == "del" else value
+
+
+def parse_op(line: str) -> Iterator[tuple[str, str, int | None]]:
+    parts = line.split()
+    if parts[0] == "set":
+        yield ("set", parts[1], int(parts[2]))
+    else:
+        yield ("del", parts[1], None)
+
+
+def times_ten(word, count):
+    return (word, None if count is None else count * 10)
+
+
+def is_long(word, count) -> bool:
+    return len(word) > 2
+
+
+def sinked() -> Pipeline:
+    """Word counts and a key/value state with removals, each exported to PostgreSQL (through
+    map and filter for the counts) and to a Redis stream; DSN from TRIDENTFLOW_POSTGRES_DSN."""
+    from tridentflow import PostgresSink, RedisStreamSink
+
+    pipeline = Pipeline(
+        "sinked",
+        LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=2, batch_size=1),
+        change_log_limit=3,
+    )
+    counts = (
+        pipeline.stream.filter("line", lambda line: not line.startswith(("set ", "del ")))
+        .each("line", lambda line: ((w,) for w in line.split()), "word")
+        .group_by("word")
+        .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+    )
+    kv = (
+        pipeline.stream.filter("line", lambda line: line.startswith(("set ", "del ")))
+        .each("line", parse_op, ["op", "key", "value"])
+        .partition_persist(StateSpec("kv", StateKind.OPAQUE), apply_ops, "key", ["op", "value"])
+    )
+    counts.new_values_stream().map(times_ten).filter(["word", "count"], is_long).sink(
+        PostgresSink("counts_x10")
+    )
+    kv.new_values_stream().sink(PostgresSink("kv"))
+    kv.new_values_stream().sink(RedisStreamSink("kv-changes{partition}", partitions=2))
+    return pipeline
+
+
+def kv_follower() -> Pipeline:
+    """Reads sinked's kv-changes streams and counts the changes per key (exactly-once end to
+    end: chained pipelines)."""
+    from tridentflow import RedisStreamSource
+
+    pipeline = Pipeline(
+        "kv-follower",
+        RedisStreamSource(fields=("key", "value"), streams="kv-changes{partition}", partitions=2,
+                          mode=SourceMode.TRANSACTIONAL, batch_size=3),
+    )  # fmt: skip
+    pipeline.stream.group_by("key").persistent_aggregate(
+        StateSpec("changes", StateKind.OPAQUE), Count(), out_field="n"
+    )
+    return pipeline

@@ -10,8 +10,8 @@ from tridentflow.ops.chaos import STREAM_PIPELINES, run_chaos
 CI_SCHEDULES = 60
 
 
-def test_fixed_seed_schedules_are_exact():
-    results = run_chaos(CI_SCHEDULES, seed=1000)
+def test_fixed_seed_schedules_are_exact(pg_dsn):
+    results = run_chaos(CI_SCHEDULES, seed=1000, postgres_dsn=pg_dsn)
     failures = [r.line() for r in results if not r.ok]
     assert not failures, failures[0]
     assert len(results) == CI_SCHEDULES
@@ -32,8 +32,50 @@ def test_fixed_seed_schedules_are_exact():
         "reset",
         "state-shards:2",
         "state-shards:3",
+        "mid-export@",
+        "duplicate-export",
+        "export-resync",
+        "pg-session-killed",
+        "export-failed:SinkError",
     ):
         assert kind in events, f"no {kind} event in {CI_SCHEDULES} schedules"
+
+
+def test_sinks_stay_exact_when_postgresql_crashes_in_their_transactions():
+    """On a PostgreSQL of the harness's own (started from Debian's package, as where no server
+    runs), the server is crashed (SIGQUIT) and restarted while a sink is mid-transaction."""
+    from tridentflow.ops.devpostgres import LocalPostgres
+
+    with LocalPostgres() as server:
+        results = run_chaos(6, seed=1000, postgres=server)
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    assert len(results) == 6
+    assert "pg-restart" in " ".join(e for r in results for e in r.events)
+
+
+def test_the_harness_catches_a_sink_that_reads_values_after_the_fact(monkeypatch, pg_dsn):
+    """The family: an exporter that reads a txid's keys from the state as it is now (not
+    from the change log the commit wrote) exports what a later, half-written commit left."""
+    from state.codec import encode_key
+    from tridentflow.ops import export
+
+    original = export.changes_of
+
+    def read_now(rt, feed, txid):
+        items = original(rt, feed, txid)
+        if items is None:
+            return None
+        present = rt.pipeline.states[feed.state].aggregator.present
+        stored = rt.backing(feed.state).multi_get([encode_key(k) for _, k, _ in items])
+        return [
+            (field, k, None if v is None or v[1] is None else present(v[1]))
+            for (field, k, _), v in zip(items, stored, strict=True)
+        ]
+
+    monkeypatch.setattr(export, "changes_of", read_now)
+    results = run_chaos(40, seed=120, redis_restarts=False, postgres_dsn=pg_dsn)
+    assert not results[-1].ok and "sink postgres-" in (results[-1].difference or "")
 
 
 def test_the_harness_catches_an_opaque_replay_applied_on_curr(monkeypatch):
@@ -180,3 +222,43 @@ def test_the_harness_catches_a_recreated_stream_read_as_new(monkeypatch):
     monkeypatch.setattr(RedisStreamLog, "_check_group", lax)
     results = run_chaos(120, seed=0, pipelines=STREAM_PIPELINES)
     assert not results[-1].ok, "120 stream schedules did not expose a recreated stream"
+
+
+@pytest.fixture(scope="module")
+def kafka_broker():
+    from tridentflow.ops.devkafka import LocalKafka
+
+    with LocalKafka() as broker:
+        yield broker
+
+
+KAFKA_SEEDS = 5
+
+
+def test_kafka_schedules_are_exact(kafka_broker):
+    """The Kafka family (a broker of the harness's own): the broker frozen between steps and a
+    few milliseconds into an emit, records produced while it is (sent once it is back),
+    transactions' commit markers between records, undecodable records - among every other
+    fault, on transactional and opaque sources."""
+    from tridentflow.ops.chaos import KAFKA_PIPELINES
+
+    results = run_chaos(KAFKA_SEEDS, seed=0, pipelines=KAFKA_PIPELINES, kafka=kafka_broker)
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    events = " ".join(e for r in results for e in r.events)
+    for kind in ("outage:broker-frozen@", "outage:broker-frozen-mid-emit", "kafka-transaction",
+                 "bad-kafka-record", "outage-over:broker"):  # fmt: skip
+        assert kind in events, f"no {kind} event in {KAFKA_SEEDS} Kafka schedules"
+    assert {r.pipeline for r in results} == set(KAFKA_PIPELINES)
+
+
+def test_the_harness_catches_a_broker_watermark_taken_on_trust(monkeypatch, kafka_broker):
+    """The family: a reader that believes the broker's reported end of a partition (Tansu's
+    high watermark is its last batch's base offset + 1) leaves records behind that the drain
+    never reads - the harness must say so."""
+    from tridentflow.ops.chaos import KAFKA_PIPELINES
+    from tridentflow.sources.kafka import KafkaLog
+
+    monkeypatch.setattr(KafkaLog, "_ends", lambda self, stable: dict(stable))
+    results = run_chaos(3, seed=0, pipelines=KAFKA_PIPELINES, kafka=kafka_broker)
+    assert not results[-1].ok, "3 Kafka schedules did not expose a stale watermark"

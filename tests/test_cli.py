@@ -138,3 +138,41 @@ def test_a_foreign_stored_value_is_one_line_naming_state_and_key(tf, redis_clien
     run = tf("run", "wordcount", "--engine", "local")
     assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
     assert "state counts, key" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_wordcount_postgres_exports_after_each_commit_and_catches_up(tf, pg_dsn):
+    """`run` exports after each commit; with PostgreSQL unreachable the commits go on, `run`
+    exits 1 naming the sink behind (no password shown), and `export` catches it up."""
+    from tests.postgres import table_rows
+
+    assert (
+        tf("produce", "wordcount-postgres", "-", input="\n".join(SEED_SENTENCES) + "\n").returncode
+        == 0
+    )
+    down = {"TRIDENTFLOW_POSTGRES_DSN": "postgresql://postgres:pw-secret@127.0.0.1:1/nowhere"}
+    run = tf("run", "wordcount-postgres", "--engine", "local", "--batch-size", "1", env=down)
+    assert run.returncode == 1
+    assert (
+        "committed txids 1..1" in run.stdout
+        and "sink postgres-wordcount_counts is behind" in run.stdout
+    )
+    assert "pw-secret" not in run.stdout + run.stderr
+    status = json.loads(tf("status", "wordcount-postgres", "--json", env=down).stdout)
+    assert [(s["sink"], s["position"], s["lag"]) for s in status["sinks"]] == [
+        ("postgres-wordcount_counts", 0, 1)
+    ]
+    up = {"TRIDENTFLOW_POSTGRES_DSN": pg_dsn}
+    exported = tf("export", "wordcount-postgres", env=up)
+    assert exported.returncode == 0, exported.stderr
+    assert (
+        exported.stdout.strip()
+        == "sink postgres-wordcount_counts: txids 1..1 applied, 10 rows; at txid 1"
+    )
+    assert table_rows(pg_dsn, "wordcount_counts", "word") == {
+        w: (n,) for w, n in SEED_COUNTS.items()
+    }
+    tf("produce", "wordcount-postgres", "-", input="how are you\n")
+    assert tf("run", "wordcount-postgres", "--engine", "local", env=up).returncode == 0
+    assert table_rows(pg_dsn, "wordcount_counts", "word")["you"] == (3,)
+    no_sink = tf("export", "wordcount")
+    assert no_sink.returncode != 0 and "has no sink" in no_sink.stderr

@@ -51,6 +51,15 @@ def test_airflow_services_share_the_connections(compose):
         spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
         assert spark["host"] == "spark://spark-master" and spark["port"] == 7077
         assert re.fullmatch(r"redis://redis:6379/[1-9]\d*", env["AIRFLOW_CONN_REDIS_DEFAULT"])
+        sinks = json.loads(env["AIRFLOW_CONN_POSTGRES_DEFAULT"])  # PostgresSinks: their own db
+        assert (sinks["conn_type"], sinks["host"], sinks["schema"]) == (
+            "postgres",
+            "postgres",
+            "tridentflow",
+        )
+        kafka = json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])  # KafkaSources: the kafka service
+        assert kafka["extra"]["bootstrap.servers"] == "kafka:9092"
+        assert "kafka" in compose["services"]
         volumes = compose["services"][name]["volumes"]
         assert "./dags:/opt/airflow/dags" in volumes
         assert "./spark_jobs:/opt/tridentflow/spark_jobs" in volumes

@@ -69,6 +69,30 @@ def test_spark_reads_redis_streams_like_the_local_engine(
     assert sum(c.n for c in local.counts.values()) == len(lines) - 12
 
 
+def test_spark_reads_kafka_like_the_local_engine(spark, redis_url, home, monkeypatch):
+    """Spark's read tasks open the Kafka log from its locator (their own consumer); offsets
+    with transaction markers split over several tasks give the local engine's partials and
+    account for every offset."""
+    from tests.test_kafka_source import pipeline, runtime_of, transactional_producer
+    from tridentflow.engines import spark as spark_engine
+    from tridentflow.ops.devkafka import LocalKafka
+
+    with LocalKafka() as broker:
+        rt = runtime_of(pipeline(broker), redis_url, home)
+        rt.log.create(4)
+        lines = sentences(320, seed=12)
+        transactional_producer(broker, "words", lines)
+        ranges = {p: (3, h) for p, h in rt.log.scan().heads.items()}
+        local = LocalEngine().compute(rt.plan, rt.log.locator, ranges)
+        monkeypatch.setattr(spark_engine, "task_records", lambda plan: 17)
+        on_spark = SparkEngine(spark).compute(rt.plan, rt.log.locator, ranges)
+    assert on_spark.counts == local.counts
+    assert {p: (c.n, c.first, c.last) for p, c in local.counts.items()} == {
+        p: (end - start, start, end - 1) for p, (start, end) in ranges.items()
+    }
+    assert dict(on_spark.partials["counts"]) == dict(local.partials["counts"])
+
+
 def test_spark_gives_records_the_positions_the_local_engine_does(spark, tmp_path, monkeypatch):
     """Count windows key on record positions: Spark's read tasks - a range split over
     several - give every record the position the local engine does, from the batch's base."""
@@ -279,6 +303,18 @@ def test_spark_connect_runs_every_pipeline_like_the_local_engine(connect_url, tf
     assert tf("query", "wordcount-stream", *SEED_COUNTS).stdout.splitlines() == [
         f"{w}\t{n}" for w, n in SEED_COUNTS.items()
     ]
+
+    # Kafka read by the Connect server's Python workers (their own consumers)
+    from tridentflow.ops.devkafka import LocalKafka
+
+    with LocalKafka() as broker:
+        kafka = {"TRIDENTFLOW_KAFKA_BOOTSTRAP": broker.bootstrap}
+        tf("produce", "wordcount-kafka", "-", input="\n".join(SEED_SENTENCES) + "\n", env=kafka)
+        run = tf("run", "wordcount-kafka", "--remote", connect_url, "--batch-size", "2", env=kafka)
+        assert run.returncode == 0, run.stderr
+        assert tf("query", "wordcount-kafka", *SEED_COUNTS, env=kafka).stdout.splitlines() == [
+            f"{w}\t{n}" for w, n in SEED_COUNTS.items()
+        ]
 
     lines = [*sentences(300, seed=3), "a BOOM b", *sentences(40, seed=4)]
     tf("produce", "tests.pipelines:folds", "-", input="\n".join(lines) + "\n")

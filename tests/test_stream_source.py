@@ -12,7 +12,8 @@ import pytest
 from tests.helpers import drain_retrying, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
-from tridentflow.faults import POINTS, Fault, FaultPlan
+from tridentflow.faults import STEP_POINTS as POINTS
+from tridentflow.faults import Fault, FaultPlan
 from tridentflow.ops.audit import audit
 from tridentflow.ops.query import list_state
 from tridentflow.registry import load_pipeline

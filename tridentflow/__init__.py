@@ -19,7 +19,14 @@ from tridentflow.aggregators import (
 )
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import GUARANTEES, Guarantee, Pipeline, guarantee_of
-from tridentflow.sources.specs import LogSource, RedisStreamSource, SourceMode
+from tridentflow.sinks import PostgresSink, RedisStreamSink
+from tridentflow.sources.specs import (
+    CustomSource,
+    KafkaSource,
+    LogSource,
+    RedisStreamSource,
+    SourceMode,
+)
 from tridentflow.static_state import FileLookup, RedisHashLookup
 
 __all__ = [
@@ -29,15 +36,19 @@ __all__ = [
     "BatchInfo",
     "Combiner",
     "Count",
+    "CustomSource",
     "FileLookup",
     "First",
     "Guarantee",
+    "KafkaSource",
     "LogSource",
     "Max",
     "Mean",
     "Min",
     "Pipeline",
+    "PostgresSink",
     "RedisHashLookup",
+    "RedisStreamSink",
     "RedisStreamSource",
     "Reducer",
     "SourceMode",

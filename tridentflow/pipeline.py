@@ -504,6 +504,103 @@ class ChainedAggregate:
 
 
 @dataclass(frozen=True)
+class Feed:
+    """A state's new-values stream ending in a sink: what ``export`` runs after each commit."""
+
+    state: str
+    node: Node
+    """The stream's last node (per-tuple operations over a SourceNode of the change tuples)."""
+    sink: Any
+    """A tridentflow.sinks Sink, bound to the stream's fields."""
+
+    @property
+    def name(self) -> str:
+        return str(self.sink.name)
+
+
+_NEW_VALUES_OPS = "each, filter, map, flat_map, project and sink()"
+
+
+@dataclass(frozen=True)
+class NewValuesStream:
+    """Trident's ``newValuesStream()``: for each committed txid, one tuple per key the txid
+    changed in a state - the key fields, then the new committed value (None: the key was
+    removed). Values are read from the txid's change log, written before its commit mark,
+    so every replay of an export sees the same tuples. Supports the per-tuple operations and
+    ends in a sink (``sink(PostgresSink(...))``); it is not part of the batch graph."""
+
+    state: TridentState
+    stream: Stream
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.stream.fields
+
+    def _wrap(self, stream: Stream) -> NewValuesStream:
+        return NewValuesStream(self.state, stream)
+
+    def each(
+        self,
+        in_fields: str | Sequence[str],
+        function: Callable[..., Iterable[Sequence[Any]] | None],
+        out_fields: str | Sequence[str],
+    ) -> NewValuesStream:
+        return self._wrap(self.stream.each(in_fields, function, out_fields))
+
+    def filter(
+        self, in_fields: str | Sequence[str], predicate: Callable[..., Any]
+    ) -> NewValuesStream:
+        return self._wrap(self.stream.filter(in_fields, predicate))
+
+    def map(
+        self, function: Callable[..., Any], out_fields: str | Sequence[str] | None = None
+    ) -> NewValuesStream:
+        return self._wrap(self.stream.map(function, out_fields))
+
+    def flat_map(
+        self, function: Callable[..., Any], out_fields: str | Sequence[str] | None = None
+    ) -> NewValuesStream:
+        return self._wrap(self.stream.flat_map(function, out_fields))
+
+    def project(self, fields: str | Sequence[str]) -> NewValuesStream:
+        return self._wrap(self.stream.project(fields))
+
+    def sink(self, sink: Any) -> Feed:
+        """Export this stream to ``sink`` after every commit, txid by txid, exactly once
+        (the sink applies each txid atomically and records it; see tridentflow.sinks)."""
+        pipeline = self.state.pipeline
+        bind = getattr(sink, "bind", None)
+        if not callable(bind):
+            raise PipelineError(f"sink(): {sink!r} is not a sink (PostgresSink, RedisStreamSink)")
+        try:
+            bound = bind(self.fields, self.state.persist.group_fields)
+        except ValueError as exc:
+            raise PipelineError(f"pipeline {pipeline.name}: {exc}") from None
+        _checked_name("sink", bound.name)
+        if any(f.name == bound.name for f in pipeline.feeds):
+            raise PipelineError(
+                f"pipeline {pipeline.name}: two sinks are named {bound.name!r}; give one "
+                "another name=..."
+            )
+        feed = Feed(self.state.name, self.stream.node, bound)
+        pipeline.feeds.append(feed)
+        return feed
+
+    def __getattr__(self, name: str) -> Any:
+        if hasattr(Stream, name):
+            hint = (
+                " (to persist the new values, chain a second pipeline: RedisStreamSink here, a "
+                "RedisStreamSource there)"
+                if "persist" in name or "aggregate" in name
+                else ""
+            )
+            raise PipelineError(
+                f"a new-values stream supports {_NEW_VALUES_OPS}, not {name}(){hint}"
+            )
+        raise AttributeError(name)
+
+
+@dataclass(frozen=True)
 class TridentState:
     """Handle of a persisted state (what Trident's persistentAggregate returns)."""
 
@@ -513,6 +610,13 @@ class TridentState:
     @property
     def name(self) -> str:
         return self.persist.state.name
+
+    def new_values_stream(self) -> NewValuesStream:
+        """The values each committed txid changed: fields ``group fields + (out_field,)``
+        (Trident's newValuesStream); see NewValuesStream."""
+        persist = self.persist
+        fields = (*persist.group_fields, persist.out_field)
+        return NewValuesStream(self, Stream(self.pipeline, SourceNode(fields)))
 
     def parallelism_hint(self, n: int) -> TridentState:
         """Run this state's stage (the exchange by key before staging) as ``n`` partitions
@@ -544,7 +648,12 @@ class Pipeline:
     so that a Redis Cluster spreads one pipeline's state and commit load over its masters
     (None: TRIDENTFLOW_STATE_SHARDS, else 1). Fixed once the pipeline has state: changing it
     needs a reset."""
+    change_log_limit: int = 100
+    """Txids of change log kept for a state with sinks (new_values_stream): a sink further
+    behind reloads the whole state (PostgresSink) or fails with one line (RedisStreamSink)."""
     persists: list[Persist] = field(default_factory=list)
+    feeds: list[Feed] = field(default_factory=list)
+    """The new-values streams and their sinks (NewValuesStream.sink)."""
     stage_names: dict[Node, str] = field(default_factory=dict)
     """Names given with ``Stream.name``, by node (nodes compare by identity)."""
 
@@ -555,6 +664,14 @@ class Pipeline:
         if self.max_bad_fraction is not None and not 0 <= self.max_bad_fraction <= 1:
             raise PipelineError(f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
         _check_parallelism(self.default_parallelism)
+        if (
+            not isinstance(self.change_log_limit, int)
+            or isinstance(self.change_log_limit, bool)
+            or self.change_log_limit < 1
+        ):
+            raise PipelineError(
+                f"change_log_limit must be a whole number >= 1, got {self.change_log_limit!r}"
+            )
         if self.state_shards is not None:
             try:
                 check_shards(self.state_shards)
@@ -620,6 +737,14 @@ class Pipeline:
     @property
     def states(self) -> dict[str, Persist]:
         return {p.state.name: p for p in self.persists}
+
+    def feeds_of(self, state: str) -> list[Feed]:
+        return [f for f in self.feeds if f.state == state]
+
+    @property
+    def fed_states(self) -> list[str]:
+        """States a new-values stream reads: their commits write a change log."""
+        return sorted({f.state for f in self.feeds})
 
     def static_state(self, name: str, lookup: Lookup) -> StaticState:
         """Trident's newStaticState: read-only reference data for ``state_query``, in a Redis

@@ -23,6 +23,10 @@ EXAMPLES = {
     "wordcount-windowed": "tridentflow.examples.windowed:wordcount_windowed",
     "wordcount-stream": "tridentflow.examples.wordcount_stream:wordcount_stream",
     "wordcount-stream-tx": "tridentflow.examples.wordcount_stream:wordcount_stream_tx",
+    "wordcount-postgres": "tridentflow.examples.wordcount_postgres:wordcount_postgres",
+    "wordcount-kafka": "tridentflow.examples.wordcount_kafka:wordcount_kafka",
+    "wordcount-kafka-opaque": "tridentflow.examples.wordcount_kafka:wordcount_kafka_opaque",
+    "wordcount-sqlite": "tridentflow.examples.sqlite_source:wordcount_sqlite",
 }
 
 

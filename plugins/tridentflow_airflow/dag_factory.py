@@ -1,4 +1,5 @@
-"""Turns a tridentflow pipeline into an Airflow DAG: coordinate -> emit -> commit.
+"""Turns a tridentflow pipeline into an Airflow DAG: coordinate -> emit -> commit (-> export,
+for a pipeline with sinks).
 
 Each DAG run is one txid (see tridentflow.steps.runs). Parse-time work is only the pipeline lookup
 (no Spark, no Redis).
@@ -19,6 +20,7 @@ from tridentflow_airflow.operators import (
     CommitOperator,
     CoordinateOperator,
     EmitOperator,
+    ExportOperator,
     release_on_failure,
 )
 
@@ -33,8 +35,14 @@ DOC = """
 Each run is **one txid**. `coordinate` binds the run to its txid in Redis and freezes the batch
 metadata; `emit` (spark-submit) stages per-key partial aggregates; `commit` applies them in
 txid order, checked inside Redis. Retrying or clearing any task replays the same txid; the
-counts do not change. Guarantee: **{guarantee}**.
+counts do not change. Guarantee: **{guarantee}**.{export}
 """
+
+EXPORT_DOC = """
+
+`export` then brings the pipeline's sinks ({sinks}) up to the run's txid, one atomic step
+per txid; it is retried on its own, and a sink that is down shows here while the commits go
+on (the next run's export catches it up)."""
 
 
 def default_dag_id(pipeline_name: str) -> str:
@@ -124,6 +132,9 @@ def pipeline_dag(
             name=definition.name,
             description=definition.description,
             guarantee=definition.guarantee.value,
+            export=EXPORT_DOC.format(sinks=", ".join(f.name for f in definition.feeds))
+            if definition.feeds
+            else "",
         ),
     ) as dag:
         coordinate = CoordinateOperator(
@@ -132,4 +143,6 @@ def pipeline_dag(
         emit = EmitOperator(task_id="emit", conn_id=spark_conn_id, **common)
         commit = CommitOperator(task_id="commit", outlets=[commit_alias(definition.name)], **common)
         coordinate >> emit >> commit
+        if definition.feeds:  # the sinks follow the commits: their own task, their own retries
+            commit >> ExportOperator(task_id="export", **common)
     return dag

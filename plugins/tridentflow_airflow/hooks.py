@@ -1,4 +1,5 @@
-"""Connections: Redis (``redis_default``) and Spark (``spark_default``).
+"""Connections: Redis (``redis_default``), Spark (``spark_default``) and, for a pipeline with
+a PostgresSink, PostgreSQL (``postgres_default``).
 
 A missing connection is a clear error, never a silent fallback (the Spark hook would otherwise
 submit to yarn).
@@ -69,3 +70,35 @@ def check_spark_connection(conn_id: str) -> str:
     if not conn.host:
         raise MissingConnectionError(f"Airflow connection {conn_id!r} has no host (master)")
     return conn.host if not conn.port else f"{conn.host}:{conn.port}"
+
+
+def postgres_dsn(conn_id: str) -> str | None:
+    """The libpq DSN of Airflow connection ``conn_id`` (a ``postgres`` connection: host,
+    port, login, password, schema = the database); None if it is not defined. Installed as
+    tridentflow.sinks.postgres.CONNECTION_RESOLVER by the export task."""
+    from tridentflow.sinks.postgres import dsn_of_uri
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+    return dsn_of_uri(conn.get_uri())
+
+
+KAFKA_CONN_ID = "kafka_default"
+
+
+def kafka_config(conn_id: str = KAFKA_CONN_ID) -> dict[str, str] | None:
+    """The confluent-kafka client settings of Airflow connection ``conn_id``: its extra JSON,
+    as the apache-kafka provider's ``kafka`` connection type keeps them
+    (``{"bootstrap.servers": ..., "security.protocol": ..., "sasl.password": ...}``); None if
+    it is not defined. Installed as tridentflow.sources.kafka.CONFIG_RESOLVER by the tasks."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+    extra = conn.extra_dejson
+    config = {str(k): str(v) for k, v in extra.items()} if isinstance(extra, dict) else {}
+    if not config.get("bootstrap.servers") and conn.host:
+        config["bootstrap.servers"] = f"{conn.host}:{conn.port or 9092}"
+    return config or None

@@ -6,6 +6,7 @@ copy for the UI and templating, because Airflow deletes a task's own XCom when i
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -39,12 +40,18 @@ from tridentflow.steps.runs import (
 )
 from tridentflow.steps.runtime import Runtime, resolve_home
 from tridentflow_airflow.assets import emit_commit_events
-from tridentflow_airflow.hooks import TridentflowRedisHook, check_spark_connection
+from tridentflow_airflow.hooks import (
+    TridentflowRedisHook,
+    check_spark_connection,
+    kafka_config,
+    postgres_dsn,
+)
 from tridentflow_airflow.links import TridentflowRunLink
 
 EMIT_APPLICATION = Path(spark_jobs.__file__).with_name("emit_batch.py")
 FORWARDED_ENV = (
     "TRIDENTFLOW_FAULTS",
+    "TRIDENTFLOW_KAFKA_BOOTSTRAP",
     "TRIDENTFLOW_NAMESPACE",
     "PYSPARK_PYTHON",
     "PYSPARK_DRIVER_PYTHON",
@@ -79,6 +86,9 @@ class TridentflowTask:
         return int(self.lease.total_seconds() * 1000) or DEFAULT_LEASE_MS
 
     def runtime(self) -> Runtime:
+        from tridentflow.sources import kafka
+
+        kafka.CONFIG_RESOLVER = kafka_config  # a KafkaSource without brokers of its own
         url = TridentflowRedisHook(self.redis_conn_id).get_url()
         return Runtime.open(load_pipeline(self.pipeline), redis_url=url, home=self.home)
 
@@ -211,6 +221,9 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             "TRIDENTFLOW_HOME": str(resolve_home(self.home)),
         }
         env.update({k: os.environ[k] for k in FORWARDED_ENV if k in os.environ})
+        kafka = kafka_config()
+        if kafka is not None:  # a KafkaSource without brokers of its own reads these
+            env["TRIDENTFLOW_KAFKA_CONFIG"] = json.dumps(kafka)
         # executors run the worker's interpreter (its packages: redis, tridentflow) by default
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         return env
@@ -301,3 +314,36 @@ class CommitOperator(TridentflowTask, BaseOperator):
             )
             self.log.info("asset events: %d", emitted)
         return result
+
+
+class ExportOperator(TridentflowTask, BaseOperator):
+    """Brings every sink of the pipeline up to the run's txid, txid by txid
+    (tridentflow.ops.export): after ``commit``, retried on its own, so a sink outage is a red
+    square here while the pipeline's commits go on; the next run's export catches up. A
+    PostgresSink without a DSN of its own uses its Airflow connection (``postgres_default``)."""
+
+    ui_color = "#fef7e0"
+    operator_extra_links = (TridentflowRunLink(),)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tridentflow.ops.export import export
+        from tridentflow.sinks import postgres
+
+        postgres.CONNECTION_RESOLVER = postgres_dsn
+        rt = self.runtime()
+        txid = rt.ledger.txid_of_run(context["run_id"])
+        results = export(rt, upto=txid)
+        for r in results:
+            self.log.info(
+                "sink %s: at txid %s (applied %s, %s rows%s)",
+                r.sink,
+                r.position,
+                list(r.applied),
+                r.rows,
+                f", reloaded as of txid {r.reloaded_at}" if r.reloaded_at is not None else "",
+            )
+        report_figures(rt)
+        return {"txid": txid, "sinks": [r.to_json() for r in results]}

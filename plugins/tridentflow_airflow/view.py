@@ -61,11 +61,14 @@ from tridentflow.ops.status import pending_txid, replays_after_commit, status
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import redacted, resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
+from tridentflow.sources import kafka as kafka_source
 from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.dag_factory import default_dag_id
+from tridentflow_airflow.hooks import kafka_config
 
 log = logging.getLogger(__name__)
+kafka_source.CONFIG_RESOLVER = kafka_config  # the view reads a KafkaSource's heads as tasks do
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
 PAGE = Path(__file__).with_name("static") / "tridentflow.html"
 METRICS_TOKEN_ENV = "TRIDENTFLOW_METRICS_TOKEN"

@@ -157,6 +157,64 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
     assert audit(rt).ok
 
 
+def test_the_export_task_writes_postgres_through_the_airflow_connection(
+    af_env, redis_url, home, pg_dsn
+):
+    """wordcount-postgres under Airflow: coordinate -> emit -> commit -> export, the DSN from
+    the postgres_default connection; the export fails mid-transaction once and Airflow retries
+    it on its own (the commit is not re-run); the table is the state, row for row."""
+    from tests.postgres import table_rows
+
+    parts = urllib.parse.urlsplit(pg_dsn)
+    env = {
+        **af_env,
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(
+            {"conn_type": "postgres", "host": parts.hostname, "port": parts.port,
+             "login": parts.username, "schema": parts.path.lstrip("/")}
+        ),
+    }  # fmt: skip
+    env.pop("TRIDENTFLOW_POSTGRES_DSN", None)
+    rt = runtime("wordcount-postgres", redis_url, home)
+    produce(rt, SEED_SENTENCES)
+    out = dags_test(env, "mid-export@1", dag="tridentflow_wordcount_postgres")
+    assert "injected fault mid-export@1#1=raise" in out and "up_for_retry" in out
+    assert out.count("commit of txid 1: committed") == 1
+    assert table_rows(pg_dsn, "wordcount_counts", "word") == {
+        w: (n,) for w, n in SEED_COUNTS.items()
+    }
+
+
+def test_wordcount_kafka_reads_the_topic_through_the_airflow_connection(af_env, redis_url, home):
+    """wordcount-kafka under Airflow: the brokers from the kafka_default connection (its extra
+    holds the client settings, as the apache-kafka provider's connection type does), handed to
+    spark-submit off the command line; the emit fails once after reading and its retry reads
+    exactly the same offsets."""
+    from tridentflow.ops.devkafka import LocalKafka
+    from tridentflow.sources.kafka import KafkaLog
+
+    with LocalKafka() as broker:
+        env = {
+            **af_env,
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+                {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap}}
+            ),
+        }
+        env.pop("TRIDENTFLOW_KAFKA_BOOTSTRAP", None)
+        log = KafkaLog("wordcount", {"bootstrap.servers": broker.bootstrap}, "wordcount-kafka")
+        log.create(4)
+        log.append_spread(SEED_SENTENCES)
+        out = dags_test(env, "in-emit@1", dag="tridentflow_wordcount_kafka")
+        assert "injected fault in-emit@1#1=raise" in out and "up_for_retry" in out
+        assert out.count("commit of txid 1: committed") == 1
+        rt = runtime("wordcount-kafka", redis_url, home)
+        persist = rt.pipeline.states["counts"]
+        from tridentflow.ops.query import query
+
+        got = query(rt, persist, [(w,) for w in SEED_COUNTS])[1]
+        assert dict(zip(SEED_COUNTS, got, strict=True)) == SEED_COUNTS
+        assert rt.ledger.committed_offsets() == log.scan().heads
+
+
 # -- the live stack -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
@@ -207,7 +265,7 @@ def run_until_emitting(api: AirflowApi, rt: Any, lines: list[str]) -> tuple[str,
     return run_id, before
 
 
-def test_live_runs_kill_and_clear_keep_their_txid(live):
+def test_live_runs_kill_and_clear_keep_their_txid(live, pg_dsn, monkeypatch):
     api, redis_url, home = live
     rt = runtime("wordcount", redis_url, home)
     produce(rt, SEED_SENTENCES)
@@ -255,6 +313,18 @@ def test_live_runs_kill_and_clear_keep_their_txid(live):
     assert counts(rt, list(expected)) == expected
     assert audit(rt).ok
     check_the_tridentflow_view(api)
+    # wordcount-postgres, two txids committed and one exported (by the CLI's functions): the
+    # view's Sinks table shows the sink one txid behind
+    from tridentflow.engines.local import LocalEngine
+    from tridentflow.ops.export import export
+    from tridentflow.steps.driver import run_batches
+
+    monkeypatch.setenv("TRIDENTFLOW_POSTGRES_DSN", pg_dsn)
+    sinked = runtime("wordcount-postgres", redis_url, home)
+    produce(sinked, sentences(12, seed=9))
+    run_batches(sinked, LocalEngine(), max_batches=1, batch_size=1)
+    export(sinked)
+    run_batches(sinked, LocalEngine(), max_batches=1, batch_size=1)
     check_the_view_in_a_browser(api, home, rt, run1)
 
 
@@ -327,6 +397,18 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         page.reload()
         browser.frame_text(page, "#committed-txid")
         assert not root.evaluate("e => e.classList.contains('dark')")
+        frame.locator("#pipeline").select_option("wordcount-postgres")  # its Sinks table
+        sink_row = browser.frame_text(page, "#sinks tr:nth-child(2)")
+        assert sink_row.split("\t")[:5] == [
+            "postgres-wordcount_counts",
+            "counts",
+            sink_row.split("\t")[2],
+            "1",
+            "1",
+        ], sink_row
+        browser.screenshot(page, "tridentflow-sinks")
+        frame.locator("#pipeline").select_option("wordcount")
+        browser.frame_text(page, "#committed-txid")
         frame.locator("a[data-txid='1']").first.click()  # a commit row -> the txid's page
         assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
         runs_shown = browser.frame_text(page, "table:first-of-type")
@@ -444,17 +526,24 @@ def test_a_run_marked_failed_by_hand_blocks_until_released_from_the_ui(live):
     marked, before = run_until_emitting(api, rt, lines)
     quoted = urllib.parse.quote(marked, safe="")
     api.call("PATCH", f"/dags/{DAG}/dagRuns/{quoted}", {"state": "failed"})
-    assert api.wait_run(marked) == "failed"
+    assert api.wait_run(marked) in ("failed", "success")  # (see below)
     txid = committed + 1
+    assert rt.ledger.committed_txid() == committed  # its commit task was skipped
     assert rt.ledger.tx_info(txid).get("owner") == marked  # held by a finished run
     with browser.logged_in(api.base, launcher.admin_password(home)) as page:
         page.goto(f"{api.base}/plugin/tridentflow?pipeline=wordcount")
         blocked = browser.frame_text(page, "#blocked")
-        assert f"txid {txid} is held by run {marked}, which failed" in blocked, blocked
+        # The view names the state Airflow's DB holds now. That is "failed", except when
+        # Airflow's scheduler, racing the mark (its emit task finished meanwhile, the rest was
+        # skipped), finalizes the run as "success" after all (CI saw it once; cf.
+        # apache/airflow#21908): either way the run ended without committing its txid.
+        ended = api.run(marked)["state"]
+        assert ended in ("failed", "success"), ended
+        assert f"txid {txid} is held by run {marked}, which {ended}" in blocked, blocked
         frame = page.frame_locator("iframe")
         frame.locator("#release").click()
         asked = browser.frame_text(page, "#release-confirm")
-        assert f"from run {marked} (failed)" in asked and "audit log" in asked, asked
+        assert f"from run {marked} ({ended})" in asked and "audit log" in asked, asked
         browser.screenshot(page, "tridentflow-release-confirm")
         frame.locator("#confirm-release").click()
         error = page.frame_locator("iframe").locator("#release-error")

@@ -28,7 +28,10 @@ EXPECTED_DAGS = {
     "tridentflow_user_scores": None,
     "tridentflow_wordcount_drpc": None,
     "tridentflow_wordcount_stream": None,
+    "tridentflow_wordcount_postgres": None,
+    "tridentflow_wordcount_kafka": None,
 }
+WITH_SINKS = {"tridentflow_wordcount_postgres"}
 CONSUMER_DAG = "tridentflow_wordcount_consumer"
 
 
@@ -67,9 +70,13 @@ def test_commits_emit_asset_events_that_a_consumer_dag_is_scheduled_on(dagbag):
 @pytest.mark.parametrize("dag_id", sorted(EXPECTED_DAGS))
 def test_each_dag_is_coordinate_emit_commit(dagbag, dag_id):
     dag = dagbag.dags[dag_id]
-    assert [t.task_id for t in dag.topological_sort()] == ["coordinate", "emit", "commit"]
+    steps = ["coordinate", "emit", "commit"] + (["export"] if dag_id in WITH_SINKS else [])
+    assert [t.task_id for t in dag.topological_sort()] == steps
     assert dag.get_task("coordinate").downstream_task_ids == {"emit"}
     assert dag.get_task("emit").downstream_task_ids == {"commit"}
+    if dag_id in WITH_SINKS:
+        assert dag.get_task("commit").downstream_task_ids == {"export"}
+        assert "`export`" in dag.doc_md
     assert dag.max_active_runs == 1
     assert not dag.catchup
     for task in dag.tasks:

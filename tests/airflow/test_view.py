@@ -287,3 +287,50 @@ def test_a_txids_page_has_its_ranges_runs_adoptions_and_steps(client, redis_url,
     assert client.get("/api/pipelines/wordcount/txids/2").status_code == 404
     html = client.get("/txid?pipeline=wordcount&txid=1")
     assert html.headers["content-type"].startswith("text/html") and "txidPage" in html.text
+
+
+def test_a_pipelines_sinks_show_their_position_and_lag(
+    client, redis_url, home, pg_dsn, monkeypatch
+):
+    from tridentflow.ops.export import export
+    from tridentflow.steps.driver import run_batches
+
+    monkeypatch.setenv("TRIDENTFLOW_POSTGRES_DSN", pg_dsn)
+    rt = runtime("wordcount-postgres", redis_url, home)
+    produce(rt, sentences(12))
+    run_batches(rt, LocalEngine(), max_batches=1, batch_size=1)
+    export(rt)
+    run_batches(rt, LocalEngine(), max_batches=2, batch_size=1)
+    [sink] = client.get("/api/pipelines/wordcount-postgres").json()["sinks"]
+    assert (sink["sink"], sink["position"], sink["lag"]) == ("postgres-wordcount_counts", 1, 2)
+    assert (
+        sink["target"].startswith("PostgreSQL table wordcount_counts")
+        and "tf_test_" in sink["target"]
+    )
+
+
+def test_a_kafka_pipeline_reads_its_brokers_from_the_airflow_connection(
+    client, redis_url, home, monkeypatch
+):
+    """The view (in the api-server, not a task) finds a KafkaSource's brokers in the
+    kafka_default connection too: partitions with committed offset, head and lag."""
+    import json as _json
+
+    from tridentflow.ops.devkafka import LocalKafka
+    from tridentflow.sources.kafka import KafkaLog
+
+    monkeypatch.delenv("TRIDENTFLOW_KAFKA_BOOTSTRAP", raising=False)
+    with LocalKafka() as broker:
+        conn = {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap}}
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", _json.dumps(conn))
+        log = KafkaLog("wordcount", {"bootstrap.servers": broker.bootstrap}, "wordcount-kafka")
+        log.create(4)
+        log.append_spread(sentences(10))
+        info = client.get("/api/pipelines/wordcount-kafka").json()
+    assert [(p["committed"], p["head"], p["lag"]) for p in info["partitions"]] == [
+        (0, 3, 3),
+        (0, 3, 3),
+        (0, 2, 2),
+        (0, 2, 2),
+    ]
+    assert info["lag"] == 10

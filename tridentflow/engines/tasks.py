@@ -222,6 +222,10 @@ def read_task(
         close = getattr(log, "close", None)  # a stream log's own connection
         if close is not None:
             close()
+    if start < end and not getattr(log, "dense", True):
+        # offsets that hold no record (Kafka's transaction markers): the read reached ``end``,
+        # so the task accounts for the whole range, as a dense log's task does
+        n, first, last = end - start, start, end - 1
     try:
         partials = [fold.partials() for fold in folds]
     except KeyEncodingError:  # a deferred str key was bad: find its records

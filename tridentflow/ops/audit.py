@@ -20,7 +20,7 @@ from typing import Any
 from state.maps import REMOVE, StoredValue
 from tridentflow.aggregators import absent_value, apply_staged
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable
+from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.plan import compile_pipeline
 from tridentflow.steps.runtime import Runtime
 
@@ -81,6 +81,8 @@ def audit(rt: Runtime) -> AuditReport:
                 rt.log.probe(partition, base.get(partition, 0), end)
             except PartitionUnavailable as exc:
                 report.unreadable[partition] = exc.reason
+            except SourceError as exc:  # gone for good (retention, rows deleted): say what
+                report.unreadable[partition] = f"cannot be read: {exc}"
     if report.unreadable:
         report.unaudited = list(rt.pipeline.states)
         return report

@@ -29,6 +29,21 @@ retries a task) through a random mix of:
   shard's), the run goes on with ``--wait-replicas 1``, and a few steps later that master is
   killed while its replica is behind, the replica takes over and the old master rejoins.
 
+* sinks in every schedule: each state's new-values stream (keys mapped to their canonical
+  encoding) goes to a Redis stream and, given a PostgreSQL (``postgres_dsn``), to a table;
+  exports run after commits and between steps, with faults inside them (``mid-export``:
+  raise, crash), two exporters at once, the PostgreSQL session killed mid-transaction
+  (``pg_terminate_backend``) - or, on a server of its own (``postgres=``), the server crashed
+  and restarted right there - and an operator's ``export --resync``. After the drain every
+  table equals the state row for row, and the stream's last entry per key is the state's
+  value, with no change twice.
+
+* for the Kafka pipelines (``KAFKA_PIPELINES``, given a broker: tridentflow.ops.devkafka), the
+  broker frozen (SIGSTOP) between steps or while an emit reads, for a few steps: an opaque
+  txid skips its partitions, a transactional one fails its emit until the broker is back;
+  records produced meanwhile are sent once it is (a producer's retries); transactions'
+  commit markers between records (offsets that hold none), and undecodable records.
+
 The pipelines include ``mutating`` and ``mutating-opaque`` (every aggregator kind mutating its
 arguments; typed keys where ``0.0``/``-0.0`` and ``1``/``1.0``/``true`` differ).
 
@@ -39,6 +54,8 @@ The harness owns its redis-server (a free port) and a scratch directory.
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import shutil
 import signal
@@ -48,7 +65,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import redis
@@ -64,15 +81,22 @@ from tridentflow.errors import (
     TridentflowError,
 )
 from tridentflow.examples.mutating import expected_counts
-from tridentflow.faults import POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.faults import STEP_POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.ops.devcluster import LocalCluster
+from tridentflow.ops.devkafka import LocalKafka
+from tridentflow.ops.devpostgres import LocalPostgres
+from tridentflow.ops.export import export
 from tridentflow.ops.query import list_state, query
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
+from tridentflow.sinks import PostgresSink, RedisStreamSink
+from tridentflow.sinks.redisstream import companion_key
+from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
+from tridentflow.sources.specs import KafkaSource
 from tridentflow.steps.driver import backlog, run_batches
 from tridentflow.steps.runs import coordinate_run, emit_run, release_run
 from tridentflow.steps.runtime import Runtime, connect
@@ -88,7 +112,14 @@ BAD_ENTRIES = ({b"sentence": b"caf\xe9"}, {b"sent\xffence": b"x"}, {b"other": b"
 PIPELINES = ("wordcount", "wordcount-opaque", "partitioned-count", "mutating", "mutating-opaque")
 STREAM_PIPELINES = ("wordcount-stream", "wordcount-stream-tx")
 """Redis Streams sources: their schedules add the external stream mutations."""
+KAFKA_PIPELINES = ("wordcount-kafka", "wordcount-kafka-opaque")
+"""Kafka sources (a broker of the harness's own, ``kafka=``): each schedule reads a topic of
+its own; outages freeze the broker (SIGSTOP), between steps and in the middle of an emit."""
+BAD_KAFKA_VALUES = (b'{"not json', b"\xff\xfe", b'["wrong", "arity"]')
+"""Kafka records another producer could write that are no sentence; each is quarantined."""
 RETRIES = 3
+CHAOS_COLUMNS = {"key": "text", "value": "jsonb"}
+"""The chaos tables: the key's canonical encoding, the value as JSON."""
 SHARD_CHOICES = (1, 2, 3)
 """State shards a schedule may run with (see schedule_shards): the sharded fencing and
 commit under every fault, in a third of the schedules each."""
@@ -162,8 +193,16 @@ class Chaos:
         engine: Engine | None = None,
         redis_url: str | None = None,
         cluster: LocalCluster | None = None,
+        postgres_dsn: str | None = None,
+        postgres: LocalPostgres | None = None,
+        kafka: LocalKafka | None = None,
     ) -> None:
-        """``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
+        """``kafka``: the broker the Kafka pipelines' schedules read (and freeze).
+        ``postgres_dsn``: a database the schedules' PostgresSinks write tables to (one per
+        schedule and state, dropped after it); without it, the sinks are Redis streams only.
+        ``postgres``: a server of the harness's own (tridentflow.ops.devpostgres), which it
+        also crashes and restarts while a sink is in the middle of a transaction.
+        ``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
         Connect session). ``redis_url``: run against that Redis (a cluster, say) instead of
         an own redis-server; it is never restarted then. ``cluster``: a gated cluster with
         replicas (tridentflow.ops.devcluster): commits wait for one replica, and schedules fail
@@ -178,6 +217,10 @@ class Chaos:
         self.redis = RedisServer(self.workdir / "redis")
         self.external_url = redis_url
         self.redis_restarts = redis_restarts and redis_url is None
+        self.postgres = postgres
+        self.postgres_dsn = postgres.dsn if postgres is not None else postgres_dsn
+        self.kafka = kafka
+        logging.getLogger("psycopg").setLevel(logging.ERROR)  # killed sessions are on purpose
 
     @property
     def url(self) -> str:
@@ -212,7 +255,7 @@ class Chaos:
         home = self.workdir / f"schedule-{seed}"
         shutil.rmtree(home, ignore_errors=True)
         shards = schedule_shards(seed)
-        rt = self._runtime(load_pipeline(name), home, shards=shards)
+        rt = self._runtime(self._pipeline(name, seed), home, shards=shards)
         if shards > 1:
             result.events.append(f"state-shards:{shards}")
         if isinstance(rt.log, RedisStreamLog):  # streams live in Redis: start from none
@@ -220,9 +263,19 @@ class Chaos:
         else:
             rt.ledger.reset(force=True)
         sched = _Schedule(rng, rt, result, home / "aside")
+        if isinstance(rt.log, KafkaLog):
+            rt.log.create(rt.pipeline.source.partitions)
+            sched.kafka = self.kafka
+            sched.kafka_rng = random.Random(f"kafka-{seed}")
+        sched.sink_rng = random.Random(f"sinks-{seed}")
+        sched.seed = seed
+        self._drop_sink_targets(rt, seed)
         sched.append(rng.randint(5, 60))
         runs = rng.randint(3, 8)
         rt.faults = self._fault_plan(rng, runs, rt.pipeline.source.partitions, result.events)
+        rt.faults = FaultPlan(
+            rt.faults.faults + _sink_faults(sched.sink_rng, runs, result.events), rt.faults.darks
+        )
         batch_size = rng.choice([1, 2, 3, 5, 20])
         self._drive(sched, runs, batch_size)
 
@@ -238,6 +291,8 @@ class Chaos:
         result.txids = rt.ledger.committed_txid()
         result.records = len(sched.produced)
         self._check(rt, sched.produced, result)
+        self._check_sinks(rt, result)
+        self._drop_sink_targets(rt, seed)
         rt.client.close()
         shutil.rmtree(home, ignore_errors=True)
         result.seconds = time.monotonic() - started
@@ -249,7 +304,9 @@ class Chaos:
         for txid in range(1, runs + 1):
             for attempt in (1, 2):
                 if rng.random() < (0.6 if attempt == 1 else 0.2):
-                    fault = Fault(rng.choice(POINTS), txid, attempt, rng.choice(("raise", "crash")))
+                    fault = Fault(
+                        rng.choice(STEP_POINTS), txid, attempt, rng.choice(("raise", "crash"))
+                    )
                     faults.append(fault)
                     events.append(str(fault))
         darks = []
@@ -278,10 +335,13 @@ class Chaos:
                 continue
             if roll < 0.15:
                 sched.append(rng.randint(1, 10), during=f"step{step}")
+                self._maybe_export(sched, f"step{step}")
                 continue
             if roll < 0.19:
                 if isinstance(rt.log, RedisStreamLog):
                     sched.mutate_stream(f"step{step}")
+                elif isinstance(rt.log, KafkaLog):
+                    sched.toggle_broker(f"step{step}")
                 else:
                     sched.toggle_outage(f"step{step}")
                 continue
@@ -296,12 +356,14 @@ class Chaos:
                     if steps[index] == "coordinate":
                         coordinate_run(rt, run_id, batch_size, lease_ms=60_000)
                     elif steps[index] == "emit":
+                        sched.maybe_freeze_mid_emit(run_id)
                         emit_run(rt, run_id, self.engine, lease_ms=60_000)
                     else:
                         racers = 2 if rng.random() < 0.2 else 1
                         if racers > 1:
                             result.events.append(f"duplicate-commit@{run_id}")
                         self._commit_race(rt, run_id, racers)
+                        self._maybe_export(sched, f"after-commit:{run_id}")
                     if index < 2 and rng.random() < 0.15:
                         sched.append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
                 run_no, failures, step_index = run_no + 1, 0, 0
@@ -369,20 +431,22 @@ class Chaos:
         old = sched.rt
         sched.end_outage(f"reset@step{step}")
         fresh = self._runtime(old.pipeline, old.home, old.faults, old.shards or 1)
+        kafka = isinstance(fresh.log, KafkaLog)  # a topic is its producers': never deleted
         try:
             try:
-                reset_pipeline(fresh, source=True)
+                reset_pipeline(fresh, source=not kafka)
                 sched.result.events.append(f"reset@step{step}")
             except PipelineBusyError:  # a run holds a live lease: the operator insists
-                reset_pipeline(fresh, force=True, source=True)
+                reset_pipeline(fresh, force=True, source=not kafka)
                 sched.result.events.append(f"reset-forced@step{step}")
         except ReplicationError:  # not on a replica: the operator waits for it, resets again
             assert self.cluster is not None and sched.lagging is not None
             self.cluster.release_replication(sched.lagging[0])
             sched.lagging = None
-            reset_pipeline(fresh, force=True, source=True)
+            reset_pipeline(fresh, force=True, source=not kafka)
             sched.result.events.append(f"reset-after-replication-wait@step{step}")
-        sched.produced.clear()
+        if not kafka:  # a reset reader of Kafka reads the whole topic again
+            sched.produced.clear()
         try:
             if next_step == "coordinate":
                 coordinate_run(old, run_id, lease_ms=60_000)
@@ -420,13 +484,141 @@ class Chaos:
             finally:
                 other.client.close()
 
-        threads = [threading.Thread(target=attempt) for _ in range(racers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        at_once(attempt, racers)
         if "committed" not in results and "already-committed" not in results and errors:
             raise errors[0]
+
+    # -- sinks ----------------------------------------------------------------------------
+    def _pipeline(self, name: str, seed: int):
+        """A fresh pipeline ``name`` with this schedule's sinks on every state."""
+        pipeline = load_pipeline(name)
+        if isinstance(pipeline.source, KafkaSource):
+            if self.kafka is None:
+                raise TridentflowError(f"chaos: pipeline {name} needs a broker (kafka=)")
+            pipeline.source = replace(
+                pipeline.source,
+                topic=f"chaos-{seed}",
+                config={"bootstrap.servers": self.kafka.bootstrap},
+                timeout_s=0.5,  # a frozen broker fails each call within half a second
+            )
+        for state in sorted(pipeline.states):
+            changes = pipeline.state(state).new_values_stream().map(_canonical, ["key", "value"])
+            changes.sink(RedisStreamSink(f"chaos-{seed}-{state}", name=f"stream-{state}"))
+            if self.postgres_dsn:
+                table = f"chaos_{seed}_{state}".replace("-", "_")
+                changes.sink(
+                    PostgresSink(table, dsn=self.postgres_dsn, key=["key"],
+                                 name=f"postgres-{state}", columns=CHAOS_COLUMNS)
+                )  # fmt: skip
+        return pipeline
+
+    def _drop_sink_targets(self, rt: Runtime, seed: int) -> None:
+        for state in rt.pipeline.states:
+            stream = f"chaos-{seed}-{state}"
+            rt.client.delete(stream, companion_key(stream))
+        if self.postgres_dsn:
+            import psycopg
+
+            with psycopg.connect(self.postgres_dsn, autocommit=True) as conn:
+                for state in rt.pipeline.states:
+                    table = f"chaos_{seed}_{state}".replace("-", "_")
+                    conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+                conn.execute(
+                    "DELETE FROM tridentflow_progress WHERE pipeline = %s"
+                    if _has_progress(conn)
+                    else "SELECT %s",
+                    (rt.pipeline.name,),
+                )
+
+    def _kill_session(self, feed, point: str, txid: int, rng: random.Random, events) -> None:
+        """At a sink's mid-export point: now and then, PostgreSQL ends the sink's session in
+        the middle of its transaction (as a server restart would)."""
+        conn = getattr(feed.sink, "_conn", None)
+        if conn is None or rng.random() >= 0.3:
+            return
+        if self.postgres is not None and rng.random() < 0.5:
+            self.postgres.restart()  # the server crashes mid-transaction, and comes back
+            events.append(f"pg-restart@{txid}")
+            return
+        import psycopg
+
+        with psycopg.connect(self.postgres_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        events.append(f"pg-session-killed@{txid}")
+
+    def _maybe_export(self, sched: _Schedule, when: str) -> None:
+        """Now and then, the sinks catch up: one exporter, or two at once (each a process of
+        its own), or an operator's ``export --resync``. A failing export leaves its sink
+        behind; the commits never wait for it."""
+        rng, rt = sched.sink_rng, sched.rt
+        roll = rng.random()
+        if roll >= 0.6:
+            return
+        racers = 2 if roll < 0.12 else 1
+        resync = 0.12 <= roll < 0.16
+        events = sched.result.events
+        if racers > 1:
+            events.append(f"duplicate-export@{when}")
+        if resync:
+            events.append(f"export-resync@{when}")
+
+        def hook(feed, point, txid):
+            if self.postgres_dsn and isinstance(feed.sink, PostgresSink):
+                self._kill_session(feed, point, txid, rng, events)
+
+        def exporter() -> None:
+            other = self._runtime(self._pipeline(rt.pipeline.name, sched.seed), rt.home,
+                                  rt.faults, rt.shards or 1)  # fmt: skip
+            try:
+                names = [f.name for f in other.pipeline.feeds if not resync or
+                         f.sink.resyncable]  # fmt: skip
+                export(other, names, resync=resync, hook=hook)
+            except (SimulatedCrash, InjectedFault, TridentflowError, StateError,
+                    redis.RedisError) as exc:  # fmt: skip
+                events.append(f"export-failed:{type(exc).__name__}@{when}")
+            finally:
+                other.client.close()
+
+        at_once(exporter, racers)
+        if racers == 1 and not any(e.endswith(f"@{when}") and "failed" in e for e in events):
+            # nothing commits in between here: each table must be the state as of now (a
+            # commit cut short half-way must not show through)
+            self._compare_sinks(rt, sched.result, only_postgres=True)
+
+    def _check_sinks(self, rt: Runtime, result: ScheduleResult) -> None:
+        """After the drain: every sink exported up to the committed txid equals the state."""
+        for attempt in range(3):
+            try:
+                export(rt)
+                break
+            except (TridentflowError, StateError, redis.RedisError) as exc:
+                if attempt == 2 and not result.difference:
+                    result.difference = f"the final export failed: {exc}"
+                    return
+        self._compare_sinks(rt, result)
+
+    def _compare_sinks(self, rt: Runtime, result: ScheduleResult, only_postgres=False) -> None:
+        committed = rt.ledger.committed_txid()
+        for feed in rt.pipeline.feeds:
+            if only_postgres and not isinstance(feed.sink, PostgresSink):
+                continue
+            persist = rt.pipeline.states[feed.state]
+            page = list_state(rt, persist, limit=1_000_000)
+            want = {encode_key(k): _jsonish(v) for k, v in page.items}
+            if isinstance(feed.sink, PostgresSink):
+                got = _table(self.postgres_dsn, feed.sink.table)
+            else:
+                got, problem = _stream_view(rt, feed.sink, rt.ledger.generation)
+                if problem and not result.difference:
+                    result.difference = f"sink {feed.name}: {problem}"
+                    return
+            if got != want and not result.difference:
+                first = sorted(set(got.items()) ^ set(want.items()), key=str)[:1]
+                result.difference = (
+                    f"sink {feed.name} at txid {committed}: {len(got)} rows vs {len(want)} keys "
+                    f"in the state; first difference {first}"
+                )
+                return
 
     def _check(self, rt: Runtime, produced: list[str], result: ScheduleResult) -> None:
         left = backlog(rt)
@@ -491,6 +683,86 @@ def _expected(rt: Runtime, produced: list[str]) -> dict[str, dict[str, int]]:
     return expected
 
 
+def at_once(work: Callable[[], None], n: int) -> None:
+    """Run ``work`` in ``n`` threads at once (racing processes); wait for all of them."""
+    threads = [threading.Thread(target=work) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _canonical(*row):
+    """A new-values tuple as (the key's canonical encoding, the value): keys that are equal
+    in Python but not in tridentflow (1, 1.0, true) stay apart in every sink."""
+    return (encode_key(row[:-1]), row[-1])
+
+
+def _jsonish(value) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _has_progress(conn) -> bool:
+    return bool(
+        conn.execute("SELECT to_regclass('tridentflow_progress') IS NOT NULL").fetchone()[0]
+    )
+
+
+def _table(dsn: str, table: str) -> dict[str, str]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]
+        if not exists:
+            return {}
+        rows = conn.execute(f'SELECT key, value FROM "{table}"').fetchall()
+    return {key: _jsonish(value) for key, value in rows}
+
+
+def _stream_view(rt: Runtime, sink: RedisStreamSink, generation: str):
+    """(key -> value by the stream's last entry per key, of this generation, or a problem):
+    one entry per key and txid, never twice."""
+    stream = sink.streams()[0]
+    sink_id = f"{rt.pipeline.name}/{sink.name}"
+    meta = rt.client.hgetall(companion_key(stream))
+    if meta.get(f"{sink_id}:generation".encode(), b"").decode() != generation:
+        return {}, None  # nothing exported in this generation (an empty state)
+    base = int(meta[f"{sink_id}:base".encode()])
+    seen: set[tuple[int, str]] = set()
+    latest: dict[str, str] = {}
+    for entry_id, fields in rt.client.xrange(stream, f"{base + 1}-0", "+"):
+        ms = int(entry_id.decode().split("-")[0])
+        key, value = fields[b"key"].decode(), fields[b"value"].decode()
+        if (ms, key) in seen:
+            return {}, f"key {key} has two entries for txid {ms - base}"
+        seen.add((ms, key))
+        latest[key] = value
+    view = {}
+    for key, text in latest.items():
+        if text != "null":
+            view[key] = _jsonish(json.loads(text)) if _is_json(text) else _jsonish(text)
+    return view, None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _sink_faults(rng: random.Random, runs: int, events: list[str]) -> tuple[Fault, ...]:
+    """Faults inside exports (``mid-export``), drawn by the sinks' own generator."""
+    faults = []
+    for txid in range(1, runs + 1):
+        if rng.random() < 0.4:
+            fault = Fault("mid-export", txid, rng.choice((1, 2)), rng.choice(("raise", "crash")))
+            faults.append(fault)
+            events.append(str(fault))
+    return tuple(faults)
+
+
 class _Schedule:
     """What one schedule changes as it goes: its runtime (replaced after a reset), the lines
     produced since the last reset, and a real outage in progress."""
@@ -502,12 +774,27 @@ class _Schedule:
         self.outage: tuple[str, int, bytes] | None = None
         self.lagging: tuple[int, int] | None = None
         """(master port, steps left) while a master's replication is held (gated clusters)."""
+        self.sink_rng = random.Random(0)
+        """The sinks' own generator (exports, their faults): the steps' draws stay as they
+        were before sinks existed."""
+        self.seed = 0
+        self.kafka: LocalKafka | None = None
+        self.kafka_rng = random.Random(0)
+        """Kafka schedules' own generator (mid-emit freezes, transactions, bad records)."""
+        self.unsent: list[str] = []
+        """Lines produced while the broker was frozen: sent when it is back."""
+        self.freeze: threading.Timer | None = None
 
     def append(self, n: int, during: str | None = None) -> None:
         rng = self.rng
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(n)]
-        self.rt.source_scan()
         log = self.rt.log
+        if isinstance(log, KafkaLog):
+            self._produce_kafka(lines)
+            if during:
+                self.result.events.append(f"append+{n}@{during}")
+            return
+        self.rt.source_scan()
         if isinstance(log, RedisStreamLog):
             try:
                 log.append_spread(lines)
@@ -531,6 +818,66 @@ class _Schedule:
             if readable:
                 log.append_lines(rng.choice(readable), [bad])
                 self.result.events.append(f"bad-record{BAD_LINES.index(bad)}")
+
+    def _produce_kafka(self, lines: list[str]) -> None:
+        """Send lines (held while the broker is frozen: a producer retries until it is back),
+        now and then in a transaction (its commit marker takes an offset), now and then with
+        an undecodable record beside them."""
+        self.produced.extend(lines)
+        if self.outage is not None:
+            self.unsent.extend(lines)
+            return
+        source, rng = self.rt.log, self.kafka_rng
+        assert isinstance(source, KafkaLog) and self.kafka is not None
+        from confluent_kafka import Producer
+
+        # a producer of its own: the source's short timeout is the reader's, not a producer's
+        log = KafkaLog(source.topic, source.config, source.pipeline, timeout_s=30)
+        quiet = logging.getLogger("tridentflow.kafka.client")
+        try:
+            if rng.random() < 0.3:
+                producer = Producer(
+                    {"bootstrap.servers": self.kafka.bootstrap, "transactional.id": log.topic},
+                    logger=quiet,
+                )
+                producer.init_transactions(30)
+                producer.begin_transaction()
+                n = log.partitions()
+                for i, line in enumerate(lines):
+                    producer.produce(log.topic, json.dumps(line).encode(), partition=i % n)
+                producer.commit_transaction(30)
+                self.result.events.append("kafka-transaction")
+            else:
+                log.append_spread(lines)
+            if rng.random() < 0.15:
+                bad = rng.choice(BAD_KAFKA_VALUES)
+                producer = Producer({"bootstrap.servers": self.kafka.bootstrap}, logger=quiet)
+                producer.produce(log.topic, bad, partition=rng.randrange(log.partitions()))
+                producer.flush(30)
+                self.result.events.append(f"bad-kafka-record{BAD_KAFKA_VALUES.index(bad)}")
+        finally:
+            log.close()
+
+    def toggle_broker(self, when: str) -> None:
+        """The broker stops answering (frozen: nothing lost), or answers again."""
+        if self.outage is not None:
+            self.end_outage(when)
+            return
+        assert self.kafka is not None
+        self.kafka.pause()
+        self.outage = ("broker-frozen", -1, b"")
+        self.result.events.append(f"outage:broker-frozen@{when}")
+
+    def maybe_freeze_mid_emit(self, run_id: str) -> None:
+        """Kafka schedules: now and then the broker freezes a few milliseconds into an emit
+        (while its read tasks read, or just after)."""
+        if self.kafka is None or self.outage is not None or self.kafka_rng.random() >= 0.15:
+            return
+        delay = self.kafka_rng.uniform(0.0, 0.05)
+        self.outage = ("broker-frozen", -1, b"")
+        self.freeze = threading.Timer(delay, self.kafka.pause)
+        self.freeze.start()
+        self.result.events.append(f"outage:broker-frozen-mid-emit@{run_id}")
 
     def mutate_stream(self, when: str) -> None:
         """What another client does to the streams (see the module doc). Those that remove
@@ -605,6 +952,20 @@ class _Schedule:
         if self.outage is None:
             return
         kind, partition, head = self.outage
+        if kind == "broker-frozen":
+            assert self.kafka is not None
+            if self.freeze is not None:  # a freeze timed mid-emit: fired, or never will
+                self.freeze.cancel()
+                self.freeze.join()
+                self.freeze = None
+            self.kafka.resume()
+            self.outage = None
+            unsent, self.unsent = self.unsent, []
+            self.produced = self.produced[: len(self.produced) - len(unsent)]
+            if unsent:
+                self._produce_kafka(unsent)
+            self.result.events.append(f"outage-over:broker@{when}")
+            return
         pdir = self.rt.log.root / f"p-{partition:04d}"
         if kind == "unmount":
             (self.aside / pdir.name).rename(pdir)
@@ -637,6 +998,9 @@ def run_chaos(
     engine: Engine | None = None,
     redis_url: str | None = None,
     cluster: LocalCluster | None = None,
+    postgres_dsn: str | None = None,
+    postgres: LocalPostgres | None = None,
+    kafka: LocalKafka | None = None,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
@@ -646,6 +1010,9 @@ def run_chaos(
         engine=engine,
         redis_url=redis_url,
         cluster=cluster,
+        postgres_dsn=postgres_dsn,
+        postgres=postgres,
+        kafka=kafka,
     ) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)

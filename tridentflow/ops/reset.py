@@ -13,6 +13,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
+from tridentflow.errors import TridentflowError
+from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.steps.runtime import Runtime
 
@@ -33,8 +35,14 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
     (``RedisStreamLog.rebase``): entries trimmed before the reset are not counted, and audit
     recomputes from there."""
     streams = rt.log if isinstance(rt.log, RedisStreamLog) else None
+    kafka = rt.log if isinstance(rt.log, KafkaLog) else None
     if source and streams is not None:
         streams.check_unshared()  # before anything is reset
+    if source and kafka is not None:
+        raise TridentflowError(
+            f"reset --source would delete Kafka topic {kafka.topic}, which is its producers': "
+            "reset without --source starts the pipeline at what the topic holds"
+        )
     before = rt.keyspace  # its shards' keys are deleted too, on their own masters
     deleted = rt.ledger.reset(force=force)
     rt.require_replicated(
@@ -48,6 +56,8 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
         streams.delete()
     elif streams is not None:
         rt.ledger.start_at(streams.rebase())
+    elif kafka is not None:
+        rt.ledger.start_at(kafka.rebase())  # retention may have deleted the first records
     elif source:
         shutil.rmtree(rt.log.root, ignore_errors=True)
     return ResetResult(deleted, source)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tridentflow.ops.export import sink_status
 from tridentflow.steps.runtime import Runtime
 
 
@@ -55,6 +56,7 @@ def status(rt: Runtime) -> dict[str, Any]:
         "partitions": partitions,
         "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
         "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
+        "sinks": sink_status(rt),
     }
 
 
@@ -133,6 +135,11 @@ def format_status(info: dict[str, Any]) -> str:
     else:
         lines.append("pending txid   none")
     lines.append(f"quarantined    {info['quarantined']} bad records")
+    for sink in info.get("sinks", []):
+        lines.append(
+            f"sink           {sink['sink']} ({sink['state']} -> {sink['target']}): at txid "
+            f"{sink['position']}, {sink['lag']} behind; {sink['change_logs']} change log(s) kept"
+        )
     for entry in info["history"][:5]:
         lines.append(f"committed      {describe_commit(entry)}")
     lines.append("partition  committed       head        lag")

@@ -96,3 +96,84 @@ class RedisStreamSource(LogSource):
 
 DEFAULT_STREAMS = RedisStreamSource.__dataclass_fields__["streams"].default
 DEFAULT_NAMESPACED_STREAMS = "tridentflow:{namespace}:{pipeline}:p{partition}"
+
+
+class KafkaFormat(StrEnum):
+    JSON = "json"
+    TEXT = "text"
+
+
+@dataclass(frozen=True)
+class KafkaSource(LogSource):
+    """A Kafka topic (see tridentflow.sources.kafka), read with confluent-kafka at
+    ``read_committed`` isolation. A txid's metadata is the offset range per partition, as for
+    every source; ``batch_size`` offsets at most per partition and txid.
+
+    Records are JSON values (``value_format="json"``: a dict gives its ``fields`` by name, a
+    list by position, a scalar the single field), or UTF-8 text, the single field of a
+    one-field source (``"text"``; parse anything else with ``each`` on that field). A record
+    that does not decode is quarantined, as for every source."""
+
+    topic: str = "{pipeline}"
+    """The topic; ``{pipeline}`` is filled in."""
+    config: tuple[tuple[str, str], ...] | dict[str, str] = ()
+    """confluent-kafka client settings (``bootstrap.servers``, ``security.protocol``,
+    ``sasl.*``, ``ssl.*``, ...). Without ``bootstrap.servers`` it comes from
+    ``TRIDENTFLOW_KAFKA_BOOTSTRAP``, or, under Airflow, the ``kafka_default`` connection."""
+    value_format: KafkaFormat = KafkaFormat.JSON
+    timeout_s: float = 10.0
+    """A broker (or partition leader) that does not answer within this is unavailable: an
+    opaque batch skips its partitions, a transactional one waits."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        items = self.config.items() if isinstance(self.config, dict) else self.config
+        object.__setattr__(self, "config", tuple(sorted((str(k), str(v)) for k, v in items)))
+        try:
+            object.__setattr__(self, "value_format", KafkaFormat(self.value_format))
+        except ValueError:
+            raise PipelineError(
+                f"value_format must be 'json' or 'text', got {self.value_format!r}"
+            ) from None
+        if self.value_format is KafkaFormat.TEXT and len(self.fields) != 1:
+            raise PipelineError(
+                f"value_format 'text' gives one field, but the source has {len(self.fields)}: "
+                "use one field and split it with `each`, or JSON records"
+            )
+        if self.position_field is not None:
+            raise PipelineError(
+                "position_field needs dense offsets, and Kafka's skip its transaction markers: "
+                "window on a field of the records instead"
+            )
+        if not self.timeout_s > 0:
+            raise PipelineError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        try:
+            self.topic_name("p")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise PipelineError(f"topic {self.topic!r} may name only {{pipeline}}: {exc}") from None
+
+    def topic_name(self, pipeline: str) -> str:
+        return self.topic.format(pipeline=pipeline)
+
+
+@dataclass(frozen=True)
+class CustomSource(LogSource):
+    """A source log of your own (README: Writing your own source): ``log`` names a function
+    ``module:function(source, pipeline_name) -> log`` returning an object with the methods of
+    tridentflow.sources.base.SourceLog. Its ``root`` must be what the engines' read tasks open
+    it from: a string made by ``tridentflow.sources.custom_locator``."""
+
+    log: str = ""
+    options: tuple[tuple[str, str], ...] | dict[str, str] = ()
+    """Settings for your log (a path, a DSN...), passed on in ``source.options``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        items = self.options.items() if isinstance(self.options, dict) else self.options
+        object.__setattr__(self, "options", tuple(sorted((str(k), str(v)) for k, v in items)))
+        module, _, function = self.log.partition(":")
+        if not module or not function:
+            raise PipelineError(
+                f"CustomSource log must be 'module:function', got {self.log!r}: a function "
+                "(source, pipeline_name) -> log"
+            )

@@ -14,8 +14,10 @@
    (state.numeric), the shards in parallel threads while the next chunk is read; any other
    Combiner, Reducer or updater in Python.
 4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks, and
-   records the batch's bad records in the quarantine (fenced too). With ``--wait-replicas``
-   and state shards on other masters, waits until their replicas acknowledged all of it.
+   records the batch's bad records in the quarantine (fenced too). For a state that a
+   new-values stream reads, writes the txid's change log (state.changes, fenced too). With
+   ``--wait-replicas`` and state shards on other masters, waits until their replicas
+   acknowledged all of it.
 5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
    after every key is written. A crash anywhere before this replays safely. With
    ``--wait-replicas``, the ledger's replicas must acknowledge the mark. Then the shards
@@ -34,6 +36,7 @@ from itertools import islice
 from typing import Any
 
 from state.backing import Fence
+from state.changes import record_changes, trim_changes
 from state.errors import CommitOrderError, KeyEncodingError
 from state.maps import MapState, StateKind, make_map_state
 from state.numeric import apply_numeric
@@ -337,6 +340,8 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
                 _finish_in_redis(staged, in_flight)
     rolled_back = sum(state.rollback_stray_keys() for state, _ in maps.values())
     quarantined = quarantine(rt, staged, fence)
+    for name in rt.pipeline.fed_states:  # what new-values streams and sinks will read
+        record_changes(rt.client, rt.keyspace, name, fence, list(staged.keys(name)))
     confirm_shards_replicated(rt, txid)  # every write the mark will stand on, acknowledged
     rt.faults.fire("before-ledger", txid, ticket.token)
 
@@ -360,6 +365,8 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         state.commit()
     if marked:  # keys this txid removed: gone from the store now that no replay needs them
         drop_tombstones(rt, txid, removed, ticket.generation)
+        for name in rt.pipeline.fed_states:  # a sink further behind than this reloads or fails
+            trim_changes(rt.client, rt.keyspace, name, txid, rt.pipeline.change_log_limit)
     rt.staging.discard(txid)
     if not marked:  # a concurrent attempt finished first; ours wrote nothing after it
         return CommitResult(txid, "already-committed")

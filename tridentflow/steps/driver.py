@@ -37,8 +37,12 @@ class RunSummary:
 
 
 def backlog(rt: Runtime) -> int:
-    """Records in the source not yet covered by a committed txid."""
+    """Records in the source not yet covered by a committed txid. A source that must exist
+    already (a Kafka topic: its producers make it) raises SourceError if it does not."""
     if not rt.log.exists():
+        require = getattr(rt.log, "require", None)
+        if require is not None:
+            require()
         return 0
     offsets = rt.ledger.committed_offsets()
     heads = rt.log.scan().heads  # an unavailable partition's records cannot be read now

@@ -33,10 +33,11 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     url_of,
 )
 from tridentflow.settings import env_int
-from tridentflow.sources.base import LogScan
+from tridentflow.sources.base import LogScan, SourceLog
 from tridentflow.sources.filelog import FileLog
+from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
-from tridentflow.sources.specs import RedisStreamSource
+from tridentflow.sources.specs import CustomSource, KafkaSource, RedisStreamSource
 from tridentflow.steps.staging import StagingArea
 
 HOME_ENV = "TRIDENTFLOW_HOME"
@@ -80,6 +81,21 @@ def check_access(client: redis.Redis, keyspace: KeySpace, url: str) -> None:
             f"{keyspace.pipeline!r} ({keyspace.acl_pattern}): {exc}; "
             f"`tridentflow acl {keyspace.pipeline}` prints the ACL rules it needs"
         ) from None
+
+
+class RedisValue:
+    """One string key as a get/set value (what a Kafka log keeps its topic's id in)."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    def get(self) -> str | None:
+        value = self.client.get(self.key)
+        return None if value is None else value.decode() if isinstance(value, bytes) else value
+
+    def set(self, value: str) -> None:
+        self.client.set(self.key, value)
 
 
 @dataclass
@@ -169,9 +185,17 @@ class Runtime:
         return self.ledger.keys
 
     @cached_property
-    def log(self) -> FileLog | RedisStreamLog:
-        """The pipeline's source log: its file log under the home, or its Redis streams."""
+    def log(self) -> FileLog | RedisStreamLog | KafkaLog | SourceLog:
+        """The pipeline's source log: its file log under the home, its Redis streams, or its
+        Kafka topic."""
         source = self.pipeline.source
+        if isinstance(source, CustomSource):
+            from tridentflow.sources import build_custom_log
+
+            return build_custom_log(source, self.pipeline.name)
+        if isinstance(source, KafkaSource):
+            identity = RedisValue(self.client, self.keyspace.source_identity)
+            return KafkaLog.for_source(source, self.pipeline.name, topic_ids=identity)
         if isinstance(source, RedisStreamSource):
             keyspace = KeySpace(self.pipeline.name, self.namespace)
             streams = source.stream_keys(self.pipeline.name, self.namespace)
@@ -191,10 +215,14 @@ class Runtime:
 
     def source_scan(self) -> LogScan:
         """Every partition's head, or why it cannot be read; creates the log (or grows it to
-        source.partitions) first. An unavailable partition is never recreated."""
+        source.partitions) first. An unavailable partition is never recreated. A Kafka topic
+        is not created here (SourceError if it is missing): it is the producers'."""
+        if isinstance(self.log, KafkaLog):
+            return self.log.scan(self.ledger.committed_offsets())
         current = self.log.partitions() if self.log.exists() else 0
-        if current < self.pipeline.source.partitions:
-            self.log.ensure(self.pipeline.source.partitions)
+        ensure = getattr(self.log, "ensure", None)  # a log of your own may make none
+        if current < self.pipeline.source.partitions and ensure is not None:
+            ensure(self.pipeline.source.partitions)
         return self.log.scan()
 
     def source_heads(self) -> dict[int, int]:

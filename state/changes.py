@@ -1,0 +1,144 @@
+"""The change log: for each committed txid, the keys it changed in a state and their values
+right after it - what Trident's ``newValuesStream`` carries, and what sinks export.
+
+Written by the commit, before the ledger's mark, only for states something reads it from
+(``record_changes``): the batch's stored values are copied inside Redis, as stored
+(``[txid, curr, prev]``, ``curr`` null for a removed key), into one hash per (state, txid),
+with STAGE_CHANGES - fenced, so a superseded commit attempt writes nothing, and sealed with
+the count last, so a reader tells a complete change log from one a crash cut short (the txid
+is not committed then: its retry writes it again). After the mark nothing writes it again:
+every reader of txid T sees the same tuples, however late.
+
+On a sharded state, each shard keeps its part of the change log in its own slot (the copy is
+one script per chunk of keys, inside the shard's slot); the seal is in the pipeline's slot.
+
+A change log is kept until every sink of its state has exported it (``drop_changes``), and at
+most ``limit`` txids (``trim_changes``, after each commit): a sink further behind finds it gone
+(``change_count`` None) and either reloads the whole state or fails with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+
+from state.backing import Fence
+from state.keys import KeySpace
+from state.scripts import NOTE_SINK_POSITION, STAGE_CHANGES
+from state.shards import split_by_shard
+
+CHANGE_CHUNK = 10_000
+"""Keys per STAGE_CHANGES copy (one Redis call holds the server ~10 ms)."""
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
+def _stage(
+    client: redis.Redis,
+    keyspace: KeySpace,
+    slot: KeySpace,
+    state: str,
+    fence: Fence,
+    args: list,
+) -> int:
+    """One STAGE_CHANGES call in ``slot`` (the pipeline's own keyspace, or a state shard's)."""
+    sealing = args[0] in ("seal", "unseal")  # the seal lives in the pipeline's own slot
+    keys = [
+        slot.changes(state, fence.txid),
+        slot.ledger,
+        slot.tx(fence.txid),
+        slot.generation,
+        keyspace.change_counts(state) if sealing else slot.changes(state, fence.txid),
+        slot.state(state),
+    ]
+    head = [fence.txid, fence.token, fence.generation]
+    return int(STAGE_CHANGES(client, keys, [*head, *args]))
+
+
+def record_changes(
+    client: redis.Redis, keyspace: KeySpace, state: str, fence: Fence, fields: Sequence[str]
+) -> int:
+    """Copy the stored values of ``fields`` (the keys txid changed in ``state``, every one
+    written by now) into the txid's change log - one hash per state shard, filled inside
+    Redis - and seal it with the count. Idempotent per commit attempt; refused
+    (FencedError, CommitOrderError, GenerationError) for a superseded one. Returns the number
+    of keys recorded."""
+    _stage(client, keyspace, keyspace, state, fence, ["unseal"])
+    groups = split_by_shard(keyspace, fields, lambda f: f)
+    total = 0
+    for index, group in enumerate(groups):
+        slot = keyspace.shard(index)
+        _stage(client, keyspace, slot, state, fence, ["begin"])
+        for i in range(0, len(group), CHANGE_CHUNK):
+            lines = "\n".join(group[i : i + CHANGE_CHUNK])  # encoded keys hold no newline
+            _stage(client, keyspace, slot, state, fence, ["copy", lines])
+        total += len(group)
+    return _stage(client, keyspace, keyspace, state, fence, ["seal", total])
+
+
+def change_count(client: redis.Redis, keyspace: KeySpace, state: str, txid: int) -> int | None:
+    """How many keys ``txid`` changed in ``state``; None if there is no complete change log
+    for it (never written, or dropped)."""
+    raw = client.hget(keyspace.change_counts(state), str(int(txid)))
+    return None if raw is None else int(raw)
+
+
+def read_changes(
+    client: redis.Redis, keyspace: KeySpace, state: str, txid: int, count: int = 10_000
+) -> Iterator[tuple[bytes, bytes]]:
+    """(encoded key, stored value JSON), as bytes, of every key ``txid`` changed in
+    ``state``, shard after shard, in no particular order (check ``change_count`` first: a
+    dropped change log reads as empty)."""
+    for index in range(keyspace.shards):
+        key = keyspace.shard(index).changes(state, txid)
+        yield from client.hscan_iter(key, count=count)
+
+
+def logged_txids(client: redis.Redis, keyspace: KeySpace, state: str) -> list[int]:
+    """The txids whose change log of ``state`` is complete, ascending."""
+    return sorted(int(_str(t)) for t in client.hkeys(keyspace.change_counts(state)))
+
+
+def drop_changes(client: redis.Redis, keyspace: KeySpace, state: str, upto: int) -> int:
+    """Delete the change logs of ``state`` for txids <= ``upto`` (every reader has them).
+    Idempotent; the seal goes first, so a log being deleted reads as absent, never short."""
+    gone = [t for t in logged_txids(client, keyspace, state) if t <= upto]
+    for txid in gone:
+        client.hdel(keyspace.change_counts(state), str(txid))
+        for index in range(keyspace.shards):
+            client.delete(keyspace.shard(index).changes(state, txid))
+    return len(gone)
+
+
+def trim_changes(
+    client: redis.Redis, keyspace: KeySpace, state: str, newest: int, limit: int
+) -> int:
+    """Keep at most the ``limit`` newest change logs of ``state`` (up to txid ``newest``)."""
+    return drop_changes(client, keyspace, state, newest - limit)
+
+
+def note_sink_position(
+    client: redis.Redis,
+    keyspace: KeySpace,
+    sink: str,
+    state: str,
+    txid: int,
+    generation: str,
+    **extra: Any,
+) -> bool:
+    """Record that ``sink`` (exporting ``state``) applied every txid up to ``txid`` (forward
+    only; GenerationError if the pipeline was reset meanwhile)."""
+    entry = {"txid": int(txid), "state": state, "at_ms": int(time.time() * 1000), **extra}
+    args = [sink, int(txid), json.dumps(entry, sort_keys=True), generation]
+    return bool(NOTE_SINK_POSITION(client, [keyspace.sinks, keyspace.generation], args))
+
+
+def sink_positions(client: redis.Redis, keyspace: KeySpace) -> dict[str, dict[str, Any]]:
+    """Every sink's recorded position: name -> {"txid", "state", "at_ms", ...}."""
+    return {_str(k): json.loads(v) for k, v in client.hgetall(keyspace.sinks).items()}

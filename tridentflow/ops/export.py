@@ -1,0 +1,303 @@
+"""Export: each sink of a pipeline brought up to the committed txid, txid by txid.
+
+``export(rt)`` runs after commits (the CLI's ``run`` after each one, Airflow's ``export`` task
+after ``commit``; ``tridentflow export`` by hand). For each sink: its position comes from the
+sink's own store, then every committed txid after it is read from the change log
+(state.changes), turned into tuples (key fields, new value; None for a removed key), passed
+through the new-values stream's operations and applied by the sink - atomically, idempotently,
+in order. A sink lags the commits, never blocks them: an export that fails leaves the sink where
+it was, and the next export catches up from there.
+
+A sink further behind than the change log (``Pipeline.change_log_limit`` txids) reloads the
+whole state as of the committed txid in one step, if it can (``Sink.resyncable``:
+PostgresSink); otherwise the export fails with one line. Once every sink of a state passed a
+txid, its change log is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from state.changes import (
+    change_count,
+    drop_changes,
+    logged_txids,
+    note_sink_position,
+    read_changes,
+    sink_positions,
+)
+from state.codec import encode_key, tuple_key
+from tridentflow.errors import TridentflowError
+from tridentflow.pipeline import Feed
+from tridentflow.plan import Expander, compile_chain
+from tridentflow.sinks.base import ExportContext, Row, SinkError
+from tridentflow.steps.runtime import Runtime
+
+SNAPSHOT_PAGE = 10_000
+SNAPSHOT_TRIES = 5
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What one export did for one sink."""
+
+    sink: str
+    state: str
+    position: int
+    """The sink's last applied txid after this export."""
+    applied: tuple[int, ...] = ()
+    rows: int = 0
+    reloaded_at: int | None = None
+    """Set when the sink reloaded the whole state as of this txid (it fell behind)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sink": self.sink,
+            "state": self.state,
+            "position": self.position,
+            "applied": list(self.applied),
+            "rows": self.rows,
+            "reloaded_at": self.reloaded_at,
+        }
+
+
+FireHook = Callable[[Feed, str, int], None]
+"""Called with (feed, fault point, txid) where a sink is part-way through a txid (the chaos
+harness kills PostgreSQL sessions there)."""
+
+
+def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None) -> ExportContext:
+    """What a sink sees of the pipeline; with faults armed (tests, chaos), ``fire`` counts
+    the export attempts of each (sink, txid) in Redis and fires the armed ones."""
+    base = ExportContext(
+        rt.pipeline.name,
+        rt.ledger.generation,
+        rt.client,
+        rt.redis_url,
+        replicas=rt.replicas,
+        replica_timeout_ms=rt.replica_timeout_ms,
+    )
+    if not rt.faults.faults and hook is None:
+        return base
+    sink = "" if feed is None else feed.name
+
+    def fire(point: str, txid: int) -> None:
+        if hook is not None and feed is not None:
+            hook(feed, point, txid)
+        if rt.faults.faults:
+            attempt = int(rt.client.hincrby(f"{rt.keyspace.sinks}:attempts", f"{sink}:{txid}", 1))
+            rt.faults.fire(point, txid, attempt)
+
+    return replace(base, fire=fire)
+
+
+def pick_feeds(rt: Runtime, names: Sequence[str] | None) -> list[Feed]:
+    feeds = rt.pipeline.feeds
+    if names:
+        known = {f.name: f for f in feeds}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise TridentflowError(
+                f"pipeline {rt.pipeline.name} has no sink {unknown[0]!r} (sinks: {sorted(known)})"
+            )
+        return [known[n] for n in names]
+    return list(feeds)
+
+
+Change = tuple[bytes | str, tuple[Any, ...], Any]
+"""(encoded key: the fixed order, key fields, presented value or None for a removed key)."""
+
+
+def _rows(items: list[Change], expand: Expander) -> list[Row]:
+    """The stream's tuples for changes, in encoded-key order (a fixed order: a stream sink
+    derives entry IDs from it): each new-values tuple through the stream's operations."""
+    items.sort(key=lambda item: item[0])
+    if not expand.steps:
+        return [(*key, value) for _field, key, value in items]
+    rows: list[Row] = []
+    for _field, key, value in items:
+        rows.extend(expand((*key, value)))
+    return rows
+
+
+def changes_of(rt: Runtime, feed: Feed, txid: int) -> list[Change] | None:
+    """Every key txid changed in the feed's state with its new committed value as the
+    aggregator presents it (None: removed); None if its change log is gone (or never
+    written). Keys and values are decoded a page at a time (one JSON parse per page)."""
+    count = change_count(rt.client, rt.keyspace, feed.state, txid)
+    if count is None:
+        return None
+    present = rt.pipeline.states[feed.state].aggregator.present
+    items: list[Change] = []
+    page: list[tuple[bytes, bytes]] = []
+
+    def flush() -> None:
+        fields = [f for f, _ in page]
+        keys = json.loads(b"[" + b",".join(fields) + b"]")
+        stored = json.loads(b"[" + b",".join(v for _, v in page) + b"]")
+        for field, key, value in zip(fields, keys, stored, strict=True):
+            curr = value[1]
+            items.append((field, tuple_key(key), None if curr is None else present(curr)))
+        page.clear()
+
+    for pair in read_changes(rt.client, rt.keyspace, feed.state, txid):
+        page.append(pair)
+        if len(page) >= 10_000:
+            flush()
+    if page:
+        flush()
+    if len(items) != count:  # dropped while read
+        return None
+    return items
+
+
+def snapshot_of(rt: Runtime, feed: Feed) -> tuple[int, list[Change]]:
+    """(committed txid C, every key of the feed's state with its value as of C)."""
+    from tridentflow.ops.query import list_state
+
+    persist = rt.pipeline.states[feed.state]
+    for _ in range(SNAPSHOT_TRIES):
+        items: list[Change] = []
+        try:
+            page = list_state(rt, persist, SNAPSHOT_PAGE)
+            committed = page.committed
+            while True:
+                items += [(encode_key(k), k, v) for k, v in page.items]
+                if page.next is None:
+                    return committed, items
+                page = list_state(rt, persist, SNAPSHOT_PAGE, page.next)
+        except TridentflowError:
+            continue  # the state moved twice under the listing: list it again
+    raise SinkError(
+        f"sink {feed.name}: the state {feed.state} kept changing while it was read for a "
+        "reload; export again"
+    )
+
+
+def export_feed(
+    rt: Runtime,
+    feed: Feed,
+    upto: int | None = None,
+    resync: bool = False,
+    hook: FireHook | None = None,
+) -> ExportResult:
+    """Bring one sink up to ``upto`` (default: the committed txid); ``resync`` reloads it
+    from the whole state first. Ordered and idempotent: two exports at once apply each txid
+    once (the sink's own store decides)."""
+    ctx = context(rt, feed, hook)
+    sink = feed.sink
+    committed = rt.ledger.committed_txid()
+    rt.require_replicated(  # never export a commit a failover could still take back
+        f"txid {committed}'s commit",
+        f"sink {feed.name} not exported past it yet; export again once the replicas caught up",
+        shards=True,
+    )
+    target = committed if upto is None else min(upto, committed)
+    position = sink.position(ctx)
+    if position > committed and not resync:
+        raise SinkError(
+            f"sink {feed.name} is at txid {position} but pipeline {rt.pipeline.name} has "
+            f"committed only {committed} (Redis lost commits in a failover?): export with "
+            "--resync to reload it from the state"
+        )
+    expand = compile_chain(feed.node)
+    applied: list[int] = []
+    rows_total = 0
+    reloaded: int | None = None
+    must_reload = resync
+    while must_reload or position < target:
+        txid = position + 1
+        items = None if must_reload else changes_of(rt, feed, txid)
+        if items is None:
+            if not sink.resyncable:
+                raise SinkError(
+                    f"sink {feed.name} is at txid {position}, but the change log of txid "
+                    f"{txid} is gone (kept for {rt.pipeline.change_log_limit} txids: "
+                    f"change_log_limit): what it missed cannot be replayed into "
+                    f"{sink.describe()}; raise change_log_limit and reset its readers"
+                )
+            at, snapshot = snapshot_of(rt, feed)
+            rows = _rows(snapshot, expand)
+            sink.apply(ctx, at, rows, replace_all=True)
+            must_reload = False
+            rows_total += len(rows)
+            reloaded = position = at
+            applied.append(at)
+            _note(rt, feed, at, ctx.generation)
+            continue
+        rows = _rows(items, expand)
+        if sink.apply(ctx, txid, rows):
+            applied.append(txid)
+            rows_total += len(rows)
+        position = txid
+        _note(rt, feed, txid, ctx.generation)
+    _note(rt, feed, position, ctx.generation)
+    _drop_exported(rt, feed.state)
+    return ExportResult(feed.name, feed.state, position, tuple(applied), rows_total, reloaded)
+
+
+def _note(rt: Runtime, feed: Feed, txid: int, generation: str) -> None:
+    note_sink_position(rt.client, rt.keyspace, feed.name, feed.state, txid, generation)
+
+
+def _drop_exported(rt: Runtime, state: str) -> None:
+    """Drop the change logs every sink of ``state`` (in this pipeline's definition) applied."""
+    recorded = sink_positions(rt.client, rt.keyspace)
+    feeds = rt.pipeline.feeds_of(state)
+    if not feeds:
+        return
+    lowest = min(int(recorded.get(f.name, {}).get("txid", 0)) for f in feeds)
+    if lowest > 0:
+        drop_changes(rt.client, rt.keyspace, state, lowest)
+
+
+def export(
+    rt: Runtime,
+    sinks: Sequence[str] | None = None,
+    upto: int | None = None,
+    resync: bool = False,
+    hook: FireHook | None = None,
+) -> list[ExportResult]:
+    """Export every sink (or those named) up to ``upto`` (default: the committed txid). Every
+    sink is tried; the first failure is raised after the others ran (one sink's outage does
+    not hold the others back)."""
+    results: list[ExportResult] = []
+    failure: Exception | None = None
+    for feed in pick_feeds(rt, sinks):
+        try:
+            results.append(export_feed(rt, feed, upto, resync, hook))
+        except Exception as exc:
+            failure = failure or exc
+        finally:
+            feed.sink.close()
+    if failure is not None:
+        raise failure
+    return results
+
+
+def sink_status(rt: Runtime) -> list[dict[str, Any]]:
+    """Each sink's recorded position and lag in txids (from the pipeline's Redis: the mirror
+    each export updates), and the change logs kept for its state."""
+    committed = rt.ledger.committed_txid()
+    recorded = sink_positions(rt.client, rt.keyspace)
+    out = []
+    for feed in rt.pipeline.feeds:
+        entry = recorded.get(feed.name, {})
+        position = int(entry.get("txid", 0))
+        logs = logged_txids(rt.client, rt.keyspace, feed.state)
+        out.append(
+            {
+                "sink": feed.name,
+                "state": feed.state,
+                "target": feed.sink.describe(),
+                "position": position,
+                "lag": max(0, committed - position),
+                "exported_at_ms": entry.get("at_ms"),
+                "change_logs": len(logs),
+                "oldest_change_log": logs[0] if logs else None,
+            }
+        )
+    return out

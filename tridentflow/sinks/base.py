@@ -1,0 +1,76 @@
+"""The sink interface: what ``export`` needs from a store it writes a new-values stream to."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from tridentflow.errors import TridentflowError
+
+Row = tuple[Any, ...]
+
+
+class SinkError(TridentflowError):
+    """A sink could not apply a txid (one line: which sink, which txid, why, what to do)."""
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    """What a sink may use of the pipeline it exports: its name, its current generation (a
+    reset starts a new one: a sink then replaces what it held) and its Redis."""
+
+    pipeline: str
+    generation: str
+    client: redis.Redis
+    redis_url: str
+    fire: Callable[[str, int], None] = lambda point, txid: None
+    """Fault injection (tridentflow.faults): a sink calls ``fire("mid-export", txid)`` part-way
+    through applying a txid."""
+    replicas: int = 0
+    """With > 0 (``--wait-replicas``), a sink in Redis reports a txid applied only once that
+    many replicas acknowledged it: a failover cannot then take back what its position says."""
+    replica_timeout_ms: int = 5000
+
+
+class Sink(ABC):
+    """A store a new-values stream is exported to.
+
+    Contract: ``apply`` is atomic (a reader of the store sees all of a txid or none of it,
+    where the store can promise that; see each sink), idempotent (a txid already applied
+    in this generation is a no-op, returning False) and ordered (it refuses a txid that is
+    not the one after its position, unless ``replace_all``). Its position is recorded by the
+    store itself, in the same atomic step as the rows, so no crash can separate them."""
+
+    name: str
+    resyncable: bool = False
+    """True if ``apply(..., replace_all=True)`` can replace everything the sink holds with a
+    whole-state snapshot (a sink that fell behind its change log reloads instead of failing)."""
+
+    @abstractmethod
+    def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> Sink:
+        """This sink configured for a stream of ``fields`` whose state is keyed by
+        ``key_fields``; ValueError (one line) if it cannot take that stream."""
+
+    @abstractmethod
+    def position(self, ctx: ExportContext) -> int:
+        """The last txid applied in ``ctx.generation`` (0: none, or another generation)."""
+
+    @abstractmethod
+    def apply(
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
+    ) -> bool:
+        """Apply txid's rows (one per changed key, in a fixed order; a row whose non-key
+        values are all None removes its key). ``replace_all``: the rows are the whole state
+        as of txid, replacing everything. False if txid was already applied."""
+
+    def describe(self) -> str:
+        """What the sink writes to, without secrets (status, errors)."""
+        return self.name
+
+    def close(self) -> None:
+        """Release connections (the next apply opens them again)."""
+        return None

@@ -1,0 +1,563 @@
+"""PostgresSink: a new-values stream upserted into a PostgreSQL table, exactly once per txid.
+
+Each txid is one SQL transaction: its rows are COPYed into temporary tables, upserted into the
+table (``INSERT ... ON CONFLICT (key) DO UPDATE``) and removed keys deleted, and the sink's
+progress row (``tridentflow_progress``: pipeline, sink, generation, txid) moves to the txid -
+all or nothing. The progress row is read ``FOR UPDATE`` first: an export of a txid already
+applied does nothing, one out of order is refused, and of two exporters of the same txid at
+once the second waits for the first and then finds it applied. A reader of the table sees
+whole txids, never part of one (PostgreSQL's MVCC).
+
+The table belongs to the sink: created on first use (typed columns from the first rows, or
+``columns``; ``fillfactor`` 50 by default, so that rewriting a row's values is a HOT update
+that leaves the key's index alone: updates run about twice as fast), emptied and refilled in
+one transaction when the pipeline was reset (a new generation) or the sink fell behind the
+change log (a reload of the whole state). A table that already holds rows the sink did not
+write is refused, never emptied.
+
+Needs psycopg 3 (``pip install 'tridentflow[postgres]'``). The DSN: ``dsn``, else
+``TRIDENTFLOW_POSTGRES_DSN``, else the Airflow connection ``conn_id`` (under Airflow).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tridentflow.sinks.base import ExportContext, Row, Sink, SinkError
+
+DSN_ENV = "TRIDENTFLOW_POSTGRES_DSN"
+PROGRESS_TABLE = "tridentflow_progress"
+
+CONNECTION_RESOLVER: Callable[[str], str | None] | None = None
+"""Set by the Airflow plugin: an Airflow connection id -> a libpq DSN (None: no such
+connection). tridentflow itself does not import Airflow."""
+
+_PY_TYPES: list[tuple[type, str]] = [
+    (bool, "boolean"),  # before int: bool is an int
+    (int, "bigint"),
+    (float, "double precision"),
+    (str, "text"),
+]
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise SinkError(
+            "PostgresSink needs psycopg 3: pip install 'tridentflow[postgres]'"
+        ) from None
+    return psycopg
+
+
+def sql_type_of(values: Sequence[Any]) -> str:
+    """The column type for a column's first values: boolean, bigint, double precision (ints
+    and floats mixed too), text, else jsonb."""
+    seen = {type(v) for v in values if v is not None}
+    if not seen:
+        return "jsonb"
+    if seen <= {int, float}:
+        return "bigint" if seen == {int} else "double precision"
+    if len(seen) == 1:
+        kind = seen.pop()
+        for py, sql in _PY_TYPES:
+            if kind is py:
+                return sql
+    return "jsonb"
+
+
+_ACCEPTS: dict[str, tuple[type, ...]] = {
+    "boolean": (bool,),
+    "bigint": (int,),
+    "integer": (int,),
+    "smallint": (int,),
+    "double precision": (int, float),
+    "real": (int, float),
+    "numeric": (int, float),
+    "text": (str,),
+    "character varying": (str,),
+}
+"""Python types a column of a typed SQL type takes (bool is refused where int is meant);
+jsonb and types not listed take anything psycopg can write."""
+
+
+_EXACT: dict[str, frozenset[type]] = {
+    kind: frozenset({*types, type(None)}) - ({bool} if bool not in types else set())
+    for kind, types in _ACCEPTS.items()
+}
+"""The exact Python types each typed column takes without a closer look (fast path)."""
+
+
+_KEY_ACCEPTS: dict[str, tuple[type, ...]] = {
+    **_ACCEPTS,
+    "double precision": (float,),
+    "real": (float,),
+    "numeric": (int,),
+}
+"""A key column takes one Python type: 1 and 1.0 are one key to SQL, two to tridentflow."""
+_KEY_EXACT: dict[str, frozenset[type]] = {
+    kind: frozenset({*types, type(None)}) - ({bool} if bool not in types else set())
+    for kind, types in _KEY_ACCEPTS.items()
+}
+
+
+def check_value(column: str, kind: str, value: Any, key: bool = False) -> str | None:
+    """Why ``value`` cannot go into ``column`` of SQL type ``kind`` (None: it can). Strict, so
+    that keys equal to Python but not to the store (1, 1.0, True) are never written as one."""
+    accepted = (_KEY_ACCEPTS if key else _ACCEPTS).get(kind)
+    if value is None or accepted is None:
+        return None
+    if isinstance(value, bool) and bool not in accepted:
+        return f"column {column} is {kind}, but the value {value!r} is a bool"
+    if not isinstance(value, accepted) or (key and type(value) not in accepted):
+        return f"column {column} is {kind}, but the value {value!r:.40} is a {type(value).__name__}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password replaced by ***."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(dsn)
+    except Exception:
+        return "<unparsable DSN>"
+    if parts.get("password"):
+        parts["password"] = "***"
+    return make_conninfo(**{k: v for k, v in parts.items() if v is not None})
+
+
+class PostgresSink(Sink):
+    """Upserts each txid's new values into ``table`` (``schema.table`` allowed).
+
+    ``key``: the key columns (default: the state's group fields); every other field of the
+    stream is a value column. ``columns``: SQL types by column, overriding the inferred ones.
+    """
+
+    resyncable = True
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        dsn: str | None = None,
+        conn_id: str = "postgres_default",
+        key: Sequence[str] | None = None,
+        columns: Mapping[str, str] | None = None,
+        name: str | None = None,
+        progress_table: str = PROGRESS_TABLE,
+        fillfactor: int = 50,
+    ) -> None:
+        parts = table.split(".")
+        if not 1 <= len(parts) <= 2 or not all(parts):
+            raise ValueError(f"PostgresSink: table {table!r} is not NAME or SCHEMA.NAME")
+        self.table = table
+        self.dsn = dsn
+        self.conn_id = conn_id
+        self.key = tuple(key) if key is not None else None
+        self.columns = dict(columns or {})
+        self.name = name or f"postgres-{table}"
+        self.progress_table = progress_table
+        if not isinstance(fillfactor, int) or not 10 <= fillfactor <= 100:
+            raise ValueError(f"PostgresSink: fillfactor must be 10..100, got {fillfactor!r}")
+        self.fillfactor = fillfactor
+        self.fields: tuple[str, ...] = ()
+        self.key_fields: tuple[str, ...] = ()
+        self._conn: Any = None
+        self._progress_ready = False
+
+    def __repr__(self) -> str:
+        return f"PostgresSink({self.table!r}, name={self.name!r})"
+
+    # -- configuration ------------------------------------------------------------------------
+    def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> PostgresSink:
+        key = self.key if self.key is not None else key_fields
+        what = f"PostgresSink({self.table})"
+        if not key:
+            raise ValueError(
+                f"{what}: needs key column(s); the state is a global value: map it to a "
+                "constant key, or pass key=..."
+            )
+        missing = [k for k in key if k not in fields]
+        if missing:
+            raise ValueError(
+                f"{what}: key column(s) {missing} are not fields of the stream {list(fields)}; "
+                "pass key=..."
+            )
+        if not [f for f in fields if f not in key]:
+            raise ValueError(f"{what}: the stream {list(fields)} has no value column")
+        unknown = [c for c in self.columns if c not in fields]
+        if unknown:
+            raise ValueError(f"{what}: columns={unknown} are not fields of {list(fields)}")
+        bound = PostgresSink(
+            self.table,
+            dsn=self.dsn,
+            conn_id=self.conn_id,
+            key=key,
+            columns=self.columns,
+            name=self.name,
+            progress_table=self.progress_table,
+            fillfactor=self.fillfactor,
+        )
+        bound.fields, bound.key_fields = tuple(fields), tuple(key)
+        return bound
+
+    @property
+    def value_fields(self) -> tuple[str, ...]:
+        return tuple(f for f in self.fields if f not in self.key_fields)
+
+    def resolve_dsn(self) -> str:
+        if self.dsn:
+            return self.dsn
+        env = os.environ.get(DSN_ENV)
+        if env:
+            return env
+        if CONNECTION_RESOLVER is not None:
+            found = CONNECTION_RESOLVER(self.conn_id)
+            if found:
+                return found
+        raise SinkError(
+            f"sink {self.name}: no PostgreSQL to write to: set {DSN_ENV} (e.g. "
+            f"postgresql://postgres@127.0.0.1:5432/postgres), pass dsn=..., or under Airflow "
+            f"define the connection {self.conn_id}"
+        )
+
+    def describe(self) -> str:
+        try:
+            where = redact_dsn(self.resolve_dsn())
+        except SinkError:
+            where = "no DSN"
+        return f"PostgreSQL table {self.table} ({where})"
+
+    # -- connection ---------------------------------------------------------------------------
+    def _connection(self) -> Any:
+        psycopg = _psycopg()
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        dsn = self.resolve_dsn()
+        try:
+            self._conn = psycopg.connect(dsn, connect_timeout=10)
+            self._progress_ready = False
+        except psycopg.Error as exc:
+            raise SinkError(
+                f"sink {self.name}: cannot connect to PostgreSQL at {redact_dsn(dsn)}: "
+                f"{self._scrub(str(exc).strip().splitlines()[0], dsn)}"
+            ) from None
+        return self._conn
+
+    @staticmethod
+    def _scrub(text: str, dsn: str) -> str:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            password = conninfo_to_dict(dsn).get("password")
+        except Exception:
+            password = None
+        return text.replace(str(password), "***") if password else text
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- SQL ----------------------------------------------------------------------------------
+    def _ident(self, name: str) -> Any:
+        from psycopg import sql
+
+        return sql.Identifier(*name.split("."))
+
+    def _table_exists(self, cur: Any, table: str) -> bool:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+        return bool(cur.fetchone()[0])
+
+    def _ensure_progress(self, conn: Any) -> None:
+        from psycopg import sql
+
+        if self._progress_ready:
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('tridentflow-ddl'))")
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, sink text NOT NULL,"
+                    " generation text NOT NULL, txid bigint NOT NULL, rows_total bigint NOT "
+                    "NULL DEFAULT 0, updated_at timestamptz NOT NULL DEFAULT now(), "
+                    "PRIMARY KEY (pipeline, sink))"
+                ).format(self._ident(self.progress_table))
+            )
+        self._progress_ready = True
+
+    def _create_table(self, cur: Any, rows: Sequence[Row]) -> None:
+        from psycopg import sql
+
+        defs = []
+        for i, field in enumerate(self.fields):
+            kind = self.columns.get(field) or sql_type_of([r[i] for r in rows[:1000]])
+            kinds = sorted({type(r[i]).__name__ for r in rows[:1000] if r[i] is not None})
+            if field in self.key_fields and field not in self.columns and len(kinds) > 1:
+                raise SinkError(
+                    f"sink {self.name}: key column {field} holds {'/'.join(kinds)} values: a "
+                    "key column needs one type (PostgreSQL's jsonb takes 1 and 1.0 for one "
+                    "key); map the keys to strings in the new-values stream, or declare "
+                    f"columns={{{field!r}: ...}}"
+                )
+            null = " NOT NULL" if field in self.key_fields else ""
+            defs.append(
+                sql.SQL("{} {}{}").format(sql.Identifier(field), sql.SQL(kind), sql.SQL(null))
+            )
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in self.key_fields)
+        cur.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({})) WITH (fillfactor = {})"
+            ).format(
+                self._ident(self.table),
+                sql.SQL(", ").join(defs),
+                keys,
+                sql.Literal(self.fillfactor),
+            )
+        )
+
+    def _column_types(self, cur: Any) -> dict[str, str]:
+        cur.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            (self.table,),
+        )
+        return {name: kind.split("(")[0] for name, kind in cur.fetchall()}
+
+    def position(self, ctx: ExportContext) -> int:
+        psycopg = _psycopg()
+        conn = self._connection()
+        try:
+            return self._position(conn, ctx)
+        except psycopg.Error as exc:
+            self._forget_if_broken(conn)
+            raise SinkError(
+                f"sink {self.name}: cannot read its progress in {self.progress_table}: "
+                f"{type(exc).__name__}: {_first_line(exc)}"
+            ) from None
+
+    def _forget_if_broken(self, conn: Any) -> None:
+        if conn.closed or conn.broken:
+            self._conn = None
+        else:
+            conn.rollback()
+
+    def _position(self, conn: Any, ctx: ExportContext) -> int:
+        from psycopg import sql
+
+        with conn.transaction(), conn.cursor() as cur:
+            if not self._table_exists(cur, self.progress_table):
+                return 0
+            cur.execute(
+                sql.SQL("SELECT generation, txid FROM {} WHERE pipeline = %s AND sink = %s").format(
+                    self._ident(self.progress_table)
+                ),
+                (ctx.pipeline, self.name),
+            )
+            row = cur.fetchone()
+        if row is None or row[0] != ctx.generation:
+            return 0
+        return int(row[1])
+
+    def apply(
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
+    ) -> bool:
+        psycopg = _psycopg()
+        conn = self._connection()
+        try:
+            return self._apply(conn, ctx, txid, rows, replace_all)
+        except SinkError:
+            raise
+        except psycopg.Error as exc:
+            self._forget_if_broken(conn)
+            first = _first_line(exc)
+            hint = ""
+            if isinstance(exc, (psycopg.errors.DataException, psycopg.errors.CardinalityViolation)):
+                hint = (
+                    "; check the column types (columns={...}) and that the key columns "
+                    f"{list(self.key_fields)} are unique in each txid"
+                )
+            raise SinkError(
+                f"sink {self.name}: txid {txid} not applied to {self.table}: "
+                f"{type(exc).__name__}: {first}{hint}"
+            ) from None
+
+    def _apply(
+        self, conn: Any, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool
+    ) -> bool:
+        from psycopg import sql
+
+        self._ensure_progress(conn)
+        progress = self._ident(self.progress_table)
+        table = self._ident(self.table)
+        with conn.transaction(), conn.cursor() as cur:
+            # exporters of one table queue here: its creation and every txid's write, one
+            # at a time (the progress row then decides what is left to do)
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tridentflow:{self.table}",)
+            )
+            table_existed = self._table_exists(cur, self.table)
+            if not table_existed and rows:  # types come from the first rows
+                self._create_table(cur, rows)
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {} (pipeline, sink, generation, txid) VALUES (%s, %s, '', 0) "
+                    "ON CONFLICT DO NOTHING RETURNING 1"
+                ).format(progress),
+                (ctx.pipeline, self.name),
+            )
+            new_progress = cur.fetchone() is not None
+            cur.execute(
+                sql.SQL(
+                    "SELECT generation, txid FROM {} WHERE pipeline = %s AND sink = %s FOR UPDATE"
+                ).format(progress),
+                (ctx.pipeline, self.name),
+            )
+            generation, applied = cur.fetchone()
+            if new_progress and table_existed:
+                cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table))
+                if cur.fetchone()[0]:
+                    raise SinkError(
+                        f"sink {self.name}: table {self.table} already holds rows that this "
+                        "sink did not write; point the sink at a new table, or empty this one"
+                    )
+            same_generation = generation == ctx.generation
+            if same_generation and applied >= txid:
+                return False  # already applied: this transaction rolls back, nothing changed
+            empty = not table_existed
+            if replace_all or not same_generation:
+                if table_existed:
+                    cur.execute(sql.SQL("DELETE FROM {}").format(table))
+                empty = True
+            elif applied != txid - 1:
+                raise SinkError(
+                    f"sink {self.name}: table {self.table} is at txid {applied}, so txid "
+                    f"{txid} cannot be applied yet: export txid {applied + 1} first"
+                )
+            written = self._write_rows(cur, table, rows, empty)
+            ctx.fire("mid-export", txid)
+            cur.execute(
+                sql.SQL(
+                    "UPDATE {} SET generation = %s, txid = %s, rows_total = rows_total + %s, "
+                    "updated_at = now() WHERE pipeline = %s AND sink = %s"
+                ).format(progress),
+                (ctx.generation, txid, written, ctx.pipeline, self.name),
+            )
+        return True
+
+    def _write_rows(self, cur: Any, table: Any, rows: Sequence[Row], empty: bool) -> int:
+        """Upsert the rows with values, delete the keys whose values are all None: COPY
+        (binary) into two temporary tables, then one INSERT ... ON CONFLICT and one DELETE.
+        Into a table this transaction created or emptied (``empty``), COPY straight in."""
+        from psycopg import sql
+        from psycopg.types.json import Jsonb
+
+        if not rows:
+            return 0
+        types = self._column_types(cur)
+        fields = self.fields
+        key_idx = [fields.index(k) for k in self.key_fields]
+        value_idx = [i for i, f in enumerate(fields) if f not in self.key_fields]
+        json_idx = [i for i, f in enumerate(fields) if types.get(f) in ("jsonb", "json")]
+        for i, field in enumerate(fields):  # one pass per typed column, exact types first
+            kind = types.get(field, "")
+            is_key = field in self.key_fields
+            exact = (_KEY_EXACT if is_key else _EXACT).get(kind)
+            if exact is None:
+                continue
+            for row in rows:
+                if type(row[i]) not in exact and (
+                    problem := check_value(field, kind, row[i], is_key)
+                ):
+                    raise SinkError(
+                        f"sink {self.name}: {problem}: declare the column's type "
+                        f"(columns={{{field!r}: ...}}) or map the stream's values to one type"
+                    )
+        if len(value_idx) == 1:
+            (v,) = value_idx
+            upserts = [row for row in rows if row[v] is not None]
+            removed = [row for row in rows if row[v] is None]
+        else:
+            upserts = [row for row in rows if any(row[i] is not None for i in value_idx)]
+            removed = [row for row in rows if all(row[i] is None for i in value_idx)]
+        removals = [tuple(row[i] for i in key_idx) for row in removed]
+        if json_idx:
+            wrapped = []
+            for row in upserts:
+                values = list(row)
+                for i in json_idx:
+                    if values[i] is not None:
+                        values[i] = Jsonb(values[i])
+                wrapped.append(tuple(values))
+            upserts = wrapped
+        cols = sql.SQL(", ").join(sql.Identifier(f) for f in fields)
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in self.key_fields)
+        if upserts and empty:
+            _copy(cur, sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, cols),
+                  [types[f] for f in fields], upserts)  # fmt: skip
+            return len(rows)
+        if upserts:
+            _stage(cur, "tf_upsert", cols, table, [types[f] for f in fields], upserts)
+            updates = sql.SQL(", ").join(
+                sql.SQL("{} = EXCLUDED.{}").format(
+                    sql.Identifier(fields[i]), sql.Identifier(fields[i])
+                )
+                for i in value_idx
+            )
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {} ({}) SELECT {} FROM tf_upsert ON CONFLICT ({}) DO UPDATE SET {}"
+                ).format(table, cols, cols, keys, updates)
+            )
+        if removals:
+            _stage(cur, "tf_remove", keys, table, [types[k] for k in self.key_fields], removals)
+            match = sql.SQL(" AND ").join(
+                sql.SQL("t.{} = r.{}").format(sql.Identifier(k), sql.Identifier(k))
+                for k in self.key_fields
+            )
+            cur.execute(sql.SQL("DELETE FROM {} t USING tf_remove r WHERE {}").format(table, match))
+        return len(rows)
+
+
+def _copy(cur: Any, statement: Any, types: list[str], rows: Sequence[Row]) -> None:
+    """COPY ``rows`` (binary, typed) through ``statement``."""
+    with cur.copy(statement) as copy:
+        copy.set_types(types)
+        for row in rows:
+            copy.write_row(row)
+
+
+def _stage(
+    cur: Any, name: str, cols: Any, table: Any, types: list[str], rows: Sequence[Row]
+) -> None:
+    """A temporary table ``name`` (dropped at commit) with ``cols`` of ``table``, filled."""
+    from psycopg import sql
+
+    cur.execute(
+        sql.SQL(
+            "CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA"
+        ).format(sql.Identifier(name), cols, table)
+    )
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        sql.Identifier(name), cols
+    )
+    _copy(cur, statement, types, rows)
+
+
+def dsn_of_uri(uri: str) -> str:
+    """An Airflow connection URI (``postgres://...``) as a libpq URI (``postgresql://``),
+    without Airflow's extras that libpq does not know."""
+    if uri.startswith("postgres://"):
+        uri = "postgresql://" + uri[len("postgres://") :]
+    return uri
+
+
+__all__ = ["DSN_ENV", "PostgresSink", "dsn_of_uri", "redact_dsn", "sql_type_of"]
