@@ -21,12 +21,14 @@ class Fence:
 
     Writes carrying a fence are refused unless the pipeline is still in ``generation`` (no
     reset since), the ledger stands at ``txid - 1`` and ``token`` is the newest commit token
-    of ``txid``.
+    of ``txid``. With ``undo``, every fenced state write also records the prior values.
     """
 
     txid: int
     token: int
     generation: str = ""
+    undo: bool = False
+    """Record each written field's prior stored value in the txid's undo log (state.undo)."""
 
 
 class BackingMap(Protocol):

@@ -116,6 +116,23 @@ def drop_changes(client: redis.Redis, keyspace: KeySpace, state: str, upto: int)
     return len(gone)
 
 
+def drop_changes_after(
+    client: redis.Redis, keyspace: KeySpace, state: str, txid: int, last: int
+) -> int:
+    """Delete the change logs of ``state`` for txids ``txid + 1 .. last`` (a rewind took them
+    back), sealed or not; the seals go first. Idempotent. Returns the txids dropped."""
+    counts = keyspace.change_counts(state)
+    gone = [t for t in (int(_str(f)) for f in client.hkeys(counts)) if t > txid]
+    if gone:
+        client.hdel(counts, *(str(t) for t in gone))
+    for index in range(keyspace.shards):
+        space = keyspace.shard(index)
+        doomed = [space.changes(state, t) for t in range(txid + 1, last + 1)]
+        for i in range(0, len(doomed), 500):
+            client.delete(*doomed[i : i + 500])
+    return len(gone)
+
+
 def trim_changes(
     client: redis.Redis, keyspace: KeySpace, state: str, newest: int, limit: int
 ) -> int:

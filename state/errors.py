@@ -32,6 +32,11 @@ class PipelineBusyError(StateError):
     """A reset was refused: a run holds a live lease on a pending txid (use --force)."""
 
 
+class RewindError(StateError):
+    """A rewind was refused: its target is not retained or not committed, or another
+    rewind is under way (state.rewind)."""
+
+
 class CommitsHeldError(StateError):
     """A reader holds commits back for a moment (state.shards.query_state); ``ms`` left."""
 
@@ -60,6 +65,7 @@ LUA_ERROR_PREFIXES: dict[str, type[StateError]] = {
     "TFMETA": MetadataError,
     "TFGENERATION": GenerationError,
     "TFBUSY": PipelineBusyError,
+    "TFREWIND": RewindError,
     "TFRETRY": RetryError,
     "TFHELD": CommitsHeldError,
 }

@@ -183,6 +183,25 @@ class KeySpace:
         a source deleted and created again under the same name."""
         return f"{self.base}:source-identity"
 
+    def undo(self, name: str, txid: int) -> str:
+        """Hash of the fields txid wrote in state ``name`` -> their stored value right before
+        it ('' = absent), recorded with each write (state.undo: query as of an older txid,
+        rewind)."""
+        return f"{self.base}:undo:{check_name('state', name)}:{int(txid)}"
+
+    @property
+    def undo_meta(self) -> str:
+        """Hash: what of the undo logs is retained (``from``: the oldest txid whose undo logs
+        are complete; ``purged``: every txid below has none left; ``offsets:T``: the source
+        offsets right after T) and ``rewinding`` (the target of a rewind under way)."""
+        return f"{self.base}:undo-meta"
+
+    @property
+    def rewinds(self) -> str:
+        """List of the rewinds done, newest first (JSON: ``to``, ``committed``, ``last``,
+        ``at_ms``): what marks a run's txid "rewound" in status and the view."""
+        return f"{self.base}:rewinds"
+
     def written(self, name: str, txid: int) -> str:
         """Set of fields of state ``name`` written by any commit attempt of ``txid``."""
         return f"{self.base}:written:{check_name('state', name)}:{int(txid)}"

@@ -39,6 +39,7 @@ from state.errors import (
 )
 from state.keys import KeySpace
 from state.replication import wait_for_replicas
+from state.rewind import REWIND_PREFIX
 from state.scripts import (
     BEGIN_COMMIT,
     BIND_RUN,
@@ -129,22 +130,37 @@ class Ledger:
         if self._generation is None:
             key = self.keys.generation
             self.client.set(key, _new_generation(), nx=True)
-            self._generation = _s(self.client.get(key)) or ""
+            current = _s(self.client.get(key)) or ""
+            if current.startswith(REWIND_PREFIX):
+                raise GenerationError(self._rewinding_message())
+            self._generation = current
         return self._generation
+
+    def _rewinding_message(self) -> str:
+        target = _s(self.client.hget(self.keys.undo_meta, "rewinding")) or "?"
+        return (
+            f"pipeline {self.pipeline} is being rewound to txid {target}: no step runs until "
+            f"the rewind is done (if it was cut short, finish it: tridentflow rewind "
+            f"{self.pipeline} --to {target})"
+        )
 
     def current_generation(self) -> str | None:
         """The pipeline's generation in Redis now (None if it has none)."""
         return _s(self.client.get(self.keys.generation))
 
     def check_generation(self) -> None:
-        """GenerationError if the pipeline was reset since this ledger pinned its generation.
+        """GenerationError if the pipeline was reset (or rewound) since this ledger pinned its
+        generation, or is being rewound now.
         A step calls it first, for a clear error; the scripts check again, atomically."""
         pinned, current = self.generation, self.current_generation()
+        if current is not None and current.startswith(REWIND_PREFIX):
+            raise GenerationError(self._rewinding_message())
         if current != pinned:
             now = f"generation {current}" if current else "no generation: Redis lost its data?"
             raise GenerationError(
                 f"this step belongs to generation {pinned} of pipeline {self.pipeline}, which "
-                f"was reset since ({now}); it must not touch the new pipeline: start a new run"
+                f"was reset or rewound since ({now}); it must not touch the new pipeline: start "
+                "a new run"
             )
 
     # -- reads ------------------------------------------------------------------------------
@@ -181,7 +197,20 @@ class Ledger:
     def txid_of_run(self, run_id: str) -> int | None:
         """The txid ``run_id`` is bound to; None if none, or if another run adopted it."""
         raw = _s(self.client.hget(self.keys.runs, run_id))
-        return None if raw is None or raw.startswith("lost:") else int(raw)
+        return None if raw is None or not raw.isdigit() else int(raw)
+
+    def rewound_txid(self, run_id: str) -> tuple[int, int] | None:
+        """(txid, the txid the pipeline was rewound to) if ``run_id`` was bound to a txid a
+        rewind took back (state.rewind)."""
+        raw = _s(self.client.hget(self.keys.runs, run_id))
+        if raw is None or not raw.startswith("rewound:"):
+            return None
+        _rewound, txid, target = raw.split(":", 2)
+        return int(txid), int(target)
+
+    def rewinds(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The last rewinds, newest first: {to, committed, last, at_ms}."""
+        return [json.loads(r) for r in self.client.lrange(self.keys.rewinds, 0, limit - 1)]
 
     def runs_of_txid(self, txid: int) -> dict[str, str | None]:
         """Every run bound to ``txid`` that the ledger remembers: run id -> None for the run
@@ -317,19 +346,22 @@ class Ledger:
         offsets: Mapping[int, int],
         state_names: Iterable[str],
         stats: Mapping[str, Any] | None = None,
+        retain_txids: int = 0,
     ) -> bool:
         """Atomically set committed=txid and the new offsets. False if already committed.
+        With ``retain_txids`` > 0, the undo logs' retained range moves with it (state.undo).
 
         Raises FencedError if ``ticket`` was superseded, CommitOrderError if out of order.
         """
         txid = ticket.txid
         keys = [self.keys.ledger, self.keys.tx(txid), self.keys.offsets, self.keys.generation]
-        keys += [self.keys.history, self.keys.tx(txid - 1)]
+        keys += [self.keys.history, self.keys.tx(txid - 1), self.keys.undo_meta]
         if not self.keys.sharded:  # a shard's written-sets go when it settles
             keys += [self.keys.written(name, txid) for name in state_names]
         keys.append(self.keys.quarantine_written(txid))
         stats_json = json.dumps(dict(stats or {}), sort_keys=True)
         args: list[Any] = [txid, ticket.token, ticket.generation, stats_json, HISTORY_LENGTH]
+        args.append(max(0, int(retain_txids)))
         for partition, offset in sorted(offsets.items()):
             args += [int(partition), int(offset)]
         return bool(MARK_COMMITTED(self.client, keys, args))

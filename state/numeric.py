@@ -43,12 +43,14 @@ def apply_numeric(
         keyspace.tx(fence.txid),
         keyspace.written(state_name, fence.txid),
         keyspace.generation,
+        keyspace.undo(state_name, fence.txid),
     ]
     if isinstance(items, str):
         lines = items
     else:
         lines = "\n".join(f"{field}\t{partial}" for field, partial in items)
-    args = [fence.txid, fence.token, fence.generation, kind.value, op, lines]
+    undo = "1" if fence.undo else ""
+    args = [fence.txid, fence.token, fence.generation, kind.value, op, lines, undo]
     reply = APPLY_NUMERIC(client, keys, args)
     unhandled = [f.decode() if isinstance(f, bytes) else f for f in reply[1:]]
     return int(reply[0]), unhandled

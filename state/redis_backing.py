@@ -41,7 +41,8 @@ class RedisBackingMap:
     def multi_put(self, items: Sequence[tuple[str, Any]], fence: Fence | None = None) -> None:
         txid = 0 if fence is None else fence.txid
         written = self.keyspace.written(self.state_name, txid)
-        fenced_hset(self.client, self.keyspace, self.key, written, items, fence)
+        undo = self.keyspace.undo(self.state_name, txid)
+        fenced_hset(self.client, self.keyspace, self.key, written, items, fence, undo)
 
     def keys_written_in(self, txid: int) -> set[str]:
         members = self.client.smembers(self.keyspace.written(self.state_name, txid))
@@ -75,11 +76,23 @@ def fenced_hset(
     written_key: str,
     items: Sequence[tuple[str, Any]],
     fence: Fence | None,
+    undo_key: str | None = None,
 ) -> None:
-    """HSET JSON values into ``hash_key`` in chunks, each chunk atomic and fenced (FENCED_HSET)."""
+    """HSET JSON values into ``hash_key`` in chunks, each chunk atomic and fenced (FENCED_HSET);
+    with ``undo_key`` and a fence asking for it (``fence.undo``), the fields' prior values are
+    recorded there by the same script call."""
     txid = 0 if fence is None else fence.txid
-    script_keys = [hash_key, keyspace.ledger, keyspace.tx(txid), written_key, keyspace.generation]
+    undo = bool(undo_key and fence is not None and fence.undo)
+    script_keys = [
+        hash_key,
+        keyspace.ledger,
+        keyspace.tx(txid),
+        written_key,
+        keyspace.generation,
+        undo_key or hash_key,
+    ]
     head = ["", "", ""] if fence is None else [str(fence.txid), str(fence.token), fence.generation]
+    head.append("1" if undo else "")
     for i in range(0, len(items), CHUNK):
         args: list[str] = list(head)
         for key, value in items[i : i + CHUNK]:

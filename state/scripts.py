@@ -51,10 +51,15 @@ local function gen_check(genkey, expected)
   if expected == '' then return nil end
   local current = redis.call('GET', genkey)
   if current ~= expected then
+    if current and string.sub(current, 1, 7) == 'rewind:' then
+      return 'TFGENERATION this step belongs to generation ' .. expected ..
+        ' of the pipeline, which is being rewound: it must not touch it; start a new run' ..
+        ' once the rewind is done'
+    end
     local now = current and ('generation ' .. current) or 'no generation: Redis lost its data?'
     return 'TFGENERATION this step belongs to generation ' .. expected ..
-      ' of the pipeline, which was reset since (' .. now .. '); it must not touch the new' ..
-      ' pipeline: start a new run'
+      ' of the pipeline, which was reset or rewound since (' .. now .. '); it must not' ..
+      ' touch the new pipeline: start a new run'
   end
   return nil
 end
@@ -87,15 +92,39 @@ end
 """
 )
 
+# Shared Lua helper: the undo log (state.undo). Before a txid writes fields of a state, the
+# values they hold are recorded in the txid's undo hash ('' = absent) - only the first write of
+# a field in the txid: a retried attempt (or a rollback of an earlier attempt's write) finds
+# the value from before the txid already there and keeps it.
+_RECORD_UNDO = """
+local function record_undo(undo, fields, priors)
+  for i = 1, #fields, 2000 do  -- unpack() has a stack limit: slices
+    local last = math.min(i + 1999, #fields)
+    local seen = redis.call('HMGET', undo, unpack(fields, i, last))
+    local pairs, n = {}, 0
+    for j = 1, #seen do
+      if not seen[j] then
+        pairs[n + 1] = fields[i + j - 1]
+        pairs[n + 2] = priors[i + j - 1] or ''
+        n = n + 2
+      end
+    end
+    if n > 0 then redis.call('HSET', undo, unpack(pairs)) end
+  end
+end
+"""
+
 FENCED_HSET = LuaScript(
     "fenced_hset",
     _FENCE_CHECK
+    + _RECORD_UNDO
     + """
 -- Write fields of one map state, atomically, if the writer holds the newest commit attempt.
 -- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] written-set
--- KEYS[5] generation key
+-- KEYS[5] generation key  KEYS[6] the txid's undo hash of the state
 -- ARGV[1] txid ('' = unfenced write)  ARGV[2] commit token  ARGV[3] generation
--- ARGV[4..] field, value, ...
+-- ARGV[4] '1' = record the fields' prior values in the undo hash first (fenced writes only)
+-- ARGV[5..] field, value, ...
 -- Fenced: refused (TFGENERATION) unless the pipeline is still in generation ARGV[3], (TFORDER)
 -- unless the ledger's committed txid is ARGV[1]-1, (TFFENCED) unless ARGV[2] is the txid's
 -- newest commit token; the fields are also added to the written-set. Returns the number of
@@ -105,9 +134,19 @@ if fenced then
   local err = gen_check(KEYS[5], ARGV[3]) or
     fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
   if err then return redis.error_reply(err) end
+  if ARGV[4] == '1' and #ARGV >= 5 then
+    local fields = {}
+    for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+    local priors = {}
+    for i = 1, #fields, 2000 do
+      local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 1999, #fields)))
+      for j = 1, #part do priors[#priors + 1] = part[j] end
+    end
+    record_undo(KEYS[6], fields, priors)
+  end
 end
 local n = 0
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   if fenced then redis.call('SADD', KEYS[4], ARGV[i]) end
   n = n + 1
@@ -348,9 +387,13 @@ MARK_COMMITTED = LuaScript(
 -- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] generation key
 -- KEYS[5] history list (newest first, the last ARGV[5] commits)
 -- KEYS[6] tx hash of txid-1 (deleted: its metadata is no longer needed)
--- KEYS[7..] written-sets of this txid (deleted)
+-- KEYS[7] undo meta hash (state.undo)  KEYS[8..] written-sets of this txid (deleted)
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON (an object)
--- ARGV[5] history length  ARGV[6..] partition, offset, ...
+-- ARGV[5] history length  ARGV[6] undo logs retained (0: off)  ARGV[7..] partition, offset, ...
+-- With ARGV[6] = R > 0 the offsets right after the txid are kept (``offsets:<txid>``) and
+-- ``from`` (the oldest txid whose undo logs are complete) moves to txid - R + 1 at most; the
+-- first txid so marked is not trusted (an earlier attempt may have written without undo):
+-- ``from`` starts at txid + 1. With R = 0, ``from`` goes (the undo chain is broken).
 -- The history entry is the stats with the txid, the owning run, every step's attempts and
 -- start/end times (ms) from the tx hash - and, under an orchestrator, its task's tries and
 -- start/end (RECORD_TASK) - and the commit time: what a cleared Airflow task's deleted XCom
@@ -364,7 +407,22 @@ err = fence_check(KEYS[1], KEYS[2], txid, ARGV[2])
 if err then return redis.error_reply(err) end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'committed', txid)
-for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+local retain = tonumber(ARGV[6])
+if retain > 0 then
+  local from = tonumber(redis.call('HGET', KEYS[7], 'from') or '0')
+  if from == 0 then
+    from = txid + 1
+    redis.call('HSETNX', KEYS[7], 'purged', txid)
+  end
+  if txid - retain + 1 > from then from = txid - retain + 1 end
+  local after = {}
+  local flat = redis.call('HGETALL', KEYS[3])
+  for i = 1, #flat, 2 do after[flat[i]] = flat[i + 1] end  -- strings: exact
+  redis.call('HSET', KEYS[7], 'from', from, 'offsets:' .. txid, cjson.encode(after))
+else
+  redis.call('HDEL', KEYS[7], 'from')
+end
 redis.call('HSET', KEYS[2], 'status', 'committed', 'stats', ARGV[4],
   'committed_at', math.floor(now / 1000))
 local entry = cjson.decode(ARGV[4])
@@ -393,7 +451,8 @@ entry['steps'] = steps
 entry['committed_ms'] = now
 redis.call('LPUSH', KEYS[5], cjson.encode(entry))
 redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[5]) - 1)
-for i = 6, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('DEL', KEYS[6])
+for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1
 """,
 )
@@ -535,9 +594,190 @@ return ARGV[1]
 """,
 )
 
+BEGIN_REWIND = LuaScript(
+    "begin_rewind",
+    """
+-- Start (or resume) a rewind of a pipeline to txid ARGV[1] (state.rewind): from this call
+-- on the pipeline's generation is the rewind's own token ARGV[2] ('rewind:...'), so every
+-- step of every run is refused until FINISH_REWIND hands out a fresh generation.
+-- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3] undo meta hash
+-- KEYS[4..] tx hashes of the pending txids
+-- ARGV[1] target txid N  ARGV[2] the rewind's generation  ARGV[3] '1' = force
+-- Refused (TFREWIND) if another rewind (to another txid) is under way, if N is not
+-- committed, or if the undo logs do not reach back to N (``from`` - 1 <= N; N = committed is
+-- always possible: it drops the pending txids); (TFBUSY) while a pending txid's owner holds
+-- a live lease, unless forced. A rewind to the same N resumes (the newest caller wins: an
+-- older one's writes are refused by the generation). Returns {committed, last txid}, as they
+-- were when the rewind began.
+local target = tonumber(ARGV[1])
+local rewinding = redis.call('HGET', KEYS[3], 'rewinding')
+if rewinding and tonumber(rewinding) ~= target then
+  return redis.error_reply('TFREWIND a rewind to txid ' .. rewinding .. ' is under way: ' ..
+    'finish it first (rewind --to ' .. rewinding .. ')')
+end
+if not rewinding then
+  local committed = tonumber(redis.call('HGET', KEYS[2], 'committed') or '0')
+  local last = tonumber(redis.call('HGET', KEYS[2], 'last_txid') or '0')
+  if last < committed then last = committed end
+  if target > committed then
+    return redis.error_reply('TFREWIND txid ' .. target .. ' is not committed (the ' ..
+      'pipeline stands at txid ' .. committed .. ')')
+  end
+  local from = tonumber(redis.call('HGET', KEYS[3], 'from') or '0')
+  if target < committed and (from == 0 or target < from - 1) then
+    local kept = from == 0 and 'no undo logs (retain_txids is 0)' or
+      ('txids ' .. (from - 1) .. '..' .. committed)
+    return redis.error_reply('TFREWIND txid ' .. target .. ' is outside what the undo ' ..
+      'logs retain (' .. kept .. ')')
+  end
+  if ARGV[3] ~= '1' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    for i = 4, #KEYS do
+      local owner = redis.call('HGET', KEYS[i], 'owner')
+      local lease_until = tonumber(redis.call('HGET', KEYS[i], 'lease_until') or '0')
+      if owner and lease_until > now then
+        return redis.error_reply('TFBUSY run ' .. owner .. ' holds a pending txid (lease ' ..
+          math.ceil((lease_until - now) / 1000) .. ' s left): stop it first, or --force')
+      end
+    end
+  end
+  redis.call('HSET', KEYS[3], 'rewinding', target, 'rewinding_committed', committed,
+    'rewinding_last', last)
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return {tonumber(redis.call('HGET', KEYS[3], 'rewinding_committed')),
+  tonumber(redis.call('HGET', KEYS[3], 'rewinding_last'))}
+""",
+)
+
+RESTORE_UNDO = LuaScript(
+    "restore_undo",
+    _GEN_CHECK
+    + """
+-- Put fields of one map state back to what one txid's undo hash recorded (a rewind), and
+-- forget each entry in the same step: atomic and idempotent per field, so a rewind cut
+-- short resumes where it stopped. Rewinding txids newest first leaves each field as it was
+-- before the oldest rewound txid that wrote it.
+-- KEYS[1] state hash  KEYS[2] undo hash of the txid  KEYS[3] generation key (of this slot)
+-- ARGV[1] the rewind's generation (TFGENERATION if another rewind took over)  ARGV[2..] fields
+-- An entry '' (the field did not exist) deletes the field. Returns the fields restored.
+local err = gen_check(KEYS[3], ARGV[1])
+if err then return redis.error_reply(err) end
+local n = 0
+for i = 2, #ARGV do
+  local prior = redis.call('HGET', KEYS[2], ARGV[i])
+  if prior then
+    if prior == '' then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+    else
+      redis.call('HSET', KEYS[1], ARGV[i], prior)
+    end
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+""",
+)
+
+GENERATION_HSET = LuaScript(
+    "generation_hset",
+    _GEN_CHECK
+    + """
+-- Set (or, for an empty value, delete) fields of a hash if the pipeline is in generation
+-- ARGV[1] (a rewind's own writes: refused once another rewind took over).
+-- KEYS[1] the hash  KEYS[2] generation key  ARGV[2..] field, value, ...  Returns the count.
+local err = gen_check(KEYS[2], ARGV[1])
+if err then return redis.error_reply(err) end
+local n = 0
+for i = 2, #ARGV, 2 do
+  if ARGV[i + 1] == '' then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  else
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+  n = n + 1
+end
+return n
+""",
+)
+
+FINISH_REWIND = LuaScript(
+    "finish_rewind",
+    _GEN_CHECK
+    + """
+-- Finish a rewind to txid ARGV[2], once every state is restored: the ledger stands at N
+-- again (committed = last txid = N), the source offsets are those kept right after N, the
+-- history forgets the rewound txids, the runs bound to them are marked 'rewound:<txid>:<N>'
+-- (their next step is refused in one line; cleared, such a run binds afresh), and the
+-- pipeline gets a fresh generation ARGV[3].
+-- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3] undo meta hash  KEYS[4] offsets hash
+-- KEYS[5] history list  KEYS[6] runs hash  KEYS[7] rewinds list (newest first)
+-- KEYS[8..] tx hashes of the rewound txids (deleted)
+-- ARGV[1] the rewind's generation  ARGV[2] N  ARGV[3] the new generation  ARGV[4] now (ms)
+-- ARGV[5..] run id, txid, ... of the runs bound to rewound txids
+-- Returns the number of history entries removed.
+local err = gen_check(KEYS[1], ARGV[1])
+if err then return redis.error_reply(err) end
+local target = tonumber(ARGV[2])
+local committed = tonumber(redis.call('HGET', KEYS[3], 'rewinding_committed') or '0')
+local last = tonumber(redis.call('HGET', KEYS[3], 'rewinding_last') or '0')
+local offsets = redis.call('HGET', KEYS[3], 'offsets:' .. target)
+if target < committed and not offsets then
+  return redis.error_reply('TFREWIND the offsets right after txid ' .. target ..
+    ' are not kept: the undo logs no longer reach back to it')
+end
+if offsets then
+  redis.call('DEL', KEYS[4])
+  local flat = {}
+  for p, o in pairs(cjson.decode(offsets)) do
+    flat[#flat + 1] = p
+    flat[#flat + 1] = tostring(o)
+  end
+  if #flat > 0 then redis.call('HSET', KEYS[4], unpack(flat)) end
+end
+redis.call('HSET', KEYS[2], 'committed', target, 'last_txid', target)
+local dropped = tonumber(redis.call('HGET', KEYS[2], 'dropped_txid') or '0')
+if dropped > target then redis.call('HSET', KEYS[2], 'dropped_txid', target) end
+local gone = {}
+for _, field in ipairs(redis.call('HKEYS', KEYS[3])) do
+  local t = tonumber(string.match(field, '^offsets:(%d+)$') or '')
+  if t and t > target then gone[#gone + 1] = field end
+end
+gone[#gone + 1] = 'rewinding'
+gone[#gone + 1] = 'rewinding_committed'
+gone[#gone + 1] = 'rewinding_last'
+redis.call('HDEL', KEYS[3], unpack(gone))
+local kept = {}
+local removed = 0
+for _, raw in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
+  if tonumber(cjson.decode(raw)['txid']) <= target then
+    kept[#kept + 1] = raw
+  else
+    removed = removed + 1
+  end
+end
+redis.call('DEL', KEYS[5])
+for i = 1, #kept, 1000 do
+  redis.call('RPUSH', KEYS[5], unpack(kept, i, math.min(i + 999, #kept)))
+end
+for i = 5, #ARGV, 2 do
+  redis.call('HSET', KEYS[6], ARGV[i], 'rewound:' .. ARGV[i + 1] .. ':' .. target)
+end
+redis.call('LPUSH', KEYS[7], cjson.encode({to = target, committed = committed,
+  last = last, at_ms = tonumber(ARGV[4])}))
+redis.call('LTRIM', KEYS[7], 0, 99)
+for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('SET', KEYS[1], ARGV[3])
+return removed
+""",
+)
+
 APPLY_NUMERIC = LuaScript(
     "apply_numeric",
     _FENCE_CHECK
+    + _RECORD_UNDO
     + r"""
 -- Apply a batch's partials of a built-in numeric combiner to one map state, inside Redis.
 -- The same rules as state.maps (stored JSON [txid, curr, prev]) for
@@ -545,10 +785,11 @@ APPLY_NUMERIC = LuaScript(
 -- ARGV[5] op: 'count' | 'sum' (a + b) | 'min' | 'max' (keep the first on ties) |
 --             'mean' ([sum, count] added element-wise).
 -- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] written-set
--- KEYS[5] generation key
+-- KEYS[5] generation key  KEYS[6] the txid's undo hash of the state
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation
 -- ARGV[6] the items, one per line: field TAB partial (JSON); neither holds a tab or newline
 -- (one string: packing thousands of arguments costs the client more than the script)
+-- ARGV[7] '1' = record the written fields' prior values in the undo hash (state.undo)
 -- Fenced like FENCED_HSET. Numbers keep their JSON type: an int stays an int (exact below
 -- 2^53), a float stays a float (IEEE double, as in Python). A key whose stored value or
 -- partial is anything else (not a number, an int beyond 2^53, NaN/inf, a corrupt value) is
@@ -661,7 +902,7 @@ for i = 1, #fields, 4000 do  -- unpack() has a stack limit: HMGET in slices
   local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 3999, #fields)))
   for j = 1, #part do stored[#stored + 1] = part[j] end
 end
-local writes, written, unhandled = {}, {}, {}
+local writes, written, unhandled, priors = {}, {}, {}, {}
 local nw, nu = 0, 0
 local head = nontx and '[null,' or ('[' .. txid .. ',')
 -- the common update - count or sum of ints, stored before this txid - in one pattern and one
@@ -705,13 +946,15 @@ for n = 1, #fields do
     writes[2 * nw + 2] = head .. value .. ',' .. (nontx and 'null' or keep) .. ']'
     nw = nw + 1
     written[nw] = field
+    priors[nw] = raw or false
   elseif value == nil then
     nu = nu + 1
     unhandled[nu] = field
   end
 end
 -- every key is checked before anything is written (a stale key above writes nothing);
--- then HSET/SADD in slices (unpack() has a stack limit)
+-- then the undo log, and HSET/SADD in slices (unpack() has a stack limit)
+if ARGV[7] == '1' then record_undo(KEYS[6], written, priors) end
 for i = 1, #written, 2000 do
   local last = math.min(i + 1999, #written)
   redis.call('HSET', KEYS[1], unpack(writes, 2 * i - 1, 2 * last))

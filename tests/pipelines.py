@@ -332,3 +332,36 @@ def kv_follower() -> Pipeline:
         StateSpec("changes", StateKind.OPAQUE), Count(), out_field="n"
     )
     return pipeline
+
+
+# -- undo logs: query as of, rewind (tests/test_rewind.py) -------------------------------------
+
+
+def kept(version: int = 1) -> Pipeline:
+    """Every kind of state write with undo logs kept for 4 txids: word counts (opaque, the
+    numeric Lua path), a transactional Sum of word lengths (times ``version``: the function a
+    fix changes), a key/value state with removals (a Python updater, REMOVE) and a global
+    count. TRIDENTFLOW_STATE_SHARDS shards them."""
+    pipeline = Pipeline(
+        "kept",
+        LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=2, batch_size=2),
+        retain_txids=4,
+    )
+    words = pipeline.stream.filter(
+        "line", lambda line: not line.startswith(("set ", "del "))
+    ).each("line", lambda line: ((w,) for w in line.split()), "word")
+    words.group_by("word").persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count())
+    words.each("word", lambda w: ((len(w) * version,),), "size").group_by(
+        "word"
+    ).persistent_aggregate(StateSpec("sizes", StateKind.TRANSACTIONAL), Sum(), "size", "size")
+    words.persistent_aggregate(StateSpec("total", StateKind.OPAQUE), Count())
+    pipeline.stream.filter("line", lambda line: line.startswith(("set ", "del "))).each(
+        "line", parse_op, ["op", "key", "value"]
+    ).partition_persist(StateSpec("kv", StateKind.OPAQUE), apply_ops, "key", ["op", "value"])
+    return pipeline
+
+
+def kept_fixed() -> Pipeline:
+    """``kept`` after a fix: the sizes are counted twice over (version 2)."""
+    pipeline = kept(2)
+    return pipeline

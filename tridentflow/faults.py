@@ -32,10 +32,12 @@ POINTS = (
     "before-ledger",
     "mid-export",
     "lose-tuple",
+    "mid-rewind",
 )
-STEP_POINTS = tuple(p for p in POINTS if p != "mid-export")
+STEP_POINTS = tuple(p for p in POINTS if p not in ("mid-export", "mid-rewind"))
 """The points inside the run's steps (coordinate, emit, commit); ``mid-export`` is in the
-export, which only a pipeline with sinks has."""
+export, which only a pipeline with sinks has, ``mid-rewind`` in a rewind (state.rewind: after
+each chunk of restored keys; its txid is the one being rewound)."""
 ENV = "TRIDENTFLOW_FAULTS"
 
 _FAULT = re.compile(

@@ -651,6 +651,10 @@ class Pipeline:
     change_log_limit: int = 100
     """Txids of change log kept for a state with sinks (new_values_stream): a sink further
     behind reloads the whole state (PostgresSink) or fails with one line (RedisStreamSink)."""
+    retain_txids: int | None = None
+    """Committed txids whose undo logs are kept (state.undo): state can be read as of any of
+    them (``query --as-of``) and rewound to it (``rewind``). None: TRIDENTFLOW_RETAIN_TXIDS,
+    else 0 (off: nothing more is stored than the state itself)."""
     persists: list[Persist] = field(default_factory=list)
     feeds: list[Feed] = field(default_factory=list)
     """The new-values streams and their sinks (NewValuesStream.sink)."""
@@ -671,6 +675,14 @@ class Pipeline:
         ):
             raise PipelineError(
                 f"change_log_limit must be a whole number >= 1, got {self.change_log_limit!r}"
+            )
+        if self.retain_txids is not None and (
+            not isinstance(self.retain_txids, int)
+            or isinstance(self.retain_txids, bool)
+            or self.retain_txids < 0
+        ):
+            raise PipelineError(
+                f"retain_txids must be a whole number >= 0, got {self.retain_txids!r}"
             )
         if self.state_shards is not None:
             try:

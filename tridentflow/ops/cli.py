@@ -131,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="each commit succeeds only once N Redis replicas acknowledged its mark (WAIT; env"
         " TRIDENTFLOW_WAIT_REPLICAS, timeout TRIDENTFLOW_WAIT_TIMEOUT_MS, default 5000)",
     )
+    p.add_argument(
+        "--retain-txids",
+        type=whole(0),
+        metavar="R",
+        help="keep undo logs of the last R committed txids, for query --as-of and rewind "
+        "(over the pipeline's retain_txids and TRIDENTFLOW_RETAIN_TXIDS; 0: off)",
+    )
     _common(p)
 
     p = sub.add_parser("query", help="committed values of keys (Trident's DRPC stateQuery)")
@@ -150,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=whole(1), default=100, help="with --all: keys per page (at most)"
     )
     p.add_argument("--after", help="with --all: the cursor a previous page printed")
+    p.add_argument(
+        "--as-of",
+        type=whole(0),
+        metavar="TXID",
+        help="values right after TXID committed (one the pipeline's retain_txids keeps)",
+    )
     _common(p)
 
     p = sub.add_parser("export", help="bring the pipeline's sinks up to the committed txid")
@@ -185,6 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="reset even while a run holds a live lease (its later steps are refused)",
     )
+    _common(p)
+
+    p = sub.add_parser(
+        "rewind", help="put state, ledger and offsets back to right after txid N committed"
+    )
+    p.add_argument("pipeline")
+    p.add_argument("--to", type=whole(0), required=True, metavar="N", help="the txid to go back to")
+    p.add_argument("--yes", action="store_true", help="really rewind")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rewind even while a run holds a live lease (its later steps are refused)",
+    )
+    p.add_argument("--json", action="store_true")
     _common(p)
 
     p = sub.add_parser("trim", help="remove stream entries up to the committed position")
@@ -391,6 +418,7 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
     replicas = getattr(args, "wait_replicas", None)
     if replicas is not None:
         rt.replicas = replicas
+    rt.retain = getattr(args, "retain_txids", None)
     return rt
 
 
@@ -504,7 +532,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.query import parse_key, pick_state, query
+    from tridentflow.ops.query import parse_key, pick_state, query, query_as_of
 
     rt = _runtime(args)
     persist = pick_state(rt, args.state)
@@ -515,7 +543,10 @@ def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
         raise TridentflowError(
             f"state {persist.state.name} is grouped by {list(persist.group_fields)}: give keys"
         )
-    committed, values = query(rt, persist, keys)
+    if args.as_of is not None:
+        committed, values = query_as_of(rt, persist, keys, args.as_of)
+    else:
+        committed, values = query(rt, persist, keys)
     labels = args.keys if persist.group_fields else ["*"]
     if args.json:
         json.dump(
@@ -536,11 +567,16 @@ def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _list_state(rt: Runtime, persist: Any, args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.query import list_state
+    from tridentflow.ops.query import list_state, list_state_as_of
 
     if args.keys:
         raise TridentflowError("query --all lists every key: give no keys")
-    page = list_state(rt, persist, args.limit, args.after)
+    if args.as_of is not None:
+        if args.after:
+            raise TridentflowError("query --all --as-of lists the whole state at once: no --after")
+        page = list_state_as_of(rt, persist, args.as_of)
+    else:
+        page = list_state(rt, persist, args.limit, args.after)
     if args.json:
         json.dump(page.to_json(persist.state.name), out)
         out.write("\n")
@@ -627,6 +663,36 @@ def cmd_reset(args: argparse.Namespace, out: TextIO) -> int:
         + (", source log deleted" if done.source_deleted else "")
         + "\n"
     )
+    return 0
+
+
+def cmd_rewind(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.ops.rewind import rewind_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    if not args.yes:
+        raise TridentflowError(
+            f"rewind takes back pipeline {pipeline.name}'s txids after {args.to}: add --yes"
+        )
+    rt = _runtime(args, pipeline)
+    report = rewind_pipeline(rt, args.to, force=args.force)
+    if args.json:
+        r = report.result
+        json.dump(
+            {
+                "pipeline": pipeline.name,
+                "to": r.target,
+                "committed_before": r.committed,
+                "last_before": r.last,
+                "restored_keys": r.restored,
+                "runs_rewound": list(r.runs),
+                "sinks_to_reload": list(report.sinks_to_reload),
+            },
+            out,
+        )
+        out.write("\n")
+    else:
+        out.write(report.line(pipeline.name) + "\n")
     return 0
 
 
@@ -773,6 +839,7 @@ COMMANDS = {
     "audit": cmd_audit,
     "quarantine": cmd_quarantine,
     "reset": cmd_reset,
+    "rewind": cmd_rewind,
     "trim": cmd_trim,
     "chaos": cmd_chaos,
     "spark-connect": cmd_spark_connect,

@@ -16,6 +16,7 @@ from typing import Any
 from state.codec import decode_key, encode_key
 from state.maps import StoredValue, decode_stored
 from state.shards import query_state, read_consistently
+from state.undo import changed_since, priors_as_of, retained, value_as_of
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
 from tridentflow.nodes import Persist
@@ -68,6 +69,79 @@ def query(rt: Runtime, persist: Persist, keys: Sequence[tuple[Any, ...]]) -> tup
     agg = persist.aggregator
     zero = absent_value(agg)
     return committed, [agg.present(zero if v is None else v) for v in values]
+
+
+def check_retained(rt: Runtime, as_of: int) -> None:
+    """TridentflowError (one line) unless state can be rebuilt as of txid ``as_of``: the
+    committed txid itself, or one the undo logs retain (state.undo)."""
+    committed = rt.ledger.committed_txid()
+    if as_of == committed:
+        return
+    if as_of > committed or as_of < 0:
+        raise TridentflowError(
+            f"txid {as_of} is not committed: pipeline {rt.pipeline.name} stands at txid {committed}"
+        )
+    kept = retained(rt.client, rt.keyspace)
+    if kept is None:
+        raise TridentflowError(
+            f"pipeline {rt.pipeline.name} keeps no undo logs, so only its committed txid "
+            f"{committed} can be read: set Pipeline(retain_txids=R) (or "
+            f"TRIDENTFLOW_RETAIN_TXIDS) to keep the last R txids"
+        )
+    if not kept.covers(as_of):
+        raise TridentflowError(
+            f"txid {as_of} is outside what pipeline {rt.pipeline.name} retains "
+            f"({kept.line()}): a larger retain_txids keeps more, from the next commits on"
+        )
+
+
+def query_as_of(
+    rt: Runtime, persist: Persist, keys: Sequence[tuple[Any, ...]], as_of: int
+) -> tuple[int, list[Any]]:
+    """(``as_of``, each key's value right after txid ``as_of`` committed), as ``query``
+    presents values; TridentflowError (one line) outside the retained range. The committed
+    values are read first, then the undo logs of the txids after ``as_of`` (the oldest
+    entry of a key wins), then the range is checked again (a commit may have trimmed it)."""
+    check_retained(rt, as_of)
+    if not persist.group_fields:
+        keys = [()]
+    encoded = [encode_key(k) for k in keys]
+    name = persist.state.name
+    committed, values = query_state(rt.client, rt.keyspace, name, encoded)
+    priors = priors_as_of(rt.client, rt.keyspace, name, encoded, as_of, committed)
+    check_retained(rt, as_of)  # nothing read was trimmed meanwhile
+    agg = persist.aggregator
+    zero = absent_value(agg)
+    out = []
+    for field, value in zip(encoded, values, strict=True):
+        if field in priors:
+            value = value_as_of(priors[field], field, name, as_of)
+        out.append(agg.present(zero if value is None else value))
+    return as_of, out
+
+
+def list_state_as_of(rt: Runtime, persist: Persist, as_of: int) -> StatePage:
+    """Every key of a state with its value as of txid ``as_of`` (one page: the whole state;
+    ``list_state``'s pages at the committed txid C, corrected by the undo logs of as_of+1..C).
+    TridentflowError (one line) outside the retained range."""
+    check_retained(rt, as_of)
+    name = persist.state.name
+    page = list_state(rt, persist, limit=10_000)
+    committed, current = page.committed, dict(page.items)
+    while page.next is not None:
+        page = list_state(rt, persist, limit=10_000, after=page.next)
+        current.update(page.items)
+    changed = changed_since(rt.client, rt.keyspace, name, as_of, committed)
+    check_retained(rt, as_of)
+    agg = persist.aggregator
+    for field, raw in changed.items():
+        key = decode_key(field)
+        value = value_as_of(raw, field, name, as_of)
+        if value is None:
+            current.pop(key, None)
+        else:
+            current[key] = agg.present(value)
+    return StatePage(as_of, sorted(current.items(), key=lambda kv: repr(kv[0])), None)
 
 
 @dataclass(frozen=True)

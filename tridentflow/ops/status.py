@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from state.undo import retained
 from tridentflow.ops.export import sink_status
 from tridentflow.steps.runtime import Runtime
 
@@ -57,7 +58,17 @@ def status(rt: Runtime) -> dict[str, Any]:
         "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
         "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
         "sinks": sink_status(rt),
+        "rewindable": rewindable(rt),
     }
+
+
+def rewindable(rt: Runtime) -> dict[str, Any] | None:
+    """What the undo logs retain: ``{oldest, newest, retain_txids}`` (state can be read as of,
+    and rewound to, any txid in between), None if nothing is kept."""
+    kept = retained(rt.client, rt.keyspace)
+    if kept is None:
+        return None
+    return {"oldest": kept.oldest, "newest": kept.newest, "retain_txids": rt.retain_txids}
 
 
 HISTORY_SHOWN = 20
@@ -135,6 +146,12 @@ def format_status(info: dict[str, Any]) -> str:
     else:
         lines.append("pending txid   none")
     lines.append(f"quarantined    {info['quarantined']} bad records")
+    kept = info.get("rewindable")
+    lines.append(
+        f"rewindable     txids {kept['oldest']}..{kept['newest']} (query --as-of, rewind --to)"
+        if kept
+        else "rewindable     none (retain_txids is 0)"
+    )
     for sink in info.get("sinks", []):
         lines.append(
             f"sink           {sink['sink']} ({sink['state']} -> {sink['target']}): at txid "

@@ -43,6 +43,7 @@ from state.numeric import apply_numeric
 from state.redis_backing import CHUNK, fenced_hset
 from state.replication import node_of, wait_for_replicas_of
 from state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
+from state.undo import trim_undo
 from tridentflow.aggregators import (
     Count,
     Max,
@@ -301,7 +302,8 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
     )
 
-    fence = Fence(txid, ticket.token, ticket.generation)
+    retain = rt.retain_txids
+    fence = Fence(txid, ticket.token, ticket.generation, undo=retain > 0)
     ensure_shards(rt.client, rt.keyspace, rt.state_shards)
     claim_shards(rt.client, rt.keyspace, rt.pipeline.states, fence)
     maps: dict[str, tuple[MapState, Any]] = {}
@@ -355,7 +357,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         "quarantined": quarantined,
         "rolled_back": rolled_back,
     }
-    marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats)
+    marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats, retain)
     confirm_replicated(rt, txid)  # before the staged batch is discarded: a retry can redo it
     if marked:
         settle_shards(rt.client, rt.keyspace, maps.keys(), txid)
@@ -367,6 +369,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         drop_tombstones(rt, txid, removed, ticket.generation)
         for name in rt.pipeline.fed_states:  # a sink further behind than this reloads or fails
             trim_changes(rt.client, rt.keyspace, name, txid, rt.pipeline.change_log_limit)
+        trim_undo(rt.client, rt.keyspace, maps.keys())  # what fell out of retain_txids
     rt.staging.discard(txid)
     if not marked:  # a concurrent attempt finished first; ours wrote nothing after it
         return CommitResult(txid, "already-committed")

@@ -104,10 +104,17 @@ def coordinate_run(
 
 def owned_txid(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> int:
     """The txid ``run_id`` is bound to; renews its lease. Refuses a txid another run adopted,
-    and (GenerationError) any step of a run once its pipeline was reset."""
+    a txid a rewind took back, and (GenerationError) any step of a run once its pipeline was
+    reset, or while it is being rewound."""
     rt.ledger.check_generation()
     txid = rt.ledger.txid_of_run(run_id)
     lost = rt.ledger.lost_txid(run_id) if txid is None else None
+    rewound = rt.ledger.rewound_txid(run_id) if txid is None else None
+    if rewound is not None:
+        raise RunNotBoundError(
+            f"txid {rewound[0]} of run {run_id} was rewound (pipeline {rt.pipeline.name} was "
+            f"rewound to txid {rewound[1]}): clear this run's coordinator to bind a fresh txid"
+        )
     if lost is not None:
         raise RunNotBoundError(
             f"txid {lost[0]} of run {run_id} was adopted by run {lost[1]} after this run "

@@ -43,6 +43,7 @@ from tridentflow.steps.staging import StagingArea
 HOME_ENV = "TRIDENTFLOW_HOME"
 NAMESPACE_ENV = "TRIDENTFLOW_NAMESPACE"
 SHARDS_ENV = "TRIDENTFLOW_STATE_SHARDS"
+RETAIN_ENV = "TRIDENTFLOW_RETAIN_TXIDS"
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -117,6 +118,9 @@ class Runtime:
     shards: int | None = None
     """State shards to write with, over the pipeline's ``state_shards`` and the environment
     (see ``state_shards``)."""
+    retain: int | None = None
+    """Txids of undo logs to keep, over the pipeline's ``retain_txids`` and the environment
+    (``run --retain-txids``; see ``retain_txids``)."""
 
     @classmethod
     def open(
@@ -164,6 +168,19 @@ class Runtime:
             return check_shards(shards)
         except ValueError as exc:
             raise TridentflowError(f"{SHARDS_ENV}: {exc}") from None
+
+    @property
+    def retain_txids(self) -> int:
+        """Committed txids whose undo logs the commit keeps: ``retain`` (the command line's),
+        else the pipeline's ``retain_txids``, else TRIDENTFLOW_RETAIN_TXIDS, else 0 (off)."""
+        if self.retain is not None:
+            return self.retain
+        if self.pipeline.retain_txids is not None:
+            return self.pipeline.retain_txids
+        retain = env_int(RETAIN_ENV, 0)
+        if retain < 0:
+            raise TridentflowError(f"{RETAIN_ENV} must be >= 0, got {retain}")
+        return retain
 
     @cached_property
     def ledger(self) -> Ledger:

@@ -1,0 +1,168 @@
+"""Undo logs (state.undo): state as of an older txid (``query --as-of``), and rewind."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from state.errors import GenerationError, RewindError
+from state.rewind import rewinding_to
+from tests.helpers import runtime
+from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import TridentflowError
+from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.ops.audit import audit
+from tridentflow.ops.query import list_state, list_state_as_of, query_as_of
+from tridentflow.ops.rewind import rewind_pipeline
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.runs import RunNotBoundError, commit_run, coordinate_run, emit_run
+from tridentflow.steps.runtime import Runtime
+
+WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"]
+
+
+def lines_for(txid: int) -> list[str]:
+    """A batch's lines: sentences, and set/del ops on a few keys (removals included)."""
+    rng = random.Random(txid)
+    out = [" ".join(rng.choices(WORDS[: 3 + txid % 6], k=3)) for _ in range(3)]
+    out += [f"set k{rng.randrange(5)} {rng.randrange(100)}" for _ in range(2)]
+    out.append(f"del k{rng.randrange(5)}")
+    return out
+
+
+def everything(rt: Runtime) -> dict[str, dict[tuple, Any]]:
+    """Every state's committed items."""
+    out = {}
+    for name, persist in rt.pipeline.states.items():
+        page = list_state(rt, persist, limit=1000)
+        assert page.next is None
+        out[name] = dict(page.items)
+    return out
+
+
+def run_one(rt: Runtime, txid: int) -> None:
+    rt.log.append_spread(lines_for(txid))
+    done = run_batches(rt, LocalEngine(), max_batches=1, batch_size=100)
+    assert [r.txid for r in done.results] == [txid]
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_state_as_of_every_retained_txid_is_what_it_was(redis_url, home, monkeypatch, shards):
+    """After each of 9 txids the whole state is noted; then, for every txid the undo logs
+    retain (the last 4, and the committed one), every state as of it - listed whole, and
+    key by key - is exactly what was noted then: the numeric Lua path, a Python updater with
+    removals, a transactional and a global state, sharded and not. Older txids are refused in
+    one line naming the range, and no more than 4 txids of undo logs stay in Redis."""
+    monkeypatch.setenv("TRIDENTFLOW_STATE_SHARDS", str(shards))
+    monkeypatch.setenv("TRIDENTFLOW_NAMESPACE", f"asof{shards}")
+    rt = runtime("tests.pipelines:kept", redis_url, home)
+    rt.source_heads()
+    noted = {0: everything(rt)}
+    for txid in range(1, 10):
+        run_one(rt, txid)
+        noted[txid] = everything(rt)
+    for as_of in range(5, 10):
+        for name, persist in rt.pipeline.states.items():
+            page = list_state_as_of(rt, persist, as_of)
+            assert (page.committed, dict(page.items)) == (as_of, noted[as_of][name]), (
+                name,
+                as_of,
+            )
+            keys = sorted(set(noted[as_of][name]) | set(noted[9][name]) | {("nope",)})
+            if not persist.group_fields:
+                keys = [()]
+            got = query_as_of(rt, persist, keys, as_of)[1]
+            zero = persist.aggregator.present(None) if name == "kv" else 0
+            want = [noted[as_of][name].get(k, zero) for k in keys]
+            assert got == want, (name, as_of)
+    with pytest.raises(TridentflowError, match=r"txid 4 is outside what pipeline kept retains "
+                       r"\(txids 5\.\.9\)"):  # fmt: skip
+        query_as_of(rt, rt.pipeline.states["counts"], [("ant",)], 4)
+    with pytest.raises(TridentflowError, match="txid 10 is not committed"):
+        query_as_of(rt, rt.pipeline.states["counts"], [("ant",)], 10)
+    undo_keys = {k.decode().rsplit(":", 1)[1] for k in rt.client.scan_iter("*:undo:*")}
+    assert undo_keys <= {"6", "7", "8", "9"}, undo_keys
+
+
+def runs_through(rt: Runtime, txids: range) -> None:
+    for txid in txids:
+        run_one(rt, txid)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_rewind_and_a_replay_with_fixed_code_equal_a_recompute(
+    redis_url, home, monkeypatch, shards
+):
+    """Txids 1-5 run the good code, 6-9 a bad deploy (sizes counted once, not twice).
+    ``rewind --to 5`` puts every state, the committed txid and the offsets back to exactly
+    what they were right after 5 (opaque and transactional, numeric Lua path and a Python
+    updater with removals, a global count; sharded and not); a mid-rewind crash is finished
+    by running the rewind again; the drain that follows with the fixed code leaves every
+    state equal to the audit's recompute of the whole source with that code, and to a
+    pipeline that ran the fixed code from the start over the same batches."""
+    monkeypatch.setenv("TRIDENTFLOW_STATE_SHARDS", str(shards))
+    monkeypatch.setenv("TRIDENTFLOW_NAMESPACE", f"rewind{shards}")
+    good = runtime("tests.pipelines:kept_fixed", redis_url, home, "mid-rewind@8=raise")
+    good.source_heads()
+    runs_through(good, range(1, 6))
+    noted, offsets = everything(good), good.ledger.committed_offsets()
+    bad = runtime("tests.pipelines:kept", redis_url, home)
+    runs_through(bad, range(6, 10))
+    assert everything(bad) != noted
+
+    with pytest.raises(InjectedFault):
+        rewind_pipeline(good, 5)
+    assert rewinding_to(good.client, good.keyspace) == 5
+    with pytest.raises(GenerationError, match=r"being rewound to txid 5: .*rewind kept --to 5"):
+        runtime("tests.pipelines:kept_fixed", redis_url, home).ledger.check_generation()
+    with pytest.raises(RewindError, match="a rewind to txid 5 is under way"):
+        rewind_pipeline(runtime("tests.pipelines:kept", redis_url, home), 4)
+    good.faults = FaultPlan()
+    report = rewind_pipeline(good, 5)
+    assert (report.result.target, report.result.committed) == (5, 9)
+    assert good.ledger.committed_txid() == good.ledger.last_txid() == 5
+    assert good.ledger.committed_offsets() == offsets
+    assert everything(good) == noted
+    assert [h["txid"] for h in good.ledger.history(20)] == [5, 4, 3, 2, 1]
+    assert not list(good.client.scan_iter(f"tf:rewind{shards}:*:undo:*:[6-9]"))
+
+    run_batches(good, LocalEngine(), batch_size=3)  # 3 records a partition: as before
+    assert good.ledger.committed_txid() == 9
+    report = audit(good)
+    assert report.ok, report.line()
+    assert report.unaudited == ["kv"]  # the last op of a batch wins: batch-dependent
+    monkeypatch.setenv("TRIDENTFLOW_NAMESPACE", f"rewind{shards}-reference")
+    reference = runtime("tests.pipelines:kept_fixed", redis_url, home)  # the same source
+    run_batches(reference, LocalEngine(), batch_size=3)
+    assert reference.ledger.committed_txid() == 9
+    assert everything(good) == everything(reference)
+
+
+def test_runs_of_rewound_txids_are_refused_and_rebind_when_cleared(redis_url, home):
+    """Runs bound to the txids a rewind took back (committed or pending) are refused at their
+    next step in one line naming the rewind; their coordinator, cleared, binds a fresh txid.
+    A rewind outside the retained range, or past the committed txid, changes nothing."""
+    rt = runtime("tests.pipelines:kept", redis_url, home)
+    rt.source_heads()
+    for txid in range(1, 4):
+        rt.log.append_spread(lines_for(txid))
+        coordinate_run(rt, f"run-{txid}", batch_size=100)
+        emit_run(rt, f"run-{txid}", LocalEngine())
+        commit_run(rt, f"run-{txid}")
+    rt.log.append_spread(lines_for(4))
+    coordinate_run(rt, "run-4", batch_size=100, lease_ms=1)  # pending, its owner gone
+    with pytest.raises(RewindError, match=r"txid 7 is not committed"):
+        rewind_pipeline(rt, 7)
+    report = rewind_pipeline(rt, 1)
+    assert sorted(report.result.runs) == ["run-2", "run-3", "run-4"]
+    for run in ("run-2", "run-4"):
+        with pytest.raises(RunNotBoundError, match=rf"txid \d of run {run} was rewound"):
+            emit_run(rt, run, LocalEngine())
+    again = coordinate_run(rt, "run-3", batch_size=100)
+    assert (again["txid"], again["binding"]) == (2, "new")
+    emit_run(rt, "run-3", LocalEngine())
+    commit_run(rt, "run-3")
+    assert audit(rt).ok
+    assert commit_run(rt, "run-1")["txid"] == 1  # a run before the rewind stands

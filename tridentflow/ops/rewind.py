@@ -1,0 +1,124 @@
+"""Rewinding a pipeline to txid N (``tridentflow rewind PIPELINE --to N``): every state, the
+committed txid and the source offsets back to what they were right after N committed; the
+next run recomputes N+1 from there with the code deployed now (state.rewind does the Redis
+part).
+
+Before anything changes it checks what a rewind cannot undo:
+
+* the source must still hold the records the rewound txids read (a trimmed stream, Kafka
+  retention, a deleted log): they would otherwise be counted by no txid - refused, naming them;
+* a sink that cannot take back what it wrote (a Redis stream's readers saw the entries) must
+  not be past N - refused, naming it. A PostgreSQL sink converges: the next export, in the
+  rewind's new generation, reloads its table from the state in one transaction.
+
+Afterwards: the replicas must acknowledge (``--wait-replicas``), and the old generation's
+staging is deleted.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+from state.rewind import RewindResult, rewind, rewinding_to
+from state.undo import offsets_after, retained
+from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError
+from tridentflow.steps.runtime import Runtime
+
+
+class RewindRefused(TridentflowError):
+    """A rewind that would lose or duplicate something outside Redis: nothing was changed."""
+
+
+@dataclass(frozen=True)
+class RewindReport:
+    result: RewindResult
+    sinks_to_reload: tuple[str, ...]
+
+    def line(self, pipeline: str) -> str:
+        r = self.result
+        txids = r.last - r.target
+        runs = f"; {len(r.runs)} run(s) bound to them are refused at their next step" * bool(r.runs)
+        sinks = (
+            f"; sink(s) {', '.join(self.sinks_to_reload)} reload at the next export"
+            if self.sinks_to_reload
+            else ""
+        )
+        return (
+            f"rewound {pipeline} to txid {r.target}: {txids} txid(s) taken back "
+            f"({r.committed - r.target} committed), {r.restored} key(s) restored{runs}{sinks}"
+        )
+
+
+def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
+    """RewindRefused (one line) if rewinding to ``target`` would lose source records or
+    take back what a sink cannot; returns the sinks that will reload."""
+    committed = rt.ledger.committed_txid()
+    resuming = rewinding_to(rt.client, rt.keyspace) is not None
+    if resuming:
+        return ()
+    kept = retained(rt.client, rt.keyspace)
+    if target < committed and kept is not None and kept.covers(target):
+        after = offsets_after(rt.client, rt.keyspace, target) or {}
+        now = rt.ledger.committed_offsets()
+        for partition, end in sorted(now.items()):
+            start = after.get(partition, rt.ledger.base_offsets().get(partition, 0))
+            if end <= start:
+                continue
+            try:
+                rt.log.probe(partition, start, end)
+            except PartitionUnavailable:
+                continue  # not readable now: the replay picks it up when it is back
+            except SourceError as exc:
+                raise RewindRefused(
+                    f"cannot rewind {rt.pipeline.name} to txid {target}: partition {partition}'s"
+                    f" records {start}..{end - 1}, read by txids {target + 1}..{committed}, "
+                    f"cannot be read again ({exc}); rewind to a later txid"
+                ) from None
+    reload = []
+    if target < committed:
+        from tridentflow.ops.export import context
+
+        for feed in rt.pipeline.feeds:
+            try:
+                position = feed.sink.position(context(rt, feed))
+            finally:
+                feed.sink.close()
+            if position <= target:
+                continue
+            if not feed.sink.resyncable:
+                raise RewindRefused(
+                    f"cannot rewind {rt.pipeline.name} to txid {target}: sink {feed.name} "
+                    f"({feed.sink.describe()}) already wrote txids up to {position}, which its "
+                    f"readers may have read; rewind to txid {position} or later"
+                )
+            reload.append(feed.name)
+    return tuple(reload)
+
+
+def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindReport:
+    """Rewind ``rt``'s pipeline to ``target`` (see the module doc). RewindRefused /
+    RewindError / PipelineBusyError (unless ``force``) with nothing changed; run it again
+    with the same target to finish a rewind that was cut short."""
+    if isinstance(target, bool) or not isinstance(target, int) or target < 0:
+        raise TridentflowError(f"rewind --to takes a txid (a whole number >= 0), got {target!r}")
+    reload = check_rewindable(rt, target)
+    old_generation = rt.ledger.current_generation()
+    result = rewind(
+        rt.client,
+        rt.keyspace,
+        list(rt.pipeline.states),
+        target,
+        force=force,
+        hook=lambda point, txid: rt.faults.fire(point, txid, 1),
+    )
+    rt.client.delete(rt.keyspace.sinks)  # positions of the old generation: each export notes anew
+    rt.require_replicated(
+        f"the rewind of pipeline {rt.pipeline.name}",
+        f"run the rewind again (rewind --to {target}) once the replicas are back",
+        shards=True,
+    )
+    if old_generation and not old_generation.startswith("rewind:"):
+        shutil.rmtree(rt.staging_root / f"g-{old_generation}", ignore_errors=True)
+    rt.__dict__.pop("ledger", None)  # the next use pins the new generation
+    return RewindReport(result, reload)
