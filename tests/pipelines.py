@@ -347,9 +347,9 @@ def kept(version: int = 1) -> Pipeline:
         LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=2, batch_size=2),
         retain_txids=4,
     )
-    words = pipeline.stream.filter(
-        "line", lambda line: not line.startswith(("set ", "del "))
-    ).each("line", lambda line: ((w,) for w in line.split()), "word")
+    words = pipeline.stream.filter("line", lambda line: not line.startswith(("set ", "del "))).each(
+        "line", lambda line: ((w,) for w in line.split()), "word"
+    )
     words.group_by("word").persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count())
     words.each("word", lambda w: ((len(w) * version,),), "size").group_by(
         "word"
