@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -166,3 +167,33 @@ def test_runs_of_rewound_txids_are_refused_and_rebind_when_cleared(redis_url, ho
     commit_run(rt, "run-3")
     assert audit(rt).ok
     assert commit_run(rt, "run-1")["txid"] == 1  # a run before the rewind stands
+
+
+def test_the_cli_reads_as_of_and_rewinds(tf):
+    """The commands as a user types them: ``run --retain-txids``, ``status`` (the rewindable
+    range, then the rewind), ``query --as-of``, ``rewind`` (refused without --yes and outside
+    the range, one line each), and a ``run`` that recomputes to a clean audit."""
+    lines = "how are you\nnice to meet you\nwhat a good day\nyou you you\n" * 4  # 4 txids
+    assert tf("produce", "wordcount", "-", input=lines).returncode == 0
+    ran = tf("run", "wordcount", "--engine", "local", "--batch-size", "1", "--retain-txids", "3")
+    assert ran.returncode == 0, ran.stderr
+    status = tf("status", "wordcount").stdout
+    assert "rewindable     txids 1..4 (query --as-of, rewind --to)" in status, status
+    as_of = tf("query", "wordcount", "you", "--as-of", "2", "--json")
+    assert as_of.returncode == 0, as_of.stderr
+    assert json.loads(as_of.stdout)["committed_txid"] == 2
+    no = tf("rewind", "wordcount", "--to", "2")
+    assert no.returncode == 1 and no.stderr.strip().endswith("add --yes"), no.stderr
+    far = tf("rewind", "wordcount", "--to", "0", "--yes")
+    assert far.stderr.strip() == (
+        "tridentflow: error: txid 0 is outside what the undo logs retain (txids 1..4)"
+    ), far.stderr
+    done = tf("rewind", "wordcount", "--to", "2", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("rewound wordcount to txid 2: 2 txid(s) taken back"), done.stdout
+    assert "rewound        to txid 2 at " in tf("status", "wordcount").stdout
+    want = json.loads(as_of.stdout)["values"]
+    assert json.loads(tf("query", "wordcount", "you", "--json").stdout)["values"] == want
+    again = tf("run", "wordcount", "--engine", "local", "--batch-size", "1")
+    assert again.returncode == 0, again.stderr
+    assert tf("audit", "wordcount").stdout.strip() == "lost=0 doubled=0"

@@ -302,7 +302,13 @@ def may_edit_runs(user: Any, dag_id: str) -> bool:
     )
 
 
-def audit_log(dag_id: str, run_id: str, user: Any, extra: dict[str, Any]) -> None:
+def audit_log(
+    dag_id: str,
+    run_id: str | None,
+    user: Any,
+    extra: dict[str, Any],
+    event: str = "tridentflow.release_txid",
+) -> None:
     """An entry in Airflow's audit log (Browse -> Audit Log); best effort without a DB."""
     try:
         from airflow.models.log import Log
@@ -311,7 +317,7 @@ def audit_log(dag_id: str, run_id: str, user: Any, extra: dict[str, Any]) -> Non
         name = getattr(user, "get_name", lambda: None)() if user is not None else None
         with create_session() as session:
             session.add(
-                Log(event="tridentflow.release_txid", dag_id=dag_id, run_id=run_id,
+                Log(event=event, dag_id=dag_id, run_id=run_id,
                     owner=name, extra=json.dumps(extra))
             )  # fmt: skip
     except Exception as exc:  # the release stands; say the audit entry is missing
@@ -340,6 +346,46 @@ async def post_release(
     return {**result, "dag_id": dag_id}
 
 
+@app.post("/api/pipelines/{name}/rewind")
+async def post_rewind(
+    name: str,
+    to: Annotated[int, Query(ge=0)],
+    user: Annotated[Any, Depends(current_user)],
+    force: bool = False,
+) -> dict[str, Any]:
+    """Rewind the pipeline to txid ``to`` (tridentflow.ops.rewind: the same checks and result
+    as ``tridentflow rewind``; 409 with one line when refused, nothing changed). Needs edit
+    rights on the DAG's runs (403 otherwise); each rewind is an entry in Airflow's audit log
+    (event ``tridentflow.rewind``)."""
+    from starlette.concurrency import run_in_threadpool
+
+    from tridentflow.ops.rewind import rewind_pipeline
+
+    pipeline = known_pipelines().get(name)
+    if pipeline is None:
+        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+    dag_id = default_dag_id(pipeline.name)
+    if not may_edit_runs(user, dag_id):
+        raise HTTPException(
+            status_code=403, detail=f"rewinding a pipeline needs edit rights on {dag_id}'s runs"
+        )
+    with runtime(pipeline) as rt:
+        report = await run_in_threadpool(rewind_pipeline, rt, to, force)
+    r = report.result
+    result = {
+        "pipeline": name,
+        "to": r.target,
+        "committed_before": r.committed,
+        "last_before": r.last,
+        "restored_keys": r.restored,
+        "runs_rewound": list(r.runs),
+        "sinks_to_reload": list(report.sinks_to_reload),
+        "line": report.line(name),
+    }
+    audit_log(dag_id, None, user, result, event="tridentflow.rewind")
+    return {**result, "dag_id": dag_id}
+
+
 def commit_entry(rt: Runtime, txid: int) -> dict[str, Any] | None:
     """A committed txid's entry in the ledger's history (None once it is older than the
     history keeps)."""
@@ -348,16 +394,23 @@ def commit_entry(rt: Runtime, txid: int) -> dict[str, Any] | None:
 
 @app.get("/api/pipelines/{name}/state/{state}")
 def get_state(
-    name: str, state: str, key: Annotated[list[str] | None, Query()] = None
+    name: str,
+    state: str,
+    key: Annotated[list[str] | None, Query()] = None,
+    as_of: Annotated[int | None, Query(ge=0)] = None,
 ) -> dict[str, Any]:
-    from tridentflow.ops.query import parse_key, pick_state, query
+    """The committed values of ``key``s (``as_of``: right after that retained txid)."""
+    from tridentflow.ops.query import parse_key, pick_state, query, query_as_of
 
     with runtime(name) as rt:
         persist = pick_state(rt, state)
         keys = [parse_key(k, persist) for k in key or ()]
         if persist.group_fields and not keys:
             raise HTTPException(status_code=400, detail="give ?key=... (one per key)")
-        committed, values = query(rt, persist, keys)
+        if as_of is None:
+            committed, values = query(rt, persist, keys)
+        else:
+            committed, values = query_as_of(rt, persist, keys, as_of)
         return {
             "state": persist.state.name,
             "committed_txid": committed,
@@ -412,6 +465,9 @@ def get_run(dag_id: str, run_id: str) -> dict[str, Any]:
         out: dict[str, Any] = {"dag_id": dag_id, "run_id": run_id, "pipeline": pipeline.name}
         lost = rt.ledger.lost_txid(run_id)
         txid = rt.ledger.txid_of_run(run_id)
+        rewound = rt.ledger.rewound_txid(run_id)
+        if rewound is not None:
+            return {**out, "txid": rewound[0], "status": "rewound", "rewound_to": rewound[1]}
         if lost is not None:
             return {**out, "txid": lost[0], "status": "adopted", "adopted_by": lost[1]}
         if txid is None:
@@ -427,13 +483,19 @@ def list_state_page(
     state: str,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     after: str | None = None,
+    as_of: Annotated[int | None, Query(ge=0)] = None,
 ) -> dict[str, Any]:
     """A page of every key of a state with its committed value (``after``: the cursor the
-    previous page returned as ``next``)."""
-    from tridentflow.ops.query import list_state, pick_state
+    previous page returned as ``next``). ``as_of``: every key as of that retained txid, in
+    one page (no ``after``)."""
+    from tridentflow.ops.query import list_state, list_state_as_of, pick_state
 
     with runtime(name) as rt:
         persist = pick_state(rt, state)
+        if as_of is not None:
+            if after is not None:
+                raise HTTPException(status_code=400, detail="as_of lists in one page: no after")
+            return list_state_as_of(rt, persist, as_of).to_json(persist.state.name)
         return list_state(rt, persist, limit, after).to_json(persist.state.name)
 
 

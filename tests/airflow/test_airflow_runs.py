@@ -222,7 +222,11 @@ def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
     port = devredis.free_port()
     server = LIVE_REDIS["server"] = RestartableRedis(port, home / "redis")  # AOF: restartable
     redis_url = f"redis://127.0.0.1:{port}/0"
-    env = {"TRIDENTFLOW_RETRY_DELAY_SECONDS": "1", "TRIDENTFLOW_FAULTS": "mid-commit@2=kill"}
+    env = {
+        "TRIDENTFLOW_RETRY_DELAY_SECONDS": "1",
+        "TRIDENTFLOW_FAULTS": "mid-commit@2=kill",
+        "TRIDENTFLOW_RETAIN_TXIDS": "5",  # undo logs: the view's rewind (the last test)
+    }
     try:
         with live_stack.stack(home, redis_url, env) as api:
             yield api, redis_url, home
@@ -578,3 +582,47 @@ def test_a_run_marked_failed_by_hand_blocks_until_released_from_the_ui(live):
             if e["txid"] > committed
         ]
     assert len(listed) == 2  # each txid reported once, however Airflow grouped the runs
+
+
+def test_an_operator_rewinds_from_the_ui_and_the_next_run_recomputes(live):
+    """Undo logs kept under Airflow (TRIDENTFLOW_RETAIN_TXIDS in the stack): the view shows
+    the rewindable txids; Rewind, confirmed in the page, takes the last txid back (every
+    count as it was before it), leaves an entry in Airflow's audit log and marks the run
+    that committed it rewound; the next run recomputes that txid and the audit is clean."""
+    from tests.airflow import browser
+
+    api, redis_url, home = live
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(10, seed=44))  # a txid before the one taken back
+    assert api.wait_run(trigger(api)) == "success"
+    lines = sentences(30, seed=43)
+    produce(rt, lines)
+    words = sorted(word_counts(lines))
+    before = counts(rt, words)
+    run_id = trigger(api)
+    assert api.wait_run(run_id) == "success"
+    committed = rt.ledger.committed_txid()
+    assert rt.ledger.txid_of_run(run_id) == committed
+    with browser.logged_in(api.base, launcher.admin_password(home)) as page:
+        page.goto(f"{api.base}/plugin/tridentflow?pipeline=wordcount")
+        kept = browser.frame_text(page, "#rewindable")
+        assert kept.endswith(f"..{committed}"), kept
+        frame = page.frame_locator("iframe")
+        frame.locator("#rewind-to").fill(str(committed - 1))
+        frame.locator("#rewind").click()
+        asked = browser.frame_text(page, "#rewind-confirm")
+        assert f"right after txid {committed - 1}?" in asked and "audit log" in asked, asked
+        frame.locator("#confirm-rewind").click()
+        shown = frame.locator("#committed-txid")
+        browser.wait_until(lambda: shown.inner_text() == str(committed - 1), 60)
+        assert "Rewound to txid" in browser.frame_text(page, ".rewound")
+        browser.screenshot(page, "tridentflow-rewound")
+    assert counts(rt, words) == before
+    assert rt.ledger.rewound_txid(run_id) == (committed, committed - 1)
+    logged = api.call("GET", "/eventLogs?event=tridentflow.rewind")["event_logs"]
+    assert [e["owner"] for e in logged] == ["admin"], logged
+    again = trigger(api)
+    assert api.wait_run(again) == "success"
+    assert api.xcom(again, "coordinate")["txid"] == committed
+    assert rt.ledger.committed_txid() == committed
+    assert audit(rt).ok

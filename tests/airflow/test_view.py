@@ -334,3 +334,46 @@ def test_a_kafka_pipeline_reads_its_brokers_from_the_airflow_connection(
         (0, 2, 2),
     ]
     assert info["lag"] == 10
+
+
+def items(page: dict) -> dict:
+    return {tuple(v["key"]): v["value"] for v in page["values"]}
+
+
+def test_state_as_of_an_older_txid_and_a_rewind_from_the_view(client, redis_url, home, monkeypatch):
+    """With undo logs kept, the state browser reads values as of a retained txid, and an
+    operator with edit rights rewinds the pipeline (403 without; 409 in one line outside
+    the retained range, nothing changed): the runs of the rewound txids then read
+    "rewound", and the pipeline page lists the rewind."""
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "3")
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(16))
+    noted = {}
+    for n in range(1, 5):
+        coordinate_run(rt, f"manual__{n}", batch_size=1)
+        emit_run(rt, f"manual__{n}", LocalEngine())
+        commit_run(rt, f"manual__{n}")
+        noted[n] = client.get("/api/pipelines/wordcount/state/counts/keys?limit=1000").json()
+    detail = client.get("/api/pipelines/wordcount").json()
+    assert detail["rewindable"] == {"oldest": 1, "newest": 4, "retain_txids": 3}
+    as_of = client.get("/api/pipelines/wordcount/state/counts/keys?as_of=2").json()
+    assert items(as_of) == items(noted[2]) != items(noted[4]) and as_of["committed_txid"] == 2
+    word = noted[2]["values"][0]["key"][0]
+    one = client.get("/api/pipelines/wordcount/state/counts", params={"key": word, "as_of": 2})
+    assert one.json()["values"] == [noted[2]["values"][0]]
+
+    monkeypatch.setattr(view, "may_edit_runs", lambda user, dag_id: False)
+    assert client.post("/api/pipelines/wordcount/rewind?to=2").status_code == 403
+    monkeypatch.setattr(view, "may_edit_runs", lambda user, dag_id: True)
+    refused = client.post("/api/pipelines/wordcount/rewind?to=0")
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == ("txid 0 is outside what the undo logs retain (txids 1..4)")
+    done = client.post("/api/pipelines/wordcount/rewind?to=2")
+    assert done.status_code == 200, done.text
+    assert sorted(done.json()["runs_rewound"]) == ["manual__3", "manual__4"]
+    after = client.get("/api/pipelines/wordcount").json()
+    assert after["committed_txid"] == 2 and after["rewinds"][0]["to"] == 2
+    listed = client.get("/api/pipelines/wordcount/state/counts/keys?limit=1000").json()
+    assert items(listed) == items(noted[2])
+    run = client.get("/api/runs/tridentflow_wordcount/manual__4").json()
+    assert (run["status"], run["txid"], run["rewound_to"]) == ("rewound", 4, 2)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from state.rewind import rewinding_to
 from state.undo import retained
 from tridentflow.ops.export import sink_status
 from tridentflow.steps.runtime import Runtime
@@ -59,6 +61,8 @@ def status(rt: Runtime) -> dict[str, Any]:
         "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
         "sinks": sink_status(rt),
         "rewindable": rewindable(rt),
+        "rewinding": rewinding_to(rt.client, rt.keyspace),
+        "rewinds": ledger.rewinds(5),
     }
 
 
@@ -72,6 +76,10 @@ def rewindable(rt: Runtime) -> dict[str, Any] | None:
 
 
 HISTORY_SHOWN = 20
+
+
+def _clock(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
 
 
 def step_seconds(info: dict[str, Any]) -> float | None:
@@ -152,6 +160,17 @@ def format_status(info: dict[str, Any]) -> str:
         if kept
         else "rewindable     none (retain_txids is 0)"
     )
+    if info.get("rewinding") is not None:
+        target = info["rewinding"]
+        lines.append(
+            f"REWINDING      to txid {target}, under way or cut short: no step runs until it "
+            f"is done (finish it: tridentflow rewind {info['pipeline']} --to {target} --yes)"
+        )
+    for r in info.get("rewinds", [])[:3]:
+        lines.append(
+            f"rewound        to txid {r['to']} at {_clock(r['at_ms'])}: txids {r['to'] + 1}.."
+            f"{r['last']} taken back ({r['committed'] - r['to']} committed)"
+        )
     for sink in info.get("sinks", []):
         lines.append(
             f"sink           {sink['sink']} ({sink['state']} -> {sink['target']}): at txid "
