@@ -197,6 +197,14 @@ class KeySpace:
         return f"{self.base}:undo-meta"
 
     @property
+    def lineage(self) -> str:
+        """String: the generation a pipeline's lineage began with, set by its first rewind
+        (absent: the current generation). A reset starts a new lineage (it deletes the key);
+        a rewind does not: a sink that cannot take back what it wrote (a Redis stream) goes
+        on across a rewind, from its position."""
+        return f"{self.base}:lineage"
+
+    @property
     def rewinds(self) -> str:
         """List of the rewinds done, newest first (JSON: ``to``, ``committed``, ``last``,
         ``at_ms``): what marks a run's txid "rewound" in status and the view."""

@@ -144,6 +144,11 @@ class Ledger:
             f"{self.pipeline} --to {target})"
         )
 
+    def lineage(self) -> str:
+        """The generation this pipeline's lineage began with (state.keys.KeySpace.lineage):
+        a reset changes it, a rewind does not."""
+        return _s(self.client.get(self.keys.lineage)) or self.generation
+
     def current_generation(self) -> str | None:
         """The pipeline's generation in Redis now (None if it has none)."""
         return _s(self.client.get(self.keys.generation))

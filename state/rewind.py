@@ -213,6 +213,7 @@ def finish_rewind(
         keyspace.history,
         keyspace.runs,
         keyspace.rewinds,
+        keyspace.lineage,
         *(keyspace.tx(n) for n in range(target + 1, last + 1)),
     ]
     now_ms = int(time.time() * 1000)

@@ -643,7 +643,7 @@ if not rewinding then
     end
   end
   redis.call('HSET', KEYS[3], 'rewinding', target, 'rewinding_committed', committed,
-    'rewinding_last', last)
+    'rewinding_last', last, 'rewinding_generation', redis.call('GET', KEYS[1]) or '')
 end
 redis.call('SET', KEYS[1], ARGV[2])
 return {tonumber(redis.call('HGET', KEYS[3], 'rewinding_committed')),
@@ -714,7 +714,9 @@ FINISH_REWIND = LuaScript(
 -- pipeline gets a fresh generation ARGV[3].
 -- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3] undo meta hash  KEYS[4] offsets hash
 -- KEYS[5] history list  KEYS[6] runs hash  KEYS[7] rewinds list (newest first)
--- KEYS[8..] tx hashes of the rewound txids (deleted)
+-- KEYS[8] lineage key (set to the generation before the rewind, if not set: sinks that
+-- cannot take anything back go on across a rewind, but not across a reset)
+-- KEYS[9..] tx hashes of the rewound txids (deleted)
 -- ARGV[1] the rewind's generation  ARGV[2] N  ARGV[3] the new generation  ARGV[4] now (ms)
 -- ARGV[5..] run id, txid, ... of the runs bound to rewound txids
 -- Returns the number of history entries removed.
@@ -723,6 +725,7 @@ if err then return redis.error_reply(err) end
 local target = tonumber(ARGV[2])
 local committed = tonumber(redis.call('HGET', KEYS[3], 'rewinding_committed') or '0')
 local last = tonumber(redis.call('HGET', KEYS[3], 'rewinding_last') or '0')
+local before = redis.call('HGET', KEYS[3], 'rewinding_generation') or ''
 local offsets = redis.call('HGET', KEYS[3], 'offsets:' .. target)
 if target < committed and not offsets then
   return redis.error_reply('TFREWIND the offsets right after txid ' .. target ..
@@ -748,6 +751,7 @@ end
 gone[#gone + 1] = 'rewinding'
 gone[#gone + 1] = 'rewinding_committed'
 gone[#gone + 1] = 'rewinding_last'
+gone[#gone + 1] = 'rewinding_generation'
 redis.call('HDEL', KEYS[3], unpack(gone))
 local kept = {}
 local removed = 0
@@ -768,7 +772,8 @@ end
 redis.call('LPUSH', KEYS[7], cjson.encode({to = target, committed = committed,
   last = last, at_ms = tonumber(ARGV[4])}))
 redis.call('LTRIM', KEYS[7], 0, 99)
-for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
+if before ~= '' then redis.call('SET', KEYS[8], before, 'NX') end
+for i = 9, #KEYS do redis.call('DEL', KEYS[i]) end
 redis.call('SET', KEYS[1], ARGV[3])
 return removed
 """,

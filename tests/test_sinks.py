@@ -203,6 +203,43 @@ def test_chained_pipelines_through_a_stream_are_exactly_once(sinked, home: Path)
     assert state_rows(follower, "changes") == {"x": 2, "y": 2}
 
 
+def test_a_rewind_reloads_the_tables_and_the_stream_goes_on_once(
+    sinked, pg_dsn, monkeypatch
+) -> None:
+    """A rewind below what a stream sink appended is refused in one line (its readers saw
+    it), nothing changed; one to the stream's position takes back a txid the PostgreSQL
+    tables had: their next export reloads them in one transaction, and after the replay
+    every table equals the state and the stream holds each change once."""
+    from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "8")
+    rt = sinked
+    run_batches(rt, LocalEngine(), max_batches=2)
+    export(rt, ["stream-kv-changesP"])
+    run_batches(rt, LocalEngine(), max_batches=1)  # txid 3: "del x"
+    export(rt, ["postgres-kv", "postgres-counts_x10"])
+    assert table_rows(pg_dsn, "kv", "key") == {"y": (2,)}
+    with pytest.raises(RewindRefused, match=r"sink stream-kv-changesP .* up to 2, which its"):
+        rewind_pipeline(rt, 1)
+    assert rt.ledger.committed_txid() == 3
+    rewind_pipeline(rt, 2)
+    assert state_rows(rt, "kv") == {"x": 1, "y": 2}
+    results = {r.sink: r for r in export(rt)}
+    assert results["postgres-kv"].reloaded_at == 2
+    assert table_rows(pg_dsn, "kv", "key") == {"x": (1,), "y": (2,)}
+    run_batches(rt, LocalEngine())
+    export(rt)
+    assert (
+        table_rows(pg_dsn, "kv", "key")
+        == {"y": (3,)}
+        == {k: (v,) for k, v in state_rows(rt, "kv").items()}
+    )
+    counts = {w: c * 10 for w, c in state_rows(rt, "counts").items() if len(w) > 2}
+    assert table_rows(pg_dsn, "counts_x10", "word") == {w: (c,) for w, c in counts.items()}
+    values = [(fields["key"], fields["value"]) for _id, fields in stream_entries(rt)]
+    assert sorted(values) == sorted([("x", "1"), ("y", "2"), ("x", "null"), ("y", "3")])
+
+
 def test_sink_definitions_are_checked_when_the_pipeline_is_built() -> None:
     pipeline = Pipeline("p", LogSource(fields=("w",)))
     counts = pipeline.stream.group_by("w").persistent_aggregate(

@@ -79,6 +79,7 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
         rt.redis_url,
         replicas=rt.replicas,
         replica_timeout_ms=rt.replica_timeout_ms,
+        lineage=rt.ledger.lineage(),
     )
     if not rt.faults.faults and hook is None:
         return base

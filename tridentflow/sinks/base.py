@@ -21,7 +21,9 @@ class SinkError(TridentflowError):
 @dataclass(frozen=True)
 class ExportContext:
     """What a sink may use of the pipeline it exports: its name, its current generation (a
-    reset starts a new one: a sink then replaces what it held) and its Redis."""
+    reset or a rewind starts a new one: a sink that can, then replaces what it held), its
+    lineage (a reset starts a new one, a rewind does not: a sink that cannot replace what
+    it wrote goes on from its position) and its Redis."""
 
     pipeline: str
     generation: str
@@ -34,6 +36,8 @@ class ExportContext:
     """With > 0 (``--wait-replicas``), a sink in Redis reports a txid applied only once that
     many replicas acknowledged it: a failover cannot then take back what its position says."""
     replica_timeout_ms: int = 5000
+    lineage: str = ""
+    """The generation the pipeline's lineage began with ('' = ``generation``)."""
 
 
 class Sink(ABC):

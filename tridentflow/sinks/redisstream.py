@@ -3,8 +3,9 @@
 Entry IDs come from the txid: the rows of txid T go to ``(base + T)-0``, ``(base + T)-1``, ...
 (per partition stream, rows in a fixed order), so an export retried after a crash part-way
 re-adds the same IDs, which Redis refuses as not new: nothing is written twice. ``base`` is
-fixed per pipeline generation (above every ID the stream held when the generation first
-exported), kept with the sink's position in a companion hash in the stream's slot
+fixed per pipeline lineage (above every ID the stream held when the lineage first exported;
+a reset starts a new lineage, a rewind does not - it is refused below the sink's
+position), kept with the sink's position in a companion hash in the stream's slot
 (``<stream>:tridentflow-sink``, hash-tagged), which APPEND_TXID moves in the same script as
 the txid's last entries. A downstream pipeline reading the stream with a RedisStreamSource
 therefore sees every change exactly once: chained pipelines are exactly-once end to end.
@@ -170,7 +171,8 @@ class RedisStreamSink(Sink):
         for stream in self.streams():
             gen, pos = client.hmget(companion_key(stream), f"{sink}:generation", f"{sink}:txid")
             gen = gen.decode() if isinstance(gen, bytes) else gen
-            positions.append(int(pos) if gen == ctx.generation and pos is not None else 0)
+            lineage = ctx.lineage or ctx.generation
+            positions.append(int(pos) if gen == lineage and pos is not None else 0)
         return min(positions)
 
     def _partition_of(self, row: Row, key_idx: list[int]) -> int:
@@ -200,7 +202,8 @@ class RedisStreamSink(Sink):
             chunks = [part[i : i + APPEND_CHUNK] for i in range(0, len(part), APPEND_CHUNK)]
             for n, chunk in enumerate(chunks or [[]]):
                 last = "1" if n == len(chunks or [[]]) - 1 else "0"
-                args: list[Any] = [self._sink_id(ctx), ctx.generation, txid, last, width]
+                lineage = ctx.lineage or ctx.generation
+                args: list[Any] = [self._sink_id(ctx), lineage, txid, last, width]
                 args.append(n * APPEND_CHUNK)
                 for row in chunk:
                     for field, value in zip(self.fields, row, strict=True):
