@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from state.maps import MapState, OpaqueMap, StoredValue
@@ -37,6 +39,8 @@ def test_fixed_seed_schedules_are_exact(pg_dsn):
         "export-resync",
         "pg-session-killed",
         "export-failed:SinkError",
+        "rewind-to:",
+        "rewind-cut-short",
     ):
         assert kind in events, f"no {kind} event in {CI_SCHEDULES} schedules"
 
@@ -146,7 +150,7 @@ def test_the_harness_catches_a_task_fold_keyed_on_equality(monkeypatch):
 
 def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
     """The class 'an operator acting while a run is in flight': a runtime that follows the
-    pipeline's current generation instead of the one it started in."""
+    pipeline's current generation instead of the one it started in (a reset's, a rewind's)."""
     from state.ledger import Ledger
 
     monkeypatch.setattr(
@@ -154,7 +158,26 @@ def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
     )
     results = run_chaos(200, seed=0, redis_restarts=False)
     assert not results[-1].ok, "200 schedules did not expose a step that ignores a reset"
-    assert "after a reset was not refused" in (results[-1].difference or "")
+    difference = results[-1].difference or ""
+    assert re.search(r"after a (reset|rewind)\b.* was not refused", difference), difference
+
+
+def test_the_harness_catches_a_rewind_that_restores_oldest_first(monkeypatch):
+    """The same class through a rewind: undo logs applied oldest txid first leave a key that
+    two rewound txids wrote at the newer one's prior value, not at the target's."""
+    import state.rewind
+
+    restore = state.rewind.restore_states
+
+    def oldest_first(client, keyspace, states, target, committed, last, token, hook=None):
+        return sum(
+            restore(client, keyspace, states, txid - 1, committed, txid, token, hook)
+            for txid in range(target + 1, last + 1)
+        )
+
+    monkeypatch.setattr(state.rewind, "restore_states", oldest_first)
+    results = run_chaos(200, seed=0, redis_restarts=False)
+    assert not results[-1].ok, "200 schedules did not expose a rewind restoring oldest first"
 
 
 def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):

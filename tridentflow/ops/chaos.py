@@ -72,6 +72,7 @@ import redis
 
 from state.codec import decode_key, encode_key
 from state.errors import GenerationError, PipelineBusyError, StateError
+from state.undo import retained
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import (
@@ -118,6 +119,10 @@ its own; outages freeze the broker (SIGSTOP), between steps and in the middle of
 BAD_KAFKA_VALUES = (b'{"not json', b"\xff\xfe", b'["wrong", "arity"]')
 """Kafka records another producer could write that are no sentence; each is quarantined."""
 RETRIES = 3
+RETAIN_TXIDS = 3
+"""Undo logs kept in every schedule (the operator's rewinds)."""
+REWIND_CHANCE = 0.04
+"""Per step: the operator rewinds the pipeline (at most twice a schedule)."""
 CHAOS_COLUMNS = {"key": "text", "value": "jsonb"}
 """The chaos tables: the key's canonical encoding, the value as JSON."""
 SHARD_CHOICES = (1, 2, 3)
@@ -232,6 +237,7 @@ class Chaos:
         """A runtime of its own (a new process's): against a gated cluster, its commits wait
         for one replica (a short timeout: a held replica fails them fast)."""
         rt = Runtime(pipeline, connect(self.url), home, faults or FaultPlan(), shards=shards)
+        rt.retain = RETAIN_TXIDS  # undo logs in every schedule: the operator's rewinds
         if self.cluster is not None:
             rt.replicas, rt.replica_timeout_ms = 1, 300
         return rt
@@ -268,6 +274,7 @@ class Chaos:
             sched.kafka = self.kafka
             sched.kafka_rng = random.Random(f"kafka-{seed}")
         sched.sink_rng = random.Random(f"sinks-{seed}")
+        sched.rewind_rng = random.Random(f"rewind-{seed}")
         sched.seed = seed
         self._drop_sink_targets(rt, seed)
         sched.append(rng.randint(5, 60))
@@ -328,6 +335,11 @@ class Chaos:
             rt = sched.rt
             if rt.ledger.committed_txid() >= runs:
                 return
+            if sched.rewinds < 2 and sched.rewind_rng.random() < REWIND_CHANCE:
+                self._rewind_in_flight(sched, run_id, steps[step_index], step)
+                run_no, failures, step_index = run_no + 1, 0, 0
+                run_id = f"run-{run_no}"
+                continue
             roll = rng.random()
             if self.redis_restarts and roll < 0.08:
                 self.redis.restart()
@@ -465,6 +477,81 @@ class Chaos:
         old.client.close()
         sched.rt = fresh
         sched.was_reset = True
+
+    def _rewind_in_flight(self, sched: _Schedule, run_id: str, next_step: str, step: int) -> None:
+        """An operator rewinds the pipeline while ``run_id`` is in flight (``--force``: it
+        holds a live lease) to a txid the undo logs retain - or to the committed one, which
+        drops the pending txids: the only one allowed before they retain any, and the
+        operator's fallback when a stream sink already wrote past the first choice. Half the
+        time the rewind is killed part-way (``mid-rewind``: raise or crash); the run's next
+        step is then refused too, and the operator runs the same rewind again. Afterwards the
+        run's next step must be refused (GenerationError in its own process; a new process of
+        the run finds its txid rewound); the replay must count every record once (the final
+        checks)."""
+        from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+        from tridentflow.steps.runs import RunNotBoundError, commit_run
+
+        old, rng, events = sched.rt, sched.rewind_rng, sched.result.events
+        sched.end_outage(f"rewind@step{step}")
+        sched.rewinds += 1
+        committed = old.ledger.committed_txid()
+        kept = retained(old.client, old.keyspace)
+        target = committed if kept is None else rng.randint(kept.oldest, kept.newest)
+
+        def rewind(to: int, faults: FaultPlan | None = None) -> Runtime:
+            fresh = self._runtime(old.pipeline, old.home, faults, old.shards or 1)
+            try:
+                rewind_pipeline(fresh, to, force=True)
+            except ReplicationError:  # not on a replica: the operator waits, runs it again
+                assert self.cluster is not None and sched.lagging is not None
+                self.cluster.release_replication(sched.lagging[0])
+                sched.lagging = None
+                fresh.client.close()
+                fresh = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
+                rewind_pipeline(fresh, to, force=True)
+                events.append(f"rewind-after-replication-wait@step{step}")
+            return fresh
+
+        def refused(rt: Runtime, what: str) -> None:
+            try:
+                if next_step == "coordinate":
+                    coordinate_run(rt, run_id, lease_ms=60_000)
+                elif next_step == "emit":
+                    emit_run(rt, run_id, self.engine, lease_ms=60_000)
+                else:
+                    commit_run(rt, run_id)
+            except (GenerationError, RunNotBoundError):
+                pass
+            except BaseException as exc:
+                sched.result.difference = f"{next_step} {what} failed with {exc!r}"
+            else:
+                sched.result.difference = f"{next_step} of {run_id} {what} was not refused"
+
+        last = old.ledger.last_txid()
+        faults = FaultPlan()
+        if last > target and rng.random() < 0.5:
+            action = rng.choice(("raise", "crash"))
+            faults = FaultPlan((Fault("mid-rewind", rng.randint(target + 1, last), 1, action),))
+        killed = f"({faults.faults[0]})" if faults.faults else ""
+        events.append(f"rewind-to:{target}@step{step}{killed}")
+        try:
+            try:
+                fresh = rewind(target, faults)
+            except (InjectedFault, SimulatedCrash):
+                events.append("rewind-cut-short")
+                refused(old, "during a rewind cut short")
+                fresh = rewind(target)  # the operator runs it again: it finishes
+        except RewindRefused:  # a stream sink wrote past it: the operator keeps what it has
+            events.append("rewind-refused:sink")
+            fresh = rewind(committed)
+        refused(old, "after a rewind")
+        if next_step != "coordinate":
+            other = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
+            refused(other, "after a rewind, in a new process")
+            other.client.close()
+        old.client.close()
+        fresh.faults = old.faults
+        sched.rt = fresh
 
     def _commit_race(self, rt: Runtime, run_id: str, racers: int) -> None:
         from tridentflow.steps.runs import commit_run
@@ -608,7 +695,7 @@ class Chaos:
             if isinstance(feed.sink, PostgresSink):
                 got = _table(self.postgres_dsn, feed.sink.table)
             else:
-                got, problem = _stream_view(rt, feed.sink, rt.ledger.generation)
+                got, problem = _stream_view(rt, feed.sink, rt.ledger.lineage())
                 if problem and not result.difference:
                     result.difference = f"sink {feed.name}: {problem}"
                     return
@@ -719,14 +806,14 @@ def _table(dsn: str, table: str) -> dict[str, str]:
     return {key: _jsonish(value) for key, value in rows}
 
 
-def _stream_view(rt: Runtime, sink: RedisStreamSink, generation: str):
-    """(key -> value by the stream's last entry per key, of this generation, or a problem):
+def _stream_view(rt: Runtime, sink: RedisStreamSink, lineage: str):
+    """(key -> value by the stream's last entry per key, of this lineage, or a problem):
     one entry per key and txid, never twice."""
     stream = sink.streams()[0]
     sink_id = f"{rt.pipeline.name}/{sink.name}"
     meta = rt.client.hgetall(companion_key(stream))
-    if meta.get(f"{sink_id}:generation".encode(), b"").decode() != generation:
-        return {}, None  # nothing exported in this generation (an empty state)
+    if meta.get(f"{sink_id}:generation".encode(), b"").decode() != lineage:
+        return {}, None  # nothing exported in this lineage (an empty state)
     base = int(meta[f"{sink_id}:base".encode()])
     seen: set[tuple[int, str]] = set()
     latest: dict[str, str] = {}
@@ -781,6 +868,9 @@ class _Schedule:
         self.kafka: LocalKafka | None = None
         self.kafka_rng = random.Random(0)
         """Kafka schedules' own generator (mid-emit freezes, transactions, bad records)."""
+        self.rewind_rng = random.Random(0)
+        """The operator's rewinds' own generator: the steps' draws stay as they were."""
+        self.rewinds = 0
         self.unsent: list[str] = []
         """Lines produced while the broker was frozen: sent when it is back."""
         self.freeze: threading.Timer | None = None
