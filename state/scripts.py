@@ -95,22 +95,45 @@ end
 # Shared Lua helper: the undo log (state.undo). Before a txid writes fields of a state, the
 # values they hold are recorded in the txid's undo hash ('' = absent) - only the first write of
 # a field in the txid: a retried attempt (or a rollback of an earlier attempt's write) finds
-# the value from before the txid already there and keeps it.
+# the value from before the txid already there and keeps it. ``first[i]`` true says field i's
+# stored value proves this is its first write in the txid (absent, or tagged with an older
+# txid: every write of a txid tags the value with it, and nothing deletes one before the txid
+# is committed), so its entry is set without looking; the others are looked up first.
 _RECORD_UNDO = """
-local function record_undo(undo, fields, priors)
-  for i = 1, #fields, 2000 do  -- unpack() has a stack limit: slices
-    local last = math.min(i + 1999, #fields)
-    local seen = redis.call('HMGET', undo, unpack(fields, i, last))
-    local pairs, n = {}, 0
+local function record_undo(undo, fields, priors, first)
+  local pairs, n = {}, 0
+  local check, priors_of = {}, {}
+  for i = 1, #fields do
+    if first and first[i] then
+      pairs[n + 1] = fields[i]
+      pairs[n + 2] = priors[i] or ''
+      n = n + 2
+    else
+      check[#check + 1] = fields[i]
+      priors_of[#check] = priors[i] or ''
+    end
+  end
+  for i = 1, #check, 2000 do  -- unpack() has a stack limit: slices
+    local last = math.min(i + 1999, #check)
+    local seen = redis.call('HMGET', undo, unpack(check, i, last))
     for j = 1, #seen do
       if not seen[j] then
-        pairs[n + 1] = fields[i + j - 1]
-        pairs[n + 2] = priors[i + j - 1] or ''
+        pairs[n + 1] = check[i + j - 1]
+        pairs[n + 2] = priors_of[i + j - 1]
         n = n + 2
       end
     end
-    if n > 0 then redis.call('HSET', undo, unpack(pairs)) end
   end
+  for i = 1, n, 4000 do
+    redis.call('HSET', undo, unpack(pairs, i, math.min(i + 3999, n)))
+  end
+end
+
+-- Whether a stored value (or false: absent) proves that txid has not written it yet.
+local function first_write(raw, txid)
+  if not raw then return true end
+  local t = string.match(raw, '^%[(%d+),')
+  return t ~= nil and tonumber(t) < txid
 end
 """
 
@@ -137,12 +160,15 @@ if fenced then
   if ARGV[4] == '1' and #ARGV >= 5 then
     local fields = {}
     for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
-    local priors = {}
+    local priors, first, txid = {}, {}, tonumber(ARGV[1])
     for i = 1, #fields, 2000 do
       local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 1999, #fields)))
-      for j = 1, #part do priors[#priors + 1] = part[j] end
+      for j = 1, #part do
+        priors[#priors + 1] = part[j]
+        first[#first + 1] = first_write(part[j], txid)
+      end
     end
-    record_undo(KEYS[6], fields, priors)
+    record_undo(KEYS[6], fields, priors, first)
   end
 end
 local n = 0
@@ -907,7 +933,7 @@ for i = 1, #fields, 4000 do  -- unpack() has a stack limit: HMGET in slices
   local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 3999, #fields)))
   for j = 1, #part do stored[#stored + 1] = part[j] end
 end
-local writes, written, unhandled, priors = {}, {}, {}, {}
+local writes, written, unhandled, priors, first = {}, {}, {}, {}, {}
 local nw, nu = 0, 0
 local head = nontx and '[null,' or ('[' .. txid .. ',')
 -- the common update - count or sum of ints, stored before this txid - in one pattern and one
@@ -952,6 +978,8 @@ for n = 1, #fields do
     nw = nw + 1
     written[nw] = field
     priors[nw] = raw or false
+    local tagged = t and tonumber(t)
+    first[nw] = not nontx and ((not raw) or (tagged ~= nil and tagged < txid))
   elseif value == nil then
     nu = nu + 1
     unhandled[nu] = field
@@ -959,7 +987,7 @@ for n = 1, #fields do
 end
 -- every key is checked before anything is written (a stale key above writes nothing);
 -- then the undo log, and HSET/SADD in slices (unpack() has a stack limit)
-if ARGV[7] == '1' then record_undo(KEYS[6], written, priors) end
+if ARGV[7] == '1' then record_undo(KEYS[6], written, priors, first) end
 for i = 1, #written, 2000 do
   local last = math.min(i + 1999, #written)
   redis.call('HSET', KEYS[1], unpack(writes, 2 * i - 1, 2 * last))

@@ -94,8 +94,8 @@ def trim_undo(client: redis.Redis, keyspace: KeySpace, states: Iterable[str]) ->
     if upto <= purged:
         return 0
     names = list(states)
-    for txid in range(purged, upto):
-        client.delete(*(s.undo(name, txid) for s in _shards(keyspace) for name in names))
+    for txid in range(purged, upto):  # UNLINK: Redis frees the hashes in the background
+        client.unlink(*(s.undo(name, txid) for s in _shards(keyspace) for name in names))
     stale = [f"offsets:{t}" for t in range(max(0, purged - 1), upto - 1)]
     if stale:
         client.hdel(meta, *stale)
