@@ -16,8 +16,10 @@ best of --repeat runs of txids 2 and 3 (the steady state), in keys/s, with:
   ``COPY``), the per-txid savepoint a user would keep to roll back to.
 
 Memory: ``MEMORY USAGE`` of one txid's undo hash per key it changed, next to the state's own
-bytes per key and a snapshot's (every key, changed or not). Needs a Redis:
-TRIDENTFLOW_REDIS_URL, else a private redis-server (no persistence).
+bytes per key and a snapshot's (every key, changed or not). Then the usual case, a txid that
+changes --changed-percent of a state of --keys keys (Count, opaque, in Redis): the same three
+modes, and the memory each keeps per txid. Needs a Redis: TRIDENTFLOW_REDIS_URL, else a
+private redis-server (no persistence).
 """
 
 from __future__ import annotations
@@ -52,8 +54,12 @@ def memory(client, key: str) -> int:
     return int(client.memory_usage(key, samples=0) or 0)
 
 
-def one_run(client, home: Path, op: str, kind: StateKind, mode: str, keys: int) -> dict:
-    """Seconds of txids 2 and 3's commits in ``mode``, and the memory figures."""
+def one_run(
+    client, home: Path, op: str, kind: StateKind, mode: str, keys: int, changed: int = 0
+) -> dict:
+    """Seconds of txids 2 and 3's commits in ``mode``, and the memory figures; ``changed``:
+    txids 2 and 3 change only that many of the keys (default: all)."""
+    changed = changed or keys
     rt = Runtime(pipeline(op, kind), client, home)
     rt.ledger.reset(force=True)
     rt.retain = 1 if mode == "on" else 0
@@ -63,7 +69,8 @@ def one_run(client, home: Path, op: str, kind: StateKind, mode: str, keys: int) 
     seconds = 0.0
     out: dict = {}
     for txid in (1, 2, 3):
-        records = [[f"k{i}", rng.randint(-1000, 1000)] for i in range(keys)]
+        n = keys if txid == 1 else changed
+        records = [[f"k{i}", rng.randint(-1000, 1000)] for i in range(n)]
         rt.log.append_spread(records)
         coordinate(rt, rt.ledger.bind_run(f"bench-{txid}").txid, batch_size=keys)
         emit(rt, txid, LocalEngine())
@@ -72,15 +79,17 @@ def one_run(client, home: Path, op: str, kind: StateKind, mode: str, keys: int) 
         if mode == "snapshot":
             client.copy(state, f"{state}:snapshot:{txid}", replace=True)
         took = time.perf_counter() - started
-        assert result.status == "committed" and result.keys == keys, result
+        assert result.status == "committed" and result.keys == n, result
         if txid > 1:
             seconds += took
         if txid == 2:
             out["state_bytes"] = memory(client, state) / keys
             if mode == "on":
-                out["undo_bytes"] = memory(client, rt.keyspace.undo("s", 2)) / keys
+                out["undo_total"] = memory(client, rt.keyspace.undo("s", 2))
+                out["undo_bytes"] = out["undo_total"] / changed
             if mode == "snapshot":
-                out["snapshot_bytes"] = memory(client, f"{state}:snapshot:2") / keys
+                out["snapshot_total"] = memory(client, f"{state}:snapshot:2")
+                out["snapshot_bytes"] = out["snapshot_total"] / keys
     if mode == "on":  # txid 3's commit dropped txid 2's undo logs: only txid 3's are left
         assert not client.exists(rt.keyspace.undo("s", 2))
         assert client.exists(rt.keyspace.undo("s", 3))
@@ -89,7 +98,7 @@ def one_run(client, home: Path, op: str, kind: StateKind, mode: str, keys: int) 
         client.delete(f"{state}:snapshot:{txid}")
     rt.ledger.reset(force=True)
     shutil.rmtree(home, ignore_errors=True)
-    out["rate"] = 2 * keys / seconds
+    out["rate"] = 2 * changed / seconds
     return out
 
 
@@ -97,6 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--changed-percent", type=int, default=2, help="the sparse txids: keys changed (%%)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-undo-"))
     try:
@@ -132,7 +144,6 @@ def run(args: argparse.Namespace, work: Path, client) -> None:
             figures[label] = best
     finally:
         committer.IN_REDIS = True
-        client.close()
     print("Redis memory, bytes per key (MEMORY USAGE, after txid 2):")
     for label, best in figures.items():
         print(
@@ -140,6 +151,33 @@ def run(args: argparse.Namespace, work: Path, client) -> None:
             f"{best['on']['undo_bytes']:>6.0f} per changed key per retained txid   snapshot "
             f"{best['snapshot']['snapshot_bytes']:>6.0f} per key (changed or not) per txid"
         )
+    sparse(args, work, client)
+
+
+def sparse(args: argparse.Namespace, work: Path, client) -> None:
+    """The usual txid: it changes a few of the state's keys (count, opaque, in Redis)."""
+    changed = max(1, args.keys * args.changed_percent // 100)
+    print(
+        f"a state of {args.keys:,} keys, txids changing {changed:,} of them "
+        f"({args.changed_percent}%): keys/s, and Redis memory kept per txid"
+    )
+    best: dict[str, dict] = {}
+    try:
+        for _ in range(args.repeat):
+            for mode in MODES:
+                home = work / f"home-sparse-{mode}"
+                got = one_run(client, home, "count", StateKind.OPAQUE, mode, args.keys, changed)
+                if mode not in best or got["rate"] > best[mode]["rate"]:
+                    best[mode] = got
+    finally:
+        client.close()
+    off, on, snap = (best[m]["rate"] for m in MODES)
+    print(f"  off {off:,.0f}   on {on:,.0f} ({on / off:.2f}x)   snapshot {snap:,.0f} "
+          f"({snap / off:.2f}x)")  # fmt: skip
+    print(
+        f"  kept per txid: undo log {best['on']['undo_total'] / 1e6:.1f} MB, snapshot "
+        f"{best['snapshot']['snapshot_total'] / 1e6:.1f} MB"
+    )
 
 
 if __name__ == "__main__":
