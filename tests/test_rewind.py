@@ -16,7 +16,8 @@ from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.ops.audit import audit
 from tridentflow.ops.query import list_state, list_state_as_of, query_as_of
-from tridentflow.ops.rewind import rewind_pipeline
+from tridentflow.ops.reset import reset_pipeline
+from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.runs import RunNotBoundError, commit_run, coordinate_run, emit_run
 from tridentflow.steps.runtime import Runtime
@@ -249,3 +250,27 @@ def test_windows_and_batch_operations_go_back_and_replay_the_same(
     run_batches(rt, LocalEngine(), batch_size=per_partition)
     assert rt.ledger.committed_txid() == 6
     assert everything(rt) == noted[6]
+
+
+def test_a_rewind_that_would_lose_trimmed_records_is_refused(redis_url, home, monkeypatch):
+    """Redis Streams: entries trimmed once every reader had them cannot be read again, so a
+    rewind to before them is refused in one line naming the partition and the records, with
+    nothing changed; a rewind to after them goes on."""
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "5")
+    monkeypatch.setenv("TRIDENTFLOW_NAMESPACE", "trimmed")
+    rt = runtime("wordcount-stream", redis_url, home)
+    reset_pipeline(rt, force=True, source=True)
+    for txid in range(1, 5):
+        rt.log.append_spread(sentences(8, seed=txid))
+        run_batches(rt, LocalEngine(), max_batches=1, batch_size=100)
+    committed = rt.ledger.committed_offsets()
+    before = everything(rt)
+    rt.log.trim(rt.ledger.committed_offsets())  # every entry read so far goes
+    with pytest.raises(RewindRefused, match=r"^cannot rewind wordcount-stream to txid 2: "
+                       r"partition \d's records \d+\.\.\d+, read by txids 3\.\.4, cannot be "
+                       r"read again"):  # fmt: skip
+        rewind_pipeline(rt, 2)
+    assert rt.ledger.committed_txid() == 4 and everything(rt) == before
+    assert rt.ledger.committed_offsets() == committed
+    rewind_pipeline(rt, 4)  # the committed txid: nothing to read again
+    assert everything(rt) == before

@@ -5,8 +5,9 @@ part).
 
 Before anything changes it checks what a rewind cannot undo:
 
-* the source must still hold the records the rewound txids read (a trimmed stream, Kafka
-  retention, a deleted log): they would otherwise be counted by no txid - refused, naming them;
+* the source must hold the records the rewound txids read, readable now (not trimmed, not
+  deleted by Kafka's retention, no partition dark): they would otherwise be counted by no
+  txid, or later than they were - refused, naming them;
 * a sink that cannot take back what it wrote (a Redis stream's readers saw the entries) must
   not be past N - refused, naming it. A PostgreSQL sink converges: the next export, in the
   rewind's new generation, reloads its table from the state in one transaction.
@@ -52,7 +53,8 @@ class RewindReport:
 
 def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
     """RewindRefused (one line) if rewinding to ``target`` would lose source records or
-    take back what a sink cannot; returns the sinks that will reload."""
+    take back what a sink cannot; returns the sinks that will reload (every one that can:
+    the rewind starts a new generation)."""
     committed = rt.ledger.committed_txid()
     resuming = rewinding_to(rt.client, rt.keyspace) is not None
     if resuming:
@@ -67,32 +69,31 @@ def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
                 continue
             try:
                 rt.log.probe(partition, start, end)
-            except PartitionUnavailable:
-                continue  # not readable now: the replay picks it up when it is back
-            except SourceError as exc:
+            except SourceError as exc:  # gone (trimmed, retention), or unreadable now
+                reason = exc.reason if isinstance(exc, PartitionUnavailable) else str(exc)
                 raise RewindRefused(
                     f"cannot rewind {rt.pipeline.name} to txid {target}: partition {partition}'s"
                     f" records {start}..{end - 1}, read by txids {target + 1}..{committed}, "
-                    f"cannot be read again ({exc}); rewind to a later txid"
+                    f"cannot be read again ({reason}); rewind to a later txid, or once the "
+                    "partition is readable"
                 ) from None
-    reload = []
+    reload = [feed.name for feed in rt.pipeline.feeds if feed.sink.resyncable]
     if target < committed:
         from tridentflow.ops.export import context
 
         for feed in rt.pipeline.feeds:
+            if feed.sink.resyncable:
+                continue  # it reloads in the new generation: its position does not matter
             try:
                 position = feed.sink.position(context(rt, feed))
             finally:
                 feed.sink.close()
-            if position <= target:
-                continue
-            if not feed.sink.resyncable:
+            if position > target:
                 raise RewindRefused(
                     f"cannot rewind {rt.pipeline.name} to txid {target}: sink {feed.name} "
                     f"({feed.sink.describe()}) already wrote txids up to {position}, which its "
                     f"readers may have read; rewind to txid {position} or later"
                 )
-            reload.append(feed.name)
     return tuple(reload)
 
 
