@@ -100,26 +100,18 @@ end
 # txid: every write of a txid tags the value with it, and nothing deletes one before the txid
 # is committed), so its entry is set without looking; the others are looked up first.
 _RECORD_UNDO = """
-local function record_undo(undo, fields, priors, first)
-  local pairs, n = {}, 0
-  local check, priors_of = {}, {}
-  for i = 1, #fields do
-    if first and first[i] then
-      pairs[n + 1] = fields[i]
-      pairs[n + 2] = priors[i] or ''
-      n = n + 2
-    else
-      check[#check + 1] = fields[i]
-      priors_of[#check] = priors[i] or ''
-    end
-  end
+-- ``pairs``: field, prior, ... of fields known to be written for the first time in the txid
+-- (set as they are); ``check``/``check_priors``: the others, set only where the undo hash
+-- has no entry yet.
+local function record_undo(undo, pairs, check, check_priors)
+  local n = #pairs
   for i = 1, #check, 2000 do  -- unpack() has a stack limit: slices
     local last = math.min(i + 1999, #check)
     local seen = redis.call('HMGET', undo, unpack(check, i, last))
     for j = 1, #seen do
       if not seen[j] then
         pairs[n + 1] = check[i + j - 1]
-        pairs[n + 2] = priors_of[i + j - 1]
+        pairs[n + 2] = check_priors[i + j - 1]
         n = n + 2
       end
     end
@@ -160,15 +152,20 @@ if fenced then
   if ARGV[4] == '1' and #ARGV >= 5 then
     local fields = {}
     for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
-    local priors, first, txid = {}, {}, tonumber(ARGV[1])
+    local pairs, check, check_priors, txid = {}, {}, {}, tonumber(ARGV[1])
     for i = 1, #fields, 2000 do
       local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 1999, #fields)))
       for j = 1, #part do
-        priors[#priors + 1] = part[j]
-        first[#first + 1] = first_write(part[j], txid)
+        if first_write(part[j], txid) then
+          pairs[#pairs + 1] = fields[i + j - 1]
+          pairs[#pairs + 1] = part[j] or ''
+        else
+          check[#check + 1] = fields[i + j - 1]
+          check_priors[#check] = part[j] or ''
+        end
       end
     end
-    record_undo(KEYS[6], fields, priors, first)
+    record_undo(KEYS[6], pairs, check, check_priors)
   end
 end
 local n = 0
@@ -933,8 +930,10 @@ for i = 1, #fields, 4000 do  -- unpack() has a stack limit: HMGET in slices
   local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 3999, #fields)))
   for j = 1, #part do stored[#stored + 1] = part[j] end
 end
-local writes, written, unhandled, priors, first = {}, {}, {}, {}, {}
-local nw, nu = 0, 0
+local writes, written, unhandled = {}, {}, {}
+local undo_pairs, check, check_priors = {}, {}, {}
+local nw, nu, np = 0, 0, 0
+local record = ARGV[7] == '1'
 local head = nontx and '[null,' or ('[' .. txid .. ',')
 -- the common update - count or sum of ints, stored before this txid - in one pattern and one
 -- addition: |curr|, |partial| < 10^15, so the sum is exact (< 2^53); anything else below
@@ -977,9 +976,17 @@ for n = 1, #fields do
     writes[2 * nw + 2] = head .. value .. ',' .. (nontx and 'null' or keep) .. ']'
     nw = nw + 1
     written[nw] = field
-    priors[nw] = raw or false
-    local tagged = t and tonumber(t)
-    first[nw] = not nontx and ((not raw) or (tagged ~= nil and tagged < txid))
+    if record then
+      local tagged = t and tonumber(t)
+      if not nontx and ((not raw) or (tagged ~= nil and tagged < txid)) then
+        undo_pairs[np + 1] = field
+        undo_pairs[np + 2] = raw or ''
+        np = np + 2
+      else
+        check[#check + 1] = field
+        check_priors[#check] = raw or ''
+      end
+    end
   elseif value == nil then
     nu = nu + 1
     unhandled[nu] = field
@@ -987,7 +994,7 @@ for n = 1, #fields do
 end
 -- every key is checked before anything is written (a stale key above writes nothing);
 -- then the undo log, and HSET/SADD in slices (unpack() has a stack limit)
-if ARGV[7] == '1' then record_undo(KEYS[6], written, priors, first) end
+if record then record_undo(KEYS[6], undo_pairs, check, check_priors) end
 for i = 1, #written, 2000 do
   local last = math.min(i + 1999, #written)
   redis.call('HSET', KEYS[1], unpack(writes, 2 * i - 1, 2 * last))
