@@ -17,6 +17,10 @@ retries a task) through a random mix of:
 * an operator's ``reset --source`` while a run is in flight: the run's next step must be
   refused (GenerationError), and only what is produced afterwards may be counted;
 * runs that give up (their txid is released and adopted by the next run);
+* an operator's rewind while a run is in flight (undo logs are kept in every schedule): to a
+  retained txid, half the time killed part-way (``mid-rewind``) and run again; the run's
+  next step must be refused, in its own process and in a new one, and the replay must count
+  every record once;
 * for the Redis Streams pipelines (``STREAM_PIPELINES``), the external mutations other
   clients make: XDEL of entries already read (the last one too), trims of what was read, and
   entries removed before they were read (XDEL, XTRIM MAXLEN), a stream deleted or deleted
