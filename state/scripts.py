@@ -592,25 +592,37 @@ return 1
 """,
 )
 
+# Shared Lua helper: the check a reset and a rewind make before they start a generation -
+# refused (TFBUSY) while a pending txid's owner holds a live lease. ``first``: the index in
+# KEYS of the first pending txid's tx hash; ``how``: what the error suggests to force it.
+_BUSY_CHECK = """
+local function busy_check(first, how)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  for i = first, #KEYS do
+    local owner = redis.call('HGET', KEYS[i], 'owner')
+    local lease_until = tonumber(redis.call('HGET', KEYS[i], 'lease_until') or '0')
+    if owner and lease_until > now then
+      return 'TFBUSY run ' .. owner .. ' holds a pending txid (lease ' ..
+        math.ceil((lease_until - now) / 1000) .. ' s left): stop it first, or ' .. how
+    end
+  end
+  return nil
+end
+"""
+
 NEW_GENERATION = LuaScript(
     "new_generation",
-    """
+    _BUSY_CHECK
+    + """
 -- Start a new generation of a pipeline (reset): every step of the old one is refused from
 -- now on. Refused (TFBUSY) while a pending txid has an owner whose lease is live, unless forced.
 -- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3..] tx hashes of the pending txids
 -- ARGV[1] the new generation  ARGV[2] '1' = force
 -- Returns the new generation.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[2] ~= '1' then
-  for i = 3, #KEYS do
-    local owner = redis.call('HGET', KEYS[i], 'owner')
-    local lease_until = tonumber(redis.call('HGET', KEYS[i], 'lease_until') or '0')
-    if owner and lease_until > now then
-      return redis.error_reply('TFBUSY run ' .. owner .. ' holds a pending txid (lease ' ..
-        math.ceil((lease_until - now) / 1000) .. ' s left): stop it first, or reset --force')
-    end
-  end
+  local err = busy_check(3, 'reset --force')
+  if err then return redis.error_reply(err) end
 end
 redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
@@ -619,7 +631,8 @@ return ARGV[1]
 
 BEGIN_REWIND = LuaScript(
     "begin_rewind",
-    """
+    _BUSY_CHECK
+    + """
 -- Start (or resume) a rewind of a pipeline to txid ARGV[1] (state.rewind): from this call
 -- on the pipeline's generation is the rewind's own token ARGV[2] ('rewind:...'), so every
 -- step of every run is refused until FINISH_REWIND hands out a fresh generation.
@@ -654,16 +667,8 @@ if not rewinding then
       'logs retain (' .. kept .. ')')
   end
   if ARGV[3] ~= '1' then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    for i = 4, #KEYS do
-      local owner = redis.call('HGET', KEYS[i], 'owner')
-      local lease_until = tonumber(redis.call('HGET', KEYS[i], 'lease_until') or '0')
-      if owner and lease_until > now then
-        return redis.error_reply('TFBUSY run ' .. owner .. ' holds a pending txid (lease ' ..
-          math.ceil((lease_until - now) / 1000) .. ' s left): stop it first, or --force')
-      end
-    end
+    local err = busy_check(4, 'rewind --force')
+    if err then return redis.error_reply(err) end
   end
   redis.call('HSET', KEYS[3], 'rewinding', target, 'rewinding_committed', committed,
     'rewinding_last', last, 'rewinding_generation', redis.call('GET', KEYS[1]) or '')

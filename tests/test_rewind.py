@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from state.errors import GenerationError, RewindError
+from state.errors import GenerationError, PipelineBusyError, RewindError
 from state.rewind import rewinding_to
 from tests.helpers import runtime, sentences
 from tridentflow.engines.local import LocalEngine
@@ -168,7 +168,8 @@ def test_a_rewind_and_a_replay_with_fixed_code_equal_a_recompute(
 def test_runs_of_rewound_txids_are_refused_and_rebind_when_cleared(redis_url, home):
     """Runs bound to the txids a rewind took back (committed or pending) are refused at their
     next step in one line naming the rewind; their coordinator, cleared, binds a fresh txid.
-    A rewind outside the retained range, or past the committed txid, changes nothing."""
+    A rewind past the committed txid, or while a run holds a live lease (unless forced),
+    changes nothing."""
     rt = runtime("tests.pipelines:kept", redis_url, home)
     rt.source_heads()
     for txid in range(1, 4):
@@ -177,10 +178,13 @@ def test_runs_of_rewound_txids_are_refused_and_rebind_when_cleared(redis_url, ho
         emit_run(rt, f"run-{txid}", LocalEngine())
         commit_run(rt, f"run-{txid}")
     rt.log.append_spread(lines_for(4))
-    coordinate_run(rt, "run-4", batch_size=100, lease_ms=1)  # pending, its owner gone
+    coordinate_run(rt, "run-4", batch_size=100)  # pending, its owner alive
     with pytest.raises(RewindError, match=r"txid 7 is not committed"):
         rewind_pipeline(rt, 7)
-    report = rewind_pipeline(rt, 1)
+    with pytest.raises(PipelineBusyError, match=r"run run-4 holds .* or rewind --force$"):
+        rewind_pipeline(rt, 1)
+    assert rt.ledger.committed_txid() == 3
+    report = rewind_pipeline(rt, 1, force=True)
     assert sorted(report.result.runs) == ["run-2", "run-3", "run-4"]
     for run in ("run-2", "run-4"):
         with pytest.raises(RunNotBoundError, match=rf"txid \d of run {run} was rewound"):

@@ -324,6 +324,20 @@ def audit_log(
         log.warning("tridentflow: no audit-log entry for %s: %s", extra, one_line(exc))
 
 
+def editable(name: str, user: Any, action: str) -> tuple[Pipeline, str]:
+    """(the pipeline, its DAG id) if ``user`` may edit its DAG's runs: 404 for an unknown
+    pipeline, 403 (naming ``action``) without the rights."""
+    pipeline = known_pipelines().get(name)
+    if pipeline is None:
+        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+    dag_id = default_dag_id(pipeline.name)
+    if not may_edit_runs(user, dag_id):
+        raise HTTPException(
+            status_code=403, detail=f"{action} needs edit rights on {dag_id}'s runs"
+        )
+    return pipeline, dag_id
+
+
 @app.post("/api/pipelines/{name}/txids/{txid}/release")
 async def post_release(
     name: str, txid: int, user: Annotated[Any, Depends(current_user)]
@@ -332,14 +346,7 @@ async def post_release(
     line, while it is alive or when nothing holds it), so the next run adopts it at once.
     Needs edit rights on the DAG's runs (403 otherwise); each release is an entry in Airflow's
     audit log (event ``tridentflow.release_txid``)."""
-    pipeline = known_pipelines().get(name)
-    if pipeline is None:
-        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
-    dag_id = default_dag_id(pipeline.name)
-    if not may_edit_runs(user, dag_id):
-        raise HTTPException(
-            status_code=403, detail=f"releasing a txid needs edit rights on {dag_id}'s runs"
-        )
+    pipeline, dag_id = editable(name, user, "releasing a txid")
     with runtime(pipeline) as rt:
         result = release_finished_owner(rt, txid, run_states(pipeline))
     audit_log(dag_id, result["owner"], user, {"pipeline": name, **result})
@@ -361,27 +368,10 @@ async def post_rewind(
 
     from tridentflow.ops.rewind import rewind_pipeline
 
-    pipeline = known_pipelines().get(name)
-    if pipeline is None:
-        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
-    dag_id = default_dag_id(pipeline.name)
-    if not may_edit_runs(user, dag_id):
-        raise HTTPException(
-            status_code=403, detail=f"rewinding a pipeline needs edit rights on {dag_id}'s runs"
-        )
+    pipeline, dag_id = editable(name, user, "rewinding a pipeline")
     with runtime(pipeline) as rt:
         report = await run_in_threadpool(rewind_pipeline, rt, to, force)
-    r = report.result
-    result = {
-        "pipeline": name,
-        "to": r.target,
-        "committed_before": r.committed,
-        "last_before": r.last,
-        "restored_keys": r.restored,
-        "runs_rewound": list(r.runs),
-        "sinks_to_reload": list(report.sinks_to_reload),
-        "line": report.line(name),
-    }
+    result = report.to_json(name)
     audit_log(dag_id, None, user, result, event="tridentflow.rewind")
     return {**result, "dag_id": dag_id}
 

@@ -677,19 +677,7 @@ def cmd_rewind(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args, pipeline)
     report = rewind_pipeline(rt, args.to, force=args.force)
     if args.json:
-        r = report.result
-        json.dump(
-            {
-                "pipeline": pipeline.name,
-                "to": r.target,
-                "committed_before": r.committed,
-                "last_before": r.last,
-                "restored_keys": r.restored,
-                "runs_rewound": list(r.runs),
-                "sinks_to_reload": list(report.sinks_to_reload),
-            },
-            out,
-        )
+        json.dump(report.to_json(pipeline.name), out)
         out.write("\n")
     else:
         out.write(report.line(pipeline.name) + "\n")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from typing import Any
 
 from state.rewind import RewindResult, rewind, rewinding_to
 from state.undo import offsets_after, retained
@@ -35,6 +36,19 @@ class RewindRefused(TridentflowError):
 class RewindReport:
     result: RewindResult
     sinks_to_reload: tuple[str, ...]
+
+    def to_json(self, pipeline: str) -> dict[str, Any]:
+        r = self.result
+        return {
+            "pipeline": pipeline,
+            "to": r.target,
+            "committed_before": r.committed,
+            "last_before": r.last,
+            "restored_keys": r.restored,
+            "runs_rewound": list(r.runs),
+            "sinks_to_reload": list(self.sinks_to_reload),
+            "line": self.line(pipeline),
+        }
 
     def line(self, pipeline: str) -> str:
         r = self.result
