@@ -45,7 +45,7 @@ class InPlaceCount(Combiner):
         return {"n": 0}
 
     def present(self, value: Any) -> Any:
-        return value["n"]
+        return None if value is None else value["n"]  # None: a key never written
 
 
 class InPlaceTally(Reducer):
@@ -57,7 +57,7 @@ class InPlaceTally(Reducer):
         return acc
 
     def present(self, value: Any) -> Any:
-        return value["n"]
+        return None if value is None else value["n"]  # None: a key never written
 
 
 class InPlaceGroupCount(Aggregator):
@@ -96,7 +96,7 @@ class AddInPlace(StateUpdater):
         return current
 
     def present(self, value: Any) -> Any:
-        return value["n"]
+        return None if value is None else value["n"]  # None: a key never written
 
 
 def parse_token(word: str) -> Any:
