@@ -81,9 +81,19 @@ def test_an_acl_user_runs_its_pipeline_and_cannot_touch_another(tf, acl_server, 
         proc = tf(*step, env=env)
         assert proc.returncode == 0, (step, proc.stderr)
         outputs.append(proc.stdout + proc.stderr)
-    rerun = tf("run", "wordcount", "--engine", "local", env=env)  # the log again, from 0
+    kept = ("--retain-txids", "3")  # undo logs: query --as-of and rewind need nothing more
+    rerun = tf("run", "wordcount", "--engine", "local", *kept, env=env)  # the log again, from 0
     assert rerun.returncode == 0, rerun.stderr
     assert query_seed(tf, "wordcount", env) == SEED_COUNTS
+    seed = "\n".join(SEED_SENTENCES) + "\n"
+    assert tf("produce", "wordcount", "-", input=seed, env=env).returncode == 0
+    twice = tf("run", "wordcount", "--engine", "local", *kept, env=env)
+    assert twice.returncode == 0, twice.stderr
+    assert query_seed(tf, "wordcount", env, "--as-of", "1") == SEED_COUNTS
+    back = tf("rewind", "wordcount", "--to", "1", "--yes", env=env)
+    assert back.returncode == 0, back.stderr
+    assert query_seed(tf, "wordcount", env) == SEED_COUNTS
+    outputs.append(back.stdout + back.stderr)
 
     for step in (
         ("run", "wordcount-opaque", "--engine", "local"),

@@ -30,6 +30,8 @@ COMMANDS = (
     "hget",
     "hset",
     "hsetnx",
+    "hdel",  # the undo logs' range and a rewind's restores; change logs a sink applied
+    "hkeys",
     "hmget",
     "hgetall",
     "hlen",
@@ -39,8 +41,11 @@ COMMANDS = (
     "scard",
     "smembers",  # a replay's rollback of keys an earlier attempt wrote
     "lpush",
+    "rpush",  # a rewind rewrites the history without the rewound txids
     "ltrim",
     "lrange",
+    "exists",
+    "unlink",  # undo logs past the retained range, freed in the background
     "time",
     # a commit with --wait-replicas / TRIDENTFLOW_WAIT_REPLICAS: WAIT after the mark
     "wait",
