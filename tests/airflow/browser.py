@@ -7,6 +7,7 @@ Playwright cannot download its own browsers here, so it is pointed at the system
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import urllib.parse
@@ -87,8 +88,9 @@ def run_tab(page: Any, base: str, dag: str, run_id: str) -> dict[str, str]:
 
 def clear_from_the_ui(page: Any, base: str, dag: str, run_id: str, task_id: str) -> str:
     """Clear one finished task the way a user does: its task instance page, "Clear Task
-    Instance" (the button, or its shortcut shift+c), then "Confirm" in the dialog. Returns
-    the dialog's text (its options: downstream is ticked by default)."""
+    Instance" (the button, or its shortcut shift+c), then "Confirm" in the dialog once it
+    lists the tasks it clears (Airflow fetches them after the dialog opens: "Affected Tasks:
+    0" until then). Returns the dialog's text (its options: downstream is ticked by default)."""
     quoted = urllib.parse.quote(run_id, safe="")
     page.goto(f"{base}/dags/{dag}/runs/{quoted}/tasks/{task_id}")
     page.get_by_text("Success").first.wait_for()
@@ -99,6 +101,10 @@ def clear_from_the_ui(page: Any, base: str, dag: str, run_id: str, task_id: str)
         page.locator("body").press("Shift+C")
     dialog = page.get_by_role("dialog")
     dialog.wait_for()
+    # the dialog lists the affected tasks once its dry run answered: confirm after that (if
+    # it never does, the caller's check on the text says what it shows)
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: re.search(r"Affected Tasks: [1-9]", dialog.inner_text()), 30)
     text = dialog.inner_text()
     dialog.get_by_role("button", name=re.compile(r"^Confirm", re.I)).click()
     dialog.wait_for(state="hidden")
