@@ -67,10 +67,6 @@ class RewindResult:
     generation: str
 
 
-def is_rewinding(generation: str | None) -> bool:
-    return bool(generation) and str(generation).startswith(REWIND_PREFIX)
-
-
 def rewinding_to(client: redis.Redis, keyspace: KeySpace) -> int | None:
     """The target of the rewind under way (or cut short), None if there is none."""
     raw = client.hget(keyspace.undo_meta, "rewinding")
@@ -282,7 +278,6 @@ __all__ = [
     "RewindResult",
     "begin_rewind",
     "finish_rewind",
-    "is_rewinding",
     "restore_states",
     "rewind",
     "rewinding_to",
