@@ -463,21 +463,7 @@ class Chaos:
             sched.result.events.append(f"reset-after-replication-wait@step{step}")
         if not kafka:  # a reset reader of Kafka reads the whole topic again
             sched.produced.clear()
-        try:
-            if next_step == "coordinate":
-                coordinate_run(old, run_id, lease_ms=60_000)
-            elif next_step == "emit":
-                emit_run(old, run_id, self.engine, lease_ms=60_000)
-            else:
-                from tridentflow.steps.runs import commit_run
-
-                commit_run(old, run_id)
-        except GenerationError:
-            pass
-        except BaseException as exc:
-            sched.result.difference = f"{next_step} after a reset failed with {exc!r}"
-        else:
-            sched.result.difference = f"{next_step} of {run_id} after a reset was not refused"
+        self._expect_refused(sched, old, run_id, next_step, "after a reset", (GenerationError,))
         old.client.close()
         sched.rt = fresh
         sched.was_reset = True
@@ -493,7 +479,7 @@ class Chaos:
         the run finds its txid rewound); the replay must count every record once (the final
         checks)."""
         from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
-        from tridentflow.steps.runs import RunNotBoundError, commit_run
+        from tridentflow.steps.runs import RunNotBoundError
 
         old, rng, events = sched.rt, sched.rewind_rng, sched.result.events
         sched.end_outage(f"rewind@step{step}")
@@ -517,19 +503,8 @@ class Chaos:
             return fresh
 
         def refused(rt: Runtime, what: str) -> None:
-            try:
-                if next_step == "coordinate":
-                    coordinate_run(rt, run_id, lease_ms=60_000)
-                elif next_step == "emit":
-                    emit_run(rt, run_id, self.engine, lease_ms=60_000)
-                else:
-                    commit_run(rt, run_id)
-            except (GenerationError, RunNotBoundError):
-                pass
-            except BaseException as exc:
-                sched.result.difference = f"{next_step} {what} failed with {exc!r}"
-            else:
-                sched.result.difference = f"{next_step} of {run_id} {what} was not refused"
+            refusals = (GenerationError, RunNotBoundError)
+            self._expect_refused(sched, rt, run_id, next_step, what, refusals)
 
         last = old.ledger.last_txid()
         faults = FaultPlan()
@@ -556,6 +531,33 @@ class Chaos:
         old.client.close()
         fresh.faults = old.faults
         sched.rt = fresh
+
+    def _expect_refused(
+        self,
+        sched: _Schedule,
+        rt: Runtime,
+        run_id: str,
+        next_step: str,
+        what: str,
+        refusals: tuple[type[BaseException], ...],
+    ) -> None:
+        """Run ``run_id``'s ``next_step`` with ``rt``: anything but one of ``refusals`` (an
+        error, or the step going through) is the schedule's difference."""
+        from tridentflow.steps.runs import commit_run
+
+        try:
+            if next_step == "coordinate":
+                coordinate_run(rt, run_id, lease_ms=60_000)
+            elif next_step == "emit":
+                emit_run(rt, run_id, self.engine, lease_ms=60_000)
+            else:
+                commit_run(rt, run_id)
+        except refusals:
+            pass
+        except BaseException as exc:
+            sched.result.difference = f"{next_step} {what} failed with {exc!r}"
+        else:
+            sched.result.difference = f"{next_step} of {run_id} {what} was not refused"
 
     def _commit_race(self, rt: Runtime, run_id: str, racers: int) -> None:
         from tridentflow.steps.runs import commit_run
