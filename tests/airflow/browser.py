@@ -59,6 +59,13 @@ def frame_text(page: Any, selector: str) -> str:
     return locator.inner_text().strip()
 
 
+def choose_pipeline(page: Any, name: str) -> None:
+    """Pick ``name`` in the pipeline page's chooser and wait until the page shows it (the
+    previous pipeline's tables stay on screen until its render lands: reading them races)."""
+    page.frame_locator("iframe").locator("#pipeline").select_option(name)
+    page.frame_locator("iframe").locator(f"#body[data-pipeline='{name}']").wait_for()
+
+
 def screenshot(page: Any, name: str) -> Path:
     BROWSER_ARTIFACTS.mkdir(exist_ok=True)
     path = BROWSER_ARTIFACTS / f"{name}.png"

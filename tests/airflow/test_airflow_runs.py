@@ -401,7 +401,7 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         page.reload()
         browser.frame_text(page, "#committed-txid")
         assert not root.evaluate("e => e.classList.contains('dark')")
-        frame.locator("#pipeline").select_option("wordcount-postgres")  # its Sinks table
+        browser.choose_pipeline(page, "wordcount-postgres")  # its Sinks table
         sink_row = browser.frame_text(page, "#sinks tr:nth-child(2)")
         assert sink_row.split("\t")[:5] == [
             "postgres-wordcount_counts",
@@ -411,9 +411,9 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
             "1",
         ], sink_row
         browser.screenshot(page, "tridentflow-sinks")
-        frame.locator("#pipeline").select_option("wordcount")
-        browser.frame_text(page, "#committed-txid")
-        frame.locator("a[data-txid='1']").first.click()  # a commit row -> the txid's page
+        browser.choose_pipeline(page, "wordcount")
+        frame.locator("#commits a[data-txid='1']").click()  # a commit row -> the txid's page
+        assert browser.frame_text(page, "h1") == "txid 1 of wordcount"
         assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
         runs_shown = browser.frame_text(page, "table:first-of-type")
         assert run_id in runs_shown and "success" in runs_shown, runs_shown
