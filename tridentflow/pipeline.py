@@ -582,6 +582,15 @@ class NewValuesStream:
                 f"pipeline {pipeline.name}: two sinks are named {bound.name!r}; give one "
                 "another name=..."
             )
+        claimed = getattr(bound, "claims", lambda: ())()
+        for other in pipeline.feeds:
+            shared = set(claimed) & set(getattr(other.sink, "claims", lambda: ())())
+            if shared:
+                raise PipelineError(
+                    f"pipeline {pipeline.name}: sinks {other.name!r} and {bound.name!r} both "
+                    f"write {sorted(shared)[0]} (two writers of one target collide); give "
+                    "each its own"
+                )
         feed = Feed(self.state.name, self.stream.node, bound)
         pipeline.feeds.append(feed)
         return feed

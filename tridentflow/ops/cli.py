@@ -455,18 +455,18 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
     def export_sinks() -> None:
         """After each commit: the sinks catch up (a failing sink lags, the commits go on)."""
-        from tridentflow.ops.export import export_feed
+        from tridentflow.ops.export import close_sink, export_feed
 
         for feed in rt.pipeline.feeds:
             try:
                 export_feed(rt, feed)
                 sink_failures.pop(feed.name, None)
-            except TridentflowError as exc:
+            except Exception as exc:  # export_feed says any failure as one SinkError line
                 if feed.name not in sink_failures:
-                    sys.stderr.write(f"{exc} (the commits go on; the next export catches up)\n")
-                sink_failures[feed.name] = str(exc)
+                    sys.stderr.write(f"{one_line(exc)}\n")
+                sink_failures[feed.name] = one_line(exc)
             finally:
-                feed.sink.close()
+                close_sink(feed)
 
     def progress(result) -> None:
         export_sinks()

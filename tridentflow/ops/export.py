@@ -16,7 +16,9 @@ txid, its change log is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -65,8 +67,9 @@ class ExportResult:
 
 
 FireHook = Callable[[Feed, str, int], None]
-"""Called with (feed, fault point, txid) where a sink is part-way through a txid (the chaos
-harness kills PostgreSQL sessions there)."""
+"""Called with (feed, point, txid) where a sink is part-way through a txid: ``mid-export``
+(once per txid), ``between-parts`` (a sink of several parts, after each part that has it).
+The chaos harness kills PostgreSQL sessions, raises foreign errors and crashes there."""
 
 
 def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None) -> ExportContext:
@@ -80,6 +83,7 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
         replicas=rt.replicas,
         replica_timeout_ms=rt.replica_timeout_ms,
         lineage=rt.ledger.lineage(),
+        generation_now=rt.ledger.current_generation,
     )
     if not rt.faults.faults and hook is None:
         return base
@@ -88,7 +92,7 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
     def fire(point: str, txid: int) -> None:
         if hook is not None and feed is not None:
             hook(feed, point, txid)
-        if rt.faults.faults:
+        if rt.faults.faults and point == "mid-export":  # the one point faults name
             attempt = int(rt.client.hincrby(f"{rt.keyspace.sinks}:attempts", f"{sink}:{txid}", 1))
             rt.faults.fire(point, txid, attempt)
 
@@ -187,7 +191,80 @@ def export_feed(
 ) -> ExportResult:
     """Bring one sink up to ``upto`` (default: the committed txid); ``resync`` reloads it
     from the whole state first. Ordered and idempotent: two exports at once apply each txid
-    once (the sink's own store decides)."""
+    once (the sink's own store decides).
+
+    Whatever goes wrong - the sink's driver, a value its store refuses, the stream's own
+    operations, tridentflow itself - ends in one ``SinkError`` naming the sink, the txid and
+    the cause (recorded with the sink for ``status``, the view and the metrics): the caller
+    lets the sink lag and the commits go on. Only a simulated crash passes through."""
+    attempt = _Attempt()
+    try:
+        result = _export_feed(rt, feed, upto, resync, hook, attempt)
+    except Exception as exc:
+        failure = exc if isinstance(exc, SinkError) else _sink_failure(feed, attempt, exc)
+        _note_failure(rt, feed, attempt, str(failure))
+        if failure is exc:
+            raise
+        raise failure from exc
+    _forget_failure(rt, feed)
+    return result
+
+
+@dataclass
+class _Attempt:
+    """How far an export got: the txid it was applying (None: before any)."""
+
+    txid: int | None = None
+
+
+def _sink_failure(feed: Feed, attempt: _Attempt, exc: BaseException) -> SinkError:
+    """``exc`` (any error) as the one line a failed export says."""
+    what = "" if attempt.txid is None else f"txid {attempt.txid} not applied, "
+    text = str(exc).strip()
+    cause = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    if isinstance(exc, TridentflowError):
+        cause = text.splitlines()[0] if text else type(exc).__name__
+    try:
+        target = feed.sink.describe()
+    except Exception:  # a sink of the user's that cannot even describe itself
+        target = type(feed.sink).__name__
+    return SinkError(
+        f"sink {feed.name} ({target}): {what}{cause} (the sink lags; the commits "
+        "go on and the next export retries from its position)"
+    )
+
+
+def _note_failure(rt: Runtime, feed: Feed, attempt: _Attempt, line: str) -> None:
+    """Record the failure with the sink (best effort: Redis may be what failed)."""
+    entry = {"error": line, "txid": attempt.txid, "at_ms": int(time.time() * 1000)}
+    with contextlib.suppress(Exception):
+        rt.client.hset(sink_errors_key(rt), feed.name, json.dumps(entry, sort_keys=True))
+
+
+def _forget_failure(rt: Runtime, feed: Feed) -> None:
+    with contextlib.suppress(Exception):
+        rt.client.hdel(sink_errors_key(rt), feed.name)
+
+
+def sink_errors_key(rt: Runtime) -> str:
+    """The hash of each failing sink's last failure (name -> {error, txid, at_ms})."""
+    return f"{rt.keyspace.sinks}:errors"
+
+
+def sink_errors(rt: Runtime) -> dict[str, dict[str, Any]]:
+    """Each sink whose last export failed: its one line, the txid and when."""
+    raw = rt.client.hgetall(sink_errors_key(rt))
+    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in raw.items()}
+
+
+def _export_feed(
+    rt: Runtime,
+    feed: Feed,
+    upto: int | None,
+    resync: bool,
+    hook: FireHook | None,
+    attempt: _Attempt,
+) -> ExportResult:
     ctx = context(rt, feed, hook)
     sink = feed.sink
     committed = rt.ledger.committed_txid()
@@ -210,7 +287,7 @@ def export_feed(
     reloaded: int | None = None
     must_reload = resync
     while must_reload or position < target:
-        txid = position + 1
+        txid = attempt.txid = position + 1
         items = None if must_reload else changes_of(rt, feed, txid)
         if items is None:
             if not sink.resyncable:
@@ -221,6 +298,7 @@ def export_feed(
                     f"{sink.describe()}; raise change_log_limit and reset its readers"
                 )
             at, snapshot = snapshot_of(rt, feed)
+            attempt.txid = at
             rows = _rows(snapshot, expand)
             sink.apply(ctx, at, rows, replace_all=True)
             must_reload = False
@@ -273,20 +351,30 @@ def export(
         except Exception as exc:
             failure = failure or exc
         finally:
-            feed.sink.close()
+            close_sink(feed)
     if failure is not None:
         raise failure
     return results
 
 
+def close_sink(feed: Feed) -> None:
+    """Release the sink's connections; a sink that fails even at that is left be (its next
+    apply opens them again)."""
+    with contextlib.suppress(Exception):
+        feed.sink.close()
+
+
 def sink_status(rt: Runtime) -> list[dict[str, Any]]:
     """Each sink's recorded position and lag in txids (from the pipeline's Redis: the mirror
-    each export updates), and the change logs kept for its state."""
+    each export updates), the change logs kept for its state, and its last export's
+    failure (``error``: one line, None once an export went through)."""
     committed = rt.ledger.committed_txid()
     recorded = sink_positions(rt.client, rt.keyspace)
+    failing = sink_errors(rt) if rt.pipeline.feeds else {}
     out = []
     for feed in rt.pipeline.feeds:
         entry = recorded.get(feed.name, {})
+        failure = failing.get(feed.name) or {}
         position = int(entry.get("txid", 0))
         logs = logged_txids(rt.client, rt.keyspace, feed.state)
         out.append(
@@ -299,6 +387,8 @@ def sink_status(rt: Runtime) -> list[dict[str, Any]]:
                 "exported_at_ms": entry.get("at_ms"),
                 "change_logs": len(logs),
                 "oldest_change_log": logs[0] if logs else None,
+                "error": failure.get("error"),
+                "error_at_ms": failure.get("at_ms"),
             }
         )
     return out

@@ -31,6 +31,7 @@ FIGURES: dict[str, str] = {
 """Every figure, by name without the ``tridentflow_`` prefix, with its help text."""
 UP_HELP = "1 if the pipeline's ledger could be read, 0 if not (Redis unreachable, ...)."
 SINK_HELP = "Committed txids this sink has not applied yet (its position as its export recorded)."
+SINK_FAILING_HELP = "1 if this sink's last export failed (status and the view say why), else 0."
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class PipelineFigures:
     error: str | None = None
     sink_lags: dict[str, float] = field(default_factory=dict)
     """Lag in txids by sink (``tridentflow_sink_lag_txids_by_sink``)."""
+    sinks_failing: dict[str, float] = field(default_factory=dict)
+    """1/0 by sink: its last export failed (``tridentflow_sink_failing``)."""
 
 
 def figures(rt: Runtime, info: Mapping[str, Any] | None = None) -> dict[str, float]:
@@ -77,6 +80,11 @@ def sink_lags(info: Mapping[str, Any]) -> dict[str, float]:
     return {s["sink"]: float(s["lag"]) for s in info.get("sinks", [])}
 
 
+def sinks_failing(info: Mapping[str, Any]) -> dict[str, float]:
+    """1.0 for each sink whose last export failed, 0.0 for the others (a ``status`` answer)."""
+    return {s["sink"]: 1.0 if s.get("error") else 0.0 for s in info.get("sinks", [])}
+
+
 def _commit_ended_ms(entry: Mapping[str, Any]) -> int | None:
     commit = (entry.get("steps") or {}).get("commit") or {}
     ended = commit.get("ended_ms")
@@ -92,7 +100,14 @@ def collect(runtimes: Iterable[tuple[str, Callable[[], Runtime]]]) -> list[Pipel
             rt = open_runtime()
             try:
                 info = status(rt)
-                out.append(PipelineFigures(name, figures(rt, info), sink_lags=sink_lags(info)))
+                out.append(
+                    PipelineFigures(
+                        name,
+                        figures(rt, info),
+                        sink_lags=sink_lags(info),
+                        sinks_failing=sinks_failing(info),
+                    )
+                )
             finally:
                 rt.client.close()
         except Exception as exc:  # Redis down, an ACL refusal, a broken pipeline: say so
@@ -125,6 +140,13 @@ def prometheus_text(collected: list[PipelineFigures]) -> bytes:
                 for sink, lag in sorted(entry.sink_lags.items()):
                     by_sink.add_metric([entry.pipeline, sink], lag)
             yield by_sink
+            failing = GaugeMetricFamily(
+                "tridentflow_sink_failing", SINK_FAILING_HELP, labels=["pipeline", "sink"]
+            )
+            for entry in collected:
+                for sink, flag in sorted(entry.sinks_failing.items()):
+                    failing.add_metric([entry.pipeline, sink], flag)
+            yield failing
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())  # type: ignore[arg-type]

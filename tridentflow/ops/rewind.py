@@ -98,15 +98,16 @@ def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
         for feed in rt.pipeline.feeds:
             if feed.sink.resyncable:
                 continue  # it reloads in the new generation: its position does not matter
-            try:
-                position = feed.sink.position(context(rt, feed))
+            try:  # every part: an export cut short may have left a txid on some of them
+                written = feed.sink.written_through(context(rt, feed))
             finally:
                 feed.sink.close()
-            if position > target:
+            if written > target:
                 raise RewindRefused(
                     f"cannot rewind {rt.pipeline.name} to txid {target}: sink {feed.name} "
-                    f"({feed.sink.describe()}) already wrote txids up to {position}, which its "
-                    f"readers may have read; rewind to txid {position} or later"
+                    f"({feed.sink.describe()}) already wrote txids up to {written} (in whole or "
+                    f"in part), which its readers may have read; rewind to txid {written} or "
+                    "later"
                 )
     return tuple(reload)
 

@@ -176,6 +176,8 @@ def format_status(info: dict[str, Any]) -> str:
             f"sink           {sink['sink']} ({sink['state']} -> {sink['target']}): at txid "
             f"{sink['position']}, {sink['lag']} behind; {sink['change_logs']} change log(s) kept"
         )
+        if sink.get("error"):
+            lines.append(f"  FAILING      {sink['error']}")
     for entry in info["history"][:5]:
         lines.append(f"committed      {describe_commit(entry)}")
     lines.append("partition  committed       head        lag")

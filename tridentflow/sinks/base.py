@@ -31,13 +31,17 @@ class ExportContext:
     redis_url: str
     fire: Callable[[str, int], None] = lambda point, txid: None
     """Fault injection (tridentflow.faults): a sink calls ``fire("mid-export", txid)`` part-way
-    through applying a txid."""
+    through applying a txid, and a sink of several parts ``fire("between-parts", txid)`` after
+    each part that has it."""
     replicas: int = 0
     """With > 0 (``--wait-replicas``), a sink in Redis reports a txid applied only once that
     many replicas acknowledged it: a failover cannot then take back what its position says."""
     replica_timeout_ms: int = 5000
     lineage: str = ""
     """The generation the pipeline's lineage began with ('' = ``generation``)."""
+    generation_now: Callable[[], str | None] = lambda: None
+    """The pipeline's generation in Redis now (None: unknown): a sink that waited (a lock)
+    checks it before it writes, so an export overtaken by a reset or a rewind writes nothing."""
 
 
 class Sink(ABC):
@@ -70,6 +74,17 @@ class Sink(ABC):
         """Apply txid's rows (one per changed key, in a fixed order; a row whose non-key
         values are all None removes its key). ``replace_all``: the rows are the whole state
         as of txid, replacing everything. False if txid was already applied."""
+
+    def written_through(self, ctx: ExportContext) -> int:
+        """The newest txid any part of the sink holds rows of, whole or in part (>=
+        ``position``). A sink that applies a txid in one atomic step: its position. A rewind
+        to N is refused while a sink that cannot take back what it wrote is past N here."""
+        return self.position(ctx)
+
+    def claims(self) -> tuple[str, ...]:
+        """What the sink writes to, one string per target (a stream, a table): two sinks of a
+        pipeline may not claim the same one (they would collide)."""
+        return ()
 
     def describe(self) -> str:
         """What the sink writes to, without secrets (status, errors)."""

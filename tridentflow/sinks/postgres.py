@@ -21,7 +21,11 @@ Needs psycopg 3 (``pip install 'tridentflow[postgres]'``). The DSN: ``dsn``, els
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -116,9 +120,135 @@ def check_value(column: str, kind: str, value: Any, key: bool = False) -> str | 
     return None
 
 
+_INT_BITS = {"smallint": 16, "integer": 32, "bigint": 64}
+
+
+def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str | None:
+    """Why PostgreSQL (or psycopg) refuses ``value`` in ``column`` of type ``kind``: a wrong
+    type (``check_value``), an integer out of the column's range, a string it cannot store
+    (NUL, a lone surrogate), a value jsonb cannot hold (NaN, Infinity, not JSON). None: no
+    known reason. The slow, thorough check, run on a txid whose write failed."""
+    if value is None:
+        return None
+    problem = check_value(column, kind, value, key)
+    if problem:
+        return problem
+    bits = _INT_BITS.get(kind)
+    if bits and isinstance(value, int) and not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        return f"column {column} is {kind}, but {value} is outside its range (±2^{bits - 1})"
+    if kind in ("jsonb", "json"):
+        try:
+            text = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return f"column {column} is {kind}, but {value!r:.40} is not JSON ({exc})"
+        if "\\u0000" in text:
+            return f"column {column} is {kind}, but {value!r:.40} holds a NUL character"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"column {column} is {kind}, but {value!r:.40} holds a lone surrogate"
+    if isinstance(value, float) and not math.isfinite(value) and kind in ("numeric",):
+        return None
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"column {column} is {kind}, but {value!r:.40} holds a NUL character"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"column {column} is {kind}, but {value!r:.40} holds a lone surrogate"
+    return None
+
+
+def way_out(table: str, column: str, kind: str, value: Any) -> str:
+    """What to do about a value ``column`` (of SQL type ``kind``) of ``table`` (quoted)
+    cannot take."""
+    if isinstance(value, int) and not isinstance(value, bool) and kind in _INT_BITS:
+        return (
+            f"widen the column (ALTER TABLE {table} ALTER COLUMN {quoted_parts((column,))} "
+            f"TYPE numeric; for a new table, columns={{{column!r}: 'numeric'}})"
+        )
+    if isinstance(value, str) or kind in ("jsonb", "json"):
+        return (
+            "map the values in the new-values stream (.map(...)) to ones PostgreSQL can "
+            "store, e.g. without NUL characters"
+        )
+    return (
+        f"declare the column's type (columns={{{column!r}: 'jsonb'}} takes any JSON; an "
+        f"existing table: ALTER TABLE {table} ALTER COLUMN {quoted_parts((column,))} TYPE ...)"
+        " or map the stream's values to one type"
+    )
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+MAX_IDENTIFIER_BYTES = 63
+"""PostgreSQL's NAMEDATALEN - 1: a longer name is cut silently, so two names could meet."""
+STAGE_PREFIX = "tridentflow_stage_"
+"""The temporary tables each txid's rows are staged in (session-local, dropped at commit):
+PostgreSQL looks temporary tables up first, so no table of the user's may share a name."""
+UPSERTS, REMOVALS = STAGE_PREFIX + "upsert", STAGE_PREFIX + "remove"
+_TYPE_NAME = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*( [A-Za-z_][A-Za-z0-9_]*)*(\(\d+(, ?\d+)?\))?(\[\])?$"
+)
+"""A SQL type as ``columns=`` may name it: ``bigint``, ``double precision``, ``numeric(38, 0)``,
+``varchar(64)``, ``text[]`` (a type name, never SQL)."""
+
+
+def check_identifier(what: str, name: Any) -> str:
+    """``name`` if PostgreSQL takes it exactly as given (quoted: capitals, spaces, dots and
+    quotes are all kept); ValueError (one line) otherwise."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"PostgresSink: {what} must be a non-empty string, got {name!r}")
+    if "\x00" in name:
+        raise ValueError(f"PostgresSink: {what} {name!r} holds a NUL character")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(
+            f"PostgresSink: {what} {name[:40]!r}... is longer than PostgreSQL's "
+            f"{MAX_IDENTIFIER_BYTES} bytes (it would be cut, and could meet another name); "
+            "give a shorter one"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"PostgresSink: {what} {name!r} is not valid UTF-8") from None
+    return name
+
+
+def split_table(table: Any, what: str = "table") -> tuple[str, ...]:
+    """``table`` as (name,) or (schema, name); a tuple is taken part by part (a part may then
+    hold a dot). ValueError (one line) if PostgreSQL cannot take it."""
+    if isinstance(table, tuple):
+        parts = table
+    elif isinstance(table, str):
+        parts = tuple(table.split("."))
+    else:
+        raise ValueError(f"PostgresSink: {what} must be 'NAME', 'SCHEMA.NAME' or a tuple")
+    if not 1 <= len(parts) <= 2:
+        raise ValueError(
+            f"PostgresSink: {what} {table!r} is not NAME or SCHEMA.NAME (a name holding a dot: "
+            "give (schema, name) as a tuple)"
+        )
+    for part, label in zip(parts, ("schema", what)[-len(parts) :], strict=True):
+        check_identifier(label, part)
+    return parts
+
+
+def check_sql_type(column: str, kind: Any) -> str:
+    """``kind`` if it reads as a SQL type name; ValueError (one line) otherwise."""
+    if not isinstance(kind, str) or not _TYPE_NAME.match(kind.strip()):
+        raise ValueError(
+            f"PostgresSink: columns={{{column!r}: {kind!r}}} is not a SQL type name (e.g. "
+            "'bigint', 'numeric', 'double precision', 'text', 'jsonb')"
+        )
+    return kind.strip()
+
+
+def quoted_parts(parts: Sequence[str]) -> str:
+    """Parts of a qualified name, each quoted, joined by dots."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
 
 
 def redact_dsn(dsn: str) -> str:
@@ -155,15 +285,21 @@ class PostgresSink(Sink):
         progress_table: str = PROGRESS_TABLE,
         fillfactor: int = 50,
     ) -> None:
-        parts = table.split(".")
-        if not 1 <= len(parts) <= 2 or not all(parts):
-            raise ValueError(f"PostgresSink: table {table!r} is not NAME or SCHEMA.NAME")
-        self.table = table
+        parts = split_table(table)
+        if parts[-1].startswith(STAGE_PREFIX):
+            raise ValueError(
+                f"PostgresSink: table names starting with {STAGE_PREFIX!r} are tridentflow's "
+                "staging tables; give another name"
+            )
+        self.progress_parts = split_table(progress_table, "progress_table")
+        self.table_parts = parts
+        self.table = table if isinstance(table, str) else ".".join(table)
+        self._quoted_table = quoted_parts(parts)
         self.dsn = dsn
         self.conn_id = conn_id
         self.key = tuple(key) if key is not None else None
-        self.columns = dict(columns or {})
-        self.name = name or f"postgres-{table}"
+        self.columns = {c: check_sql_type(c, k) for c, k in (columns or {}).items()}
+        self.name = name or f"postgres-{self.table}"
         self.progress_table = progress_table
         if not isinstance(fillfactor, int) or not 10 <= fillfactor <= 100:
             raise ValueError(f"PostgresSink: fillfactor must be 10..100, got {fillfactor!r}")
@@ -172,6 +308,7 @@ class PostgresSink(Sink):
         self.key_fields: tuple[str, ...] = ()
         self._conn: Any = None
         self._progress_ready = False
+        self._types: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"PostgresSink({self.table!r}, name={self.name!r})"
@@ -196,8 +333,10 @@ class PostgresSink(Sink):
         unknown = [c for c in self.columns if c not in fields]
         if unknown:
             raise ValueError(f"{what}: columns={unknown} are not fields of {list(fields)}")
+        for field in fields:
+            check_identifier("column", field)
         bound = PostgresSink(
-            self.table,
+            self.table_parts,
             dsn=self.dsn,
             conn_id=self.conn_id,
             key=key,
@@ -228,6 +367,13 @@ class PostgresSink(Sink):
             f"postgresql://postgres@127.0.0.1:5432/postgres), pass dsn=..., or under Airflow "
             f"define the connection {self.conn_id}"
         )
+
+    def claims(self) -> tuple[str, ...]:
+        if self.dsn:  # named by a digest: a claim may be shown, the DSN may hold a password
+            where = "dsn " + hashlib.sha256(self.dsn.encode()).hexdigest()[:12]
+        else:
+            where = f"{DSN_ENV} or connection {self.conn_id}"
+        return (f"PostgreSQL table {self._quoted_table} ({where})",)
 
     def describe(self) -> str:
         try:
@@ -268,13 +414,16 @@ class PostgresSink(Sink):
             self._conn = None
 
     # -- SQL ----------------------------------------------------------------------------------
-    def _ident(self, name: str) -> Any:
+    @staticmethod
+    def _ident(parts: Sequence[str]) -> Any:
         from psycopg import sql
 
-        return sql.Identifier(*name.split("."))
+        return sql.Identifier(*parts)
 
-    def _table_exists(self, cur: Any, table: str) -> bool:
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+    @staticmethod
+    def _table_exists(cur: Any, parts: Sequence[str]) -> bool:
+        """Whether the table exists, looked up exactly as it is created (quoted)."""
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (quoted_parts(parts),))
         return bool(cur.fetchone()[0])
 
     def _ensure_progress(self, conn: Any) -> None:
@@ -290,7 +439,7 @@ class PostgresSink(Sink):
                     " generation text NOT NULL, txid bigint NOT NULL, rows_total bigint NOT "
                     "NULL DEFAULT 0, updated_at timestamptz NOT NULL DEFAULT now(), "
                     "PRIMARY KEY (pipeline, sink))"
-                ).format(self._ident(self.progress_table))
+                ).format(self._ident(self.progress_parts))
             )
         self._progress_ready = True
 
@@ -317,7 +466,7 @@ class PostgresSink(Sink):
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({})) WITH (fillfactor = {})"
             ).format(
-                self._ident(self.table),
+                self._ident(self.table_parts),
                 sql.SQL(", ").join(defs),
                 keys,
                 sql.Literal(self.fillfactor),
@@ -328,7 +477,7 @@ class PostgresSink(Sink):
         cur.execute(
             "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
             "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-            (self.table,),
+            (self._quoted_table,),
         )
         return {name: kind.split("(")[0] for name, kind in cur.fetchall()}
 
@@ -354,11 +503,11 @@ class PostgresSink(Sink):
         from psycopg import sql
 
         with conn.transaction(), conn.cursor() as cur:
-            if not self._table_exists(cur, self.progress_table):
+            if not self._table_exists(cur, self.progress_parts):
                 return 0
             cur.execute(
                 sql.SQL("SELECT generation, txid FROM {} WHERE pipeline = %s AND sink = %s").format(
-                    self._ident(self.progress_table)
+                    self._ident(self.progress_parts)
                 ),
                 (ctx.pipeline, self.name),
             )
@@ -376,8 +525,16 @@ class PostgresSink(Sink):
             return self._apply(conn, ctx, txid, rows, replace_all)
         except SinkError:
             raise
-        except psycopg.Error as exc:
-            self._forget_if_broken(conn)
+        except Exception as exc:  # psycopg's, or Python's while encoding a value
+            if isinstance(exc, psycopg.Error):
+                self._forget_if_broken(conn)
+            else:  # the COPY stopped half-way in Python: the session is of no more use
+                self.close()
+            found = self._diagnose(txid, rows)
+            if found is not None:
+                raise found from None
+            if not isinstance(exc, psycopg.Error):
+                raise
             first = _first_line(exc)
             hint = ""
             if isinstance(exc, (psycopg.errors.DataException, psycopg.errors.CardinalityViolation)):
@@ -396,15 +553,21 @@ class PostgresSink(Sink):
         from psycopg import sql
 
         self._ensure_progress(conn)
-        progress = self._ident(self.progress_table)
-        table = self._ident(self.table)
+        progress = self._ident(self.progress_parts)
+        table = self._ident(self.table_parts)
         with conn.transaction(), conn.cursor() as cur:
             # exporters of one table queue here: its creation and every txid's write, one
             # at a time (the progress row then decides what is left to do)
             cur.execute(
-                "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tridentflow:{self.table}",)
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tridentflow:{self._quoted_table}",)
             )
-            table_existed = self._table_exists(cur, self.table)
+            now = ctx.generation_now()
+            if now is not None and now != ctx.generation:
+                raise SinkError(
+                    f"sink {self.name}: pipeline {ctx.pipeline} was reset or rewound while this "
+                    "export waited for the table; nothing written: export again"
+                )
+            table_existed = self._table_exists(cur, self.table_parts)
             if not table_existed and rows:  # types come from the first rows
                 self._create_table(cur, rows)
             cur.execute(
@@ -442,7 +605,7 @@ class PostgresSink(Sink):
                     f"sink {self.name}: table {self.table} is at txid {applied}, so txid "
                     f"{txid} cannot be applied yet: export txid {applied + 1} first"
                 )
-            written = self._write_rows(cur, table, rows, empty)
+            written = self._write_rows(cur, table, rows, empty, txid)
             ctx.fire("mid-export", txid)
             cur.execute(
                 sql.SQL(
@@ -453,7 +616,58 @@ class PostgresSink(Sink):
             )
         return True
 
-    def _write_rows(self, cur: Any, table: Any, rows: Sequence[Row], empty: bool) -> int:
+    def _checked_types(self, cur: Any) -> dict[str, str]:
+        """The table's column types (remembered for ``_diagnose``); SinkError (one line) if a
+        field of the stream has no column, or ``columns=`` declares a type the table's column
+        does not have (the table was made before the declaration)."""
+        types = self._column_types(cur)
+        self._types = types
+        table = self._quoted_table
+        for field in self.fields:
+            if field not in types:
+                kind = self.columns.get(field, "...")
+                raise SinkError(
+                    f"sink {self.name}: table {self.table} has no column {field} (the stream's "
+                    f"fields are {list(self.fields)}): ALTER TABLE {table} ADD COLUMN "
+                    f"{quoted_parts((field,))} {kind}, or point the sink at a new table"
+                )
+        for field, declared in self.columns.items():
+            cur.execute("SELECT format_type(%s::regtype, NULL)", (declared,))
+            want = cur.fetchone()[0].split("(")[0]
+            if types[field] != want:
+                raise SinkError(
+                    f"sink {self.name}: columns= declares {field} as {declared}, but table "
+                    f"{self.table} has it as {types[field]}: ALTER TABLE {table} ALTER COLUMN "
+                    f"{quoted_parts((field,))} TYPE {declared}, or point the sink at a new table"
+                )
+        return types
+
+    def _value_error(self, txid: int, row: Row, index: int, kind: str) -> SinkError:
+        """The one line for a value of ``row`` its column cannot take: key, txid, column, why
+        and the way out."""
+        field = self.fields[index]
+        key = [row[self.fields.index(k)] for k in self.key_fields]
+        problem = value_problem(field, kind, row[index], field in self.key_fields)
+        problem = problem or f"column {field} ({kind}) refused {row[index]!r:.40}"
+        return SinkError(
+            f"sink {self.name}: txid {txid} not applied to {self.table}: key {key!r:.80}: "
+            f"{problem}; {way_out(self._quoted_table, field, kind, row[index])}"
+        )
+
+    def _diagnose(self, txid: int, rows: Sequence[Row]) -> SinkError | None:
+        """After a failed write: the first value PostgreSQL (or psycopg) cannot take, as the
+        one line to say; None if none is known (the failure is said as it came)."""
+        types = getattr(self, "_types", None)
+        if not types:
+            return None
+        for row in rows:
+            for i, field in enumerate(self.fields):
+                kind = types.get(field, "")
+                if value_problem(field, kind, row[i], field in self.key_fields):
+                    return self._value_error(txid, row, i, kind)
+        return None
+
+    def _write_rows(self, cur: Any, table: Any, rows: Sequence[Row], empty: bool, txid: int) -> int:
         """Upsert the rows with values, delete the keys whose values are all None: COPY
         (binary) into two temporary tables, then one INSERT ... ON CONFLICT and one DELETE.
         Into a table this transaction created or emptied (``empty``), COPY straight in."""
@@ -462,7 +676,7 @@ class PostgresSink(Sink):
 
         if not rows:
             return 0
-        types = self._column_types(cur)
+        types = self._checked_types(cur)
         fields = self.fields
         key_idx = [fields.index(k) for k in self.key_fields]
         value_idx = [i for i, f in enumerate(fields) if f not in self.key_fields]
@@ -474,13 +688,8 @@ class PostgresSink(Sink):
             if exact is None:
                 continue
             for row in rows:
-                if type(row[i]) not in exact and (
-                    problem := check_value(field, kind, row[i], is_key)
-                ):
-                    raise SinkError(
-                        f"sink {self.name}: {problem}: declare the column's type "
-                        f"(columns={{{field!r}: ...}}) or map the stream's values to one type"
-                    )
+                if type(row[i]) not in exact and check_value(field, kind, row[i], is_key):
+                    raise self._value_error(txid, row, i, kind)
         if len(value_idx) == 1:
             (v,) = value_idx
             upserts = [row for row in rows if row[v] is not None]
@@ -505,7 +714,7 @@ class PostgresSink(Sink):
                   [types[f] for f in fields], upserts)  # fmt: skip
             return len(rows)
         if upserts:
-            _stage(cur, "tf_upsert", cols, table, [types[f] for f in fields], upserts)
+            _stage(cur, UPSERTS, cols, table, [types[f] for f in fields], upserts)
             updates = sql.SQL(", ").join(
                 sql.SQL("{} = EXCLUDED.{}").format(
                     sql.Identifier(fields[i]), sql.Identifier(fields[i])
@@ -514,16 +723,20 @@ class PostgresSink(Sink):
             )
             cur.execute(
                 sql.SQL(
-                    "INSERT INTO {} ({}) SELECT {} FROM tf_upsert ON CONFLICT ({}) DO UPDATE SET {}"
-                ).format(table, cols, cols, keys, updates)
+                    "INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO UPDATE SET {}"
+                ).format(table, cols, cols, sql.Identifier(UPSERTS), keys, updates)
             )
         if removals:
-            _stage(cur, "tf_remove", keys, table, [types[k] for k in self.key_fields], removals)
+            _stage(cur, REMOVALS, keys, table, [types[k] for k in self.key_fields], removals)
             match = sql.SQL(" AND ").join(
                 sql.SQL("t.{} = r.{}").format(sql.Identifier(k), sql.Identifier(k))
                 for k in self.key_fields
             )
-            cur.execute(sql.SQL("DELETE FROM {} t USING tf_remove r WHERE {}").format(table, match))
+            cur.execute(
+                sql.SQL("DELETE FROM {} t USING {} r WHERE {}").format(
+                    table, sql.Identifier(REMOVALS), match
+                )
+            )
         return len(rows)
 
 

@@ -78,14 +78,19 @@ return added
 )
 
 
+RESERVED_PREFIX = "tf:"
+"""What tridentflow's own keys start with (state.keys.KeySpace.prefix)."""
+COMPANION_SUFFIX = ":tridentflow-sink"
+
+
 def companion_key(stream: str) -> str:
     """The hash beside ``stream`` (same cluster slot) holding the sinks' bases and positions."""
     start = stream.find("{")
     if start >= 0:
         end = stream.find("}", start + 1)
         if end > start + 1:  # the stream has a hash tag: share it
-            return f"{stream}:tridentflow-sink"
-    return f"{{{stream}}}:tridentflow-sink"
+            return f"{stream}{COMPANION_SUFFIX}"
+    return f"{{{stream}}}{COMPANION_SUFFIX}"
 
 
 def _text(value: Any) -> str:
@@ -110,6 +115,18 @@ class RedisStreamSink(Sink):
         url: str | None = None,
         name: str | None = None,
     ) -> None:
+        if not isinstance(stream, str) or not stream.strip():
+            raise ValueError(f"RedisStreamSink: the stream must be a non-empty key, got {stream!r}")
+        if stream.startswith(RESERVED_PREFIX):
+            raise ValueError(
+                f"RedisStreamSink: stream {stream!r} starts with {RESERVED_PREFIX!r}, "
+                "tridentflow's own keys; give another key"
+            )
+        if stream.endswith(COMPANION_SUFFIX):
+            raise ValueError(
+                f"RedisStreamSink: stream {stream!r} ends like the sink's companion hashes "
+                f"({COMPANION_SUFFIX!r}); give another key"
+            )
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise ValueError(f"RedisStreamSink: partitions must be >= 1, got {partitions!r}")
         if partitions > 1 and "{partition}" not in stream:
@@ -175,6 +192,32 @@ class RedisStreamSink(Sink):
             positions.append(int(pos) if gen == lineage and pos is not None else 0)
         return min(positions)
 
+    def written_through(self, ctx: ExportContext) -> int:
+        """The newest txid any stream holds entries of in this lineage, whole or in part: an
+        export cut short between streams (or between chunks of one) leaves the position at
+        the txid before on some of them, but its readers may have read the rest."""
+        client = self._redis(ctx)
+        sink = self._sink_id(ctx)
+        lineage = ctx.lineage or ctx.generation
+        furthest = 0
+        for stream in self.streams():
+            gen, base, pos = client.hmget(
+                companion_key(stream), f"{sink}:generation", f"{sink}:base", f"{sink}:txid"
+            )
+            gen = gen.decode() if isinstance(gen, bytes) else gen
+            if gen != lineage or base is None:
+                continue
+            furthest = max(furthest, int(pos or 0))
+            last = client.xrevrange(stream, "+", "-", count=1)
+            if last:
+                ms = int(last[0][0].decode().split("-")[0])
+                furthest = max(furthest, ms - int(base))
+        return furthest
+
+    def claims(self) -> tuple[str, ...]:
+        where = "" if self.url is None else f" at {self.url}"
+        return tuple(f"Redis stream {stream}{where}" for stream in self.streams())
+
     def _partition_of(self, row: Row, key_idx: list[int]) -> int:
         if self.partitions == 1:
             return 0
@@ -222,6 +265,8 @@ class RedisStreamSink(Sink):
                 applied = True
             else:
                 self._wait_replicas(ctx, client, stream, txid)
+            if applied and len(by_partition) > 1:
+                ctx.fire("between-parts", txid)  # a stream has the txid, others may not yet
         return applied
 
     def _wait_replicas(
