@@ -18,6 +18,7 @@ from tridentflow import (
     Sum,
 )
 from tridentflow.examples.mutating import InPlaceCount
+from tridentflow.sinks import Sink
 
 POISON = "BOOM"
 
@@ -364,4 +365,87 @@ def kept(version: int = 1) -> Pipeline:
 def kept_fixed() -> Pipeline:
     """``kept`` after a fix: the sizes are counted twice over (version 2)."""
     pipeline = kept(2)
+    return pipeline
+
+
+class FlakySink(Sink):
+    """A user's sink that keeps each key's last value in a Redis hash, and raises whatever
+    ``TF_FLAKY_SINK`` names (``KeyError``, ``OverflowError``, ``RuntimeError``...; unset:
+    nothing) in the method ``TF_FLAKY_AT`` names (``apply`` by default, ``position``,
+    ``close``): a driver's error, a bug of its own, any foreign exception."""
+
+    resyncable = False
+
+    def __init__(self, name: str = "flaky") -> None:
+        self.name = name
+        self.fields: tuple[str, ...] = ()
+
+    def bind(self, fields, key_fields) -> FlakySink:
+        bound = FlakySink(self.name)
+        bound.fields = tuple(fields)
+        return bound
+
+    @staticmethod
+    def _maybe_raise(where: str) -> None:
+        import builtins
+        import os
+
+        kind = os.environ.get("TF_FLAKY_SINK")
+        if kind and os.environ.get("TF_FLAKY_AT", "apply") == where:
+            raise getattr(builtins, kind)(f"the flaky sink's {where} failed")
+
+    def key(self, pipeline: str) -> str:
+        return f"flaky-sink:{pipeline}:{self.name}"
+
+    def position(self, ctx) -> int:
+        self._maybe_raise("position")
+        return int(ctx.client.hget(self.key(ctx.pipeline), "__txid__") or 0)
+
+    def apply(self, ctx, txid, rows, replace_all=False) -> bool:
+        import json
+
+        if self.position(ctx) >= txid:
+            return False
+        ctx.fire("mid-export", txid)
+        self._maybe_raise("apply")
+        mapping = {json.dumps(list(r[:-1])): json.dumps(r[-1]) for r in rows}
+        mapping["__txid__"] = str(txid)
+        ctx.client.hset(self.key(ctx.pipeline), mapping=mapping)
+        return True
+
+    def close(self) -> None:
+        self._maybe_raise("close")
+
+
+def flaky_sinked() -> Pipeline:
+    """Word counts exported to a FlakySink (its failures chosen by the environment)."""
+    pipeline = Pipeline(
+        "flaky-sinked",
+        LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=2, batch_size=1),
+    )
+    counts = (
+        pipeline.stream.each("line", lambda line: ((w,) for w in line.split()), "word")
+        .group_by("word")
+        .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+    )
+    counts.new_values_stream().sink(FlakySink())
+    return pipeline
+
+
+def summed(name: str, sink, transform=None) -> Pipeline:
+    """Records ``KEY INTEGER`` summed per key; the new values (key, total), through
+    ``transform`` if given (a map), exported to ``sink``."""
+    pipeline = Pipeline(
+        name, LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=1)
+    )
+    totals = (
+        pipeline.stream.each("line", lambda line: [(line.split()[0], int(line.split()[1]))],
+                             ["key", "n"])  # fmt: skip
+        .group_by("key")
+        .persistent_aggregate(StateSpec("totals", StateKind.OPAQUE), Sum(), "n", "total")
+    )
+    changes = totals.new_values_stream()
+    if transform is not None:
+        changes = changes.map(transform)
+    changes.sink(sink)
     return pipeline

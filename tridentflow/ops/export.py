@@ -220,7 +220,8 @@ class _Attempt:
 def _sink_failure(feed: Feed, attempt: _Attempt, exc: BaseException) -> SinkError:
     """``exc`` (any error) as the one line a failed export says."""
     what = "" if attempt.txid is None else f"txid {attempt.txid} not applied, "
-    text = str(exc).strip()
+    lone = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else None
+    text = (lone if lone is not None else str(exc)).strip()  # KeyError's str() adds quotes
     cause = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
     if isinstance(exc, TridentflowError):
         cause = text.splitlines()[0] if text else type(exc).__name__

@@ -159,9 +159,15 @@ def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str 
     return None
 
 
-def way_out(table: str, column: str, kind: str, value: Any) -> str:
+def way_out(table: str, column: str, kind: str, value: Any, key: bool = False) -> str:
     """What to do about a value ``column`` (of SQL type ``kind``) of ``table`` (quoted)
     cannot take."""
+    if check_value(column, kind, value, key):  # another type than the column's
+        return (
+            f"declare the column's type (columns={{{column!r}: 'jsonb'}} takes any JSON; an "
+            f"existing table: ALTER TABLE {table} ALTER COLUMN {quoted_parts((column,))} TYPE "
+            "...), or map the stream's values to one type"
+        )
     if isinstance(value, int) and not isinstance(value, bool) and kind in _INT_BITS:
         return (
             f"widen the column (ALTER TABLE {table} ALTER COLUMN {quoted_parts((column,))} "
@@ -172,11 +178,7 @@ def way_out(table: str, column: str, kind: str, value: Any) -> str:
             "map the values in the new-values stream (.map(...)) to ones PostgreSQL can "
             "store, e.g. without NUL characters"
         )
-    return (
-        f"declare the column's type (columns={{{column!r}: 'jsonb'}} takes any JSON; an "
-        f"existing table: ALTER TABLE {table} ALTER COLUMN {quoted_parts((column,))} TYPE ...)"
-        " or map the stream's values to one type"
-    )
+    return "map the values in the new-values stream (.map(...)) to ones the column takes"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -299,7 +301,7 @@ class PostgresSink(Sink):
         self.conn_id = conn_id
         self.key = tuple(key) if key is not None else None
         self.columns = {c: check_sql_type(c, k) for c, k in (columns or {}).items()}
-        self.name = name or f"postgres-{self.table}"
+        self.name = name or "postgres-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.table)
         self.progress_table = progress_table
         if not isinstance(fillfactor, int) or not 10 <= fillfactor <= 100:
             raise ValueError(f"PostgresSink: fillfactor must be 10..100, got {fillfactor!r}")
@@ -646,12 +648,13 @@ class PostgresSink(Sink):
         """The one line for a value of ``row`` its column cannot take: key, txid, column, why
         and the way out."""
         field = self.fields[index]
+        is_key = field in self.key_fields
         key = [row[self.fields.index(k)] for k in self.key_fields]
-        problem = value_problem(field, kind, row[index], field in self.key_fields)
+        problem = value_problem(field, kind, row[index], is_key)
         problem = problem or f"column {field} ({kind}) refused {row[index]!r:.40}"
         return SinkError(
             f"sink {self.name}: txid {txid} not applied to {self.table}: key {key!r:.80}: "
-            f"{problem}; {way_out(self._quoted_table, field, kind, row[index])}"
+            f"{problem}; {way_out(self._quoted_table, field, kind, row[index], is_key)}"
         )
 
     def _diagnose(self, txid: int, rows: Sequence[Row]) -> SinkError | None:
