@@ -432,6 +432,11 @@ def flaky_sinked() -> Pipeline:
     return pipeline
 
 
+def _key_and_number(line: str) -> Iterator[tuple[str, int]]:
+    key, number = line.split()
+    yield (key, int(number))
+
+
 def summed(name: str, sink, transform=None) -> Pipeline:
     """Records ``KEY INTEGER`` summed per key; the new values (key, total), through
     ``transform`` if given (a map), exported to ``sink``."""
@@ -439,8 +444,7 @@ def summed(name: str, sink, transform=None) -> Pipeline:
         name, LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=1)
     )
     totals = (
-        pipeline.stream.each("line", lambda line: [(line.split()[0], int(line.split()[1]))],
-                             ["key", "n"])  # fmt: skip
+        pipeline.stream.each("line", _key_and_number, ["key", "n"])
         .group_by("key")
         .persistent_aggregate(StateSpec("totals", StateKind.OPAQUE), Sum(), "n", "total")
     )

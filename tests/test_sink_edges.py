@@ -78,8 +78,8 @@ def test_any_exception_of_a_sink_lags_it_and_the_commits_go_on(
     assert (sink["position"], sink["lag"]) == (0, 2)
     assert sink["error"] == line
     assert f"  FAILING      {line}" in format_status(info)
-    [collected] = metrics.collect([(rt.pipeline.name, lambda: Runtime.open(FLAKY_PIPELINE(),
-                                                                        redis_url, home))])  # fmt: skip
+    reopen = lambda: Runtime.open(FLAKY_PIPELINE(), redis_url, home)  # noqa: E731
+    [collected] = metrics.collect([(rt.pipeline.name, reopen)])
     assert collected.sinks_failing == {"flaky": 1.0}
     assert b'tridentflow_sink_failing{pipeline="flaky-sinked",sink="flaky"} 1.0' in (
         metrics.prometheus_text([collected])
@@ -104,7 +104,7 @@ def test_the_documented_mid_export_fault_lags_the_sink(redis_url, redis_client, 
     assert flaky_rows(rt) == counts(rt)
 
 
-def FLAKY_PIPELINE() -> Pipeline:  # noqa: N802 - the pipeline the CLI loads as FLAKY
+def FLAKY_PIPELINE() -> Pipeline:  # the pipeline the CLI loads as FLAKY
     from tests.pipelines import flaky_sinked
 
     return flaky_sinked()
@@ -183,9 +183,11 @@ def test_two_sinks_of_one_target_are_refused(second):
     first = PostgresSink("same", dsn=dsn) if "Postgres" in repr(second(dsn)) else (
         RedisStreamSink("out"))  # fmt: skip
     p = Pipeline("two", LogSource(fields=("line",)))
-    state = p.stream.each("line", lambda line: ((w,) for w in line.split()), "w").group_by(
-        "w"
-    ).persistent_aggregate(StateSpec("c"), Count())
+    state = (
+        p.stream.each("line", lambda line: ((w,) for w in line.split()), "w")
+        .group_by("w")
+        .persistent_aggregate(StateSpec("c"), Count())
+    )
     state.new_values_stream().sink(first)
     with pytest.raises(PipelineError, match="both write") as refused:
         state.new_values_stream().sink(second(dsn))
@@ -298,7 +300,6 @@ def test_a_stream_sink_cut_between_its_streams_refuses_a_rewind_below_any_part(
 
     with pytest.raises(SimulatedCrash):
         export(rt, hook=crash_between)
-    (info,) = sink_status(rt)
     feed = rt.pipeline.feeds[0]
     from tridentflow.ops.export import context
 

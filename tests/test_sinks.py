@@ -220,7 +220,8 @@ def test_a_rewind_reloads_the_tables_and_the_stream_goes_on_once(
     run_batches(rt, LocalEngine(), max_batches=1)  # txid 3: "del x"
     export(rt, ["postgres-kv", "postgres-counts_x10"])
     assert table_rows(pg_dsn, "kv", "key") == {"y": (2,)}
-    with pytest.raises(RewindRefused, match=r"sink stream-kv-changesP .* up to 2 \(in whole or in part\), which"):
+    refusal = r"sink stream-kv-changesP .* up to 2 \(in whole or in part\), which"
+    with pytest.raises(RewindRefused, match=refusal):
         rewind_pipeline(rt, 1)
     assert rt.ledger.committed_txid() == 3
     rewind_pipeline(rt, 2)
