@@ -88,11 +88,19 @@ async def authenticated(
     if (
         token
         and credentials is not None
-        and request.url.path.endswith(METRICS_PATH)
+        and is_metrics_route(request)
         and hmac.compare_digest(credentials.credentials.encode(), token.encode())
     ):
         return
     await get_user(request, None, credentials)
+
+
+def is_metrics_route(request: Request) -> bool:
+    """Whether the request was routed to ``get_metrics`` itself: the route the router
+    matched, never the path's text (a state, a pipeline or a run named ``metrics`` ends its
+    path with ``/metrics`` too)."""
+    route = request.scope.get("route")
+    return getattr(route, "endpoint", None) is get_metrics and route.path == METRICS_PATH
 
 
 AUTHENTICATED = authenticated

@@ -3,6 +3,8 @@ api-server test (test_airflow_runs.py) checks that Airflow mounts it and require
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -208,6 +210,55 @@ def test_the_scrape_token_opens_metrics_and_nothing_else(redis_url, redis_client
     assert anonymous.get("/metrics").status_code in (401, 403)
     for path in ("/api/pipelines", "/openapi.json", "/ui"):
         assert anonymous.get(path, headers=scrape).status_code in (401, 403), path
+
+
+COLLIDING = ["metrics", "..", "%2Fmetrics", "metrics%2F..%2Fmetrics", "x%2F..%2Fmetrics", "."]
+"""Path parameters chosen to make a path end like, or resolve towards, /metrics."""
+
+
+def test_the_scrape_token_opens_exactly_one_route(redis_url, redis_client, monkeypatch):
+    """Every route the app mounts, each path parameter filled with names that collide with
+    the metrics route (``metrics``, ``..``, encoded slashes), with only the scrape token:
+    exactly one route answers, /metrics; every other one is refused."""
+    from airflow.api_fastapi.app import init_auth_manager
+    from starlette.routing import Route
+
+    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    monkeypatch.setenv(view.METRICS_TOKEN_ENV, "scrape-s3cret")
+    init_auth_manager()
+    scraper = TestClient(view.app, follow_redirects=False)
+    scrape = {"Authorization": "Bearer scrape-s3cret"}
+    opened: set[str] = set()
+    for route in [r for r in view.app.routes if isinstance(r, Route)]:
+        for method in sorted(route.methods - {"HEAD"}):
+            paths = {route.path}
+            for fill in COLLIDING:  # every parameter colliding, or a real pipeline's others
+                paths.add(re.sub(r"\{[^}]+\}", fill, route.path))
+                named = route.path.replace("{name}", "wordcount").replace("{dag_id}", "d")
+                paths.add(re.sub(r"\{[^}]+\}", fill, named))
+            for path in sorted(paths - {route.path} if "{" in route.path else paths):
+                for tail in ("", "?next=/metrics", "/"):
+                    response = scraper.request(method, path + tail, headers=scrape)
+                    unrouted = response.status_code == 404 and response.json() == {
+                        "detail": "Not Found"
+                    }  # the router found no route: no handler ran
+                    if response.status_code not in (401, 403, 405, 307) and not unrouted:
+                        opened.add(f"{method} {path}{tail} -> {response.status_code}")
+    assert opened == {"GET /metrics -> 200", "GET /metrics?next=/metrics -> 200"}, opened
+
+
+def test_the_route_check_itself_tells_routes_apart():
+    """The guard's own check: true for the metrics route's scope, false for a state route
+    whose path ends in /metrics (what the path-suffix check let through)."""
+    from starlette.requests import Request
+
+    by_path = {r.path: r for r in view.app.routes if hasattr(r, "endpoint")}
+    metrics_scope = {"type": "http", "route": by_path["/metrics"], "path": "/metrics"}
+    state_route = by_path["/api/pipelines/{name}/state/{state}"]
+    state_scope = {"type": "http", "route": state_route, "path": "/api/pipelines/p/state/metrics"}
+    assert view.is_metrics_route(Request(metrics_scope))
+    assert not view.is_metrics_route(Request(state_scope))
+    assert not view.is_metrics_route(Request({"type": "http", "path": "/metrics"}))
 
 
 def test_redis_unreachable_is_a_503_with_a_json_reason(client, monkeypatch):
