@@ -57,6 +57,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.ops import metrics
+from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
 from tridentflow.ops.status import pending_txid, replays_after_commit, status
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import redacted, resolve_redis_url, scrubbed
@@ -75,6 +76,7 @@ METRICS_TOKEN_ENV = "TRIDENTFLOW_METRICS_TOKEN"
 """A scrape token: ``Authorization: Bearer <it>`` is accepted on ``/metrics`` (only there)
 for a Prometheus that cannot log in to Airflow. Unset: ``/metrics`` needs Airflow's auth."""
 METRICS_PATH = "/metrics"
+READ_DEADLINE_ENV = "TRIDENTFLOW_READ_DEADLINE_S"
 
 
 async def authenticated(
@@ -223,18 +225,40 @@ def summary(rt: Runtime) -> dict[str, Any]:
     }
 
 
+def read_deadline_s() -> float:
+    """The bound on the listing and the scrape (TRIDENTFLOW_READ_DEADLINE_S, default 4 s):
+    a pipeline not read within it is shown as unreadable, saying so, and the rest answer."""
+    raw = os.environ.get(READ_DEADLINE_ENV, "")
+    try:
+        return float(raw) if raw else DEFAULT_DEADLINE_S
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds: using %s", READ_DEADLINE_ENV, raw,
+                    DEFAULT_DEADLINE_S)  # fmt: skip
+        return DEFAULT_DEADLINE_S
+
+
+def _summary_of(pipeline: Pipeline) -> dict[str, Any]:
+    with runtime(pipeline) as rt:
+        return summary(rt)
+
+
 @app.get("/api/pipelines")
 def list_pipelines() -> dict[str, Any]:
     """Every pipeline's summary; those that cannot be read are listed with the one-line
     reason. 503 (JSON, the same fields and a ``detail``) when none can be read: Redis is
     unreachable or refuses this view."""
     out, unreadable = [], []
-    for pipeline in known_pipelines().values():
-        try:
-            with runtime(pipeline) as rt:
-                out.append(summary(rt))
-        except HTTPException as exc:  # e.g. a Redis ACL user limited to other pipelines
-            unreadable.append({"pipeline": pipeline.name, "error": exc.detail})
+    pipelines = list(known_pipelines().values())
+    reads = {f"summary:{p.name}": partial(_summary_of, p) for p in pipelines}
+    results = READER.read_all(reads, read_deadline_s())  # concurrently, within the bound
+    for pipeline in pipelines:
+        result = results[f"summary:{pipeline.name}"]
+        if isinstance(result, HTTPException):  # e.g. a Redis ACL user limited to others
+            unreadable.append({"pipeline": pipeline.name, "error": result.detail})
+        elif isinstance(result, Exception):  # not within the bound, or a failure of its own
+            unreadable.append({"pipeline": pipeline.name, "error": _safe(one_line(result))})
+        else:
+            out.append(result)
     body = {"pipelines": out, "unreadable": unreadable, "redis": redacted(resolve_redis_url())}
     if unreadable and not out:
         reason = unreadable[0]["error"]
@@ -502,7 +526,7 @@ def get_metrics() -> Response:
     """Every pipeline's figures in Prometheus text format (``tridentflow_up`` 0 with the
     reason left out for a pipeline that cannot be read: the others still report)."""
     openers = [(p.name, partial(Runtime.open, p)) for p in known_pipelines().values()]
-    text = metrics.prometheus_text(metrics.collect(openers))
+    text = metrics.prometheus_text(metrics.collect(openers, read_deadline_s()))
     return Response(content=text, media_type=metrics.PROMETHEUS_CONTENT_TYPE)
 
 

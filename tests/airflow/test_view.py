@@ -261,6 +261,65 @@ def test_the_route_check_itself_tells_routes_apart():
     assert not view.is_metrics_route(Request({"type": "http", "path": "/metrics"}))
 
 
+@pytest.mark.parametrize("broker", ["refuses", "never-answers"])
+def test_a_source_that_does_not_answer_keeps_the_scrape_and_the_listing_in_bound(
+    client, monkeypatch, broker
+):
+    """The bundled Kafka pipelines pointed at a broker that refuses connections, or at one
+    that accepts them and never answers: one scrape and one listing each answer within the
+    bound (TRIDENTFLOW_READ_DEADLINE_S, 2 s here) plus a second; the Kafka pipelines show
+    up 0 with why, every other pipeline reports as usual; a second scrape starts no second
+    read of a source still hung (the workers stay bounded)."""
+    import socket
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tridentflow.ops.bounded import READER
+    from tridentflow.ops.devredis import free_port
+    from tridentflow.sources.kafka import BOOTSTRAP_ENV
+
+    listener = None
+    if broker == "refuses":
+        port = free_port()
+    else:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+    monkeypatch.setenv(BOOTSTRAP_ENV, f"127.0.0.1:{port}")
+    monkeypatch.setenv(view.READ_DEADLINE_ENV, "2")
+    try:
+        for _ in range(2):
+            started = time.monotonic()
+            scraped = client.get("/metrics")
+            took = time.monotonic() - started
+            assert scraped.status_code == 200 and took < 3.5, took
+            up = {
+                s.labels["pipeline"]: s.value
+                for f in text_string_to_metric_families(scraped.text)
+                for s in f.samples
+                if s.name == "tridentflow_up"
+            }
+            assert up["wordcount"] == 1 and up["wordcount-opaque"] == 1, up
+            assert up["wordcount-kafka"] == 0 and up["wordcount-kafka-opaque"] == 0, up
+            started = time.monotonic()
+            listed = client.get("/api/pipelines")
+            took = time.monotonic() - started
+            assert listed.status_code == 200 and took < 3.5, took
+            body = listed.json()
+            names = {p["pipeline"] for p in body["pipelines"]}
+            assert "wordcount" in names and "wordcount-kafka" not in names, names
+            why = {u["pipeline"]: u["error"] for u in body["unreadable"]}
+            assert "wordcount-kafka" in why and "\n" not in why["wordcount-kafka"], why
+        with READER._lock:
+            hung = [k for k, f in READER._in_flight.items() if "kafka" in k and not f.done()]
+        assert len(hung) == len(set(hung)) <= 4, hung  # one read per key, never piled up
+    finally:
+        if listener is not None:
+            listener.close()
+
+
 def test_redis_unreachable_is_a_503_with_a_json_reason(client, monkeypatch):
     from tridentflow.ops.devredis import free_port
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tridentflow.errors import one_line
+from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER, BoundedReader
 from tridentflow.ops.status import status
 from tridentflow.steps.runs import first_started_ms
 from tridentflow.steps.runtime import Runtime
@@ -91,28 +93,39 @@ def _commit_ended_ms(entry: Mapping[str, Any]) -> int | None:
     return int(ended) if ended is not None else None
 
 
-def collect(runtimes: Iterable[tuple[str, Callable[[], Runtime]]]) -> list[PipelineFigures]:
-    """Figures of each (name, opener) pair; a pipeline that cannot be read gets its one-line
-    error instead (the others are still collected)."""
+def collect(
+    runtimes: Iterable[tuple[str, Callable[[], Runtime]]],
+    deadline_s: float = DEFAULT_DEADLINE_S,
+    reader: BoundedReader | None = None,
+) -> list[PipelineFigures]:
+    """Figures of each (name, opener) pair, read concurrently; a pipeline that cannot be
+    read - or not within ``deadline_s`` (a source that does not answer) - gets its one-line
+    error instead, and the others are still collected. Returns within the deadline."""
+    pairs = list(runtimes)
+    reads = {f"metrics:{name}": partial(_figures_of, name, opener) for name, opener in pairs}
+    results = (reader or READER).read_all(reads, deadline_s)
     out = []
-    for name, open_runtime in runtimes:
-        try:
-            rt = open_runtime()
-            try:
-                info = status(rt)
-                out.append(
-                    PipelineFigures(
-                        name,
-                        figures(rt, info),
-                        sink_lags=sink_lags(info),
-                        sinks_failing=sinks_failing(info),
-                    )
-                )
-            finally:
-                rt.client.close()
-        except Exception as exc:  # Redis down, an ACL refusal, a broken pipeline: say so
-            out.append(PipelineFigures(name, error=one_line(exc)))
+    for name, _opener in pairs:
+        result = results[f"metrics:{name}"]
+        if isinstance(result, PipelineFigures):
+            out.append(result)
+        else:  # Redis down, an ACL refusal, a broken pipeline, a hung source: say so
+            out.append(PipelineFigures(name, error=one_line(result)))
     return out
+
+
+def _figures_of(name: str, open_runtime: Callable[[], Runtime]) -> PipelineFigures:
+    rt = open_runtime()
+    try:
+        info = status(rt)
+        return PipelineFigures(
+            name,
+            figures(rt, info),
+            sink_lags=sink_lags(info),
+            sinks_failing=sinks_failing(info),
+        )
+    finally:
+        rt.client.close()
 
 
 def prometheus_text(collected: list[PipelineFigures]) -> bytes:
