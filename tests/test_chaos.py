@@ -39,6 +39,10 @@ def test_fixed_seed_schedules_are_exact(pg_dsn):
         "export-resync",
         "pg-session-killed",
         "export-failed:SinkError",
+        "export-failed:SimulatedCrash",
+        "sink-raised:",
+        "sink-died-between-parts",
+        "rewind-refused:sink",
         "rewind-to:",
         "rewind-cut-short",
     ):
@@ -285,3 +289,50 @@ def test_the_harness_catches_a_broker_watermark_taken_on_trust(monkeypatch, kafk
     monkeypatch.setattr(KafkaLog, "_ends", lambda self, stable: dict(stable))
     results = run_chaos(3, seed=0, pipelines=KAFKA_PIPELINES, kafka=kafka_broker)
     assert not results[-1].ok, "3 Kafka schedules did not expose a stale watermark"
+
+
+def test_the_harness_catches_an_export_that_lets_a_foreign_error_through(monkeypatch):
+    """Family: a sink's failure stops the commits. An export without its one-line wrapper
+    lets a sink's KeyError (a driver's, a bug's) escape: the harness, whose sinks raise
+    foreign errors in every schedule, names it (caught at the first schedule)."""
+    from tridentflow.ops import export
+
+    def unwrapped(rt, feed, upto=None, resync=False, hook=None):
+        return export._export_feed(rt, feed, upto, resync, hook, export._Attempt())
+
+    monkeypatch.setattr(export, "export_feed", unwrapped)
+    results = run_chaos(20, seed=0, redis_restarts=False)
+    assert not results[-1].ok, "20 schedules did not expose an export letting errors through"
+    assert "instead of a SinkError" in (results[-1].difference or "")
+
+
+def test_the_harness_catches_a_rewind_check_that_reads_the_slowest_part(monkeypatch):
+    """Family: a sink of several parts judged as one. A rewind that checks only a stream
+    sink's position (the minimum over its streams) is allowed below a txid an exporter left
+    on some streams when it died between them; the replay then keeps that txid's old entries
+    there. Seed 101 exposes it at its own schedule (the 102nd from seed 0)."""
+    from tridentflow.sinks.redisstream import RedisStreamSink
+
+    monkeypatch.setattr(RedisStreamSink, "written_through", RedisStreamSink.position)
+    results = run_chaos(5, seed=101, redis_restarts=False)
+    assert not results[-1].ok, "seed 101 did not expose a rewind judging the slowest part"
+    assert "but that txid's commit wrote" in (results[-1].difference or "")
+
+
+def test_the_harness_catches_a_stream_sink_spreading_a_key_by_its_value(monkeypatch):
+    """Family: keys equal but routed apart. A multi-stream sink that hashes every field (the
+    value too) when the stream renamed the key fields sends one key's changes to several
+    streams: a reader of them sees its values out of order (caught at the first schedule)."""
+    from tridentflow.sinks.redisstream import RedisStreamSink
+
+    bind = RedisStreamSink.bind
+
+    def by_every_field(self, fields, key_fields):
+        bound = bind(self, fields, key_fields)
+        bound.key_fields = tuple(fields)
+        return bound
+
+    monkeypatch.setattr(RedisStreamSink, "bind", by_every_field)
+    results = run_chaos(20, seed=0, redis_restarts=False)
+    assert not results[-1].ok, "20 schedules did not expose a key spread by its value"
+    assert "is in two streams" in (results[-1].difference or "")

@@ -368,3 +368,21 @@ def test_a_postgresql_export_overtaken_by_a_rewind_writes_nothing(
     [result] = export(fresh)
     assert result.reloaded_at == 1
     assert table_rows(pg_dsn, "overtaken", "key") == {"k": (1,)}
+
+
+def test_a_multi_stream_sink_must_know_the_key_to_spread_by():
+    """A stream that renamed the state's key fields cannot be spread by them: refused at
+    build time without key=..., so one key's changes never go to two streams."""
+    p = Pipeline("spread", LogSource(fields=("line",)))
+    state = (
+        p.stream.each("line", lambda line: ((w,) for w in line.split()), "w")
+        .group_by("w")
+        .persistent_aggregate(StateSpec("c"), Count())
+    )
+    renamed = state.new_values_stream().map(lambda w, c: (w.upper(), c), ["k", "n"])
+    with pytest.raises(PipelineError, match=r"2 partitions spread keys by the key fields.*key="):
+        renamed.sink(RedisStreamSink("spread-{partition}", partitions=2))
+    renamed.sink(RedisStreamSink("spread-{partition}", partitions=2, key=["k"]))
+    assert p.feeds[0].sink.key_fields == ("k",)
+    with pytest.raises(PipelineError, match=r"key field\(s\) \['nope'\] are not fields"):
+        renamed.sink(RedisStreamSink("other", key=["nope"]))

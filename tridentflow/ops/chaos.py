@@ -34,13 +34,17 @@ retries a task) through a random mix of:
   killed while its replica is behind, the replica takes over and the old master rejoins.
 
 * sinks in every schedule: each state's new-values stream (keys mapped to their canonical
-  encoding) goes to a Redis stream and, given a PostgreSQL (``postgres_dsn``), to a table;
-  exports run after commits and between steps, with faults inside them (``mid-export``:
-  raise, crash), two exporters at once, the PostgreSQL session killed mid-transaction
-  (``pg_terminate_backend``) - or, on a server of its own (``postgres=``), the server crashed
-  and restarted right there - and an operator's ``export --resync``. After the drain every
-  table equals the state row for row, and the stream's last entry per key is the state's
-  value, with no change twice.
+  encoding) goes to Redis streams (1, 2 or 3 of them per sink, ``sink_parts``) and, given a
+  PostgreSQL (``postgres_dsn``), to a table; exports run after commits and between steps,
+  with faults inside them (``mid-export``: raise, crash), errors of no tridentflow type
+  raised inside a sink (``KeyError``, ``OverflowError``, a driver's ...) and exporters dying
+  between a sink's streams, two exporters at once, the PostgreSQL session killed
+  mid-transaction (``pg_terminate_backend``) - or, on a server of its own (``postgres=``),
+  the server crashed and restarted right there - and an operator's ``export --resync``.
+  Every failure of an export must come out as the sink's one ``SinkError`` line (anything
+  else is the schedule's difference); a rewind below what any stream holds must be refused.
+  After the drain every table equals the state row for row, and the streams' last entry per
+  key is the state's value, with no change twice.
 
 * for the Kafka pipelines (``KAFKA_PIPELINES``, given a broker: tridentflow.ops.devkafka), the
   broker frozen (SIGSTOP) between steps or while an emit reads, for a few steps: an opaque
@@ -97,7 +101,7 @@ from tridentflow.ops.query import list_state, query
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
-from tridentflow.sinks import PostgresSink, RedisStreamSink
+from tridentflow.sinks import PostgresSink, RedisStreamSink, SinkError
 from tridentflow.sinks.redisstream import companion_key
 from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
@@ -278,6 +282,7 @@ class Chaos:
             sched.kafka = self.kafka
             sched.kafka_rng = random.Random(f"kafka-{seed}")
         sched.sink_rng = random.Random(f"sinks-{seed}")
+        sched.sink_edge_rng = random.Random(f"sink-edges-{seed}")
         sched.rewind_rng = random.Random(f"rewind-{seed}")
         sched.seed = seed
         self._drop_sink_targets(rt, seed)
@@ -298,11 +303,11 @@ class Chaos:
             sched.lagging = None
         rt = sched.rt
         rt.faults = FaultPlan()  # resume: drain what is left, with no faults
-        run_batches(rt, self.engine)
+        run_batches(rt, self.engine, on_commit=lambda r: sched.note_changes(r.txid))
         result.txids = rt.ledger.committed_txid()
         result.records = len(sched.produced)
         self._check(rt, sched.produced, result)
-        self._check_sinks(rt, result)
+        self._check_sinks(rt, result, sched.committed_changes)
         self._drop_sink_targets(rt, seed)
         rt.client.close()
         shutil.rmtree(home, ignore_errors=True)
@@ -379,6 +384,7 @@ class Chaos:
                         if racers > 1:
                             result.events.append(f"duplicate-commit@{run_id}")
                         self._commit_race(rt, run_id, racers)
+                        sched.note_changes(rt.ledger.txid_of_run(run_id))
                         self._maybe_export(sched, f"after-commit:{run_id}")
                     if index < 2 and rng.random() < 0.15:
                         sched.append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
@@ -463,6 +469,7 @@ class Chaos:
             sched.result.events.append(f"reset-after-replication-wait@step{step}")
         if not kafka:  # a reset reader of Kafka reads the whole topic again
             sched.produced.clear()
+        sched.committed_changes.clear()  # a new lineage: its streams start anew
         self._expect_refused(sched, old, run_id, next_step, "after a reset", (GenerationError,))
         old.client.close()
         sched.rt = fresh
@@ -522,7 +529,9 @@ class Chaos:
                 fresh = rewind(target)  # the operator runs it again: it finishes
         except RewindRefused:  # a stream sink wrote past it: the operator keeps what it has
             events.append("rewind-refused:sink")
+            target = committed
             fresh = rewind(committed)
+        sched.forget_changes_after(target)  # taken back: the replay commits them anew
         refused(old, "after a rewind")
         if next_step != "coordinate":
             other = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
@@ -594,9 +603,13 @@ class Chaos:
                 config={"bootstrap.servers": self.kafka.bootstrap},
                 timeout_s=0.5,  # a frozen broker fails each call within half a second
             )
+        parts = sink_parts(seed)
         for state in sorted(pipeline.states):
             changes = pipeline.state(state).new_values_stream().map(_canonical, ["key", "value"])
-            changes.sink(RedisStreamSink(f"chaos-{seed}-{state}", name=f"stream-{state}"))
+            stream = f"chaos-{seed}-{state}" + ("-{partition}" if parts > 1 else "")
+            changes.sink(
+                RedisStreamSink(stream, partitions=parts, name=f"stream-{state}", key=["key"])
+            )
             if self.postgres_dsn:
                 table = f"chaos_{seed}_{state}".replace("-", "_")
                 changes.sink(
@@ -606,9 +619,10 @@ class Chaos:
         return pipeline
 
     def _drop_sink_targets(self, rt: Runtime, seed: int) -> None:
-        for state in rt.pipeline.states:
-            stream = f"chaos-{seed}-{state}"
-            rt.client.delete(stream, companion_key(stream))
+        for feed in rt.pipeline.feeds:
+            if isinstance(feed.sink, RedisStreamSink):
+                for stream in feed.sink.streams():
+                    rt.client.delete(stream, companion_key(stream))
         if self.postgres_dsn:
             import psycopg
 
@@ -656,8 +670,9 @@ class Chaos:
             events.append(f"export-resync@{when}")
 
         def hook(feed, point, txid):
-            if self.postgres_dsn and isinstance(feed.sink, PostgresSink):
+            if self.postgres_dsn and isinstance(feed.sink, PostgresSink) and point == "mid-export":
                 self._kill_session(feed, point, txid, rng, events)
+            sink_misbehaves(sched.sink_edge_rng, point, txid, events)
 
         def exporter() -> None:
             other = self._runtime(self._pipeline(rt.pipeline.name, sched.seed), rt.home,
@@ -666,9 +681,14 @@ class Chaos:
                 names = [f.name for f in other.pipeline.feeds if not resync or
                          f.sink.resyncable]  # fmt: skip
                 export(other, names, resync=resync, hook=hook)
-            except (SimulatedCrash, InjectedFault, TridentflowError, StateError,
-                    redis.RedisError) as exc:  # fmt: skip
+            except (SimulatedCrash, SinkError) as exc:  # a kill, or the sink's one line
                 events.append(f"export-failed:{type(exc).__name__}@{when}")
+            except Exception as exc:  # every failure of a sink must be its SinkError line
+                if not sched.result.difference:
+                    sched.result.difference = (
+                        f"an export let {type(exc).__name__} through instead of a SinkError "
+                        f"(the commits would stop): {exc}"
+                    )
             finally:
                 other.client.close()
 
@@ -678,8 +698,14 @@ class Chaos:
             # commit cut short half-way must not show through)
             self._compare_sinks(rt, sched.result, only_postgres=True)
 
-    def _check_sinks(self, rt: Runtime, result: ScheduleResult) -> None:
-        """After the drain: every sink exported up to the committed txid equals the state."""
+    def _check_sinks(
+        self,
+        rt: Runtime,
+        result: ScheduleResult,
+        committed_changes: dict[str, dict[int, dict[str, str]]] | None = None,
+    ) -> None:
+        """After the drain: every sink exported up to the committed txid equals the state,
+        and every stream entry is what its txid's commit wrote (``committed_changes``)."""
         for attempt in range(3):
             try:
                 export(rt)
@@ -688,9 +714,16 @@ class Chaos:
                 if attempt == 2 and not result.difference:
                     result.difference = f"the final export failed: {exc}"
                     return
-        self._compare_sinks(rt, result)
+        self._compare_sinks(rt, result, committed_changes=committed_changes)
 
-    def _compare_sinks(self, rt: Runtime, result: ScheduleResult, only_postgres=False) -> None:
+    def _compare_sinks(
+        self,
+        rt: Runtime,
+        result: ScheduleResult,
+        only_postgres: bool = False,
+        committed_changes: dict[str, dict[int, dict[str, str]]] | None = None,
+    ) -> None:
+        committed_changes = committed_changes or {}
         committed = rt.ledger.committed_txid()
         for feed in rt.pipeline.feeds:
             if only_postgres and not isinstance(feed.sink, PostgresSink):
@@ -701,7 +734,9 @@ class Chaos:
             if isinstance(feed.sink, PostgresSink):
                 got = _table(self.postgres_dsn, feed.sink.table)
             else:
-                got, problem = _stream_view(rt, feed.sink, rt.ledger.lineage())
+                got, problem = _stream_view(
+                    rt, feed.sink, rt.ledger.lineage(), committed_changes.get(feed.name, {})
+                )
                 if problem and not result.difference:
                     result.difference = f"sink {feed.name}: {problem}"
                     return
@@ -812,24 +847,42 @@ def _table(dsn: str, table: str) -> dict[str, str]:
     return {key: _jsonish(value) for key, value in rows}
 
 
-def _stream_view(rt: Runtime, sink: RedisStreamSink, lineage: str):
-    """(key -> value by the stream's last entry per key, of this lineage, or a problem):
-    one entry per key and txid, never twice."""
-    stream = sink.streams()[0]
+def _stream_view(
+    rt: Runtime,
+    sink: RedisStreamSink,
+    lineage: str,
+    committed: dict[int, dict[str, str]] | None = None,
+):
+    """(key -> value by the last entry per key over the sink's streams, of this lineage, or
+    a problem): one entry per key and txid, never twice, each key in one stream only, and
+    every entry of a txid in ``committed`` (txid -> key -> value text, what its commit
+    wrote) exactly that - an entry left by a rewound txid is caught even when later txids
+    wrote the key again."""
+    committed = committed or {}
     sink_id = f"{rt.pipeline.name}/{sink.name}"
-    meta = rt.client.hgetall(companion_key(stream))
-    if meta.get(f"{sink_id}:generation".encode(), b"").decode() != lineage:
-        return {}, None  # nothing exported in this lineage (an empty state)
-    base = int(meta[f"{sink_id}:base".encode()])
-    seen: set[tuple[int, str]] = set()
     latest: dict[str, str] = {}
-    for entry_id, fields in rt.client.xrange(stream, f"{base + 1}-0", "+"):
-        ms = int(entry_id.decode().split("-")[0])
-        key, value = fields[b"key"].decode(), fields[b"value"].decode()
-        if (ms, key) in seen:
-            return {}, f"key {key} has two entries for txid {ms - base}"
-        seen.add((ms, key))
-        latest[key] = value
+    home: dict[str, str] = {}
+    for stream in sink.streams():
+        meta = rt.client.hgetall(companion_key(stream))
+        if meta.get(f"{sink_id}:generation".encode(), b"").decode() != lineage:
+            continue  # nothing exported to this stream in this lineage
+        base = int(meta[f"{sink_id}:base".encode()])
+        seen: set[tuple[int, str]] = set()
+        for entry_id, fields in rt.client.xrange(stream, f"{base + 1}-0", "+"):
+            ms = int(entry_id.decode().split("-")[0])
+            key, value = fields[b"key"].decode(), fields[b"value"].decode()
+            if (ms, key) in seen:
+                return {}, f"key {key} has two entries for txid {ms - base} in {stream}"
+            if home.setdefault(key, stream) != stream:
+                return {}, f"key {key} is in two streams ({home[key]}, {stream})"
+            wrote = committed.get(ms - base)
+            if wrote is not None and wrote.get(key) != value:
+                return {}, (
+                    f"{stream}'s entry of txid {ms - base} for key {key} holds {value}, but "
+                    f"that txid's commit wrote {wrote.get(key, 'nothing for it')}"
+                )
+            seen.add((ms, key))
+            latest[key] = value
     view = {}
     for key, text in latest.items():
         if text != "null":
@@ -843,6 +896,35 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+FOREIGN_ERRORS: tuple[type[Exception], ...] = (
+    KeyError,
+    OverflowError,
+    RuntimeError,
+    ZeroDivisionError,
+    UnicodeError,
+    ConnectionResetError,
+)
+"""What a sink's driver or a bug of its own may raise that is none of tridentflow's errors."""
+
+
+def sink_parts(seed: int) -> int:
+    """How many streams each stream sink of schedule ``seed`` spreads its keys over."""
+    return random.Random(f"sink-parts-{seed}").choice((1, 2, 3))
+
+
+def sink_misbehaves(rng: random.Random, point: str, txid: int, events: list[str]) -> None:
+    """At a sink's point inside a txid (``mid-export``, ``between-parts``), now and then: it
+    raises an error of no tridentflow type, or - between its parts - the process dies."""
+    if rng.random() >= 0.12:
+        return
+    if point == "between-parts" and rng.random() < 0.5:
+        events.append(f"sink-died-between-parts@{txid}")
+        raise SimulatedCrash(f"the exporter died between a sink's parts of txid {txid}")
+    kind = rng.choice(FOREIGN_ERRORS)
+    events.append(f"sink-raised:{kind.__name__}@{txid}")
+    raise kind(f"a foreign error at {point} of txid {txid}")
 
 
 def _sink_faults(rng: random.Random, runs: int, events: list[str]) -> tuple[Fault, ...]:
@@ -870,6 +952,12 @@ class _Schedule:
         self.sink_rng = random.Random(0)
         """The sinks' own generator (exports, their faults): the steps' draws stay as they
         were before sinks existed."""
+        self.sink_edge_rng = random.Random(0)
+        """Foreign errors and deaths between parts inside sinks: the other draws stay."""
+        self.committed_changes: dict[str, dict[int, dict[str, str]]] = {}
+        """Stream sink -> txid -> key -> value text: what each commit wrote to the change
+        log (read right after it), which every stream entry of that txid must hold."""
+
         self.seed = 0
         self.kafka: LocalKafka | None = None
         self.kafka_rng = random.Random(0)
@@ -880,6 +968,32 @@ class _Schedule:
         self.unsent: list[str] = []
         """Lines produced while the broker was frozen: sent when it is back."""
         self.freeze: threading.Timer | None = None
+
+    def note_changes(self, txid: int | None) -> None:
+        """Note what committed txid ``txid`` wrote for each stream sink (from its change log,
+        read now: the export has not dropped it yet)."""
+        from tridentflow.ops.export import _rows, changes_of
+        from tridentflow.plan import compile_chain
+        from tridentflow.sinks.redisstream import _text
+
+        rt = self.rt
+        if txid is None or txid > rt.ledger.committed_txid():
+            return
+        for feed in rt.pipeline.feeds:
+            if not isinstance(feed.sink, RedisStreamSink):
+                continue
+            items = changes_of(rt, feed, txid)
+            if items is None:
+                continue  # already exported and dropped: noted when it committed
+            rows = _rows(items, compile_chain(feed.node))
+            noted = {str(row[0]): _text(row[1]) for row in rows}
+            self.committed_changes.setdefault(feed.name, {})[txid] = noted
+
+    def forget_changes_after(self, target: int) -> None:
+        """A rewind to ``target`` took the later txids back: their replays commit anew."""
+        for by_txid in self.committed_changes.values():
+            for txid in [t for t in by_txid if t > target]:
+                del by_txid[txid]
 
     def append(self, n: int, during: str | None = None) -> None:
         rng = self.rng
@@ -1013,6 +1127,7 @@ class _Schedule:
         counts."""
         rt = self.rt
         reset_pipeline(rt, force=True)
+        self.committed_changes.clear()  # a new lineage: its streams start anew
         log = rt.log
         assert isinstance(log, RedisStreamLog)
         self.produced = [

@@ -18,6 +18,7 @@ One sink per stream: two writers of one stream would collide on IDs.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -102,8 +103,10 @@ class RedisStreamSink(Sink):
     fields, strings as they are and anything else as JSON - what a RedisStreamSource reads).
 
     ``partitions`` > 1 spreads the keys over ``stream.format(partition=P)`` by a stable hash
-    of the key fields (the template must hold ``{partition}``). ``url``: another Redis than
-    the pipeline's (default: the pipeline's own)."""
+    of the key fields (the template must hold ``{partition}``): the state's group fields, or
+    ``key`` - needed when the stream's operations renamed them (a key's changes must always
+    go to one stream, or a reader of several sees them out of order). ``url``: another Redis
+    than the pipeline's (default: the pipeline's own)."""
 
     resyncable = False
 
@@ -114,6 +117,7 @@ class RedisStreamSink(Sink):
         partitions: int = 1,
         url: str | None = None,
         name: str | None = None,
+        key: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(stream, str) or not stream.strip():
             raise ValueError(f"RedisStreamSink: the stream must be a non-empty key, got {stream!r}")
@@ -137,9 +141,10 @@ class RedisStreamSink(Sink):
         self.stream = stream
         self.partitions = partitions
         self.url = url
-        self.name = name or f"stream-{stream.replace('{partition}', 'P')}".replace("{", "").replace(
-            "}", ""
-        )
+        self.key = tuple(key) if key is not None else None
+        self.name = name or "stream-" + re.sub(
+            r"[^A-Za-z0-9_.-]", "_", stream.replace("{partition}", "P").replace("{", "")
+        ).replace("}", "")
         self.fields: tuple[str, ...] = ()
         self.key_fields: tuple[str, ...] = ()
         self._client: redis.Redis | None = None
@@ -148,11 +153,25 @@ class RedisStreamSink(Sink):
         return f"RedisStreamSink({self.stream!r}, name={self.name!r})"
 
     def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> RedisStreamSink:
+        what = f"RedisStreamSink({self.stream})"
+        key = self.key if self.key is not None else tuple(k for k in key_fields if k in fields)
+        missing = [k for k in key if k not in fields]
+        if missing:
+            raise ValueError(
+                f"{what}: key field(s) {missing} are not fields of the stream {list(fields)}; "
+                "pass key=..."
+            )
+        if self.partitions > 1 and not key:
+            raise ValueError(
+                f"{what}: {self.partitions} partitions spread keys by the key fields, but the "
+                f"stream's fields {list(fields)} do not hold the state's {list(key_fields)}: "
+                "pass key=[...] (a key's changes must always go to one stream)"
+            )
         bound = RedisStreamSink(
-            self.stream, partitions=self.partitions, url=self.url, name=self.name
+            self.stream, partitions=self.partitions, url=self.url, name=self.name, key=self.key
         )
         bound.fields = tuple(fields)
-        bound.key_fields = tuple(k for k in key_fields if k in fields) or tuple(fields)
+        bound.key_fields = key or tuple(fields)
         return bound
 
     def streams(self) -> list[str]:
