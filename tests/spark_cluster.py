@@ -82,7 +82,7 @@ class StandaloneCluster:
                 alive = [w for w in self.state()["workers"] if w["state"] == "ALIVE"]
                 if len(alive) >= n:
                     return
-            except OSError:
+            except (OSError, ValueError):  # not up yet, or its UI answered a half page
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"{n} Spark workers did not register within {timeout}s")
