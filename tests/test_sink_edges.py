@@ -258,6 +258,29 @@ def test_values_a_column_cannot_take_are_one_line_naming_the_key(
     assert rt.ledger.committed_txid() == 2  # nothing committed was lost or held back
 
 
+@pytest.mark.parametrize(
+    ("kind", "value"), [("smallint", 40000), ("integer", 2**31), ("real", 1e39)]
+)
+def test_a_narrower_column_never_takes_a_value_past_its_range(
+    redis_url, redis_client, home, pg_dsn, kind, value
+):
+    """A table made by hand with a narrower type: binary COPY would wrap 40000 into a
+    smallint as -25536 without a word; the export refuses it in one line instead."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(f"CREATE TABLE narrow (key text PRIMARY KEY, total {kind})")
+    sink = PostgresSink("narrow", dsn=pg_dsn, columns={"total": kind})
+    rt = _summed_rt(redis_url, home, sink, lambda k, v: (k, v if v == 1 else value))
+    produce(rt, ["k 1", "other 1"])
+    run_batches(rt, LocalEngine())
+    export(rt)
+    produce(rt, ["k 1"])
+    run_batches(rt, LocalEngine())
+    with pytest.raises(SinkError, match=rf"txid 2 .* key \['k'\]: column total is {kind}, but "
+                       ".* outside its range"):  # fmt: skip
+        export(rt)
+    assert table_rows(pg_dsn, "narrow", "key") == {"k": (1,), "other": (1,)}
+
+
 def test_a_columns_override_the_table_does_not_have_is_one_line(
     redis_url, redis_client, home, pg_dsn
 ):

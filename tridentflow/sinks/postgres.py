@@ -121,6 +121,8 @@ def check_value(column: str, kind: str, value: Any, key: bool = False) -> str | 
 
 
 _INT_BITS = {"smallint": 16, "integer": 32, "bigint": 64}
+REAL_MAX = 3.4028234663852886e38
+"""The largest finite ``real`` (float4)."""
 
 
 def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str | None:
@@ -147,8 +149,9 @@ def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str 
             text.encode("utf-8")
         except UnicodeEncodeError:
             return f"column {column} is {kind}, but {value!r:.40} holds a lone surrogate"
-    if isinstance(value, float) and not math.isfinite(value) and kind in ("numeric",):
-        return None
+    real = kind == "real" and isinstance(value, (int, float))
+    if real and math.isfinite(value) and abs(value) > REAL_MAX:
+        return f"column {column} is real, but {value!r:.40} is outside its range (±3.4e38)"
     if isinstance(value, str):
         if "\x00" in value:
             return f"column {column} is {kind}, but {value!r:.40} holds a NUL character"
@@ -657,6 +660,24 @@ class PostgresSink(Sink):
             f"{problem}; {way_out(self._quoted_table, field, kind, row[index], is_key)}"
         )
 
+    def _check_range(self, txid: int, rows: Sequence[Row], index: int, kind: str) -> None:
+        """SinkError (one line, the first such key) if a value of column ``index`` is past
+        the range of its SQL type ``kind`` (an integer type, or ``real``): binary COPY would
+        write 40000 into a smallint as -25536, without a word."""
+        values = [v for row in rows if (v := row[index]) is not None]
+        if not values:
+            return
+        if kind == "real":
+            if max(map(abs, values)) <= REAL_MAX:
+                return
+        else:
+            limit = 2 ** (_INT_BITS[kind] - 1)
+            if -limit <= min(values) and max(values) < limit:
+                return
+        for row in rows:
+            if value_problem(self.fields[index], kind, row[index]):
+                raise self._value_error(txid, row, index, kind)
+
     def _diagnose(self, txid: int, rows: Sequence[Row]) -> SinkError | None:
         """After a failed write: the first value PostgreSQL (or psycopg) cannot take, as the
         one line to say; None if none is known (the failure is said as it came)."""
@@ -693,6 +714,9 @@ class PostgresSink(Sink):
             for row in rows:
                 if type(row[i]) not in exact and check_value(field, kind, row[i], is_key):
                     raise self._value_error(txid, row, i, kind)
+            bits = _INT_BITS.get(kind) or (128 if kind == "real" else 0)
+            if bits:  # psycopg's binary COPY wraps smallint and integer silently: check
+                self._check_range(txid, rows, i, kind)
         if len(value_idx) == 1:
             (v,) = value_idx
             upserts = [row for row in rows if row[v] is not None]
