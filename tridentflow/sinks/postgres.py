@@ -123,6 +123,11 @@ def check_value(column: str, kind: str, value: Any, key: bool = False) -> str | 
 _INT_BITS = {"smallint": 16, "integer": 32, "bigint": 64}
 REAL_MAX = 3.4028234663852886e38
 """The largest finite ``real`` (float4)."""
+_WRAPPED = ("smallint", "integer", "real")
+"""Types psycopg's binary COPY writes past their range without a word (40000 into a
+smallint lands as -25536, 1e39 into a real as Infinity): checked before the write. Past
+``bigint`` it raises, and the failed write is diagnosed (``value_problem``): a bigint or
+double precision column costs nothing."""
 
 
 def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str | None:
@@ -662,13 +667,13 @@ class PostgresSink(Sink):
 
     def _check_range(self, txid: int, rows: Sequence[Row], index: int, kind: str) -> None:
         """SinkError (one line, the first such key) if a value of column ``index`` is past
-        the range of its SQL type ``kind`` (an integer type, or ``real``): binary COPY would
-        write 40000 into a smallint as -25536, without a word."""
+        the range of its SQL type ``kind`` (smallint, integer, real): binary COPY would write 40000
+        into a smallint as -25536, 1e39 into a real as Infinity, without a word."""
         values = [v for row in rows if (v := row[index]) is not None]
         if not values:
             return
         if kind == "real":
-            if max(map(abs, values)) <= REAL_MAX:
+            if not any(math.isfinite(v) and abs(v) > REAL_MAX for v in values):
                 return
         else:
             limit = 2 ** (_INT_BITS[kind] - 1)
@@ -714,8 +719,7 @@ class PostgresSink(Sink):
             for row in rows:
                 if type(row[i]) not in exact and check_value(field, kind, row[i], is_key):
                     raise self._value_error(txid, row, i, kind)
-            bits = _INT_BITS.get(kind) or (128 if kind == "real" else 0)
-            if bits:  # psycopg's binary COPY wraps smallint and integer silently: check
+            if kind in _WRAPPED:  # psycopg's binary COPY wraps these silently: check
                 self._check_range(txid, rows, i, kind)
         if len(value_idx) == 1:
             (v,) = value_idx
