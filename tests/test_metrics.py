@@ -127,3 +127,37 @@ def test_airflows_stats_sends_the_figures_over_statsd(redis_url, redis_client, h
     for name, value in values.items():
         assert sent[f"airflow.tridentflow.wordcount.{name}"] == value, (name, sent)
     assert sent["airflow.tridentflow.wordcount.committed_txid"] == 2
+
+
+def test_the_bounded_reader_answers_fast_reads_slow_ones_and_never_deadlocks():
+    """Reads that finish before their callback is attached (the race that once deadlocked
+    the reader), a read that raises, and one that outlives the deadline: each is answered,
+    and a key whose read still runs is not read a second time."""
+    import threading
+    import time
+
+    from tridentflow.ops.bounded import BoundedReader, TimedOut
+
+    reader = BoundedReader(workers=4)
+    release = threading.Event()
+    started = []
+
+    def slow():
+        started.append(1)
+        release.wait(30)
+        return "late"
+
+    def boom():
+        raise KeyError("nope")
+
+    for _ in range(200):  # instant reads: most are done before add_done_callback
+        assert reader.read_all({"a": lambda: 1, "b": lambda: 2}, 5) == {"a": 1, "b": 2}
+    t0 = time.monotonic()
+    got = reader.read_all({"slow": slow, "boom": boom, "ok": lambda: "ok"}, 0.5)
+    assert time.monotonic() - t0 < 2
+    assert isinstance(got["slow"], TimedOut) and isinstance(got["boom"], KeyError)
+    assert got["ok"] == "ok"
+    again = reader.read_all({"slow": slow}, 0.2)  # still running: waited on, not restarted
+    assert isinstance(again["slow"], TimedOut) and len(started) == 1
+    release.set()
+    assert reader.read_all({"slow": slow}, 5)["slow"] == "late"

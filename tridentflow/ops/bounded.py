@@ -46,8 +46,9 @@ class BoundedReader:
                 return running  # a read of this key still runs (a hung source): wait on it
             future = self._pool.submit(read)
             self._in_flight[key] = future
-            future.add_done_callback(lambda f, k=key: self._forget(k, f))
-            return future
+        # outside the lock: a read done already runs its callback here, in this thread
+        future.add_done_callback(lambda f, k=key: self._forget(k, f))
+        return future
 
     def _forget(self, key: str, future: Future[Any]) -> None:
         with self._lock:
