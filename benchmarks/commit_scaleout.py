@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 from benchmarks.commit_throughput import pipeline, timed_commits
-from state.maps import StateKind
 from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.ops.devcluster import LocalCluster
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.maps import StateKind
 
 KINDS = {"count": StateKind.OPAQUE, "sum": StateKind.TRANSACTIONAL}
 

@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count, Max, Mean, Min, Sum
 from tridentflow.engines.local import LocalEngine
 from tridentflow.nodes import StateSpec
@@ -38,6 +37,7 @@ from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.maps import StateKind
 
 COMBINERS = {"count": Count, "sum": Sum, "min": Min, "max": Max, "mean": Mean}
 

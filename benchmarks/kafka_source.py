@@ -27,7 +27,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count
 from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.wordcount import split
@@ -41,6 +40,7 @@ from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.specs import KafkaSource, LogSource, SourceMode
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.maps import StateKind
 
 BATCH = 250_000
 TOPIC = "bench-words"

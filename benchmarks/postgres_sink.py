@@ -88,7 +88,6 @@ def bench_executemany(dsn: str, keys: int) -> tuple[float, float]:
 def bench_export(dsn: str, keys: int) -> tuple[float, float, float]:
     """(commit s with the change log, the same commit without a sink, export s) of one txid
     that changes ``keys`` keys."""
-    from state.maps import StateKind
     from tridentflow.aggregators import Count
     from tridentflow.engines.local import LocalEngine
     from tridentflow.nodes import StateSpec
@@ -100,6 +99,7 @@ def bench_export(dsn: str, keys: int) -> tuple[float, float, float]:
     from tridentflow.steps.coordinator import coordinate
     from tridentflow.steps.emitter import emit
     from tridentflow.steps.runtime import Runtime, resolve_redis_url
+    from tridentflow_state.maps import StateKind
 
     def pipeline(with_sink: bool) -> Pipeline:
         source = LogSource(fields=("word",), mode=SourceMode.TRANSACTIONAL, partitions=4)

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 from benchmarks.commit_throughput import pipeline
-from state.maps import StateKind
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
@@ -41,6 +40,7 @@ from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.maps import StateKind
 
 PATHS = [  # (label, combiner, state kind, in Redis)
     ("count opaque, in Redis", "count", StateKind.OPAQUE, True),

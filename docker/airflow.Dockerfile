@@ -12,14 +12,16 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
 
 USER airflow
 COPY --chown=airflow:root pyproject.toml README.md /opt/tridentflow/
+COPY --chown=airflow:root constraints /opt/tridentflow/constraints
 COPY --chown=airflow:root state /opt/tridentflow/state
 COPY --chown=airflow:root tridentflow /opt/tridentflow/tridentflow
 COPY --chown=airflow:root spark_jobs /opt/tridentflow/spark_jobs
 COPY --chown=airflow:root plugins /opt/tridentflow/plugins
-# Same recipe as scripts/bootstrap.sh: the Spark provider's pyspark-client overwrites pyspark's
-# files, so the pinned pyspark is force-reinstalled afterwards and checked.
-RUN pip install --no-cache-dir "apache-airflow==3.3.2" "/opt/tridentflow[postgres,kafka]" \
- && pip install --no-cache-dir --force-reinstall --no-deps "pyspark==4.3.0" \
+# Same recipe as scripts/bootstrap.sh: the distribution with its Airflow extra, at the exact
+# versions of constraints/dev.txt (apache-airflow==3.3.2, pyspark==4.3.0); nothing reinstalled.
+RUN pip install --no-cache-dir -c /opt/tridentflow/constraints/dev.txt \
+      "/opt/tridentflow[airflow,postgres,kafka]" \
  && python -c "import pyspark; assert pyspark.__version__ == '4.3.0', pyspark.__version__"
-# The mounted sources (docker-compose.yaml) win over the installed copy.
+# The mounted sources (docker-compose.yaml: state/ as tridentflow_state, spark_jobs/ as
+# tridentflow_spark_jobs, the import names the distribution installs) win over the installed copy.
 ENV PYTHONPATH=/opt/tridentflow:/opt/airflow/plugins

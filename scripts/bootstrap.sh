@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtualenv in .venv and install tridentflow into it.
-# Idempotent: a stamp keyed on pyproject.toml and this script skips the install when unchanged.
+# Idempotent: a stamp keyed on pyproject.toml, constraints/dev.txt and this script skips the
+# install when they are unchanged.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${TRIDENTFLOW_VENV:-$ROOT/.venv}"
-PYSPARK_PIN="4.3.0"
+CONSTRAINTS="$ROOT/constraints/dev.txt"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 
 command -v java >/dev/null 2>&1 || { echo "bootstrap: Java 17 is required for Spark (java not on PATH)" >&2; exit 1; }
 
-stamp_of() { cat "$ROOT/pyproject.toml" "$ROOT/scripts/bootstrap.sh" | sha256sum | cut -c1-16; }
+stamp_of() { cat "$ROOT/pyproject.toml" "$ROOT/scripts/bootstrap.sh" "$CONSTRAINTS" | sha256sum | cut -c1-16; }
 want="$(stamp_of)"
 have="$(cat "$VENV/.tridentflow-stamp" 2>/dev/null || true)"
 
@@ -21,10 +22,9 @@ fi
 if [ "$want" != "$have" ]; then
   echo "bootstrap: installing dependencies into $VENV (a few minutes on a new machine)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -U pip
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]"
-  # apache-airflow-providers-apache-spark[pyspark] drags in pyspark-client, which overwrites
-  # pyspark's Python files with 4.2.0 ones. Put the pinned pyspark back (never uninstall the client).
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "pyspark==$PYSPARK_PIN"
+  # The ranges of pyproject.toml, at the exact versions of constraints/dev.txt. Nothing is
+  # reinstalled afterwards: no dependency brings a second copy of pyspark's files.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS" -e "$ROOT[dev]"
   echo "$want" > "$VENV/.tridentflow-stamp"
 else
   # Cheap: make sure this clone (not another one) is what the venv imports.
@@ -33,9 +33,15 @@ else
   fi
 fi
 
+want_spark="$(sed -n 's/^pyspark==//p' "$CONSTRAINTS")"
 got="$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')"
-if [ "$got" != "$PYSPARK_PIN" ]; then
-  echo "bootstrap: pyspark.__version__ is $got, expected $PYSPARK_PIN" >&2
+if [ "$got" != "$want_spark" ]; then
+  echo "bootstrap: pyspark.__version__ is $got, constraints/dev.txt says $want_spark" >&2
+  exit 1
+fi
+if "$VENV/bin/python" -m pip show -q pyspark-client >/dev/null 2>&1; then
+  echo "bootstrap: $VENV holds pyspark-client (an older set-up), whose files overwrite pyspark's:" \
+       "remove $VENV and run this again" >&2
   exit 1
 fi
 [ -x "$VENV/bin/spark-submit" ] || { echo "bootstrap: spark-submit missing from $VENV/bin" >&2; exit 1; }

@@ -21,7 +21,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from state.ledger import DEFAULT_LEASE_MS
 from tridentflow.engines.spark import SparkEngine, spark_session
 from tridentflow.errors import one_line
 from tridentflow.faults import FaultPlan
@@ -29,6 +28,7 @@ from tridentflow.registry import load_pipeline
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runs import emit_summary, owned_txid
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.ledger import DEFAULT_LEASE_MS
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

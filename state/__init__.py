@@ -8,18 +8,18 @@ and ``memory`` are the two stores, ``ledger`` orders commits per pipeline.
 
 from __future__ import annotations
 
-from state.backing import BackingMap, Fence, MemoryBackingMap
-from state.codec import decode_key, encode_key
-from state.errors import (
+from tridentflow_state.backing import BackingMap, Fence, MemoryBackingMap
+from tridentflow_state.codec import decode_key, encode_key
+from tridentflow_state.errors import (
     CommitOrderError,
     FencedError,
     MetadataError,
     StaleTxidError,
     StateError,
 )
-from state.keys import KeySpace
-from state.ledger import Binding, CommitTicket, Ledger
-from state.maps import (
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.ledger import Binding, CommitTicket, Ledger
+from tridentflow_state.maps import (
     GLOBAL_KEY,
     MapState,
     NonTransactionalMap,
@@ -29,8 +29,8 @@ from state.maps import (
     TransactionalMap,
     make_map_state,
 )
-from state.redis_backing import RedisBackingMap
-from state.shards import ShardedRedisBackingMap, query_state
+from tridentflow_state.redis_backing import RedisBackingMap
+from tridentflow_state.shards import ShardedRedisBackingMap, query_state
 
 __all__ = [
     "GLOBAL_KEY",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from state.codec import decode_value, encode_value
+from tridentflow_state.codec import decode_value, encode_value
 
 
 @dataclass(frozen=True)

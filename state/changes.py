@@ -26,10 +26,10 @@ from typing import Any
 
 import redis
 
-from state.backing import Fence
-from state.keys import KeySpace
-from state.scripts import NOTE_SINK_POSITION, STAGE_CHANGES
-from state.shards import split_by_shard
+from tridentflow_state.backing import Fence
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.scripts import NOTE_SINK_POSITION, STAGE_CHANGES
+from tridentflow_state.shards import split_by_shard
 
 CHANGE_CHUNK = 10_000
 """Keys per STAGE_CHANGES copy (one Redis call holds the server ~10 ms)."""

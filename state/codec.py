@@ -21,7 +21,7 @@ import json
 import math
 from typing import Any
 
-from state.errors import KeyEncodingError, StoredValueError
+from tridentflow_state.errors import KeyEncodingError, StoredValueError
 
 _SCALARS = (str, int, float, bool, type(None))
 IMMUTABLE = frozenset(_SCALARS)

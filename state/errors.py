@@ -34,7 +34,7 @@ class PipelineBusyError(StateError):
 
 class RewindError(StateError):
     """A rewind was refused: its target is not retained or not committed, or another
-    rewind is under way (state.rewind)."""
+    rewind is under way (tridentflow_state.rewind)."""
 
 
 class CommitsHeldError(StateError):

@@ -7,7 +7,7 @@ of its own (``{pipeline/I}``, chosen so the shards fall in evenly spaced slot ra
 cluster whose slots are split evenly, consecutive shards sit on different masters). A shard
 holds its part of every state, its written-sets, its own copy of the generation and a *fence*
 hash that stands in, inside the shard's slot, for the ledger and tx hash the fenced scripts
-check (see state.shards).
+check (see tridentflow_state.shards).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class KeySpace:
     @property
     def read_hold(self) -> str:
         """Set for a moment by a reader that kept missing a consistent view: the next commit
-        waits for it (state.shards.query_state)."""
+        waits for it (tridentflow_state.shards.query_state)."""
         return f"{self.base}:read-hold"
 
     @property
@@ -163,7 +163,7 @@ class KeySpace:
 
     def changes(self, name: str, txid: int) -> str:
         """Hash of the keys txid changed in state ``name`` -> their stored value right after
-        it (state.changes: the change log new-values streams and sinks read)."""
+        it (tridentflow_state.changes: the change log new-values streams and sinks read)."""
         return f"{self.base}:changes:{check_name('state', name)}:{int(txid)}"
 
     def change_counts(self, name: str) -> str:

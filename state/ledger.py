@@ -30,17 +30,17 @@ from typing import Any
 
 import redis
 
-from state.errors import (
+from tridentflow_state.errors import (
     CommitsHeldError,
     GenerationError,
     MetadataError,
     RetryError,
     StateError,
 )
-from state.keys import KeySpace
-from state.replication import wait_for_replicas
-from state.rewind import REWIND_PREFIX
-from state.scripts import (
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.replication import wait_for_replicas
+from tridentflow_state.rewind import REWIND_PREFIX
+from tridentflow_state.scripts import (
     BEGIN_COMMIT,
     BIND_RUN,
     CLAIM_TXID,
@@ -52,7 +52,7 @@ from state.scripts import (
     RENEW_LEASE,
     STORE_METADATA,
 )
-from state.shards import set_shard_generations
+from tridentflow_state.shards import set_shard_generations
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
 HISTORY_LENGTH = 1000
@@ -206,7 +206,7 @@ class Ledger:
 
     def rewound_txid(self, run_id: str) -> tuple[int, int] | None:
         """(txid, the txid the pipeline was rewound to) if ``run_id`` was bound to a txid a
-        rewind took back (state.rewind)."""
+        rewind took back (tridentflow_state.rewind)."""
         raw = _s(self.client.hget(self.keys.runs, run_id))
         if raw is None or not raw.startswith("rewound:"):
             return None
@@ -374,7 +374,7 @@ class Ledger:
     def wait_replicated(self, replicas: int, timeout_ms: int) -> int:
         """Block until at least ``replicas`` replicas of the master holding this pipeline's
         ledger have everything it executed so far (the commit mark included), or
-        ``timeout_ms`` passes; the number that acknowledged (state.replication)."""
+        ``timeout_ms`` passes; the number that acknowledged (tridentflow_state.replication)."""
         return wait_for_replicas(self.client, self.keys.ledger, replicas, timeout_ms)
 
     # -- maintenance ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ Every stored value has the layout ``[txid, curr, prev]`` (JSON):
 S > T is refused with StaleTxidError in both transactional and opaque maps.
 
 User code never sees a stored object: every updater is handed a private copy of its base
-(``state.codec.private``: free for numbers and strings), so a Combiner that does
+(``tridentflow_state.codec.private``: free for numbers and strings), so a Combiner that does
 ``a["n"] += b["n"]; return a`` or a Reducer that appends to its accumulator cannot alias ``curr``
 and ``prev`` of one stored value, nor a value cached earlier in the same commit.
 
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from state.backing import BackingMap, Fence
-from state.codec import decode_value, encode_key, private
-from state.errors import StaleTxidError, StateError, StoredValueError
+from tridentflow_state.backing import BackingMap, Fence
+from tridentflow_state.codec import decode_value, encode_key, private
+from tridentflow_state.errors import StaleTxidError, StateError, StoredValueError
 
 GLOBAL_KEY = encode_key(())
 """The key of an ungrouped (global) aggregate: Trident's Snapshottable single value."""
@@ -304,7 +304,7 @@ class MapState(ABC):
         return len(resets)
 
     def read(self, keys: Sequence[str]) -> list[StoredValue | None]:
-        """Raw stored values (for queries use state.shards.query_state)."""
+        """Raw stored values (for queries use tridentflow_state.shards.query_state)."""
         return [
             None if raw is None else StoredValue.from_json(raw, key, self.name)
             for key, raw in zip(keys, self.backing.multi_get(keys), strict=True)

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import redis
 
-from state.backing import Fence
-from state.keys import KeySpace
-from state.maps import StateKind
-from state.scripts import APPLY_NUMERIC
+from tridentflow_state.backing import Fence
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StateKind
+from tridentflow_state.scripts import APPLY_NUMERIC
 
 OPS = ("count", "sum", "min", "max", "mean")
 

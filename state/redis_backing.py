@@ -11,12 +11,12 @@ from typing import Any
 
 import redis
 
-from state.backing import Fence
-from state.codec import encode_value
-from state.errors import KeyEncodingError
-from state.keys import KeySpace
-from state.maps import decode_stored
-from state.scripts import DROP_TOMBSTONES, FENCED_HSET
+from tridentflow_state.backing import Fence
+from tridentflow_state.codec import encode_value
+from tridentflow_state.errors import KeyEncodingError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import decode_stored
+from tridentflow_state.scripts import DROP_TOMBSTONES, FENCED_HSET
 
 CHUNK = 1000
 """Fields per round trip (keeps Lua's unpack() and a single script's run time small)."""

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import redis
 
-from state.changes import drop_changes_after
-from state.keys import KeySpace
-from state.maps import StoredValue, decode_stored
-from state.scripts import BEGIN_REWIND, FINISH_REWIND, GENERATION_HSET, RESTORE_UNDO
-from state.shards import set_shard_generations
+from tridentflow_state.changes import drop_changes_after
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StoredValue, decode_stored
+from tridentflow_state.scripts import BEGIN_REWIND, FINISH_REWIND, GENERATION_HSET, RESTORE_UNDO
+from tridentflow_state.shards import set_shard_generations
 
 REWIND_PREFIX = "rewind:"
 """What a pipeline's generation starts with while a rewind is under way."""

@@ -3,7 +3,7 @@
 Each script documents its KEYS and ARGV. ``LuaScript`` runs a script by EVALSHA (the SHA is
 computed locally, so nothing is sent until the first call) and loads it on NOSCRIPT - after a
 server restart or SCRIPT FLUSH - then retries once. Errors raised on purpose by a script start
-with a TF* prefix and are turned into the matching state.errors exception.
+with a TF* prefix and are turned into the matching tridentflow_state.errors exception.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from state.errors import from_lua_error
+from tridentflow_state.errors import from_lua_error
 
 
 @dataclass(frozen=True)
@@ -410,7 +410,7 @@ MARK_COMMITTED = LuaScript(
 -- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] generation key
 -- KEYS[5] history list (newest first, the last ARGV[5] commits)
 -- KEYS[6] tx hash of txid-1 (deleted: its metadata is no longer needed)
--- KEYS[7] undo meta hash (state.undo)  KEYS[8..] written-sets of this txid (deleted)
+-- KEYS[7] undo meta hash (tridentflow_state.undo)  KEYS[8..] written-sets of this txid (deleted)
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON (an object)
 -- ARGV[5] history length  ARGV[6] undo logs retained (0: off)  ARGV[7..] partition, offset, ...
 -- With ARGV[6] = R > 0 the offsets right after the txid are kept (``offsets:<txid>``) and
@@ -813,7 +813,7 @@ APPLY_NUMERIC = LuaScript(
     + _RECORD_UNDO
     + r"""
 -- Apply a batch's partials of a built-in numeric combiner to one map state, inside Redis.
--- The same rules as state.maps (stored JSON [txid, curr, prev]) for
+-- The same rules as tridentflow_state.maps (stored JSON [txid, curr, prev]) for
 -- ARGV[4] kind: 'opaque' | 'transactional' | 'non-transactional', and
 -- ARGV[5] op: 'count' | 'sum' (a + b) | 'min' | 'max' (keep the first on ties) |
 --             'mean' ([sum, count] added element-wise).
@@ -822,7 +822,7 @@ APPLY_NUMERIC = LuaScript(
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation
 -- ARGV[6] the items, one per line: field TAB partial (JSON); neither holds a tab or newline
 -- (one string: packing thousands of arguments costs the client more than the script)
--- ARGV[7] '1' = record the written fields' prior values in the undo hash (state.undo)
+-- ARGV[7] '1' = record the written fields' prior values in the undo hash (tridentflow_state.undo)
 -- Fenced like FENCED_HSET. Numbers keep their JSON type: an int stays an int (exact below
 -- 2^53), a float stays a float (IEEE double, as in Python). A key whose stored value or
 -- partial is anything else (not a number, an int beyond 2^53, NaN/inf, a corrupt value) is

@@ -35,12 +35,12 @@ from typing import Any, TypeVar
 
 import redis
 
-from state.backing import Fence
-from state.errors import StateError
-from state.keys import KeySpace
-from state.maps import StoredValue, decode_stored
-from state.redis_backing import CHUNK, RedisBackingMap
-from state.scripts import CLAIM_SHARD, HOLD_COMMITS, QUERY_SNAPSHOT, SETTLE_SHARD
+from tridentflow_state.backing import Fence
+from tridentflow_state.errors import StateError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StoredValue, decode_stored
+from tridentflow_state.redis_backing import CHUNK, RedisBackingMap
+from tridentflow_state.scripts import CLAIM_SHARD, HOLD_COMMITS, QUERY_SNAPSHOT, SETTLE_SHARD
 
 SHARDS_FIELD = "state_shards"
 """Ledger field recording the pipeline's shard count (absent: 1, or nothing committed yet)."""

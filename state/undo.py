@@ -25,9 +25,9 @@ from typing import Any
 
 import redis
 
-from state.keys import KeySpace
-from state.maps import StoredValue, decode_stored
-from state.shards import split_by_shard
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StoredValue, decode_stored
+from tridentflow_state.shards import split_by_shard
 
 ABSENT = b""
 """An undo entry for a key that did not exist before the txid."""

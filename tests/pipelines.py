@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from state.maps import StateKind
 from tridentflow import (
     Aggregator,
     BatchInfo,
@@ -19,6 +18,7 @@ from tridentflow import (
 )
 from tridentflow.examples.mutating import InPlaceCount
 from tridentflow.sinks import Sink
+from tridentflow_state.maps import StateKind
 
 POISON = "BOOM"
 
@@ -268,7 +268,7 @@ def shared_b() -> Pipeline:
 
 def apply_ops(current, tuples):
     """``set KEY VALUE`` sets, ``del KEY`` removes (REMOVE): the last op of the batch wins."""
-    from state.maps import REMOVE
+    from tridentflow_state.maps import REMOVE
 
     op, value = tuples[-1]
     return REMOVE if op == "del" else value

@@ -12,7 +12,6 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.maps import GLOBAL_KEY
 from tridentflow import (
     Aggregator,
     Count,
@@ -32,6 +31,7 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.pipeline import Stream
 from tridentflow.plan import compile_pipeline
 from tridentflow.sources.filelog import FileLog
+from tridentflow_state.maps import GLOBAL_KEY
 
 USERS = ["ann", "bob", "cy", "dee"]
 record = st.fixed_dictionaries(

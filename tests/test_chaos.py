@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from state.maps import MapState, OpaqueMap, StoredValue
 from tridentflow.ops.chaos import STREAM_PIPELINES, run_chaos
+from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 
 CI_SCHEDULES = 60
 
@@ -65,8 +65,8 @@ def test_sinks_stay_exact_when_postgresql_crashes_in_their_transactions():
 def test_the_harness_catches_a_sink_that_reads_values_after_the_fact(monkeypatch, pg_dsn):
     """The family: an exporter that reads a txid's keys from the state as it is now (not
     from the change log the commit wrote) exports what a later, half-written commit left."""
-    from state.codec import encode_key
     from tridentflow.ops import export
+    from tridentflow_state.codec import encode_key
 
     original = export.changes_of
 
@@ -120,17 +120,17 @@ def test_fixed_seed_schedules_through_batch_operations_are_exact():
 def test_the_harness_catches_a_map_state_that_aliases_user_updates(monkeypatch):
     """The class 'user code that mutates its arguments': without private bases, an in-place
     Combiner turns a stored value's prev into its curr."""
-    import state.maps
+    import tridentflow_state.maps
 
-    monkeypatch.setattr(state.maps, "private", lambda value: value)
+    monkeypatch.setattr(tridentflow_state.maps, "private", lambda value: value)
     results = run_chaos(200, seed=0, pipelines=("mutating", "mutating-opaque"))
     assert not results[-1].ok, "200 schedules did not expose aliased stored values"
 
 
 def test_the_harness_catches_a_key_cache_keyed_on_equality(monkeypatch):
     """The class 'keys that compare equal but differ': 0.0/-0.0 and 1/1.0/True."""
-    from state.codec import encode_key
     from tridentflow.plan import KeyEncoder
+    from tridentflow_state.codec import encode_key
 
     def equality_cache(self, key):
         return self._cache.setdefault(key, encode_key(key))
@@ -155,7 +155,7 @@ def test_the_harness_catches_a_task_fold_keyed_on_equality(monkeypatch):
 def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
     """The class 'an operator acting while a run is in flight': a runtime that follows the
     pipeline's current generation instead of the one it started in (a reset's, a rewind's)."""
-    from state.ledger import Ledger
+    from tridentflow_state.ledger import Ledger
 
     monkeypatch.setattr(
         Ledger, "generation", property(lambda self: self.current_generation() or "")
@@ -169,9 +169,9 @@ def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
 def test_the_harness_catches_a_rewind_that_restores_oldest_first(monkeypatch):
     """The same class through a rewind: undo logs applied oldest txid first leave a key that
     two rewound txids wrote at the newer one's prior value, not at the target's."""
-    import state.rewind
+    import tridentflow_state.rewind
 
-    restore = state.rewind.restore_states
+    restore = tridentflow_state.rewind.restore_states
 
     def oldest_first(client, keyspace, states, target, committed, last, token, hook=None):
         return sum(
@@ -179,7 +179,7 @@ def test_the_harness_catches_a_rewind_that_restores_oldest_first(monkeypatch):
             for txid in range(target + 1, last + 1)
         )
 
-    monkeypatch.setattr(state.rewind, "restore_states", oldest_first)
+    monkeypatch.setattr(tridentflow_state.rewind, "restore_states", oldest_first)
     results = run_chaos(200, seed=0, redis_restarts=False)
     assert not results[-1].ok, "200 schedules did not expose a rewind restoring oldest first"
 
@@ -188,7 +188,7 @@ def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     """A sharded commit whose stray-key rollback reads the written-set of one shard only
     (every schedule with 3 shards): an opaque replay leaves a lost record's count behind."""
     import tridentflow.ops.chaos
-    from state.shards import ShardedRedisBackingMap
+    from tridentflow_state.shards import ShardedRedisBackingMap
 
     monkeypatch.setattr(tridentflow.ops.chaos, "schedule_shards", lambda seed: 3)
     monkeypatch.setattr(

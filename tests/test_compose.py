@@ -62,7 +62,7 @@ def test_airflow_services_share_the_connections(compose):
         assert "kafka" in compose["services"]
         volumes = compose["services"][name]["volumes"]
         assert "./dags:/opt/airflow/dags" in volumes
-        assert "./spark_jobs:/opt/tridentflow/spark_jobs" in volumes
+        assert "./spark_jobs:/opt/tridentflow/tridentflow_spark_jobs" in volumes  # import name
 
 
 def test_the_worker_sees_the_log_at_the_same_path(compose):
@@ -71,10 +71,12 @@ def test_the_worker_sees_the_log_at_the_same_path(compose):
 
 
 def test_images_pin_the_project_versions():
-    pyproject = (ROOT / "pyproject.toml").read_text()
+    constraints = (ROOT / "constraints" / "dev.txt").read_text().splitlines()
     airflow = (ROOT / "docker" / "airflow.Dockerfile").read_text()
+    assert "-c /opt/tridentflow/constraints/dev.txt" in airflow
+    assert "--force-reinstall" not in airflow
     for pin in ("apache-airflow==3.3.2", "pyspark==4.3.0"):
-        assert pin in pyproject and pin in airflow
+        assert pin in constraints and pin in airflow
     spark = (ROOT / "docker" / "spark.Dockerfile").read_text()
     assert "pyspark==4.3.0" in spark
     assert "openjdk-17" in airflow and "openjdk-17" in spark
@@ -121,8 +123,8 @@ def test_one_python_and_one_pyspark_everywhere(compose):
     version = re.search(r"ARG PYTHON_VERSION=(\S+)", airflow).group(1)
     assert re.search(rf"ARG PYTHON_VERSION={re.escape(version)}\n", spark)
     assert "FROM python:${PYTHON_VERSION}" in spark
-    bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
-    pin = re.search(r'PYSPARK_PIN="([^"]+)"', bootstrap).group(1)
+    constraints = (ROOT / "constraints" / "dev.txt").read_text()
+    pin = re.search(r"^pyspark==(\S+)$", constraints, re.M).group(1)
     assert f"pyspark=={pin}" in airflow and f"pyspark=={pin}" in spark
     python = f"/usr/local/bin/python{version}"
     for name, service in compose["services"].items():

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from state.codec import encode_key
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, PartitionUnavailable
@@ -17,6 +16,7 @@ from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.emitter import emit
+from tridentflow_state.codec import encode_key
 
 ENGINE = LocalEngine()
 POINTS = ["after-coordinate", "in-emit", "mid-commit", "before-ledger"]

@@ -10,12 +10,12 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.codec import encode_key
 from tridentflow import Count, LogSource, Pipeline, StateSpec, Sum
 from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.mutating import InPlaceCount
 from tridentflow.plan import compile_pipeline
 from tridentflow.sources.filelog import FileLog
+from tridentflow_state.codec import encode_key
 
 LONE = "\ud800"
 """A token the function turns into a str with a lone surrogate: no UTF-8 can hold it."""

@@ -8,8 +8,6 @@ import json
 
 import pytest
 
-from state.keys import KeySpace
-from state.maps import StateKind
 from tests.helpers import runtime
 from tridentflow import LogSource, Pipeline, Reducer, StateSpec
 from tridentflow.engines.local import LocalEngine
@@ -21,6 +19,8 @@ from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import MANIFEST
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StateKind
 
 SEED_JSON = "".join(json.dumps(r) + "\n" for r in SEED_BATCH)
 

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from state.maps import StateKind
 from tests.helpers import drain_retrying, sentences, word_counts
 from tridentflow.aggregators import Count
 from tridentflow.engines.local import LocalEngine
@@ -32,6 +31,7 @@ from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.specs import KafkaSource, SourceMode
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.maps import StateKind
 
 ENGINE = LocalEngine()
 

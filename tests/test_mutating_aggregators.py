@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from state.backing import MemoryBackingMap
-from state.maps import StateKind, make_map_state
 from tests.helpers import produce, runtime, sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.mutating import expected_counts
@@ -14,6 +12,8 @@ from tridentflow.faults import InjectedFault
 from tridentflow.ops.audit import audit
 from tridentflow.ops.query import query
 from tridentflow.steps.driver import run_batches
+from tridentflow_state.backing import MemoryBackingMap
+from tridentflow_state.maps import StateKind, make_map_state
 
 ENGINE = LocalEngine()
 POINTS = ["after-coordinate", "in-emit", "mid-commit", "before-ledger"]
@@ -82,7 +82,7 @@ def test_every_in_place_aggregator_kind_is_exact_under_faults(
         except InjectedFault:
             continue
     run_batches(rt, ENGINE, batch_size=3)
-    from state.codec import decode_key
+    from tridentflow_state.codec import decode_key
 
     for state, expected in expected_counts(lines).items():
         keys = sorted(expected)

@@ -8,12 +8,12 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.codec import encode_key
-from state.maps import StateKind
 from tridentflow import Count, LogSource, Max, Mean, Min, Pipeline, StateSpec, Sum
 from tridentflow.engines.local import LocalEngine
 from tridentflow.plan import compile_pipeline
 from tridentflow.sources.filelog import FileLog
+from tridentflow_state.codec import encode_key
+from tridentflow_state.maps import StateKind
 
 records = st.lists(
     st.fixed_dictionaries(

@@ -4,12 +4,12 @@ import re
 
 import pytest
 
-from state.maps import StateKind
 from tridentflow import GUARANTEES, Count, Guarantee, LogSource, Pipeline, SourceMode, StateSpec
 from tridentflow.aggregators import Aggregator, Reducer, Sum
 from tridentflow.errors import PipelineError
 from tridentflow.registry import load_pipeline
 from tridentflow.sources.specs import RedisStreamSource
+from tridentflow_state.maps import StateKind
 
 
 def make(mode, kind, **kw):

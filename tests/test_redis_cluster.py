@@ -10,11 +10,11 @@ import json
 import pytest
 import redis
 
-from state.keys import KeySpace
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tridentflow.ops.chaos import run_chaos, schedule_shards
 from tridentflow.ops.devcluster import LocalCluster
 from tridentflow.redisconn import connect
+from tridentflow_state.keys import KeySpace
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import redis
 
-from state.keys import shard_tags
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tridentflow.ops.chaos import run_chaos
 from tridentflow.ops.devcluster import LocalCluster
 from tridentflow.steps import committer
+from tridentflow_state.keys import shard_tags
 
 
 @pytest.fixture

@@ -7,9 +7,6 @@ import shutil
 
 import pytest
 
-from state.backing import Fence
-from state.errors import GenerationError, PipelineBusyError
-from state.redis_backing import fenced_hset
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops.audit import audit
@@ -19,6 +16,9 @@ from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runs import coordinate_run, emit_run
+from tridentflow_state.backing import Fence
+from tridentflow_state.errors import GenerationError, PipelineBusyError
+from tridentflow_state.redis_backing import fenced_hset
 
 ENGINE = LocalEngine()
 

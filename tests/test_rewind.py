@@ -1,4 +1,4 @@
-"""Undo logs (state.undo): state as of an older txid (``query --as-of``), and rewind."""
+"""Undo logs (tridentflow_state.undo): state as of an older txid (``query --as-of``), and rewind."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 
-from state.errors import GenerationError, PipelineBusyError, RewindError
-from state.rewind import rewinding_to
 from tests.helpers import runtime, sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
@@ -21,6 +19,8 @@ from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.runs import RunNotBoundError, commit_run, coordinate_run, emit_run
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.errors import GenerationError, PipelineBusyError, RewindError
+from tridentflow_state.rewind import rewinding_to
 
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"]
 

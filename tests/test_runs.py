@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from spark_jobs import emit_batch
 from tests.conftest import ROOT
 from tests.helpers import produce, runtime, sentences
 from tridentflow.engines.local import LocalEngine
@@ -20,6 +19,7 @@ from tridentflow.steps.runs import (
     emit_run,
     release_run,
 )
+from tridentflow_spark_jobs import emit_batch
 
 ENGINE = LocalEngine()
 

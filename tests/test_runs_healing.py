@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from state.errors import CommitOrderError
 from tests.helpers import produce, runtime, sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops.status import describe_commit, step_seconds, step_tries
@@ -21,6 +20,7 @@ from tridentflow.steps.runs import (
     note_task,
     release_finished_owners,
 )
+from tridentflow_state.errors import CommitOrderError
 
 ENGINE = LocalEngine()
 

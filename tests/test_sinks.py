@@ -10,7 +10,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from state.changes import logged_txids
 from tests.helpers import produce, runtime
 from tests.postgres import table_rows
 from tridentflow import Count, LogSource, Pipeline, PostgresSink, RedisStreamSink, StateSpec
@@ -22,6 +21,7 @@ from tridentflow.ops.query import list_state
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.sinks import SinkError
 from tridentflow.steps.driver import run_batches
+from tridentflow_state.changes import logged_txids
 
 LINES = ["a bb ccc", "set x 1", "bb ccc dddd", "set y 2", "ccc", "del x", "set y 3", "eeee a"]
 

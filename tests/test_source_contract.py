@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from state.keys import KeySpace
 from tridentflow.sources import open_log
 from tridentflow.sources.base import SourceLog
+from tridentflow_state.keys import KeySpace
 
 PARTITIONS = 4
 RECORDS = [{"sentence": f"record {i}"} for i in range(203)]

@@ -8,9 +8,6 @@ import random
 
 import pytest
 
-from state.codec import encode_key
-from state.errors import StateError
-from state.keys import KeySpace
 from tests.helpers import drain_retrying, produce, sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
@@ -22,6 +19,9 @@ from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.codec import encode_key
+from tridentflow_state.errors import StateError
+from tridentflow_state.keys import KeySpace
 
 ENGINE = LocalEngine()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from state.codec import encode_key
 from tests.helpers import drain_retrying, sentences, word_counts
 from tests.pipelines import keep_all
 from tridentflow import Count, LogSource, Pipeline, StateSpec, StateUpdater, Sum
@@ -19,6 +18,7 @@ from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.codec import encode_key
 
 
 def surface() -> Pipeline:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from state.maps import REMOVE, StateKind
 from tridentflow.aggregators import (
     Aggregator,
     BatchInfo,
@@ -28,6 +27,7 @@ from tridentflow.sources.specs import (
     SourceMode,
 )
 from tridentflow.static_state import FileLookup, RedisHashLookup
+from tridentflow_state.maps import REMOVE, StateKind
 
 __all__ = [
     "GUARANTEES",

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.codec import encode_key, private, private_args
+from tridentflow_state.codec import encode_key, private, private_args
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class Aggregator(ABC):
 class StateUpdater(ABC):
     """A custom state update for ``partition_persist``: called once per key per txid. Return
     the key's new value, or ``tridentflow.REMOVE`` to remove the key (replay-safe; see
-    state.maps.REMOVE).
+    tridentflow_state.maps.REMOVE).
 
     With ``reads_state = True`` it is called as ``update(current, tuples, state)``, ``state``
     a ``StateView`` of the same state during the commit (Trident's ``multiGet`` from a
@@ -127,7 +127,7 @@ class StateView:
     state it updates (see StateUpdater). Keys are tuples of the group fields' values."""
 
     def __init__(self, state: Any) -> None:
-        self._state = state  # a state.maps.MapState in its commit
+        self._state = state  # a tridentflow_state.maps.MapState in its commit
 
     def multi_get(self, keys: Sequence[Sequence[Any]]) -> list[Any]:
         """The values of ``keys`` (None where absent), in one round trip."""

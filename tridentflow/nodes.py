@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from state.keys import check_name
-from state.maps import StateKind
 from tridentflow.aggregators import AnyAggregator, Combiner, Persistable, StateUpdater, guard
 from tridentflow.errors import InvalidNameError
 from tridentflow.static_state import Lookup
+from tridentflow_state.keys import check_name
+from tridentflow_state.maps import StateKind
 
 
 def _checked_name(kind: str, name: str) -> str:

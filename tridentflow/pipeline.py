@@ -23,8 +23,6 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from state.keys import check_shards
-from state.maps import StateKind
 from tridentflow.aggregators import (
     Aggregator,
     AnyAggregator,
@@ -62,6 +60,8 @@ from tridentflow.sources.specs import (
     SourceMode,
 )
 from tridentflow.static_state import FileLookup, Lookup, RedisHashLookup, StaticState
+from tridentflow_state.keys import check_shards
+from tridentflow_state.maps import StateKind
 
 
 class Guarantee(StrEnum):

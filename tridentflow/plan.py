@@ -16,8 +16,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from state.codec import check_unicode, encode_key
-from state.errors import KeyEncodingError
 from tridentflow.aggregators import Combiner
 from tridentflow.errors import NON_FINITE, BadRecordError, PipelineError
 from tridentflow.nodes import (
@@ -36,6 +34,8 @@ from tridentflow.nodes import (
     parents_of,
 )
 from tridentflow.pipeline import Pipeline
+from tridentflow_state.codec import check_unicode, encode_key
+from tridentflow_state.errors import KeyEncodingError
 
 Row = tuple[Any, ...]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from state.codec import private
 from tridentflow.errors import PipelineError, SourceError
+from tridentflow_state.codec import private
 
 QUERY_CHUNK = 1000
 VALUE_KINDS = ("json", "text")

@@ -3,8 +3,8 @@ providers' operators give theirs): the run's tridentflow tab, which shows the ru
 links to that txid's page.
 
 Airflow 3 computes an operator's links when its task ends (the task runner stores each as an
-XCom) and the UI reads them back; the plugin (tridentflow_view.py) registers the class so that
-serialized DAGs keep it.
+XCom) and the UI reads them back; the plugin (tridentflow_airflow.plugin) registers the class
+so that serialized DAGs keep it.
 """
 
 from __future__ import annotations

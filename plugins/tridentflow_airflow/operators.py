@@ -19,8 +19,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import AssetAlias, BaseOperator
 
-import spark_jobs
-from state.ledger import DEFAULT_LEASE_MS
+import tridentflow_spark_jobs
 from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError, one_line
@@ -47,8 +46,9 @@ from tridentflow_airflow.hooks import (
     postgres_dsn,
 )
 from tridentflow_airflow.links import TridentflowRunLink
+from tridentflow_state.ledger import DEFAULT_LEASE_MS
 
-EMIT_APPLICATION = Path(spark_jobs.__file__).with_name("emit_batch.py")
+EMIT_APPLICATION = Path(tridentflow_spark_jobs.__file__).with_name("emit_batch.py")
 FORWARDED_ENV = (
     "TRIDENTFLOW_FAULTS",
     "TRIDENTFLOW_KAFKA_BOOTSTRAP",

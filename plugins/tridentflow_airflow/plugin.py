@@ -1,4 +1,6 @@
-"""Registers tridentflow's Airflow plugin (the api-server scans this folder for plugins)."""
+"""tridentflow's Airflow plugin, registered by the installed distribution's ``airflow.plugins``
+entry point: installing ``tridentflow[airflow]`` into Airflow's environment is all it takes
+(no plugins folder to copy or point at)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.ops import metrics
 from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
@@ -67,6 +66,7 @@ from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.dag_factory import default_dag_id
 from tridentflow_airflow.hooks import kafka_config
+from tridentflow_state.errors import StateError
 
 log = logging.getLogger(__name__)
 kafka_source.CONFIG_RESOLVER = kafka_config  # the view reads a KafkaSource's heads as tasks do

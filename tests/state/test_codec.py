@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from state.codec import decode_key, decode_value, encode_key, encode_value
-from state.errors import KeyEncodingError
+from tridentflow_state.codec import decode_key, decode_value, encode_key, encode_value
+from tridentflow_state.errors import KeyEncodingError
 
 
 def test_keys_are_deterministic_and_distinguish_types():
@@ -42,8 +42,8 @@ import random  # noqa: E402
 from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from state.codec import private  # noqa: E402
 from tridentflow.plan import KeyEncoder  # noqa: E402
+from tridentflow_state.codec import private  # noqa: E402
 
 SPECIAL = [
     0.0,

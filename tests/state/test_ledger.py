@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from state.backing import Fence
-from state.codec import encode_key
-from state.errors import CommitOrderError, FencedError, MetadataError
-from state.keys import KeySpace
-from state.ledger import Ledger
-from state.maps import StateKind, make_map_state
-from state.redis_backing import RedisBackingMap
-from state.shards import query_state
+from tridentflow_state.backing import Fence
+from tridentflow_state.codec import encode_key
+from tridentflow_state.errors import CommitOrderError, FencedError, MetadataError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.ledger import Ledger
+from tridentflow_state.maps import StateKind, make_map_state
+from tridentflow_state.redis_backing import RedisBackingMap
+from tridentflow_state.shards import query_state
 
 
 @pytest.fixture

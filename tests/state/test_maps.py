@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from state.backing import Fence, MemoryBackingMap
-from state.codec import encode_key
-from state.errors import StaleTxidError
-from state.keys import KeySpace
-from state.maps import GLOBAL_KEY, StateKind, StoredValue, make_map_state
-from state.redis_backing import RedisBackingMap
+from tridentflow_state.backing import Fence, MemoryBackingMap
+from tridentflow_state.codec import encode_key
+from tridentflow_state.errors import StaleTxidError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import GLOBAL_KEY, StateKind, StoredValue, make_map_state
+from tridentflow_state.redis_backing import RedisBackingMap
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -153,7 +153,7 @@ def test_a_removal_is_a_replay_safe_tombstone_dropped_once_committed(backing, ki
     """multi_remove (Trident's multiRemove) and REMOVE from an update: a tombstone
     [txid, null, prev] while the txid is pending (a query still sees prev; an opaque replay
     recomputes from prev), deleted from the store once the txid is committed."""
-    from state.maps import REMOVE
+    from tridentflow_state.maps import REMOVE
 
     seed(backing, {"man": (1, 3, None), "dog": (1, 5, None)})
     state = make_map_state(kind, backing)

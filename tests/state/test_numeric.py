@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state.backing import Fence
-from state.codec import decode_value
-from state.errors import KeyEncodingError, StaleTxidError
-from state.keys import KeySpace
-from state.ledger import Ledger
-from state.maps import StateKind, make_map_state
-from state.numeric import apply_numeric
-from state.redis_backing import RedisBackingMap
 from tridentflow.aggregators import Count, Max, Mean, Min, Sum, apply_staged
+from tridentflow_state.backing import Fence
+from tridentflow_state.codec import decode_value
+from tridentflow_state.errors import KeyEncodingError, StaleTxidError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.ledger import Ledger
+from tridentflow_state.maps import StateKind, make_map_state
+from tridentflow_state.numeric import apply_numeric
+from tridentflow_state.redis_backing import RedisBackingMap
 
 COMBINERS = {"count": Count(), "sum": Sum(), "min": Min(), "max": Max(), "mean": Mean()}
 
@@ -150,7 +150,7 @@ def test_a_generation_from_before_a_reset_is_refused(redis_client, keyspace):
     old = ledger.generation
     ledger.reset(force=True)
     redis_client.hset(keyspace.tx(1), "commit_token", 1)
-    from state.errors import GenerationError
+    from tridentflow_state.errors import GenerationError
 
     with pytest.raises(GenerationError):
         fence = Fence(1, 1, old)

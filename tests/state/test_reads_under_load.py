@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-import state.shards
-from state.backing import Fence
-from state.ledger import Ledger
-from state.shards import (
+import tridentflow_state.shards
+from tridentflow_state.backing import Fence
+from tridentflow_state.ledger import Ledger
+from tridentflow_state.shards import (
     ShardedRedisBackingMap,
     claim_shards,
     ensure_shards,
@@ -82,13 +82,13 @@ class Writer(threading.Thread):
 
 
 @pytest.mark.parametrize("shards", [1, 3])
-@pytest.mark.parametrize("lock_free_tries", [state.shards.READ_TRIES, 0])
+@pytest.mark.parametrize("lock_free_tries", [tridentflow_state.shards.READ_TRIES, 0])
 def test_queries_of_10000_keys_finish_and_agree_while_commits_run(
     redis_client, monkeypatch, shards, lock_free_tries
 ):
     """lock_free_tries=0: every read goes straight to holding the next commits back (the
     fallback a starved reader takes) - it must finish, stay exact, and let commits go on."""
-    monkeypatch.setattr(state.shards, "READ_TRIES", lock_free_tries)
+    monkeypatch.setattr(tridentflow_state.shards, "READ_TRIES", lock_free_tries)
     ledger = Ledger(redis_client, f"reads-{shards}", shards=shards)
     ensure_shards(redis_client, ledger.keys, shards)
     set_shard_generations(redis_client, ledger.keys, ledger.generation)

@@ -8,13 +8,13 @@ import threading
 import pytest
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from state.backing import Fence
-from state.errors import CommitOrderError, FencedError, GenerationError, StateError
-from state.keys import KeySpace
-from state.ledger import CommitTicket, Ledger
-from state.maps import StateKind
-from state.numeric import apply_numeric
-from state.shards import (
+from tridentflow_state.backing import Fence
+from tridentflow_state.errors import CommitOrderError, FencedError, GenerationError, StateError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.ledger import CommitTicket, Ledger
+from tridentflow_state.maps import StateKind
+from tridentflow_state.numeric import apply_numeric
+from tridentflow_state.shards import (
     ShardedRedisBackingMap,
     claim_shards,
     ensure_shards,

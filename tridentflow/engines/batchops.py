@@ -23,9 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.codec import encode_key
-from state.keys import KeySpace
-from state.maps import GLOBAL_KEY
 from tridentflow.aggregators import (
     Aggregator,
     BatchInfo,
@@ -35,6 +32,9 @@ from tridentflow.aggregators import (
 )
 from tridentflow.nodes import AggSpec, Repartition
 from tridentflow.plan import as_rows
+from tridentflow_state.codec import encode_key
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import GLOBAL_KEY
 
 Row = tuple[Any, ...]
 REPORT = -1
@@ -335,8 +335,8 @@ class StateQuery:
     key_idx: tuple[int, ...]
 
     def __call__(self, partition: int, rows: Iterable[Row]) -> list[Row]:
-        from state.shards import query_state, with_stored_layout
         from tridentflow.redisconn import connect
+        from tridentflow_state.shards import query_state, with_stored_layout
 
         rows = list(rows)
         if not rows:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
-from state.keys import KeySpace
 from tridentflow.aggregators import Combiner
 from tridentflow.engines.base import ExecContext
 from tridentflow.engines.batchops import (
@@ -44,6 +43,7 @@ from tridentflow.nodes import (
 )
 from tridentflow.plan import Plan, compile_step
 from tridentflow.static_state import StaticQuery
+from tridentflow_state.keys import KeySpace
 
 D = TypeVar("D")
 PartitionFn = Callable[[int, Iterable[Any]], Iterable[Any]]

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from state.errors import KeyEncodingError
 from tridentflow.aggregators import Count
 from tridentflow.engines.base import PartitionCount, Ranges
 from tridentflow.engines.graph import GraphBuilder
@@ -27,6 +26,7 @@ from tridentflow.plan import (
     decode_record,
 )
 from tridentflow.sources import is_file_log, open_log
+from tridentflow_state.errors import KeyEncodingError
 
 TASK_RECORDS = 50_000
 """Records per read task when the plan has edges: a task holds every tuple its records make

@@ -22,13 +22,13 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from state.codec import encode_key
-from state.maps import REMOVE, StateKind
 from tridentflow.aggregators import Aggregator, BatchInfo, Combiner, Reducer, StateUpdater
 from tridentflow.examples.wordcount import split
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import LogSource, SourceMode
+from tridentflow_state.codec import encode_key
+from tridentflow_state.maps import REMOVE, StateKind
 
 
 class InPlaceCount(Combiner):

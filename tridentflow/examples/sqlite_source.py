@@ -17,7 +17,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count
 from tridentflow.errors import SourceError
 from tridentflow.examples.wordcount import split
@@ -27,6 +26,7 @@ from tridentflow.sources import custom_locator
 from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import encode_record
 from tridentflow.sources.specs import CustomSource, SourceMode
+from tridentflow_state.maps import StateKind
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS records ("

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from state.maps import StateKind
 from tridentflow.aggregators import Aggregator, BatchInfo, Combiner, Sum
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import LogSource, SourceMode
+from tridentflow_state.maps import StateKind
 
 SEED_BATCH = [["nickt1", 1], ["nickt2", 1], ["nickt3", 1]]
 

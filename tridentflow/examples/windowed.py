@@ -6,12 +6,12 @@ later windows, each in exactly one position."""
 
 from __future__ import annotations
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count
 from tridentflow.examples.wordcount import split
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import LogSource, SourceMode
+from tridentflow_state.maps import StateKind
 
 
 def wordcount_windowed() -> Pipeline:

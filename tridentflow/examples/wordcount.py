@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count, Sum
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import LogSource, SourceMode
+from tridentflow_state.maps import StateKind
 
 
 def split(sentence: str) -> Iterator[tuple[str]]:

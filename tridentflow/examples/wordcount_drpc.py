@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count, Sum
 from tridentflow.examples.user_scores import keep_latest
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import LogSource, SourceMode
+from tridentflow_state.maps import StateKind
 
 
 def split(text: str) -> Iterator[tuple[str]]:

@@ -8,12 +8,12 @@ a fixed offset range of every partition (transactional): a replay reads exactly 
 
 from __future__ import annotations
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count
 from tridentflow.examples.wordcount import split
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import KafkaSource, SourceMode
+from tridentflow_state.maps import StateKind
 
 TOPIC = "wordcount"
 

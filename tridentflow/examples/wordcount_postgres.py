@@ -8,13 +8,13 @@ Airflow. ``tridentflow run wordcount-postgres`` exports after each commit.
 
 from __future__ import annotations
 
-from state.maps import StateKind
 from tridentflow.aggregators import Count
 from tridentflow.examples.wordcount import split
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import Pipeline
 from tridentflow.sinks import PostgresSink
 from tridentflow.sources.specs import LogSource, SourceMode
+from tridentflow_state.maps import StateKind
 
 TABLE = "wordcount_counts"
 

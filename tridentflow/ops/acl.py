@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from state.keys import KeySpace
 from tridentflow.errors import TridentflowError
+from tridentflow_state.keys import KeySpace
 
 COMMANDS = (
     # connection: redis-py's handshake (HELLO) and checks (PING; SELECT for a db other than 0)

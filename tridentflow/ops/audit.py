@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from state.maps import REMOVE, StoredValue
 from tridentflow.aggregators import absent_value, apply_staged
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.plan import compile_pipeline
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.maps import REMOVE, StoredValue
 
 
 def _number(value: Any) -> bool:

@@ -78,9 +78,6 @@ from pathlib import Path
 
 import redis
 
-from state.codec import decode_key, encode_key
-from state.errors import GenerationError, PipelineBusyError, StateError
-from state.undo import retained
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import (
@@ -109,6 +106,9 @@ from tridentflow.sources.specs import KafkaSource
 from tridentflow.steps.driver import backlog, run_batches
 from tridentflow.steps.runs import coordinate_run, emit_run, release_run
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.codec import decode_key, encode_key
+from tridentflow_state.errors import GenerationError, PipelineBusyError, StateError
+from tridentflow_state.undo import retained
 
 WORDS = (
     "man", "dog", "apple", "how", "are", "you", "nice", "day", "good", "a", "ünï", "中文",

@@ -35,7 +35,6 @@ from typing import Any, NoReturn, TextIO
 
 import redis
 
-from state.errors import StateError
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.ops.reset import reset_pipeline
@@ -46,6 +45,7 @@ from tridentflow.sources.filelog import FileLog, encode_record
 from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.sources.specs import CustomSource, KafkaSource, RedisStreamSource
 from tridentflow.steps.runtime import Runtime, resolve_home
+from tridentflow_state.errors import StateError
 
 EXIT_ERROR = 1
 EXIT_AUDIT_FAILED = 3

@@ -23,7 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from state.changes import (
+from tridentflow.errors import TridentflowError
+from tridentflow.pipeline import Feed
+from tridentflow.plan import Expander, compile_chain
+from tridentflow.sinks.base import ExportContext, Row, SinkError
+from tridentflow.steps.runtime import Runtime
+from tridentflow_state.changes import (
     change_count,
     drop_changes,
     logged_txids,
@@ -31,12 +36,7 @@ from state.changes import (
     read_changes,
     sink_positions,
 )
-from state.codec import encode_key, tuple_key
-from tridentflow.errors import TridentflowError
-from tridentflow.pipeline import Feed
-from tridentflow.plan import Expander, compile_chain
-from tridentflow.sinks.base import ExportContext, Row, SinkError
-from tridentflow.steps.runtime import Runtime
+from tridentflow_state.codec import encode_key, tuple_key
 
 SNAPSHOT_PAGE = 10_000
 SNAPSHOT_TRIES = 5

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.codec import decode_key, encode_key
-from state.maps import StoredValue, decode_stored
-from state.shards import query_state, read_consistently
-from state.undo import changed_since, priors_as_of, retained, value_as_of
 from tridentflow.aggregators import absent_value
 from tridentflow.errors import TridentflowError
 from tridentflow.nodes import Persist
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.codec import decode_key, encode_key
+from tridentflow_state.maps import StoredValue, decode_stored
+from tridentflow_state.shards import query_state, read_consistently
+from tridentflow_state.undo import changed_since, priors_as_of, retained, value_as_of
 
 
 def pick_state(rt: Runtime, name: str | None) -> Persist:
@@ -73,7 +73,7 @@ def query(rt: Runtime, persist: Persist, keys: Sequence[tuple[Any, ...]]) -> tup
 
 def check_retained(rt: Runtime, as_of: int) -> None:
     """TridentflowError (one line) unless state can be rebuilt as of txid ``as_of``: the
-    committed txid itself, or one the undo logs retain (state.undo)."""
+    committed txid itself, or one the undo logs retain (tridentflow_state.undo)."""
     committed = rt.ledger.committed_txid()
     if as_of == committed:
         return

@@ -22,10 +22,10 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from state.rewind import RewindResult, rewind, rewinding_to
-from state.undo import offsets_after, retained
 from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.rewind import RewindResult, rewind, rewinding_to
+from tridentflow_state.undo import offsets_after, retained
 
 
 class RewindRefused(TridentflowError):

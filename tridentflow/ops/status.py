@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from state.rewind import rewinding_to
-from state.undo import retained
 from tridentflow.ops.export import sink_status
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.rewind import rewinding_to
+from tridentflow_state.undo import retained
 
 
 def status(rt: Runtime) -> dict[str, Any]:

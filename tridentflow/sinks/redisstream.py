@@ -25,8 +25,8 @@ from typing import Any
 
 import redis
 
-from state.scripts import LuaScript
 from tridentflow.sinks.base import ExportContext, Row, Sink, SinkError
+from tridentflow_state.scripts import LuaScript
 
 APPEND_CHUNK = 2000
 """Entries per APPEND_TXID call (keeps each script short)."""
@@ -80,7 +80,7 @@ return added
 
 
 RESERVED_PREFIX = "tf:"
-"""What tridentflow's own keys start with (state.keys.KeySpace.prefix)."""
+"""What tridentflow's own keys start with (tridentflow_state.keys.KeySpace.prefix)."""
 COMPANION_SUFFIX = ":tridentflow-sink"
 
 
@@ -295,7 +295,7 @@ class RedisStreamSink(Sink):
         master have the txid's entries and position (a failover would take them back)."""
         if ctx.replicas <= 0:
             return
-        from state.replication import wait_for_replicas
+        from tridentflow_state.replication import wait_for_replicas
 
         # the probe goes to the companion hash: the stream's slot, so the stream's master
         acked = wait_for_replicas(

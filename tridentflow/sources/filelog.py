@@ -32,10 +32,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from state.codec import check_unicode
-from state.errors import KeyEncodingError
 from tridentflow.errors import NON_FINITE, PartitionUnavailable, SourceError
 from tridentflow.sources.base import LogScan
+from tridentflow_state.codec import check_unicode
+from tridentflow_state.errors import KeyEncodingError
 
 SEGMENT_RECORDS = 100_000
 INDEX_EVERY = 512

@@ -41,10 +41,10 @@ from typing import Any
 
 import redis
 
-from state.keys import KeySpace
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import encode_record
+from tridentflow_state.keys import KeySpace
 
 LOCATOR_PREFIX = "redis-stream:"
 GROUP_PREFIX = "tridentflow:"

@@ -35,15 +35,6 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from state.backing import Fence
-from state.changes import record_changes, trim_changes
-from state.errors import CommitOrderError, KeyEncodingError
-from state.maps import MapState, StateKind, make_map_state
-from state.numeric import apply_numeric
-from state.redis_backing import CHUNK, fenced_hset
-from state.replication import node_of, wait_for_replicas_of
-from state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
-from state.undo import trim_undo
 from tridentflow.aggregators import (
     Count,
     Max,
@@ -62,6 +53,15 @@ from tridentflow.errors import (
 )
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import StagedBatch
+from tridentflow_state.backing import Fence
+from tridentflow_state.changes import record_changes, trim_changes
+from tridentflow_state.errors import CommitOrderError, KeyEncodingError
+from tridentflow_state.maps import MapState, StateKind, make_map_state
+from tridentflow_state.numeric import apply_numeric
+from tridentflow_state.redis_backing import CHUNK, fenced_hset
+from tridentflow_state.replication import node_of, wait_for_replicas_of
+from tridentflow_state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
+from tridentflow_state.undo import trim_undo
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from state.errors import CommitOrderError
-from state.ledger import DEFAULT_LEASE_MS
 from tridentflow.engines.base import Engine
 from tridentflow.errors import TridentflowError
 from tridentflow.sources.specs import SourceMode
@@ -44,6 +42,8 @@ from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import StagedBatch
+from tridentflow_state.errors import CommitOrderError
+from tridentflow_state.ledger import DEFAULT_LEASE_MS
 
 
 class RunNotBoundError(TridentflowError):

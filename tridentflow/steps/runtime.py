@@ -9,11 +9,6 @@ from pathlib import Path
 
 import redis
 
-from state.keys import KeySpace, check_name, check_shards
-from state.ledger import Ledger
-from state.redis_backing import RedisBackingMap
-from state.replication import wait_for_replicas_of
-from state.shards import ShardedRedisBackingMap, check_layout, stored_shards
 from tridentflow.errors import (
     InvalidNameError,
     PartitionUnavailable,
@@ -39,6 +34,11 @@ from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.sources.specs import CustomSource, KafkaSource, RedisStreamSource
 from tridentflow.steps.staging import StagingArea
+from tridentflow_state.keys import KeySpace, check_name, check_shards
+from tridentflow_state.ledger import Ledger
+from tridentflow_state.redis_backing import RedisBackingMap
+from tridentflow_state.replication import wait_for_replicas_of
+from tridentflow_state.shards import ShardedRedisBackingMap, check_layout, stored_shards
 
 HOME_ENV = "TRIDENTFLOW_HOME"
 NAMESPACE_ENV = "TRIDENTFLOW_NAMESPACE"
@@ -158,7 +158,7 @@ class Runtime:
     def state_shards(self) -> int:
         """The shard count this run writes state with: the pipeline's ``state_shards``, else
         TRIDENTFLOW_STATE_SHARDS, else 1 (the commit refuses it if the stored state has
-        another; see state.shards.ensure_shards)."""
+        another; see tridentflow_state.shards.ensure_shards)."""
         if self.shards is not None:
             return check_shards(self.shards)
         if self.pipeline.state_shards is not None:

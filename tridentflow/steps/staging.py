@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from state.codec import encode_value
-from state.errors import KeyEncodingError
 from tridentflow.engines.base import PartitionCount
 from tridentflow.engines.batchops import StageReport
 from tridentflow.errors import NON_FINITE, IncompleteBatchError, StagingValueError
 from tridentflow.plan import BadRecord
 from tridentflow.sources.filelog import _fsync_dir, _write_atomic
+from tridentflow_state.codec import encode_value
+from tridentflow_state.errors import KeyEncodingError
 
 MANIFEST = "MANIFEST.json"
 BAD_FILE = "bad.jsonl"
@@ -154,7 +154,7 @@ class StagedBatch:
 
     def lines(self, state: str) -> Iterator[str]:
         """The state's ``key TAB partial`` lines as they are in the file (newline included):
-        the commit passes blocks of them to Redis without decoding (state.numeric)."""
+        the commit passes blocks of them to Redis without decoding (tridentflow_state.numeric)."""
         path, tsv = self._state_file(state)
         with open(path, encoding="utf-8") as fh:
             if tsv:

@@ -1,0 +1,155 @@
+"""The distribution a user installs is what is tested: the sdist and the wheel are built from
+this checkout, the wheel is installed into a clean venv (not editable, no PYTHONPATH, run from
+a directory outside the checkout), and it must hold every module of the repo, run the seed
+word count on the local engine without Airflow, and - with the ``airflow`` extra - give
+Airflow its DAGs, plugin and provider with nothing but a five-line DAG file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SEED_SENTENCES
+
+pytestmark = [pytest.mark.wheel, pytest.mark.xdist_group("wheel")]
+
+INSTALLED_AS = {
+    "tridentflow": "tridentflow",
+    "state": "tridentflow_state",
+    "spark_jobs": "tridentflow_spark_jobs",
+    "plugins/tridentflow_airflow": "tridentflow_airflow",
+}
+"""Each folder of the repo that ships, and the import name it is installed under."""
+DATA = ["tridentflow/log4j2.properties", "tridentflow_airflow/static/tridentflow.html"]
+CONSTRAINTS = ROOT / "constraints" / "dev.txt"
+DAG_FILE = """from tridentflow_airflow import pipeline_dag
+
+dag = pipeline_dag("wordcount", schedule=None)
+"""
+
+
+def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None, timeout: int = 900):
+    proc = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"{args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def clean_env(venv: Path, **extra: str) -> dict[str, str]:
+    """The machine's environment without the test run's Python settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in env.items() if not k.startswith(("TRIDENTFLOW_", "AIRFLOW"))}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """(the sdist, the wheel built from that sdist), as a release would make them."""
+    dist = tmp_path_factory.mktemp("dist")
+    # pypa/build: the sdist from the checkout, then the wheel from that sdist, each in an
+    # isolated build environment (the build-system of pyproject.toml), as a release does
+    run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=ROOT)
+    (sdist,) = dist.glob("tridentflow-*.tar.gz")
+    (wheel,) = dist.glob("tridentflow-*.whl")
+    yield sdist, wheel
+
+
+def test_the_wheel_holds_every_module_of_the_repo(built):
+    _sdist, wheel = built
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = []
+    for folder, installed in INSTALLED_AS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            relative = path.relative_to(ROOT / folder).as_posix()
+            if f"{installed}/{relative}" not in names:
+                missing.append(f"{folder}/{relative}")
+    assert not missing, f"not in the wheel: {missing}"
+    assert not [d for d in DATA if d not in names], names
+    top = {n.split("/")[0] for n in names if not n.startswith("tridentflow-")}
+    assert top == set(INSTALLED_AS.values()), top  # no generic top-level name (state, ...)
+    metadata = (
+        zipfile.ZipFile(wheel)
+        .read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
+        .decode()
+    )
+    assert "tridentflow_airflow.plugin:TridentflowPlugin" in metadata
+    assert "tridentflow_airflow.provider:get_provider_info" in metadata
+
+
+@pytest.fixture(scope="module")
+def venv(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean venv with the wheel installed, without Airflow (the CLI's dependencies only)."""
+    _sdist, wheel = built
+    where = tmp_path_factory.mktemp("venv") / "v"
+    run(sys.executable, "-m", "venv", where, cwd=where.parent)
+    pip = [where / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    run(*pip, "-c", CONSTRAINTS, wheel, cwd=where.parent, env=clean_env(where))
+    return where
+
+
+def test_the_wheel_runs_the_seed_word_count_without_airflow(
+    venv, tmp_path, redis_url, redis_client
+):
+    outside = tmp_path / "elsewhere"  # no checkout here: only the installed wheel imports
+    outside.mkdir()
+    python = venv / "bin" / "python"
+    probe = "import importlib.util as u; print(u.find_spec('airflow') is None)"
+    assert run(python, "-c", probe, cwd=outside).stdout.strip() == "True"
+    where = run(python, "-c", "import tridentflow_state, tridentflow; print(tridentflow.__file__)",
+                cwd=outside)  # fmt: skip
+    assert str(venv) in where.stdout and str(ROOT) not in where.stdout
+    assert "usage: tridentflow" in run(venv / "bin" / "tridentflow", "--help", cwd=outside).stdout
+    env = clean_env(venv, TRIDENTFLOW_REDIS_URL=redis_url, TRIDENTFLOW_HOME=str(outside / "h"))
+    cli = venv / "bin" / "tridentflow"
+    seed = "\n".join(SEED_SENTENCES) + "\n"
+    produced = subprocess.run(
+        [cli, "produce", "wordcount", "-"],
+        input=seed, text=True, capture_output=True, cwd=outside, env=env, timeout=300,
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    run(cli, "run", "wordcount", "--engine", "local", cwd=outside, env=env)
+    audit = run(cli, "audit", "wordcount", cwd=outside, env=env).stdout.strip()
+    assert audit == "lost=0 doubled=0"
+    counts = run(cli, "query", "wordcount", "you", "how", cwd=outside, env=env).stdout
+    assert counts.splitlines() == ["you\t2", "how\t1"]
+
+
+def test_with_the_airflow_extra_airflow_finds_the_dags_plugin_and_provider(built, venv, tmp_path):
+    """``pip install 'tridentflow[airflow]'`` into the venv, a dags folder holding a five-line
+    DAG file and nothing else: the DAG parses, the plugin and the provider are registered
+    through the distribution's entry points (no plugins folder)."""
+    _sdist, wheel = built
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    run(*pip, "-c", CONSTRAINTS, f"{wheel}[airflow]", cwd=tmp_path, env=clean_env(venv))
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "my_wordcount.py").write_text(DAG_FILE)
+    home = tmp_path / "airflow"
+    env = clean_env(
+        venv,
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(tmp_path / "no-plugins"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+    )
+    parse = (
+        "import sys; from airflow.dag_processing.dagbag import DagBag; "
+        "bag = DagBag(dag_folder=sys.argv[1]); "
+        "print(sorted(bag.dag_ids), bag.import_errors, sorted(bag.dags['tridentflow_wordcount']"
+        ".task_ids))"
+    )
+    parsed = run(venv / "bin" / "python", "-c", parse, dags, cwd=tmp_path, env=env).stdout
+    assert "['tridentflow_wordcount'] {} ['commit', 'coordinate', 'emit']" in parsed, parsed
+    plugins = run(venv / "bin" / "airflow", "plugins", "-o", "plain", cwd=tmp_path, env=env)
+    assert "tridentflow_airflow.plugin:TridentflowPlugin" in plugins.stdout, plugins.stdout
+    provider = run(venv / "bin" / "airflow", "providers", "get", "tridentflow", "-o", "plain",
+                   cwd=tmp_path, env=env)  # fmt: skip
+    assert "tridentflow" in provider.stdout and "0.1.0" in provider.stdout, provider.stdout
