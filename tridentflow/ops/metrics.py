@@ -146,20 +146,16 @@ def prometheus_text(collected: list[PipelineFigures]) -> bytes:
                     if name in entry.values:
                         family.add_metric([entry.pipeline], float(entry.values[name]))
                 yield family
-            by_sink = GaugeMetricFamily(
-                "tridentflow_sink_lag_txids_by_sink", SINK_HELP, labels=["pipeline", "sink"]
+            per_sink = (
+                ("tridentflow_sink_lag_txids_by_sink", SINK_HELP, "sink_lags"),
+                ("tridentflow_sink_failing", SINK_FAILING_HELP, "sinks_failing"),
             )
-            for entry in collected:
-                for sink, lag in sorted(entry.sink_lags.items()):
-                    by_sink.add_metric([entry.pipeline, sink], lag)
-            yield by_sink
-            failing = GaugeMetricFamily(
-                "tridentflow_sink_failing", SINK_FAILING_HELP, labels=["pipeline", "sink"]
-            )
-            for entry in collected:
-                for sink, flag in sorted(entry.sinks_failing.items()):
-                    failing.add_metric([entry.pipeline, sink], flag)
-            yield failing
+            for metric, help_text, attribute in per_sink:
+                family = GaugeMetricFamily(metric, help_text, labels=["pipeline", "sink"])
+                for entry in collected:
+                    for sink, value in sorted(getattr(entry, attribute).items()):
+                        family.add_metric([entry.pipeline, sink], value)
+                yield family
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())  # type: ignore[arg-type]
