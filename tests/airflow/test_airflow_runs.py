@@ -415,6 +415,11 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         frame.locator("#commits a[data-txid='1']").click()  # a commit row -> the txid's page
         assert browser.frame_text(page, "h1") == "txid 1 of wordcount"
         assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
+        shown = browser.frame_text(page, "body")
+        assert "[object " not in shown, shown  # every element rendered, none printed as text
+        steps = browser.frame_text(page, "#steps")
+        shown_steps = sorted(line.split("\t")[0] for line in steps.splitlines()[1:])
+        assert shown_steps == ["commit", "coordinate", "emit"], steps
         runs_shown = browser.frame_text(page, "table:first-of-type")
         assert run_id in runs_shown and "success" in runs_shown, runs_shown
         browser.screenshot(page, "tridentflow-txid")
