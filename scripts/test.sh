@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
-# The test command: set everything up from a clean clone, lint, run the whole suite.
-# Tests start their own redis-server on free ports; Spark runs in local mode.
+# The test command: set everything up from a clean clone, lint, run the whole suite (what CI
+# runs). Tests start their own redis-server on free ports; Spark runs in local mode.
+#
+#   scripts/test.sh            the whole suite
+#   scripts/test.sh --fast     the fast lane for every change: no JVM (a `java` that refuses
+#                              to start is put first: a test that needs Spark and is not
+#                              marked `spark` fails here), no Airflow, no browser, no wheel
+# Any other arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FAST=""
+if [ "${1:-}" = "--fast" ]; then
+  FAST=1
+  shift
+fi
 bash "$ROOT/scripts/bootstrap.sh"
-bash "$ROOT/scripts/chromium.sh"
+[ -n "$FAST" ] || bash "$ROOT/scripts/chromium.sh"
 # shellcheck source=scripts/env.sh
 source "$ROOT/scripts/env.sh"
 cd "$ROOT"
 ruff check .
 ruff format --check .
 status=0
-python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" --dist loadgroup "$@" || status=$?
+if [ -n "$FAST" ]; then
+  nojvm="$(mktemp -d)"
+  trap 'rm -rf "$nojvm"' EXIT
+  mkdir -p "$nojvm/bin"
+  printf '#!/bin/sh\necho "the fast lane starts no JVM: mark the test spark" >&2\nexit 97\n' \
+    > "$nojvm/bin/java"
+  chmod +x "$nojvm/bin/java"
+  JAVA_HOME="$nojvm" PATH="$nojvm/bin:$PATH" python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" \
+    --dist loadgroup -m "not spark and not airflow and not wheel" --ignore=tests/airflow "$@" \
+    || status=$?
+else
+  python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" --dist loadgroup "$@" || status=$?
+fi
 if [ "$status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests - failing" >&2
   exit 1

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from functools import partial
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import produce, runtime, sentences
@@ -80,6 +81,7 @@ def test_prometheus_text_parses_back_and_an_unreadable_pipeline_is_down_not_miss
         assert f"# HELP tridentflow_{name} " in text and f"# TYPE tridentflow_{name} gauge" in text
 
 
+@pytest.mark.airflow
 def test_airflows_stats_sends_the_figures_over_statsd(redis_url, redis_client, home, tmp_path):
     """A real UDP socket as the StatsD server; Airflow's Stats configured as a user would
     ([metrics] statsd_on), in a fresh process."""
