@@ -83,7 +83,9 @@ def test_the_harness_catches_a_sink_that_reads_values_after_the_fact(monkeypatch
 
     monkeypatch.setattr(export, "changes_of", read_now)
     results = run_chaos(40, seed=120, redis_restarts=False, postgres_dsn=pg_dsn)
-    assert not results[-1].ok and "sink postgres-" in (results[-1].difference or "")
+    # the stream sinks' entries are checked txid by txid against what each commit wrote: the
+    # first schedule already shows a value read after the fact (the tables a few later)
+    assert not results[-1].ok and "sink " in (results[-1].difference or "")
 
 
 def test_the_harness_catches_an_opaque_replay_applied_on_curr(monkeypatch):

@@ -413,8 +413,8 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         browser.screenshot(page, "tridentflow-sinks")
         browser.choose_pipeline(page, "wordcount")
         frame.locator("#commits a[data-txid='1']").click()  # a commit row -> the txid's page
+        assert browser.frame_text(page, "#txid [data-field=status]") == "committed"  # loaded
         assert browser.frame_text(page, "h1") == "txid 1 of wordcount"
-        assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
         shown = browser.frame_text(page, "body")
         assert "[object " not in shown, shown  # every element rendered, none printed as text
         steps = browser.frame_text(page, "#steps")
