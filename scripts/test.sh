@@ -5,7 +5,8 @@
 #   scripts/test.sh            the whole suite
 #   scripts/test.sh --fast     the fast lane for every change: no JVM (a `java` that refuses
 #                              to start is put first: a test that needs Spark and is not
-#                              marked `spark` fails here), no Airflow, no browser, no wheel
+#                              marked `spark` fails here), no Airflow, no browser, no wheel,
+#                              no chaos soak (the planted-bug chaos tests stay)
 # Any other arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +31,7 @@ if [ -n "$FAST" ]; then
     > "$nojvm/bin/java"
   chmod +x "$nojvm/bin/java"
   JAVA_HOME="$nojvm" PATH="$nojvm/bin:$PATH" python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" \
-    --dist loadgroup -m "not spark and not airflow and not wheel" --ignore=tests/airflow "$@" \
+    --dist loadgroup -m "not spark and not airflow and not wheel and not soak" --ignore=tests/airflow "$@" \
     || status=$?
 else
   python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" --dist loadgroup "$@" || status=$?

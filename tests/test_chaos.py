@@ -12,6 +12,7 @@ from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 CI_SCHEDULES = 60
 
 
+@pytest.mark.soak
 def test_fixed_seed_schedules_are_exact(pg_dsn):
     results = run_chaos(CI_SCHEDULES, seed=1000, postgres_dsn=pg_dsn)
     failures = [r.line() for r in results if not r.ok]
@@ -49,6 +50,7 @@ def test_fixed_seed_schedules_are_exact(pg_dsn):
         assert kind in events, f"no {kind} event in {CI_SCHEDULES} schedules"
 
 
+@pytest.mark.soak
 def test_sinks_stay_exact_when_postgresql_crashes_in_their_transactions():
     """On a PostgreSQL of the harness's own (started from Debian's package, as where no server
     runs), the server is crashed (SIGQUIT) and restarted while a sink is mid-transaction."""
@@ -102,6 +104,7 @@ def test_the_harness_catches_an_opaque_replay_applied_on_curr(monkeypatch):
     assert not last.ok and (last.doubled > 0 or "stored" in (last.difference or ""))
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("seed", [0])
 def test_the_harness_catches_a_missing_stray_key_rollback(monkeypatch, seed):
     monkeypatch.setattr(MapState, "rollback_stray_keys", lambda self: 0)
@@ -168,6 +171,7 @@ def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
     assert re.search(r"after a (reset|rewind)\b.* was not refused", difference), difference
 
 
+@pytest.mark.soak
 def test_the_harness_catches_a_rewind_that_restores_oldest_first(monkeypatch):
     """The same class through a rewind: undo logs applied oldest txid first leave a key that
     two rewound txids wrote at the newer one's prior value, not at the target's."""
@@ -186,6 +190,7 @@ def test_the_harness_catches_a_rewind_that_restores_oldest_first(monkeypatch):
     assert not results[-1].ok, "200 schedules did not expose a rewind restoring oldest first"
 
 
+@pytest.mark.soak
 def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     """A sharded commit whose stray-key rollback reads the written-set of one shard only
     (every schedule with 3 shards): an opaque replay leaves a lost record's count behind."""
@@ -227,6 +232,7 @@ def test_the_harness_catches_positions_that_forget_a_skipped_partition(monkeypat
     assert not results[-1].ok, "50 schedules did not expose positions reused across batches"
 
 
+@pytest.mark.soak
 def test_stream_schedules_with_external_mutations_are_exact():
     """The Redis Streams family: XDEL and trims of what was read, entries removed before they
     were read, streams deleted and recreated, bytes that are not UTF-8 - among every other
@@ -241,6 +247,7 @@ def test_stream_schedules_with_external_mutations_are_exact():
         assert kind in events, f"no {kind} event in 40 stream schedules"
 
 
+@pytest.mark.soak
 def test_the_harness_catches_a_recreated_stream_read_as_new(monkeypatch):
     from tridentflow.sources.redisstream import RedisStreamLog
 
@@ -264,6 +271,7 @@ def kafka_broker():
 KAFKA_SEEDS = 5
 
 
+@pytest.mark.soak
 def test_kafka_schedules_are_exact(kafka_broker):
     """The Kafka family (a broker of the harness's own): the broker frozen between steps and a
     few milliseconds into an emit, records produced while it is (sent once it is back),

@@ -159,6 +159,7 @@ def gated_module(tmp_path_factory):
     started.stop()
 
 
+@pytest.mark.soak
 def test_chaos_with_failovers_under_replication_lag_is_exact(gated_module):
     """The family: a master's replication held (the ledger's or a state shard's) while runs
     go on with --wait-replicas 1, then that master killed with its replica behind, among every

@@ -427,6 +427,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow.steps.driver import backlog, run_batches, run_pipelined
 
     rt = _runtime(args)
+    rt.check_layout()  # a bad shard count (TRIDENTFLOW_STATE_SHARDS) before any JVM starts
+    _ = rt.retain_txids
     label = rt.pipeline.guarantee
     if label is Guarantee.AT_LEAST_ONCE:
         sys.stderr.write(
