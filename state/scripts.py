@@ -325,6 +325,7 @@ local function own(n, how)
     redis.call('HSET', KEYS[2], previous, 'lost:' .. n .. ':' .. run)
   end
   redis.call('HSET', txkey(n), 'owner', run, 'lease_until', now + lease)
+  redis.call('HDEL', txkey(n), 'released')
   redis.call('HSET', KEYS[2], run, n)
   return {n, how, committed}
 end
@@ -355,14 +356,23 @@ RENEW_LEASE = LuaScript(
 -- Extend (ARGV[2] > 0) or release (ARGV[2] = 0) the lease of run ARGV[1] on a txid it owns.
 -- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] run id  ARGV[2] lease in ms
 -- ARGV[3] generation (TFGENERATION if the pipeline was reset since)
--- Returns 1 if the run owns the txid, 0 otherwise (nothing changed).
+-- A release is final for that run: 'released' names it, and no renewal of its brings the
+-- lease back (a step of a finished run still starting - a spark-submit the orchestrator has
+-- not killed yet - must not take back a txid an operator released); only a new bind or claim
+-- (which clears 'released') does.
+-- Returns 1 if the run owns the txid (and was not released), 0 otherwise (nothing changed).
 local gerr = gen_check(KEYS[2], ARGV[3])
 if gerr then return redis.error_reply(gerr) end
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+local lease = tonumber(ARGV[2])
+if lease > 0 and redis.call('HGET', KEYS[1], 'released') == ARGV[1] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[2])
-if lease > 0 then lease = now + lease end
+if lease > 0 then
+  lease = now + lease
+else
+  redis.call('HSET', KEYS[1], 'released', ARGV[1])
+end
 redis.call('HSET', KEYS[1], 'lease_until', lease)
 return 1
 """,
@@ -533,6 +543,7 @@ if previous and previous ~= ARGV[2] then
   redis.call('HSET', KEYS[2], previous, 'lost:' .. txid .. ':' .. ARGV[2])
 end
 redis.call('HSET', KEYS[3], 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
+redis.call('HDEL', KEYS[3], 'released')
 redis.call('HSET', KEYS[2], ARGV[2], txid)
 return {txid, how}
 """,

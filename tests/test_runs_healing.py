@@ -175,3 +175,32 @@ def test_an_operator_releases_only_a_txid_whose_owner_has_finished(redis_url, re
     commit_run(rt, "run-2")
     with pytest.raises(TridentflowError, match="txid 1 is committed: there is nothing to release"):
         release_finished_owner(rt, 1, states())
+
+
+def test_a_released_txid_stays_released_for_its_finished_runs_late_steps(
+    redis_url, redis_client, home
+):
+    """The family: an operator acting mid-run. A run is marked failed while its emit is still
+    starting (the orchestrator kills it a moment later); the operator releases its txid. The
+    late emit's lease renewal must not take the txid back (it did: the view's Release was
+    undone a second later, and the pipeline stayed blocked): it is refused in one line, the
+    next run adopts the txid, and clearing the released run's coordinator binds it afresh."""
+    from tridentflow.steps.runs import RunNotBoundError, release_finished_owner
+
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    coordinate_run(rt, "run-1", batch_size=1, lease_ms=30 * 60_000)
+    release_finished_owner(rt, 1, states(run_1="failed"))
+    assert not rt.ledger.renew_lease(1, "run-1")  # a release is final for that run
+    with pytest.raises(RunNotBoundError, match="txid 1 of run run-1 was released") as refused:
+        emit_run(rt, "run-1", ENGINE)  # the late step of the finished run
+    assert "\n" not in str(refused.value)
+    assert rt.ledger.tx_info(1).get("owner") == "run-1"  # unchanged: still free to adopt
+    again = coordinate_run(rt, "run-1", batch_size=1)  # its coordinator cleared: binds again
+    assert (again["txid"], again["binding"]) == (1, "bound")
+    assert rt.ledger.renew_lease(1, "run-1")  # a new bind clears the release
+    rt.ledger.release(1, "run-1")
+    adopted = coordinate_run(rt, "run-2", batch_size=1)
+    assert (adopted["txid"], adopted["binding"]) == (1, "adopted")
+    emit_run(rt, "run-2", ENGINE)
+    assert commit_run(rt, "run-2")["status"] == "committed"

@@ -129,6 +129,12 @@ def owned_txid(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> in
         return txid
     if not rt.ledger.renew_lease(txid, run_id, lease_ms):
         owner = rt.ledger.tx_info(txid).get("owner")
+        if owner == run_id:  # released: the run had finished (or gave up) meanwhile
+            raise RunNotBoundError(
+                f"txid {txid} of run {run_id} was released (the run had finished or given "
+                "up, and an operator or the next run freed it): the next run adopts it; clear "
+                "this run's coordinator to take it again"
+            )
         raise RunNotBoundError(
             f"txid {txid} of run {run_id} was adopted by run {owner}; clear this run's "
             "coordinator to bind a fresh txid"
