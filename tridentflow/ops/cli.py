@@ -811,11 +811,11 @@ def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_dev_redis(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow.ops import devredis
 
+    directory = Path(args.dir) if args.dir else resolve_home(args.home) / "redis"
     if args.stop:
-        devredis.shutdown(args.port)
+        devredis.shutdown(args.port, directory)
         out.write(f"stopped redis on port {args.port}\n")
         return 0
-    directory = Path(args.dir) if args.dir else resolve_home(args.home) / "redis"
     out.write(devredis.ensure_daemon(args.port, directory) + "\n")
     return 0
 

@@ -90,9 +90,38 @@ def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Pop
     return proc
 
 
+def data_dir(port: int) -> str | None:
+    """The data directory of the redis-server on ``port`` (None if it will not say)."""
+    try:
+        found = redis.Redis(port=port, socket_connect_timeout=0.5).config_get("dir")
+    except redis.RedisError:
+        return None
+    value = found.get("dir") or found.get(b"dir")
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def check_ours(port: int, directory: Path) -> None:
+    """TridentflowError (one line) unless the redis-server answering on ``port`` keeps its
+    data in ``directory`` - the one ``ensure_daemon`` started there. A server of someone
+    else's on the port is never adopted (it may hold other data), nor stopped."""
+    theirs = data_dir(port)
+    if theirs is not None and os.path.realpath(theirs) == os.path.realpath(directory):
+        return
+    what = f"keeps its data in {theirs}" if theirs else "does not say where it keeps its data"
+    raise TridentflowError(
+        f"port {port} is held by a redis-server tridentflow did not start there (it {what}, "
+        f"not {directory}): pick another port (--port N), or point TRIDENTFLOW_REDIS_URL at "
+        "that server if it is meant for tridentflow"
+    )
+
+
 def ensure_daemon(port: int, directory: Path) -> str:
-    """Make sure a redis-server answers on ``port`` (start a daemon if not); return its URL."""
-    if not ping(port):
+    """Make sure our redis-server (data in ``directory``) answers on ``port``: start a daemon
+    if none answers, reuse it if it is ours, refuse (one line) if the port holds another
+    server. Returns its URL."""
+    if ping(port):
+        check_ours(port, directory)
+    else:
         directory.mkdir(parents=True, exist_ok=True)
         args = [
             *server_args(port, directory),
@@ -106,7 +135,10 @@ def ensure_daemon(port: int, directory: Path) -> str:
     return f"redis://127.0.0.1:{port}/0"
 
 
-def shutdown(port: int) -> bool:
+def shutdown(port: int, directory: Path | None = None) -> bool:
+    """Stop the redis-server on ``port`` (saving); with ``directory``, only if it is ours."""
+    if directory is not None and ping(port):
+        check_ours(port, directory)
     try:
         redis.Redis(port=port, socket_connect_timeout=0.5).shutdown(nosave=False)
     except redis.ConnectionError:
