@@ -319,6 +319,8 @@ class PostgresSink(Sink):
         self._conn: Any = None
         self._progress_ready = False
         self._types: dict[str, str] = {}
+        self._canonical: dict[str, str] = {}
+        """``columns=`` types by their canonical names (``int8`` -> ``bigint``), looked up once."""
 
     def __repr__(self) -> str:
         return f"PostgresSink({self.table!r}, name={self.name!r})"
@@ -642,8 +644,10 @@ class PostgresSink(Sink):
                     f"{quoted_parts((field,))} {kind}, or point the sink at a new table"
                 )
         for field, declared in self.columns.items():
-            cur.execute("SELECT format_type(%s::regtype, NULL)", (declared,))
-            want = cur.fetchone()[0].split("(")[0]
+            want = self._canonical.get(declared)
+            if want is None:  # asked once per sink: a type's canonical name does not change
+                cur.execute("SELECT format_type(%s::regtype, NULL)", (declared,))
+                want = self._canonical[declared] = cur.fetchone()[0].split("(")[0]
             if types[field] != want:
                 raise SinkError(
                     f"sink {self.name}: columns= declares {field} as {declared}, but table "
