@@ -7,16 +7,23 @@
 #                              to start is put first: a test that needs Spark and is not
 #                              marked `spark` fails here), no Airflow, no browser, no wheel,
 #                              no chaos soak (the planted-bug chaos tests stay)
+#   scripts/test.sh --matrix   the supported range on vanilla installs (tests/test_versions.py:
+#                              the oldest and newest Airflow line, the oldest pyspark); CI
+#                              runs it after the whole suite
 # Any other arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FAST=""
+MATRIX=""
 if [ "${1:-}" = "--fast" ]; then
   FAST=1
   shift
+elif [ "${1:-}" = "--matrix" ]; then
+  MATRIX=1
+  shift
 fi
 bash "$ROOT/scripts/bootstrap.sh"
-[ -n "$FAST" ] || bash "$ROOT/scripts/chromium.sh"
+[ -n "$FAST$MATRIX" ] || bash "$ROOT/scripts/chromium.sh"
 # shellcheck source=scripts/env.sh
 source "$ROOT/scripts/env.sh"
 cd "$ROOT"
@@ -30,11 +37,14 @@ if [ -n "$FAST" ]; then
   printf '#!/bin/sh\necho "the fast lane starts no JVM: mark the test spark" >&2\nexit 97\n' \
     > "$nojvm/bin/java"
   chmod +x "$nojvm/bin/java"
+  lane="not spark and not airflow and not wheel and not soak and not matrix"
   JAVA_HOME="$nojvm" PATH="$nojvm/bin:$PATH" python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" \
-    --dist loadgroup -m "not spark and not airflow and not wheel and not soak" --ignore=tests/airflow "$@" \
-    || status=$?
+    --dist loadgroup -m "$lane" --ignore=tests/airflow "$@" || status=$?
+elif [ -n "$MATRIX" ]; then
+  python -m pytest -n 3 --dist loadgroup -m matrix tests/test_versions.py "$@" || status=$?
 else
-  python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" --dist loadgroup "$@" || status=$?
+  python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" --dist loadgroup -m "not matrix" "$@" \
+    || status=$?
 fi
 if [ "$status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests - failing" >&2

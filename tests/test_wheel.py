@@ -6,9 +6,7 @@ Airflow its DAGs, plugin and provider with nothing but a five-line DAG file."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SEED_SENTENCES
+from tests.distribution import build, clean_env, install, make_venv, run
 
 pytestmark = [pytest.mark.wheel, pytest.mark.xdist_group("wheel")]
 
@@ -34,32 +33,10 @@ dag = pipeline_dag("wordcount", schedule=None)
 """
 
 
-def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None, timeout: int = 900):
-    proc = subprocess.run(
-        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, f"{args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
-
-
-def clean_env(venv: Path, **extra: str) -> dict[str, str]:
-    """The machine's environment without the test run's Python settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env = {k: v for k, v in env.items() if not k.startswith(("TRIDENTFLOW_", "AIRFLOW"))}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    return {**env, **extra}
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """(the sdist, the wheel built from that sdist), as a release would make them."""
-    dist = tmp_path_factory.mktemp("dist")
-    # pypa/build: the sdist from the checkout, then the wheel from that sdist, each in an
-    # isolated build environment (the build-system of pyproject.toml), as a release does
-    run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=ROOT)
-    (sdist,) = dist.glob("tridentflow-*.tar.gz")
-    (wheel,) = dist.glob("tridentflow-*.whl")
-    yield sdist, wheel
+    yield build(tmp_path_factory.mktemp("dist"))
 
 
 def test_the_wheel_holds_every_module_of_the_repo(built):
@@ -88,11 +65,7 @@ def test_the_wheel_holds_every_module_of_the_repo(built):
 def venv(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clean venv with the wheel installed, without Airflow (the CLI's dependencies only)."""
     _sdist, wheel = built
-    where = tmp_path_factory.mktemp("venv") / "v"
-    run(sys.executable, "-m", "venv", where, cwd=where.parent)
-    pip = [where / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    run(*pip, "-c", CONSTRAINTS, wheel, cwd=where.parent, env=clean_env(where))
-    return where
+    return make_venv(tmp_path_factory.mktemp("venv") / "v", wheel, constraints=CONSTRAINTS)
 
 
 def test_the_wheel_runs_the_seed_word_count_without_airflow(
@@ -127,8 +100,7 @@ def test_with_the_airflow_extra_airflow_finds_the_dags_plugin_and_provider(built
     DAG file and nothing else: the DAG parses, the plugin and the provider are registered
     through the distribution's entry points (no plugins folder)."""
     _sdist, wheel = built
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    run(*pip, "-c", CONSTRAINTS, f"{wheel}[airflow]", cwd=tmp_path, env=clean_env(venv))
+    install(venv, f"{wheel}[airflow]", constraints=CONSTRAINTS)
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "my_wordcount.py").write_text(DAG_FILE)

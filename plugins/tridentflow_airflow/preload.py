@@ -47,11 +47,9 @@ def load_plugins() -> None:
     """Load Airflow's plugins (listeners, macros) as the task runner would in every task; a
     scheduler that forks its workers has loaded them already, a fork server has not."""
     try:
-        from airflow.sdk.listener import get_listener_manager
-        from airflow.sdk.plugins_manager import integrate_macros_plugins
+        from tridentflow_airflow.compat import load_listeners_and_macros
 
-        get_listener_manager()
-        integrate_macros_plugins()
+        load_listeners_and_macros()
     except Exception:  # the task runner loads them itself, and reports what fails there
         pass
 

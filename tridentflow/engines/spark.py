@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import pickle
 import re
@@ -332,11 +333,13 @@ def connect_deadlines() -> tuple[float, float, float]:
     )
 
 
-def _bound_client(session: SparkSession, call_s: float, retry_s: float) -> None:
+def _bound_client(session: SparkSession, call_s: float, retry_s: float) -> bool:
     """Give a Connect client bounded calls: every RPC but a job's execution stream has a
     deadline of ``call_s``, and a server that stops answering is retried for about
-    ``retry_s`` seconds in all (backoff 0.2, 0.4, ... 5 s), not the client's 10+ minutes."""
-    from pyspark.sql.connect.client.core import RpcDeadlines
+    ``retry_s`` seconds in all (backoff 0.2, 0.4, ... 5 s), not the client's 10+ minutes.
+
+    Per-call deadlines need pyspark >= 4.3 (``RpcDeadlines``); an older client gets the retry
+    budget only, and False: its caller bounds the handshake itself (``_round_trip``)."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     waits, total = 0, 0.0
@@ -345,17 +348,24 @@ def _bound_client(session: SparkSession, call_s: float, retry_s: float) -> None:
         if total + step > retry_s:
             break
         total, waits = total + step, waits + 1
-    policy = DefaultPolicy(
-        max_retries=waits,
-        initial_backoff=200,
-        backoff_multiplier=2.0,
-        max_backoff=5000,
-        jitter=100,
-        max_server_retry_delay=int(retry_s * 1000),
+    settings = {
+        "max_retries": waits,
+        "initial_backoff": 200,
+        "backoff_multiplier": 2.0,
+        "max_backoff": 5000,
+        "jitter": 100,
+        "max_server_retry_delay": int(retry_s * 1000),  # pyspark >= 4.1
+    }
+    accepted = inspect.signature(DefaultPolicy.__init__).parameters
+    session.client.set_retry_policies(
+        [DefaultPolicy(**{k: v for k, v in settings.items() if k in accepted})]
     )
-    session.client.set_retry_policies([policy])
+    try:
+        from pyspark.sql.connect.client.core import RpcDeadlines
+    except ImportError:  # pyspark 4.0 - 4.2
+        return False
     quick = max(call_s, 1.0)
-    session.client._rpc_deadlines = RpcDeadlines(  # pinned pyspark; tests/test_spark.py checks
+    session.client._rpc_deadlines = RpcDeadlines(  # tests/test_connect_deadlines.py checks
         reattachable_execute_plan=600.0,
         reattach_execute=600.0,
         analyze_plan=quick,
@@ -368,6 +378,31 @@ def _bound_client(session: SparkSession, call_s: float, retry_s: float) -> None:
         get_status=quick,
         fetch_error_details=quick,
     )
+    return True
+
+
+def _round_trip(session: SparkSession, timeout: float, bounded: bool) -> None:
+    """Ask the server its version; an unbounded client (pyspark < 4.3) waits in a daemon
+    thread, so that a port that accepts and never answers fails within ``timeout``."""
+    if bounded:
+        session.version  # noqa: B018
+        return
+    outcome: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            session.version  # noqa: B018
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    asking = threading.Thread(target=ask, name="tridentflow-connect-handshake", daemon=True)
+    asking.start()
+    asking.join(timeout)
+    if not outcome:
+        raise TridentflowError("DEADLINE_EXCEEDED: no answer to the handshake")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 class _SessionClosed(Exception):
@@ -388,8 +423,8 @@ def _connect(url: str, app_name: str) -> SparkSession:
     session = None
     try:
         session = SparkSession.builder.remote(url).create()  # create() itself makes no call
-        _bound_client(session, handshake, min(retry_s, handshake))
-        session.version  # noqa: B018 (the round trip)
+        bounded = _bound_client(session, handshake, min(retry_s, handshake))
+        _round_trip(session, handshake, bounded)
         _bound_client(session, max(handshake, 60.0), retry_s)
         session._tridentflow_endpoint = shown  # type: ignore[attr-defined]
         return session

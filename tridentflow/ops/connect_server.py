@@ -1,12 +1,13 @@
 """A local Spark Connect server for development and single-machine deployments.
 
 ``tridentflow spark-connect [--port P] [--master M]`` starts one with pyspark's own
-``sbin/start-connect-server.sh`` (SPARK_HOME is the installed pyspark package; its jars hold
-the Connect server), with logs and the pid file under ``HOME/spark-connect``; ``--stop`` stops
-it. A warm server spares every emit the ~10 s JVM start of a ``spark-submit``: clients
-(``tridentflow run --remote sc://HOST:PORT``, or an Airflow emit task whose Spark connection is
-of type ``spark_connect``) attach in well under a second. Its Python workers run this
-interpreter, so pipelines importable here are importable there.
+``sbin/spark-daemon.sh`` (SPARK_HOME is the installed pyspark package; its jars hold the
+Connect server since 4.0, though 4.0's wheel lacks the ``start-connect-server.sh`` wrapper),
+with logs and the pid file under ``HOME/spark-connect``; ``--stop`` stops it. A warm server
+spares every emit the ~10 s JVM start of a ``spark-submit``: clients (``tridentflow run
+--remote sc://HOST:PORT``, or an Airflow emit task whose Spark connection is of type
+``spark_connect``) attach in well under a second. Its Python workers run this interpreter, so
+pipelines importable here are importable there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError
 
 DEFAULT_PORT = 15002
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+"""What ``sbin/start-connect-server.sh`` runs through ``spark-daemon.sh`` (instance 1)."""
 
 
 def spark_home() -> Path:
@@ -54,6 +57,7 @@ def _env(home: Path, port: int) -> dict[str, str]:
         "SPARK_LOG_DIR": str(directory / "logs"),
         "SPARK_PID_DIR": str(directory),
         "SPARK_IDENT_STRING": f"tridentflow-{port}",
+        "SPARK_CONNECT_MODE": "0",  # spark-submit starts the server, not a Connect client
         "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         # its Python workers import pipelines (module:attribute) as the CLI does: from here
@@ -72,9 +76,14 @@ def start(
         return url(port)
     env = _env(home, port)
     Path(env["SPARK_LOG_DIR"]).mkdir(parents=True, exist_ok=True)
-    script = spark_home() / "sbin" / "start-connect-server.sh"
+    daemon = spark_home() / "sbin" / "spark-daemon.sh"
     argv = [
-        str(script),
+        str(daemon),
+        "submit",
+        SERVER_CLASS,
+        "1",
+        "--name",
+        "Spark Connect server",
         "--master",
         master,
         "--conf",
@@ -91,7 +100,7 @@ def start(
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise TridentflowError(
-            f"start-connect-server.sh failed: {(done.stderr or done.stdout).strip()[-300:]}"
+            f"the Spark Connect server did not start: {(done.stderr or done.stdout).strip()[-300:]}"
         )
     deadline = time.monotonic() + timeout
     while not answering(port):
@@ -108,8 +117,9 @@ def stop(home: Path, port: int = DEFAULT_PORT, timeout: float = 60) -> bool:
     """Stop the server this home started on ``port``; False if none was running."""
     if not answering(port):
         return False
-    script = spark_home() / "sbin" / "stop-connect-server.sh"
-    subprocess.run([str(script)], env=_env(home, port), capture_output=True, text=True)
+    daemon = spark_home() / "sbin" / "spark-daemon.sh"
+    argv = [str(daemon), "stop", SERVER_CLASS, "1"]
+    subprocess.run(argv, env=_env(home, port), capture_output=True, text=True)
     deadline = time.monotonic() + timeout
     while answering(port):
         if time.monotonic() > deadline:
