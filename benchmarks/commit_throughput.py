@@ -32,7 +32,6 @@ from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import LogSource, SourceMode
-from tridentflow.steps import committer
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
@@ -116,11 +115,10 @@ def run(args: argparse.Namespace, work: Path, client) -> None:
             for kind in (StateKind.OPAQUE, StateKind.TRANSACTIONAL):
                 rates = {}
                 for in_redis in (True, False):
-                    committer.IN_REDIS = in_redis
                     best = (0.0, 0.0)
                     for _ in range(args.repeat):
                         home = work / f"home-{op}-{kind.value}-{in_redis}"
-                        rt = Runtime(pipeline(op, kind), client, home)
+                        rt = Runtime(pipeline(op, kind), client, home, in_redis_ops=in_redis)
                         rt.ledger.reset(force=True)
                         rt.source_heads()
                         first, second = timed_commits(rt, args.keys, random.Random(7))
@@ -136,7 +134,6 @@ def run(args: argparse.Namespace, work: Path, client) -> None:
                     f"{slow[0]:>10,.0f} /{slow[1]:>10,.0f} {fast[1] / slow[1]:>8.1f}x"
                 )
     finally:
-        committer.IN_REDIS = True
         client.close()
         shutil.rmtree(work, ignore_errors=True)
 

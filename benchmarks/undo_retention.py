@@ -35,7 +35,6 @@ from benchmarks.commit_throughput import pipeline
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
-from tridentflow.steps import committer
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
@@ -55,12 +54,19 @@ def memory(client, key: str) -> int:
 
 
 def one_run(
-    client, home: Path, op: str, kind: StateKind, mode: str, keys: int, changed: int = 0
+    client,
+    home: Path,
+    op: str,
+    kind: StateKind,
+    mode: str,
+    keys: int,
+    changed: int = 0,
+    in_redis_ops: bool = True,
 ) -> dict:
     """Seconds of txids 2 and 3's commits in ``mode``, and the memory figures; ``changed``:
     txids 2 and 3 change only that many of the keys (default: all)."""
     changed = changed or keys
-    rt = Runtime(pipeline(op, kind), client, home)
+    rt = Runtime(pipeline(op, kind), client, home, in_redis_ops=in_redis_ops)
     rt.ledger.reset(force=True)
     rt.retain = 1 if mode == "on" else 0
     rt.source_heads()
@@ -127,23 +133,27 @@ def run(args: argparse.Namespace, work: Path, client) -> None:
         f"{'write path':<29} {'off':>10} {'on':>10} {'on/off':>7} {'snapshot':>10} {'snap/off':>8}"
     )
     figures = {}
-    try:
-        for label, op, kind, in_redis in PATHS:
-            committer.IN_REDIS = in_redis
-            best: dict[str, dict] = {}
-            for _ in range(args.repeat):
-                for mode in MODES:
-                    got = one_run(client, work / f"home-{op}-{mode}", op, kind, mode, args.keys)
-                    if mode not in best or got["rate"] > best[mode]["rate"]:
-                        best[mode] = got
-            off, on, snap = (best[m]["rate"] for m in MODES)
-            print(
-                f"{label:<29} {off:>10,.0f} {on:>10,.0f} {on / off:>6.2f}x {snap:>10,.0f} "
-                f"{snap / off:>7.2f}x"
-            )
-            figures[label] = best
-    finally:
-        committer.IN_REDIS = True
+    for label, op, kind, in_redis in PATHS:
+        best: dict[str, dict] = {}
+        for _ in range(args.repeat):
+            for mode in MODES:
+                got = one_run(
+                    client,
+                    work / f"home-{op}-{mode}",
+                    op,
+                    kind,
+                    mode,
+                    args.keys,
+                    in_redis_ops=in_redis,
+                )
+                if mode not in best or got["rate"] > best[mode]["rate"]:
+                    best[mode] = got
+        off, on, snap = (best[m]["rate"] for m in MODES)
+        print(
+            f"{label:<29} {off:>10,.0f} {on:>10,.0f} {on / off:>6.2f}x {snap:>10,.0f} "
+            f"{snap / off:>7.2f}x"
+        )
+        figures[label] = best
     print("Redis memory, bytes per key (MEMORY USAGE, after txid 2):")
     for label, best in figures.items():
         print(

@@ -175,3 +175,46 @@ def test_every_user_facing_class_is_importable_from_the_package():
     assert wanted <= public, sorted(wanted - public)
     for name in public:
         assert getattr(tridentflow, name) is not None
+
+
+SHIPPED = ["tridentflow", "state", "spark_jobs", "plugins"]
+"""The folders whose code ships (tests and benchmarks may patch what they test)."""
+
+
+def module_globals_set_from_outside(source: str) -> list[str]:
+    """``module.NAME = ...`` assignments in ``source`` (NAME in capitals: a setting), each as
+    ``module.NAME``: a value set at run time that every user of that module then sees."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.attr.isupper()
+                and target.value.id not in ("self", "cls")
+            ):
+                found.append(f"{target.value.id}.{target.attr}")
+    return found
+
+
+def test_no_setting_is_a_module_global_assigned_from_outside():
+    """What a step needs travels with it (a Runtime, an ExportContext): no shipped module sets
+    another's capitalised global at run time, so two pipelines in one process (the view, a
+    test) cannot see each other's settings (issue 39: kafka.CONFIG_RESOLVER,
+    postgres.CONNECTION_RESOLVER and committer.IN_REDIS were)."""
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for folder in SHIPPED
+        for path in (ROOT / folder).rglob("*.py")
+        if (found := module_globals_set_from_outside(path.read_text()))
+    }
+    assert not offenders, offenders
+
+
+def test_the_global_setting_check_finds_one():
+    planted = "from tridentflow.sources import kafka\n\ndef f():\n    kafka.CONFIG_RESOLVER = g\n"
+    assert module_globals_set_from_outside(planted) == ["kafka.CONFIG_RESOLVER"]
+    assert module_globals_set_from_outside("self.LIMIT = 3\nx.limit = 2\n") == []

@@ -7,13 +7,15 @@ submit to yarn).
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
+from tridentflow.connections import Connections
 from tridentflow.errors import TridentflowError
 from tridentflow.redisconn import CA_PARAM, with_ca
+from tridentflow_airflow.compat import AirflowNotFoundException
 
 TRUE = ("1", "true", "yes")
 
@@ -47,21 +49,42 @@ class TridentflowRedisHook(BaseHook):
         self.redis_conn_id = redis_conn_id
 
     def get_url(self) -> str:
-        conn = _connection(
-            self.redis_conn_id, '{"conn_type":"redis","host":"127.0.0.1","port":6379}'
+        """The Redis URL of the connection, looked up through the Task SDK (in a task)."""
+        return redis_url_of(
+            _connection(self.redis_conn_id, '{"conn_type":"redis","host":"127.0.0.1","port":6379}'),
+            self.redis_conn_id,
         )
-        if not conn.host:
-            raise MissingConnectionError(f"Airflow connection {self.redis_conn_id!r} has no host")
-        extra = conn.extra_dejson
-        db = extra.get("db", conn.schema or 0)
-        tls = conn.conn_type == "rediss" or str(extra.get("ssl", "")).lower() in TRUE
-        auth = ""
-        if conn.password:
-            auth = f"{quote(conn.login or '', safe='')}:{quote(conn.password, safe='')}@"
-        url = f"{'rediss' if tls else 'redis'}://{auth}{conn.host}:{conn.port or 6379}/{int(db)}"
-        if extra.get(CA_PARAM):
-            url = with_ca(url, extra[CA_PARAM])
-        return url
+
+
+def redis_url_of(conn: Any, conn_id: str) -> str:
+    """The redis-py URL of an Airflow ``redis`` (or ``rediss``) connection: host, port,
+    login/password, ``extra.db`` or the schema as the database, ``extra.ssl`` or the type for
+    TLS, ``extra.ssl_ca_certs`` as the CA file."""
+    if not conn.host:
+        raise MissingConnectionError(f"Airflow connection {conn_id!r} has no host")
+    extra = conn.extra_dejson
+    db = extra.get("db", conn.schema or 0)
+    tls = conn.conn_type == "rediss" or str(extra.get("ssl", "")).lower() in TRUE
+    auth = ""
+    if conn.password:
+        auth = f"{quote(conn.login or '', safe='')}:{quote(conn.password, safe='')}@"
+    url = f"{'rediss' if tls else 'redis'}://{auth}{conn.host}:{conn.port or 6379}/{int(db)}"
+    if extra.get(CA_PARAM):
+        url = with_ca(url, extra[CA_PARAM])
+    return url
+
+
+def server_redis_url(conn_id: str = TridentflowRedisHook.default_conn_name) -> str | None:
+    """The Redis URL of connection ``conn_id`` as an Airflow server (the api-server, where the
+    view runs) finds it: environment, secrets backends, then the metadata DB - the connection
+    the tasks use. None if it is not defined."""
+    from airflow.models.connection import Connection
+
+    try:
+        conn = Connection.get_connection_from_secrets(conn_id)
+    except AirflowNotFoundException:
+        return None
+    return redis_url_of(conn, conn_id)
 
 
 def check_spark_connection(conn_id: str) -> str:
@@ -72,17 +95,20 @@ def check_spark_connection(conn_id: str) -> str:
     return conn.host if not conn.port else f"{conn.host}:{conn.port}"
 
 
-def postgres_dsn(conn_id: str) -> str | None:
-    """The libpq DSN of Airflow connection ``conn_id`` (a ``postgres`` connection: host,
-    port, login, password, schema = the database); None if it is not defined. Installed as
-    tridentflow.sinks.postgres.CONNECTION_RESOLVER by the export task."""
-    from tridentflow.sinks.postgres import dsn_of_uri
-
+def connection_uri(conn_id: str) -> str | None:
+    """Airflow connection ``conn_id`` as a URI (a PostgresSink's ``conn_id``: host, port,
+    login, password, schema = the database); None if it is not defined."""
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
         return None
-    return dsn_of_uri(conn.get_uri())
+    return conn.get_uri()
+
+
+def airflow_connections() -> Connections:
+    """Airflow's connections as tridentflow's sources and sinks look them up
+    (tridentflow.connections): the operators and the view pass them with their runtime."""
+    return Connections(uri=connection_uri, settings=kafka_config)
 
 
 KAFKA_CONN_ID = "kafka_default"
@@ -92,7 +118,7 @@ def kafka_config(conn_id: str = KAFKA_CONN_ID) -> dict[str, str] | None:
     """The confluent-kafka client settings of Airflow connection ``conn_id``: its extra JSON,
     as the apache-kafka provider's ``kafka`` connection type keeps them
     (``{"bootstrap.servers": ..., "security.protocol": ..., "sasl.password": ...}``); None if
-    it is not defined. Installed as tridentflow.sources.kafka.CONFIG_RESOLVER by the tasks."""
+    it is not defined."""
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:

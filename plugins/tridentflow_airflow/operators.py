@@ -41,9 +41,9 @@ from tridentflow.steps.runtime import Runtime, resolve_home
 from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.hooks import (
     TridentflowRedisHook,
+    airflow_connections,
     check_spark_connection,
     kafka_config,
-    postgres_dsn,
 )
 from tridentflow_airflow.links import TridentflowRunLink
 from tridentflow_state.ledger import DEFAULT_LEASE_MS
@@ -86,11 +86,15 @@ class TridentflowTask:
         return int(self.lease.total_seconds() * 1000) or DEFAULT_LEASE_MS
 
     def runtime(self) -> Runtime:
-        from tridentflow.sources import kafka
-
-        kafka.CONFIG_RESOLVER = kafka_config  # a KafkaSource without brokers of its own
+        """The pipeline's runtime: Redis through the connection, Airflow's connections for a
+        source or sink that names none of its own."""
         url = TridentflowRedisHook(self.redis_conn_id).get_url()
-        return Runtime.open(load_pipeline(self.pipeline), redis_url=url, home=self.home)
+        return Runtime.open(
+            load_pipeline(self.pipeline),
+            redis_url=url,
+            home=self.home,
+            connections=airflow_connections(),
+        )
 
 
 def run_state(context: Any) -> RunState:
@@ -124,9 +128,9 @@ def report_figures(rt: Runtime) -> None:
     StatsD or OpenTelemetry setup gets them from every coordinate and commit. Best effort:
     a figure that cannot be read or sent never fails the task."""
     try:
-        from airflow.sdk.observability.stats import Stats
+        from tridentflow_airflow.compat import airflow_stats
 
-        metrics.send_to_airflow_stats(rt.pipeline.name, metrics.figures(rt), Stats)
+        metrics.send_to_airflow_stats(rt.pipeline.name, metrics.figures(rt), airflow_stats())
     except Exception as exc:
         log.warning("tridentflow: figures not sent to Airflow's metrics: %s", one_line(exc))
 
@@ -330,9 +334,7 @@ class ExportOperator(TridentflowTask, BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from tridentflow.ops.export import export
-        from tridentflow.sinks import postgres
 
-        postgres.CONNECTION_RESOLVER = postgres_dsn
         rt = self.runtime()
         txid = rt.ledger.txid_of_run(context["run_id"])
         results = export(rt, upto=txid)

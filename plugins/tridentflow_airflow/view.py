@@ -41,6 +41,7 @@ import hmac
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -59,17 +60,15 @@ from tridentflow.ops import metrics
 from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
 from tridentflow.ops.status import pending_txid, replays_after_commit, status
 from tridentflow.pipeline import Pipeline
-from tridentflow.redisconn import redacted, resolve_redis_url, scrubbed
+from tridentflow.redisconn import REDIS_URL_ENV, redacted, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
-from tridentflow.sources import kafka as kafka_source
 from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.dag_factory import default_dag_id
-from tridentflow_airflow.hooks import kafka_config
+from tridentflow_airflow.hooks import airflow_connections, server_redis_url
 from tridentflow_state.errors import StateError
 
 log = logging.getLogger(__name__)
-kafka_source.CONFIG_RESOLVER = kafka_config  # the view reads a KafkaSource's heads as tasks do
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
 PAGE = Path(__file__).with_name("static") / "tridentflow.html"
 METRICS_TOKEN_ENV = "TRIDENTFLOW_METRICS_TOKEN"
@@ -165,7 +164,9 @@ def runtime(name: str | Pipeline) -> Iterator[Runtime]:
     if pipeline is None:
         raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
     try:
-        rt = Runtime.open(pipeline)
+        rt = Runtime.open(  # Airflow's connections: it reads a KafkaSource's heads as tasks do
+            pipeline, redis_url=view_redis_url(), connections=airflow_connections()
+        )
     except TridentflowError as exc:
         raise HTTPException(status_code=503, detail=_safe(one_line(exc))) from None
     try:
@@ -176,9 +177,41 @@ def runtime(name: str | Pipeline) -> Iterator[Runtime]:
         rt.client.close()
 
 
+REDIS_LOOKUP_TTL_S = 10.0
+"""How long the view keeps the Redis URL it looked up (a changed connection shows after)."""
+_redis_lookup: dict[tuple[str | None, str | None], tuple[float, str]] = {}
+
+
+def view_redis_url() -> str:
+    """The Redis the view reads: the ``redis_default`` Airflow connection, the one the tasks
+    write through (docs/install.md), else ``TRIDENTFLOW_REDIS_URL``; neither is a one-line
+    503. Looked up at most every ``REDIS_LOOKUP_TTL_S`` seconds (the lookup may read the
+    metadata DB), afresh when either setting in the environment changes."""
+    key = (os.environ.get("AIRFLOW_CONN_REDIS_DEFAULT"), os.environ.get(REDIS_URL_ENV))
+    known = _redis_lookup.get(key)
+    if known is not None and time.monotonic() - known[0] < REDIS_LOOKUP_TTL_S:
+        return known[1]
+    try:
+        url = server_redis_url() or key[1]
+    except TridentflowError as exc:
+        raise HTTPException(status_code=503, detail=one_line(exc)) from None
+    if url is None:
+        raise HTTPException(
+            status_code=503,
+            detail="no Redis to read: define the Airflow connection 'redis_default' (the one "
+            f"the tasks use) or set {REDIS_URL_ENV} in the api-server's environment",
+        )
+    _redis_lookup.clear()
+    _redis_lookup[key] = (time.monotonic(), url)
+    return url
+
+
 def _safe(text: str) -> str:
     """``text`` without the Redis URL's password."""
-    url = resolve_redis_url()
+    try:
+        url = view_redis_url()
+    except HTTPException:
+        return scrubbed(text, "")
     return scrubbed(text.replace(url, redacted(url)), url)
 
 
@@ -259,7 +292,7 @@ def list_pipelines() -> dict[str, Any]:
             unreadable.append({"pipeline": pipeline.name, "error": _safe(one_line(result))})
         else:
             out.append(result)
-    body = {"pipelines": out, "unreadable": unreadable, "redis": redacted(resolve_redis_url())}
+    body = {"pipelines": out, "unreadable": unreadable, "redis": redacted(view_redis_url())}
     if unreadable and not out:
         reason = unreadable[0]["error"]
         detail = f"no pipeline can be read from Redis {body['redis']}: {reason}"
@@ -525,9 +558,19 @@ def list_state_page(
 def get_metrics() -> Response:
     """Every pipeline's figures in Prometheus text format (``tridentflow_up`` 0 with the
     reason left out for a pipeline that cannot be read: the others still report)."""
-    openers = [(p.name, partial(Runtime.open, p)) for p in known_pipelines().values()]
+    try:
+        opener = partial(
+            Runtime.open, redis_url=view_redis_url(), connections=airflow_connections()
+        )
+    except HTTPException as exc:  # every pipeline down, for the one reason
+        opener = partial(_unreadable, str(exc.detail))
+    openers = [(p.name, partial(opener, p)) for p in known_pipelines().values()]
     text = metrics.prometheus_text(metrics.collect(openers, read_deadline_s()))
     return Response(content=text, media_type=metrics.PROMETHEUS_CONTENT_TYPE)
+
+
+def _unreadable(reason: str, _pipeline: Pipeline) -> Runtime:
+    raise TridentflowError(reason)
 
 
 @app.get("/ui", include_in_schema=False)

@@ -52,6 +52,38 @@ def test_without_authentication_every_route_is_refused(redis_url, monkeypatch):
     assert {"/openapi.json", "/docs", "/redoc", "/ui", "/api/pipelines"} <= walked
 
 
+def test_the_view_reads_the_redis_the_tasks_write_through(client, redis_url, home, monkeypatch):
+    """Configured as docs/install.md says (the ``redis_default`` connection only), the view
+    reads the ledger the tasks wrote; the connection wins over a stale TRIDENTFLOW_REDIS_URL;
+    neither set is a one-line 503 naming both (found by tests/test_versions.py: a vanilla
+    Airflow's view showed txid 0 while the tasks had committed 2)."""
+    import json as _json
+
+    from tridentflow_airflow.launcher import redis_connection
+
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(4))
+    coordinate_run(rt, "manual__1", batch_size=10)
+    emit_run(rt, "manual__1", LocalEngine())
+    commit_run(rt, "manual__1")
+    connection = _json.dumps(redis_connection(redis_url))
+    for stale in (None, "redis://127.0.0.1:1/0"):
+        if stale is None:
+            monkeypatch.delenv("TRIDENTFLOW_REDIS_URL")
+        else:
+            monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", stale)
+        monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", connection)
+        assert client.get("/api/pipelines/wordcount").json()["committed_txid"] == 1
+    monkeypatch.delenv("AIRFLOW_CONN_REDIS_DEFAULT")
+    monkeypatch.delenv("TRIDENTFLOW_REDIS_URL")
+    refused = client.get("/api/pipelines/wordcount")
+    assert refused.status_code == 503
+    assert refused.json()["detail"] == (
+        "no Redis to read: define the Airflow connection 'redis_default' (the one the tasks "
+        "use) or set TRIDENTFLOW_REDIS_URL in the api-server's environment"
+    )
+
+
 def test_the_view_shows_the_ledger_states_quarantine_and_audit(client, redis_url, home):
     rt = runtime("wordcount", redis_url, home)
     lines = sentences(12)

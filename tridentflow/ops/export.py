@@ -84,6 +84,7 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
         replica_timeout_ms=rt.replica_timeout_ms,
         lineage=rt.ledger.lineage(),
         generation_now=rt.ledger.current_generation,
+        connections=rt.connections,
     )
     if not rt.faults.faults and hook is None:
         return base

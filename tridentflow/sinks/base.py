@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 
+from tridentflow.connections import NONE, Connections
 from tridentflow.errors import TridentflowError
 
 Row = tuple[Any, ...]
@@ -42,6 +43,9 @@ class ExportContext:
     generation_now: Callable[[], str | None] = lambda: None
     """The pipeline's generation in Redis now (None: unknown): a sink that waited (a lock)
     checks it before it writes, so an export overtaken by a reset or a rewind writes nothing."""
+    connections: Connections = NONE
+    """The deployment's named connections, for a sink that names none of its own (under
+    Airflow: Airflow's; tridentflow.connections)."""
 
 
 class Sink(ABC):

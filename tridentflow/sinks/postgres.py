@@ -26,17 +26,15 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tridentflow.connections import NONE, Connections
 from tridentflow.sinks.base import ExportContext, Row, Sink, SinkError
 
 DSN_ENV = "TRIDENTFLOW_POSTGRES_DSN"
 PROGRESS_TABLE = "tridentflow_progress"
 
-CONNECTION_RESOLVER: Callable[[str], str | None] | None = None
-"""Set by the Airflow plugin: an Airflow connection id -> a libpq DSN (None: no such
-connection). tridentflow itself does not import Airflow."""
 
 _PY_TYPES: list[tuple[type, str]] = [
     (bool, "boolean"),  # before int: bool is an int
@@ -364,16 +362,17 @@ class PostgresSink(Sink):
     def value_fields(self) -> tuple[str, ...]:
         return tuple(f for f in self.fields if f not in self.key_fields)
 
-    def resolve_dsn(self) -> str:
+    def resolve_dsn(self, connections: Connections = NONE) -> str:
+        """The sink's own ``dsn``, else ``TRIDENTFLOW_POSTGRES_DSN``, else the deployment's
+        connection ``conn_id`` (under Airflow: Airflow's); SinkError (one line) if none."""
         if self.dsn:
             return self.dsn
         env = os.environ.get(DSN_ENV)
         if env:
             return env
-        if CONNECTION_RESOLVER is not None:
-            found = CONNECTION_RESOLVER(self.conn_id)
-            if found:
-                return found
+        found = connections.uri(self.conn_id)
+        if found:
+            return dsn_of_uri(found)
         raise SinkError(
             f"sink {self.name}: no PostgreSQL to write to: set {DSN_ENV} (e.g. "
             f"postgresql://postgres@127.0.0.1:5432/postgres), pass dsn=..., or under Airflow "
@@ -395,11 +394,11 @@ class PostgresSink(Sink):
         return f"PostgreSQL table {self.table} ({where})"
 
     # -- connection ---------------------------------------------------------------------------
-    def _connection(self) -> Any:
+    def _connection(self, ctx: ExportContext) -> Any:
         psycopg = _psycopg()
         if self._conn is not None and not self._conn.closed:
             return self._conn
-        dsn = self.resolve_dsn()
+        dsn = self.resolve_dsn(ctx.connections)
         try:
             self._conn = psycopg.connect(dsn, connect_timeout=10)
             self._progress_ready = False
@@ -495,7 +494,7 @@ class PostgresSink(Sink):
 
     def position(self, ctx: ExportContext) -> int:
         psycopg = _psycopg()
-        conn = self._connection()
+        conn = self._connection(ctx)
         try:
             return self._position(conn, ctx)
         except psycopg.Error as exc:
@@ -532,7 +531,7 @@ class PostgresSink(Sink):
         self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
     ) -> bool:
         psycopg = _psycopg()
-        conn = self._connection()
+        conn = self._connection(ctx)
         try:
             return self._apply(conn, ctx, txid, rows, replace_all)
         except SinkError:

@@ -27,9 +27,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+from tridentflow.connections import NONE, Connections
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import encode_record
@@ -41,10 +42,9 @@ BOOTSTRAP_ENV = "TRIDENTFLOW_KAFKA_BOOTSTRAP"
 CONFIG_ENV = "TRIDENTFLOW_KAFKA_CONFIG"
 """A JSON object of client settings (what the Airflow emit task hands its spark-submit: the
 ``kafka_default`` connection's settings, off the command line)."""
-CONFIG_RESOLVER: Callable[[], dict[str, str] | None] | None = None
-"""Set under Airflow (tridentflow_airflow.hooks.kafka_config): the ``kafka_default``
-connection's client settings, used when neither the source nor the environment names
-brokers."""
+CONN_ID = "kafka_default"
+"""The deployment's connection (tridentflow.connections) a KafkaSource without brokers uses
+(under Airflow: the apache-kafka provider's connection of that name)."""
 GROUP_PREFIX = "tridentflow."
 """Consumer group a reader commits its committed offsets under (``tridentflow.PIPELINE``):
 Kafka's own tools show its lag. Reads never depend on it."""
@@ -55,16 +55,16 @@ whose last offsets hold no record never fills its batch)."""
 CLIENT_ID = "tridentflow"
 
 
-def resolve_config(source: KafkaSource) -> dict[str, str]:
+def resolve_config(source: KafkaSource, connections: Connections = NONE) -> dict[str, str]:
     """The client settings: the source's own, then brokers from ``TRIDENTFLOW_KAFKA_BOOTSTRAP``,
-    then the Airflow connection (or ``TRIDENTFLOW_KAFKA_CONFIG``, its copy in a spark-submit);
-    SourceError (one line) if none names brokers."""
+    then the deployment's ``kafka_default`` connection (or ``TRIDENTFLOW_KAFKA_CONFIG``, its
+    copy in a spark-submit); SourceError (one line) if none names brokers."""
     config = dict(source.config)
     if "bootstrap.servers" in config:
         return config
     if os.environ.get(BOOTSTRAP_ENV):
         return {**config, "bootstrap.servers": os.environ[BOOTSTRAP_ENV]}
-    found = CONFIG_RESOLVER() if CONFIG_RESOLVER is not None else None
+    found = connections.settings(CONN_ID)
     if not found and os.environ.get(CONFIG_ENV):
         try:
             found = {str(k): str(v) for k, v in json.loads(os.environ[CONFIG_ENV]).items()}
@@ -109,10 +109,16 @@ class KafkaLog:
         self._admin_: Any = None
 
     @classmethod
-    def for_source(cls, source: KafkaSource, pipeline: str, topic_ids: Any = None) -> KafkaLog:
+    def for_source(
+        cls,
+        source: KafkaSource,
+        pipeline: str,
+        topic_ids: Any = None,
+        connections: Connections = NONE,
+    ) -> KafkaLog:
         return cls(
             source.topic_name(pipeline),
-            resolve_config(source),
+            resolve_config(source, connections),
             pipeline,
             source.value_format,
             source.timeout_s,

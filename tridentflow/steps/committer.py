@@ -102,16 +102,14 @@ class _ApplyStaged:
 IN_REDIS_OPS: dict[type, str] = {Count: "count", Sum: "sum", Min: "min", Max: "max", Mean: "mean"}
 """Built-in combiners applied inside Redis (exact types: a subclass may override combine)."""
 
-IN_REDIS = True
-"""Whether the commit applies IN_REDIS_OPS inside Redis (benchmarks turn it off to compare)."""
-
 IN_REDIS_CHUNK = 5000
 """Keys per APPLY_NUMERIC call: fewer round trips; one call holds Redis for ~25 ms."""
 
 
-def in_redis_op(persisted: Persistable) -> str | None:
-    """The APPLY_NUMERIC op for a built-in numeric combiner, None for anything else."""
-    return IN_REDIS_OPS.get(type(persisted)) if IN_REDIS else None
+def in_redis_op(persisted: Persistable, enabled: bool = True) -> str | None:
+    """The APPLY_NUMERIC op for a built-in numeric combiner, None for anything else (and for
+    everything when not ``enabled``: ``Runtime.in_redis_ops``)."""
+    return IN_REDIS_OPS.get(type(persisted)) if enabled else None
 
 
 def _apply_python(state: MapState, name: str, persisted: Persistable, chunk: Sequence) -> None:
@@ -320,7 +318,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     shards = rt.keyspace.shards
     with ThreadPoolExecutor(max_workers=shards, thread_name_prefix="tf-commit") as pool:
         for name, (state, persisted) in maps.items():
-            op = in_redis_op(persisted)
+            op = in_redis_op(persisted, rt.in_redis_ops)
             items = staged.lines(name) if op else staged.items(name)
             size = IN_REDIS_CHUNK * shards if op else CHUNK
             in_flight: _InFlight | None = None  # one chunk in Redis while the next is read

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from tridentflow.connections import NONE, Connections
 from tridentflow.errors import (
     InvalidNameError,
     PartitionUnavailable,
@@ -121,6 +122,12 @@ class Runtime:
     retain: int | None = None
     """Txids of undo logs to keep, over the pipeline's ``retain_txids`` and the environment
     (``run --retain-txids``; see ``retain_txids``)."""
+    connections: Connections = NONE
+    """The deployment's named connections, for a source or sink that names none of its own
+    (under Airflow: Airflow's, which the operators and the view pass; tridentflow.connections)."""
+    in_redis_ops: bool = True
+    """Whether the commit applies the built-in numeric combiners inside Redis (committer
+    ``IN_REDIS_OPS``); benchmarks turn it off to compare with the Python path."""
 
     @classmethod
     def open(
@@ -131,6 +138,7 @@ class Runtime:
         faults: FaultPlan | None = None,
         namespace: str | None = None,
         redis_ca: str | None = None,
+        connections: Connections = NONE,
     ) -> Runtime:
         """Connect and check that the Redis user may touch this pipeline's keys."""
         url = resolve_redis_url(redis_url, redis_ca)
@@ -141,6 +149,7 @@ class Runtime:
             faults if faults is not None else FaultPlan.from_env(),
             url,
             resolve_namespace(namespace),
+            connections=connections,
         )
         check_access(rt.client, KeySpace(rt.pipeline.name, rt.namespace), url)
         return rt
@@ -212,7 +221,9 @@ class Runtime:
             return build_custom_log(source, self.pipeline.name)
         if isinstance(source, KafkaSource):
             identity = RedisValue(self.client, self.keyspace.source_identity)
-            return KafkaLog.for_source(source, self.pipeline.name, topic_ids=identity)
+            return KafkaLog.for_source(
+                source, self.pipeline.name, topic_ids=identity, connections=self.connections
+            )
         if isinstance(source, RedisStreamSource):
             keyspace = KeySpace(self.pipeline.name, self.namespace)
             streams = source.stream_keys(self.pipeline.name, self.namespace)
