@@ -163,3 +163,38 @@ def test_the_bounded_reader_answers_fast_reads_slow_ones_and_never_deadlocks():
     assert isinstance(again["slow"], TimedOut) and len(started) == 1
     release.set()
     assert reader.read_all({"slow": slow}, 5)["slow"] == "late"
+
+
+def test_a_pipeline_nobody_configured_is_not_reported_down(
+    redis_url, redis_client, home, monkeypatch
+):
+    """A bundled Kafka pipeline with no brokers anywhere (a fresh start): it is reported
+    ``tridentflow_configured`` 0 and has no ``tridentflow_up``, so the documented alert on
+    up == 0 does not fire out of the box (issue 36 item 4); a configured pipeline is
+    configured 1 and up 1, and one whose Redis is gone is still up 0."""
+    from tridentflow.sources.kafka import BOOTSTRAP_ENV, CONFIG_ENV
+
+    monkeypatch.delenv(BOOTSTRAP_ENV, raising=False)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    committed_twice_and_one_pending(redis_url, home)
+    kafka = load_pipeline("wordcount-kafka")
+    dead_url = f"redis://127.0.0.1:{free_port()}/0"
+    collected = metrics.collect(
+        [
+            ("wordcount", partial(Runtime.open, load_pipeline("wordcount"), redis_url, home)),
+            ("wordcount-kafka", partial(Runtime.open, kafka, redis_url, home)),
+            ("elsewhere", partial(Runtime.open, load_pipeline("wordcount"), dead_url, home)),
+        ]
+    )
+    assert not collected[1].configured and "needs brokers" in (collected[1].error or "")
+    text = metrics.prometheus_text(collected).decode()
+    samples = {
+        (s.name, s.labels["pipeline"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("tridentflow_configured", "wordcount-kafka")] == 0.0
+    assert ("tridentflow_up", "wordcount-kafka") not in samples
+    assert samples[("tridentflow_configured", "wordcount")] == 1.0
+    assert samples[("tridentflow_up", "wordcount")] == 1.0
+    assert samples[("tridentflow_up", "elsewhere")] == 0.0

@@ -28,6 +28,12 @@ class SourceError(TridentflowError):
     """The source log is missing, malformed, or a range cannot be read."""
 
 
+class NotConfigured(SourceError):
+    """The pipeline lacks a setting it needs (its message says which, and where to give it):
+    it is not configured, which is not a failure - the view shows it as such, and the metrics
+    report ``tridentflow_configured`` 0 instead of ``tridentflow_up`` 0."""
+
+
 class PartitionUnavailable(SourceError):
     """A partition cannot be read right now (a dark partition)."""
 

@@ -55,7 +55,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from tridentflow.errors import TridentflowError, one_line
+from tridentflow.errors import NotConfigured, TridentflowError, one_line
 from tridentflow.ops import metrics
 from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
 from tridentflow.ops.status import pending_txid, replays_after_commit, status
@@ -156,6 +156,11 @@ def known_pipelines() -> dict[str, Pipeline]:
     return found
 
 
+class NotConfiguredError(HTTPException):
+    """A pipeline that lacks a setting (tridentflow.errors.NotConfigured): listed apart, as
+    not configured, with what to set - not as a failure."""
+
+
 @contextmanager
 def runtime(name: str | Pipeline) -> Iterator[Runtime]:
     """A runtime of a pipeline (or of the one named ``name``: 404 if unknown); tridentflow and
@@ -171,6 +176,8 @@ def runtime(name: str | Pipeline) -> Iterator[Runtime]:
         raise HTTPException(status_code=503, detail=_safe(one_line(exc))) from None
     try:
         yield rt
+    except NotConfigured as exc:
+        raise NotConfiguredError(status_code=409, detail=_safe(one_line(exc))) from None
     except (TridentflowError, StateError) as exc:
         raise HTTPException(status_code=409, detail=_safe(one_line(exc))) from None
     finally:
@@ -280,19 +287,26 @@ def list_pipelines() -> dict[str, Any]:
     """Every pipeline's summary; those that cannot be read are listed with the one-line
     reason. 503 (JSON, the same fields and a ``detail``) when none can be read: Redis is
     unreachable or refuses this view."""
-    out, unreadable = [], []
+    out, unreadable, not_configured = [], [], []
     pipelines = list(known_pipelines().values())
     reads = {f"summary:{p.name}": partial(_summary_of, p) for p in pipelines}
     results = READER.read_all(reads, read_deadline_s())  # concurrently, within the bound
     for pipeline in pipelines:
         result = results[f"summary:{pipeline.name}"]
-        if isinstance(result, HTTPException):  # e.g. a Redis ACL user limited to others
+        if isinstance(result, NotConfiguredError):  # nobody set it up: not a failure
+            not_configured.append({"pipeline": pipeline.name, "needs": result.detail})
+        elif isinstance(result, HTTPException):  # e.g. a Redis ACL user limited to others
             unreadable.append({"pipeline": pipeline.name, "error": result.detail})
         elif isinstance(result, Exception):  # not within the bound, or a failure of its own
             unreadable.append({"pipeline": pipeline.name, "error": _safe(one_line(result))})
         else:
             out.append(result)
-    body = {"pipelines": out, "unreadable": unreadable, "redis": redacted(view_redis_url())}
+    body = {
+        "pipelines": out,
+        "unreadable": unreadable,
+        "not_configured": not_configured,
+        "redis": redacted(view_redis_url()),
+    }
     if unreadable and not out:
         reason = unreadable[0]["error"]
         detail = f"no pipeline can be read from Redis {body['redis']}: {reason}"
@@ -322,12 +336,7 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
         states = run_states(rt.pipeline)
         out: dict[str, Any] = {"txid": txid, "pipeline": rt.pipeline.name, "dag_id": dag_id}
         metadata = rt.ledger.metadata(txid)
-        out["partitions"] = [
-            {"partition": int(p), "from": r[0], "to": r[1], "records": r[1] - r[0]}
-            for p, r in sorted(
-                ((metadata or {}).get("ranges") or {}).items(), key=lambda i: int(i[0])
-            )
-        ]
+        out["partitions"] = _partitions((metadata or {}).get("ranges") or {})
         out["runs"] = [
             {"run_id": run, "state": states(run), "adopted_by": adopter}
             for run, adopter in sorted(rt.ledger.runs_of_txid(txid).items())
@@ -335,6 +344,13 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
         if txid <= rt.ledger.committed_txid():
             entry = commit_entry(rt, txid)
             replays = replays_after_commit(rt, txid, entry) if entry else []
+            if not out["partitions"] and entry and entry.get("ranges"):  # from its commit
+                out["partitions"] = _partitions(entry["ranges"])
+            if not out["partitions"]:
+                out["partitions_note"] = (
+                    "the ledger no longer holds this txid's offset ranges (a txid committed "
+                    "before they were kept with its commit, or older than the history keeps)"
+                )
             return {**out, "status": "committed", "commit": entry, "replays": replays}
         return {
             **out,
@@ -342,6 +358,14 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
             **pending_txid(rt, txid),
             "metadata": metadata,
         }
+
+
+def _partitions(ranges: dict[str, list[int]]) -> list[dict[str, int]]:
+    """A txid's offset ranges as the page's Partitions rows, partition by partition."""
+    return [
+        {"partition": int(p), "from": r[0], "to": r[1], "records": r[1] - r[0]}
+        for p, r in sorted(ranges.items(), key=lambda i: int(i[0]))
+    ]
 
 
 async def current_user(

@@ -378,6 +378,21 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         page.goto(f"{api.base}/plugin/tridentflow")
         assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
         frame = page.frame_locator("iframe")
+        # the bundled Kafka pipelines, with no broker on this stack: shown muted as not
+        # configured, with what to set - the very line the REST answer holds - never red
+        request = urllib.request.Request(
+            f"{api.base}/tridentflow/api/pipelines",
+            headers={"Authorization": f"Bearer {api.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            listed = json.loads(response.read())
+        missing = {n["pipeline"]: n["needs"] for n in listed["not_configured"]}
+        assert set(missing) == {"wordcount-kafka", "wordcount-kafka-opaque"}, listed
+        for name, needs in missing.items():
+            line = frame.locator(f'[data-not-configured="{name}"]')
+            assert line.inner_text().strip() == f"{name}: not configured - {needs}"
+            assert line.get_attribute("class") == "muted"
+            assert frame.locator(f'[data-unreadable="{name}"]').count() == 0
         frame.locator("#key").fill("you")
         frame.locator("#lookup").click()
         shown = browser.frame_text(page, "#state-values tr:nth-child(2) td:nth-child(2)")

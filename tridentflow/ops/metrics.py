@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from tridentflow.errors import one_line
+from tridentflow.errors import NotConfigured, one_line
 from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER, BoundedReader
 from tridentflow.ops.status import status
 from tridentflow.steps.runs import first_started_ms
@@ -32,6 +32,10 @@ FIGURES: dict[str, str] = {
 }
 """Every figure, by name without the ``tridentflow_`` prefix, with its help text."""
 UP_HELP = "1 if the pipeline's ledger could be read, 0 if not (Redis unreachable, ...)."
+CONFIGURED_HELP = (
+    "1 if the pipeline has the settings it needs, 0 if not (e.g. a KafkaSource without brokers:"
+    " no tridentflow_up is reported for it)."
+)
 SINK_HELP = "Committed txids this sink has not applied yet (its position as its export recorded)."
 SINK_FAILING_HELP = "1 if this sink's last export failed (status and the view say why), else 0."
 
@@ -47,6 +51,10 @@ class PipelineFigures:
     """Lag in txids by sink (``tridentflow_sink_lag_txids_by_sink``)."""
     sinks_failing: dict[str, float] = field(default_factory=dict)
     """1/0 by sink: its last export failed (``tridentflow_sink_failing``)."""
+    configured: bool = True
+    """False: the pipeline lacks a setting (``error`` says which); it reports
+    ``tridentflow_configured`` 0 and no ``tridentflow_up``, so an alert on up == 0 does not
+    fire for a pipeline nobody set up."""
 
 
 def figures(rt: Runtime, info: Mapping[str, Any] | None = None) -> dict[str, float]:
@@ -109,6 +117,8 @@ def collect(
         result = results[f"metrics:{name}"]
         if isinstance(result, PipelineFigures):
             out.append(result)
+        elif isinstance(result, NotConfigured):  # nobody set it up: not a failure
+            out.append(PipelineFigures(name, error=one_line(result), configured=False))
         else:  # Redis down, an ACL refusal, a broken pipeline, a hung source: say so
             out.append(PipelineFigures(name, error=one_line(result)))
     return out
@@ -137,9 +147,15 @@ def prometheus_text(collected: list[PipelineFigures]) -> bytes:
     class Collector:
         def collect(self) -> Iterator[GaugeMetricFamily]:
             up = GaugeMetricFamily("tridentflow_up", UP_HELP, labels=["pipeline"])
+            configured = GaugeMetricFamily(
+                "tridentflow_configured", CONFIGURED_HELP, labels=["pipeline"]
+            )
             for entry in collected:
-                up.add_metric([entry.pipeline], 0.0 if entry.error else 1.0)
+                configured.add_metric([entry.pipeline], 1.0 if entry.configured else 0.0)
+                if entry.configured:
+                    up.add_metric([entry.pipeline], 0.0 if entry.error else 1.0)
             yield up
+            yield configured
             for name, help_text in FIGURES.items():
                 family = GaugeMetricFamily(f"tridentflow_{name}", help_text, labels=["pipeline"])
                 for entry in collected:

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tridentflow.connections import NONE, Connections
-from tridentflow.errors import PartitionUnavailable, SourceError
+from tridentflow.errors import NotConfigured, PartitionUnavailable, SourceError
 from tridentflow.sources.base import LogScan
 from tridentflow.sources.filelog import encode_record
 from tridentflow.sources.specs import KafkaFormat, KafkaSource
@@ -72,7 +72,7 @@ def resolve_config(source: KafkaSource, connections: Connections = NONE) -> dict
             raise SourceError(f"{CONFIG_ENV} must be a JSON object of client settings") from None
     if found and found.get("bootstrap.servers"):
         return {**found, **config}
-    raise SourceError(
+    raise NotConfigured(
         "a KafkaSource needs brokers: set TRIDENTFLOW_KAFKA_BOOTSTRAP=host:port, give "
         "config={'bootstrap.servers': ...}, or (under Airflow) a kafka_default connection"
     )

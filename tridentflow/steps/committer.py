@@ -354,6 +354,8 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         "skipped": staged.manifest.get("skipped", []),
         "quarantined": quarantined,
         "rolled_back": rolled_back,
+        # kept with the commit: the txid's own metadata goes once later txids move on
+        "ranges": {str(p): [start, end] for p, (start, end) in sorted(staged.ranges.items())},
     }
     marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats, retain)
     confirm_replicated(rt, txid)  # before the staged batch is discarded: a retry can redo it
