@@ -51,6 +51,8 @@ def test_a_standalone_cluster_with_a_worker_killed_mid_emit(
         {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster.port}
     )
     env["TRIDENTFLOW_RETRY_DELAY_SECONDS"] = "1"
+    env["TRIDENTFLOW_RETRIES"] = "2"  # a failure shows in seconds, not minutes
+    env["TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS"] = "1"
     env.pop("TRIDENTFLOW_FAULTS", None)
     launcher.migrate(env)
     second = sentences(40_000, seed=12)

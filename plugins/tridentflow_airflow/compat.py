@@ -15,7 +15,21 @@ try:  # Airflow >= 3.2
 except ImportError:  # Airflow 3.1
     from airflow.exceptions import AirflowNotFoundException  # type: ignore[no-redef]
 
-__all__ = ["AirflowNotFoundException", "airflow_stats", "load_listeners_and_macros"]
+__all__ = [
+    "AirflowNotFoundException",
+    "airflow_stats",
+    "doubling_backoff",
+    "load_listeners_and_macros",
+]
+
+
+def doubling_backoff() -> float | bool:
+    """``retry_exponential_backoff`` that doubles the delay at each retry: the multiplier 2.0
+    on Airflow >= 3.2 (where True would be the multiplier 1, no backoff at all), True on 3.1
+    (a bool there, always doubling)."""
+    from airflow.sdk.bases.operator import BASEOPERATOR_ARGS_EXPECTED_TYPES
+
+    return True if BASEOPERATOR_ARGS_EXPECTED_TYPES["retry_exponential_backoff"] is bool else 2.0
 
 
 def airflow_stats() -> Any:

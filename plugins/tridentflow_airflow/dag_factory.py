@@ -14,8 +14,9 @@ from airflow.sdk import DAG, Param
 
 from tridentflow.errors import TridentflowError
 from tridentflow.registry import load_pipeline
-from tridentflow.settings import env_seconds
+from tridentflow.settings import env_int, env_seconds
 from tridentflow_airflow.assets import commit_alias
+from tridentflow_airflow.compat import doubling_backoff
 from tridentflow_airflow.operators import (
     CommitOperator,
     CoordinateOperator,
@@ -24,8 +25,18 @@ from tridentflow_airflow.operators import (
     release_on_failure,
 )
 
+RETRIES_ENV = "TRIDENTFLOW_RETRIES"
+"""Default retries of tridentflow tasks (6); tests and demos shorten them."""
 RETRY_DELAY_ENV = "TRIDENTFLOW_RETRY_DELAY_SECONDS"
-"""Default retry delay of tridentflow tasks (10 s); tests and demos shorten it."""
+"""Default first retry delay of tridentflow tasks (5 s), doubled at each retry."""
+MAX_RETRY_DELAY_ENV = "TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS"
+"""Default cap on one retry delay (120 s)."""
+DEFAULT_RETRIES = 6
+DEFAULT_RETRY_DELAY_S = 5.0
+DEFAULT_MAX_RETRY_DELAY_S = 120.0
+"""With these, a task's retries wait at least 5 + 10 + 20 + 40 + 80 + 120 s (Airflow's
+exponential backoff adds jitter above each): an outage of Redis, Spark or a broker of about
+four and a half minutes is ridden out inside one run. Every retry replays the same txid."""
 
 DOC = """
 ### tridentflow pipeline `{name}`
@@ -84,8 +95,9 @@ def pipeline_dag(
     schedule: str | None = None,
     start_date: datetime = datetime(2026, 1, 1),
     max_active_runs: int = 1,
-    retries: int = 2,
+    retries: int | None = None,
     retry_delay: timedelta | None = None,
+    max_retry_delay: timedelta | None = None,
     batch_size: int | None = None,
     redis_conn_id: str = "redis_default",
     spark_conn_id: str = "spark_default",
@@ -96,13 +108,24 @@ def pipeline_dag(
 ) -> DAG:
     """A DAG for ``pipeline`` (a bundled name or module:attribute).
 
-    ``retry_delay`` defaults to TRIDENTFLOW_RETRY_DELAY_SECONDS (10 s). ``schedule`` may be
+    Retries back off exponentially: ``retries`` (TRIDENTFLOW_RETRIES, 6) from ``retry_delay``
+    (TRIDENTFLOW_RETRY_DELAY_SECONDS, 5 s) doubling up to ``max_retry_delay``
+    (TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS, 120 s): a few minutes' outage is ridden out inside
+    the run, each retry replaying the same txid. ``schedule`` may be
     a cron expression, a preset, ``@continuous`` (back-to-back runs) or
     None (manual triggers). ``max_active_runs`` stays 1 by default: commits are ordered in Redis
     anyway, and later txids would only wait for earlier ones.
     """
+    if retries is None:
+        retries = env_int(RETRIES_ENV, DEFAULT_RETRIES)
     if retry_delay is None:
-        retry_delay = timedelta(seconds=env_seconds(RETRY_DELAY_ENV, 10.0, allow_zero=True))
+        retry_delay = timedelta(
+            seconds=env_seconds(RETRY_DELAY_ENV, DEFAULT_RETRY_DELAY_S, allow_zero=True)
+        )
+    if max_retry_delay is None:
+        max_retry_delay = timedelta(
+            seconds=env_seconds(MAX_RETRY_DELAY_ENV, DEFAULT_MAX_RETRY_DELAY_S, allow_zero=True)
+        )
     check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay)
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}
@@ -124,6 +147,8 @@ def pipeline_dag(
         default_args={
             "retries": retries,
             "retry_delay": retry_delay,
+            "retry_exponential_backoff": doubling_backoff(),
+            "max_retry_delay": max_retry_delay,
             "on_failure_callback": release_on_failure,
         },
         tags=["tridentflow", *tags],

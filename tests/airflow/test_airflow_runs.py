@@ -49,6 +49,8 @@ def produce(rt, lines):
 def af_env(redis_url, redis_client, home) -> dict[str, str]:
     env = launcher.airflow_env(home, redis_url, port=devredis.free_port())
     env["TRIDENTFLOW_RETRY_DELAY_SECONDS"] = "1"
+    env["TRIDENTFLOW_RETRIES"] = "2"  # a failure shows in seconds, not minutes
+    env["TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS"] = "1"
     env.pop("TRIDENTFLOW_FAULTS", None)
     launcher.migrate(env)
     return env
@@ -224,6 +226,8 @@ def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
     redis_url = f"redis://127.0.0.1:{port}/0"
     env = {
         "TRIDENTFLOW_RETRY_DELAY_SECONDS": "1",
+        "TRIDENTFLOW_RETRIES": "2",
+        "TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS": "1",
         "TRIDENTFLOW_FAULTS": "mid-commit@2=kill",
         "TRIDENTFLOW_RETAIN_TXIDS": "5",  # undo logs: the view's rewind (the last test)
     }

@@ -32,6 +32,8 @@ def connect_stack(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path, int
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     env = {  # short retries and Connect deadlines: every try fails within seconds
         "TRIDENTFLOW_RETRY_DELAY_SECONDS": "1",
+        "TRIDENTFLOW_RETRIES": "2",
+        "TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS": "1",
         "TRIDENTFLOW_CONNECT_TIMEOUT_S": "4",
         "TRIDENTFLOW_CONNECT_RETRY_S": "4",
     }

@@ -231,6 +231,33 @@ def test_the_dag_factory_refuses_bad_arguments_in_one_line(monkeypatch):
         pipeline_dag("wordcount", dag_id="bad_env")
 
 
+def test_retries_ride_out_a_few_minutes_of_outage(dagbag, monkeypatch):
+    """Every tridentflow task retries with doubling delays up to a cap (issue 36 item 8: 2
+    retries x 10 s gave up on a 60 s Redis outage): by Airflow's own lower bound on each
+    backoff, its retries wait more than four minutes in all before the run fails. The
+    environment shortens them (tests, demos); a bad value is one line naming the variable."""
+    from tridentflow_airflow import pipeline_dag
+    from tridentflow_airflow.compat import doubling_backoff
+
+    for dag_id in EXPECTED_DAGS:
+        for task in dagbag.dags[dag_id].tasks:
+            assert task.retries == 6 and task.retry_delay == timedelta(seconds=5), task
+            assert task.retry_exponential_backoff == doubling_backoff() not in (0, 1.0, False)
+            assert task.max_retry_delay == timedelta(seconds=120), task
+            waits = [  # Airflow: ceil(delay * 2 ** (try - 1)), capped by max_retry_delay
+                min(5 * 2 ** (attempt - 1), 120) for attempt in range(1, task.retries + 1)
+            ]
+            assert sum(waits) == 275 > 4 * 60, waits
+    monkeypatch.setenv("TRIDENTFLOW_RETRIES", "2")
+    monkeypatch.setenv("TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS", "1")
+    short = pipeline_dag("wordcount", dag_id="short_retries").get_task("commit")
+    assert (short.retries, short.max_retry_delay) == (2, timedelta(seconds=1))
+    monkeypatch.setenv("TRIDENTFLOW_RETRIES", "many")
+    with pytest.raises(TridentflowError, match="TRIDENTFLOW_RETRIES must be a whole number") as e:
+        pipeline_dag("wordcount", dag_id="bad_retries")
+    assert "\n" not in str(e.value)
+
+
 def test_every_tridentflow_task_links_to_its_runs_txid_through_serialization(dagbag):
     """Each task's "tridentflow txid" link (the run's tridentflow tab), kept by a serialized
     DAG as the scheduler and the UI see it (the plugin registers the link's class)."""
