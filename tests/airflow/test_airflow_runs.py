@@ -442,7 +442,21 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         runs_shown = browser.frame_text(page, "table:first-of-type")
         assert run_id in runs_shown and "success" in runs_shown, runs_shown
         browser.screenshot(page, "tridentflow-txid")
+        # deep links (issue 36 item 7): the address bar names the txid's page, and pasted
+        # into a new tab it opens that page in Airflow's frame
+        assert page.url.endswith("/plugin/tridentflow?pipeline=wordcount&txid=1"), page.url
         frame.locator("h1 a").click()  # and back to the pipeline
+        assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
+        assert page.url.endswith("/plugin/tridentflow?pipeline=wordcount"), page.url
+        browser.choose_pipeline(page, "wordcount-opaque")
+        assert page.url.endswith("/plugin/tridentflow?pipeline=wordcount-opaque"), page.url
+        page.reload()  # a reload keeps the choice
+        page.frame_locator("iframe").locator("#body[data-pipeline='wordcount-opaque']").wait_for()
+        assert frame.locator("#pipeline").input_value() == "wordcount-opaque"
+        page.goto(f"{api.base}/plugin/tridentflow?pipeline=wordcount&txid=2")  # pasted
+        assert browser.frame_text(page, "h1") == "txid 2 of wordcount"
+        assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
+        page.goto(f"{api.base}/plugin/tridentflow")
         assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
 
         before = browser.run_tab(page, api.base, DAG, run_id)
