@@ -85,6 +85,7 @@ from tridentflow.errors import (
     ReplicationError,
     SourceError,
     TridentflowError,
+    one_line,
 )
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import STEP_POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
@@ -100,9 +101,7 @@ from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
 from tridentflow.sinks import PostgresSink, RedisStreamSink, SinkError
 from tridentflow.sinks.redisstream import companion_key
-from tridentflow.sources.kafka import KafkaLog
-from tridentflow.sources.redisstream import RedisStreamLog
-from tridentflow.sources.specs import KafkaSource
+from tridentflow.sources.filelog import encode_record
 from tridentflow.steps.driver import backlog, run_batches
 from tridentflow.steps.runs import coordinate_run, emit_run, release_run
 from tridentflow.steps.runtime import Runtime, connect
@@ -272,12 +271,13 @@ class Chaos:
         rt = self._runtime(self._pipeline(name, seed), home, shards=shards)
         if shards > 1:
             result.events.append(f"state-shards:{shards}")
-        if isinstance(rt.log, RedisStreamLog):  # streams live in Redis: start from none
+        traits = rt.log.chaos  # what the source says the harness may do to it
+        if traits.fresh == "delete-source":  # e.g. streams live in Redis: start from none
             reset_pipeline(rt, force=True, source=True)
         else:
             rt.ledger.reset(force=True)
         sched = _Schedule(rng, rt, result, home / "aside")
-        if isinstance(rt.log, KafkaLog):
+        if traits.fresh == "create":  # the producers' log: made for the schedule
             rt.log.create(rt.pipeline.source.partitions)
             sched.kafka = self.kafka
             sched.kafka_rng = random.Random(f"kafka-{seed}")
@@ -296,7 +296,8 @@ class Chaos:
         self._drive(sched, runs, batch_size)
 
         sched.end_outage("drain")
-        if isinstance(sched.rt.log, RedisStreamLog) and status(sched.rt)["unavailable_partitions"]:
+        loses = sched.rt.log.chaos.removals_lose_records
+        if loses and status(sched.rt)["unavailable_partitions"]:
             sched.operator_resets_reader("drain")
         if sched.lagging is not None:  # the replica catches up: nothing lost, nothing to fail
             self.cluster.release_replication(sched.lagging[0])
@@ -344,7 +345,9 @@ class Chaos:
             rt = sched.rt
             if rt.ledger.committed_txid() >= runs:
                 return
-            if sched.rewinds < 2 and sched.rewind_rng.random() < REWIND_CHANCE:
+            torn = sched.torn_since_rewind()  # an exporter died between a sink's parts
+            soon = torn and random.Random(f"torn-{sched.seed}-{step}-go").random() < 0.3
+            if sched.rewinds < 2 and (sched.rewind_rng.random() < REWIND_CHANCE or soon):
                 self._rewind_in_flight(sched, run_id, steps[step_index], step)
                 run_no, failures, step_index = run_no + 1, 0, 0
                 run_id = f"run-{run_no}"
@@ -359,11 +362,12 @@ class Chaos:
                 self._maybe_export(sched, f"step{step}")
                 continue
             if roll < 0.19:
-                if isinstance(rt.log, RedisStreamLog):
+                disturb = rt.log.chaos.disturb
+                if disturb == "remove-entries":
                     sched.mutate_stream(f"step{step}")
-                elif isinstance(rt.log, KafkaLog):
+                elif disturb == "freeze-broker":
                     sched.toggle_broker(f"step{step}")
-                else:
+                elif disturb == "dark-partition":
                     sched.toggle_outage(f"step{step}")
                 continue
             if roll < 0.2 and not sched.was_reset:
@@ -396,7 +400,7 @@ class Chaos:
                     rt.faults = FaultPlan(rt.faults.faults, ())
                     sched.end_outage(f"step{step}")
                     result.events.append(f"repaired-dark@step{step}")
-                    if isinstance(rt.log, RedisStreamLog):
+                    if rt.log.chaos.removals_lose_records:
                         sched.operator_resets_reader(f"step{step}")
                         dark_failures, run_no, failures, step_index = 0, run_no + 1, 0, 0
                         run_id = f"run-{run_no}"
@@ -453,7 +457,7 @@ class Chaos:
         old = sched.rt
         sched.end_outage(f"reset@step{step}")
         fresh = self._runtime(old.pipeline, old.home, old.faults, old.shards or 1)
-        kafka = isinstance(fresh.log, KafkaLog)  # a topic is its producers': never deleted
+        kafka = fresh.log.chaos.producers_own  # e.g. a topic: never deleted by a reset
         try:
             try:
                 reset_pipeline(fresh, source=not kafka)
@@ -494,6 +498,14 @@ class Chaos:
         committed = old.ledger.committed_txid()
         kept = retained(old.client, old.keyspace)
         target = committed if kept is None else rng.randint(kept.oldest, kept.newest)
+        # family: a sink of several parts judged as one - right below a txid an exporter left
+        # on some of its parts (it died between them), most of the time (a generator of its
+        # own: the other draws stay as they were)
+        torn = sched.torn_since_rewind()
+        sched.rewound_at_event = len(events)
+        below = [t - 1 for t in torn if kept is not None and kept.oldest <= t - 1 <= kept.newest]
+        if below and random.Random(f"torn-{sched.seed}-{step}").random() < 0.7:
+            target = max(below)
 
         def rewind(to: int, faults: FaultPlan | None = None) -> Runtime:
             fresh = self._runtime(old.pipeline, old.home, faults, old.shards or 1)
@@ -594,7 +606,7 @@ class Chaos:
     def _pipeline(self, name: str, seed: int):
         """A fresh pipeline ``name`` with this schedule's sinks on every state."""
         pipeline = load_pipeline(name)
-        if isinstance(pipeline.source, KafkaSource):
+        if hasattr(pipeline.source, "topic_name"):  # a topic on the harness's broker
             if self.kafka is None:
                 raise TridentflowError(f"chaos: pipeline {name} needs a broker (kafka=)")
             pipeline.source = replace(
@@ -675,8 +687,13 @@ class Chaos:
             sink_misbehaves(sched.sink_edge_rng, point, txid, events)
 
         def exporter() -> None:
-            other = self._runtime(self._pipeline(rt.pipeline.name, sched.seed), rt.home,
-                                  rt.faults, rt.shards or 1)  # fmt: skip
+            try:  # the schedule's pipeline as it was given (a bundled name or module:attribute)
+                other = self._runtime(self._pipeline(sched.result.pipeline, sched.seed),
+                                      rt.home, rt.faults, rt.shards or 1)  # fmt: skip
+            except Exception as exc:  # a thread's exception is lost unless it is noted
+                if not sched.result.difference:
+                    sched.result.difference = f"an exporter did not start: {one_line(exc)}"
+                return
             try:
                 names = [f.name for f in other.pipeline.feeds if not resync or
                          f.sink.resyncable]  # fmt: skip
@@ -754,7 +771,7 @@ class Chaos:
             result.difference = f"{left} records were never committed"
         report = audit(rt)
         result.lost, result.doubled = report.lost, report.doubled
-        if report.unreadable and isinstance(rt.log, RedisStreamLog):
+        if report.unreadable and rt.log.chaos.removals_lose_records:
             # entries this schedule deleted or trimmed after they were read cannot be
             # recomputed from: the exact counts below are the check then
             result.events.append("audit:stream-entries-removed")
@@ -944,6 +961,8 @@ class _Schedule:
 
     def __init__(self, rng: random.Random, rt: Runtime, result: ScheduleResult, aside: Path):
         self.rng, self.rt, self.result, self.aside = rng, rt, result, aside
+        self.rewound_at_event = 0
+        """How many events there were at the last rewind (``torn_since_rewind``)."""
         self.produced: list[str] = []
         self.was_reset = False
         self.outage: tuple[str, int, bytes] | None = None
@@ -995,30 +1014,41 @@ class _Schedule:
             for txid in [t for t in by_txid if t > target]:
                 del by_txid[txid]
 
+    def torn_since_rewind(self) -> list[int]:
+        """Txids an exporter left on some of a sink's parts (it died between them) since the
+        last rewind: the operator's next rewind aims right below them most of the time."""
+        events = self.result.events[self.rewound_at_event :]
+        return [int(e.rsplit("@", 1)[1]) for e in events if e.startswith("sink-died-between")]
+
     def append(self, n: int, during: str | None = None) -> None:
         rng = self.rng
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(n)]
         log = self.rt.log
-        if isinstance(log, KafkaLog):
+        disturb = log.chaos.disturb
+        if disturb == "freeze-broker":  # the producers' log: sent by a producer of its own
             self._produce_kafka(lines)
             if during:
                 self.result.events.append(f"append+{n}@{during}")
             return
         self.rt.source_scan()
-        if isinstance(log, RedisStreamLog):
+        if disturb == "remove-entries":
             try:
                 log.append_spread(lines)
             except SourceError:  # refused: a stream it read was deleted; the operator resets
                 self.operator_resets_reader(f"produce-refused@{during or 'append'}")
                 log.append_spread(lines)
-        else:
+        elif disturb == "dark-partition":
             log.append_spread(lines, skip_unavailable=True)
+        else:  # a source that declares no disturbance: appended through its own produce
+            encoded = [encode_record(line) for line in lines]
+            p = self.rt.pipeline
+            log.produce(p.name, encoded, None, p.source.partitions)
         self.produced.extend(lines)
         if during:
             self.result.events.append(f"append+{n}@{during}")
-        if rng.random() < 0.15:  # an external producer writes records that cannot be decoded
+        if disturb != "none" and rng.random() < 0.15:  # records that cannot be decoded
             log = self.rt.log
-            if isinstance(log, RedisStreamLog):  # bytes that are not UTF-8, a wrong field
+            if disturb == "remove-entries":  # bytes that are not UTF-8, a wrong field
                 bad = rng.choice(BAD_ENTRIES)
                 self.rt.client.xadd(log.stream_keys[rng.randrange(log.partitions())], bad)
                 self.result.events.append(f"bad-entry{BAD_ENTRIES.index(bad)}")
@@ -1038,11 +1068,11 @@ class _Schedule:
             self.unsent.extend(lines)
             return
         source, rng = self.rt.log, self.kafka_rng
-        assert isinstance(source, KafkaLog) and self.kafka is not None
+        assert source.chaos.disturb == "freeze-broker" and self.kafka is not None
         from confluent_kafka import Producer
 
         # a producer of its own: the source's short timeout is the reader's, not a producer's
-        log = KafkaLog(source.topic, source.config, source.pipeline, timeout_s=30)
+        log = type(source)(source.topic, source.config, source.pipeline, timeout_s=30)
         quiet = logging.getLogger("tridentflow.kafka.client")
         try:
             if rng.random() < 0.3:
@@ -1094,7 +1124,7 @@ class _Schedule:
         entries nobody read are reported by ``status``; the drain (or a failing run) makes
         the operator reset the reader."""
         rng, log, client = self.rng, self.rt.log, self.rt.client
-        assert isinstance(log, RedisStreamLog)
+        assert log.chaos.disturb == "remove-entries"
         committed = self.rt.ledger.committed_offsets()
         p = rng.randrange(log.partitions())
         key = log.stream_keys[p]
@@ -1129,7 +1159,7 @@ class _Schedule:
         reset_pipeline(rt, force=True)
         self.committed_changes.clear()  # a new lineage: its streams start anew
         log = rt.log
-        assert isinstance(log, RedisStreamLog)
+        assert log.chaos.disturb == "remove-entries"
         self.produced = [
             fields[b"sentence"].decode()
             for key in log.stream_keys

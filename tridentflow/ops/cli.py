@@ -41,9 +41,8 @@ from tridentflow.ops.reset import reset_pipeline
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
-from tridentflow.sources.filelog import FileLog, encode_record
-from tridentflow.sources.redisstream import RedisStreamLog
-from tridentflow.sources.specs import CustomSource, KafkaSource, RedisStreamSource
+from tridentflow.sources.base import SourceContext
+from tridentflow.sources.filelog import encode_record
 from tridentflow.steps.runtime import Runtime, resolve_home
 from tridentflow_state.errors import StateError
 
@@ -331,78 +330,32 @@ def _records(pipeline: Pipeline, path: str, as_json: bool) -> list[str]:
     return records
 
 
-def _produce_stream(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -> int:
-    """XADD every line (or JSON record) of the file round robin to the pipeline's streams."""
-    if args.partitions:
-        raise TridentflowError("--partitions: a stream source's partitions are its streams")
-    records = [json.loads(line) for line in _records(pipeline, args.file, args.json)]
-    log = _runtime(args, pipeline).log
-    added = log.append_spread(records)  # every record checked before any is added
-    scan = log.scan()
-    out.write(
-        f"added {len(records)} entries to the streams of {pipeline.name} "
-        f"({len(added)} of {log.partitions()} streams; {sum(scan.heads.values())} ever added)\n"
-    )
-    return 0
-
-
-def _produce_kafka(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -> int:
-    """Produce every line (or JSON record) round robin over the topic's partitions, creating
-    the topic (``--partitions``, else the source's) if it is missing."""
-    records = [json.loads(line) for line in _records(pipeline, args.file, args.json)]
-    log = _runtime(args, pipeline).log
-    created = log.create(args.partitions or pipeline.source.partitions)
-    if args.partitions and not created and log.partitions() != args.partitions:
-        raise TridentflowError(
-            f"--partitions {args.partitions}: topic {log.topic} exists with "
-            f"{log.partitions()} partitions (tridentflow never repartitions a topic)"
+def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
+    """Append the file's records through the source log's ``produce`` (each log says what it
+    did), else its ``append_spread`` (a log of your own); a log with neither is refused."""
+    pipeline = load_pipeline(args.pipeline)
+    source = pipeline.source
+    if source.uses_redis:
+        context = _runtime(args, pipeline).source_context
+    else:  # the file log (or a log of your own): no Redis needed to append
+        context = SourceContext(pipeline.name, resolve_home(args.home))
+    lines = _records(pipeline, args.file, args.json)  # every record checked first
+    log = source.open_log(context)
+    produce = getattr(log, "produce", None)
+    if produce is not None:
+        said = produce(
+            pipeline.name, lines, args.partitions, source.partitions, args.skip_unavailable
         )
-    added = log.append_spread(records)  # every record checked before any is sent
-    out.write(
-        f"produced {len(records)} records to Kafka topic {log.topic} "
-        f"({len(added)} of {log.partitions()} partitions"
-        + ("; topic created" if created else "")
-        + ")\n"
-    )
-    return 0
-
-
-def _produce_custom(args: argparse.Namespace, pipeline: Pipeline, out: TextIO) -> int:
-    """Append through a log of your own's ``append_spread``, if it has one."""
-    log = _runtime(args, pipeline).log
+        out.write(said + "\n")
+        return 0
     append = getattr(log, "append_spread", None)
     if append is None:
         raise TridentflowError(
-            f"the source of {pipeline.name} ({pipeline.source.log}) has no append_spread: "
+            f"the source of {pipeline.name} ({log.root}) has no produce or append_spread: "
             "write to it with its own tools"
         )
-    records = [json.loads(line) for line in _records(pipeline, args.file, args.json)]
-    append(records)
-    out.write(f"appended {len(records)} records to {pipeline.name}\n")
-    return 0
-
-
-def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
-    pipeline = load_pipeline(args.pipeline)
-    if isinstance(pipeline.source, KafkaSource):
-        return _produce_kafka(args, pipeline, out)
-    if isinstance(pipeline.source, CustomSource):
-        return _produce_custom(args, pipeline, out)
-    if isinstance(pipeline.source, RedisStreamSource):
-        return _produce_stream(args, pipeline, out)
-    log = FileLog(resolve_home(args.home) / "sources" / pipeline.name)
-    records = _records(pipeline, args.file, args.json)  # every record checked first
-    current = log.partitions() if log.exists() else 0
-    log.ensure(max(args.partitions or 0, pipeline.source.partitions, current))
-    log.append_lines_spread(records, skip_unavailable=args.skip_unavailable)
-    scan = log.scan()
-    skipped = sorted(scan.unavailable)
-    out.write(
-        f"appended {len(records)} records to {pipeline.name} "
-        f"({len(scan.partitions)} partitions, {sum(scan.heads.values())} in the readable log"
-        + (f"; skipped unavailable partitions {skipped}" if skipped else "")
-        + ")\n"
-    )
+    append([json.loads(line) for line in lines])
+    out.write(f"appended {len(lines)} records to {pipeline.name}\n")
     return 0
 
 
@@ -688,12 +641,14 @@ def cmd_rewind(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args)
-    if not isinstance(rt.log, RedisStreamLog):
+    trim = getattr(rt.log, "trim", None)
+    if trim is None:
         raise TridentflowError(
-            f"pipeline {rt.pipeline.name} reads a file log: trim applies to Redis Streams"
+            f"the source of pipeline {rt.pipeline.name} ({rt.log.root}) keeps no entries "
+            "tridentflow may trim: trim applies to Redis Streams"
         )
     committed = rt.ledger.committed_offsets()
-    removed = rt.log.trim(committed)
+    removed = trim(committed)
     for partition, (n, holder) in sorted(removed.items()):
         limit = (
             f"up to ordinal {committed[partition]}, committed"
@@ -795,8 +750,9 @@ def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
     streams: list[str] = []
     if args.pipeline in EXAMPLES or ":" in args.pipeline:  # a known pipeline: its streams too
         pipeline = load_pipeline(args.pipeline)
-        if isinstance(pipeline.source, RedisStreamSource):
-            streams = pipeline.source.stream_keys(pipeline.name, namespace)
+        stream_keys = getattr(pipeline.source, "stream_keys", None)  # a source in Redis
+        if stream_keys is not None:
+            streams = stream_keys(pipeline.name, namespace)
         name = pipeline.name
     else:
         name = args.pipeline

@@ -14,8 +14,6 @@ import shutil
 from dataclasses import dataclass
 
 from tridentflow.errors import TridentflowError
-from tridentflow.sources.kafka import KafkaLog
-from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.steps.runtime import Runtime
 
 
@@ -34,15 +32,17 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
     A reader of Redis Streams reset without ``source`` starts at what its streams still hold
     (``RedisStreamLog.rebase``): entries trimmed before the reset are not counted, and audit
     recomputes from there."""
-    streams = rt.log if isinstance(rt.log, RedisStreamLog) else None
-    kafka = rt.log if isinstance(rt.log, KafkaLog) else None
-    if source and streams is not None:
-        streams.check_unshared()  # before anything is reset
-    if source and kafka is not None:
-        raise TridentflowError(
-            f"reset --source would delete Kafka topic {kafka.topic}, which is its producers': "
-            "reset without --source starts the pipeline at what the topic holds"
-        )
+    log = rt.log
+    if source:  # before anything is reset: a log others read, or its producers own, stays
+        check = getattr(log, "check_delete", None)
+        if check is not None:
+            check()
+        if getattr(log, "delete", None) is None:
+            raise TridentflowError(
+                f"reset --source: the source log of {rt.pipeline.name} ({log.root}) cannot be "
+                "deleted by tridentflow (it has no delete()): delete it with its own tools, or "
+                "reset without --source"
+            )
     before = rt.keyspace  # its shards' keys are deleted too, on their own masters
     deleted = rt.ledger.reset(force=force)
     rt.require_replicated(
@@ -52,12 +52,9 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
         also=before,
     )
     shutil.rmtree(rt.staging_root, ignore_errors=True)
-    if streams is not None and source:
-        streams.delete()
-    elif streams is not None:
-        rt.ledger.start_at(streams.rebase())
-    elif kafka is not None:
-        rt.ledger.start_at(kafka.rebase())  # retention may have deleted the first records
-    elif source:
-        shutil.rmtree(rt.log.root, ignore_errors=True)
+    rebase = getattr(log, "rebase", None)
+    if source:
+        log.delete()
+    elif rebase is not None:  # start at what the log still holds (trimmed, retention)
+        rt.ledger.start_at(rebase())
     return ResetResult(deleted, source)

@@ -1,10 +1,11 @@
 """Source logs: the interface (``base``), the file log (``filelog``), Redis Streams
 (``redisstream``) and Kafka (``kafka``); ``open_log`` opens any of them from its locator (what
-read tasks are given)."""
+read tasks are given). A locator is a path (the file log), a string starting with a prefix
+registered by ``register_locator`` (the built-in streams and Kafka register theirs below, as a
+log of yours may), or ``custom_locator``'s."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -14,8 +15,8 @@ from tridentflow.sources.base import SourceLog
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.kafka import LOCATOR_PREFIX as KAFKA_PREFIX
 from tridentflow.sources.kafka import KafkaLog
+from tridentflow.sources.loading import import_ref
 from tridentflow.sources.redisstream import LOCATOR_PREFIX, RedisStreamLog
-from tridentflow.sources.specs import CustomSource
 
 CUSTOM_PREFIX = "python:"
 """A locator of a log of your own: ``python:`` + JSON {"opener": "module:function", "spec"}."""
@@ -24,38 +25,46 @@ CUSTOM_PREFIX = "python:"
 def custom_locator(opener: str, spec: Any) -> str:
     """The locator of a log of your own: read tasks call ``opener`` (``module:function``, a
     function of ``spec``, a JSON value) to open it. What its ``root`` returns."""
-    _import(opener)  # fail here, in one line, rather than on an executor
+    import_ref(opener)  # fail here, in one line, rather than on an executor
     return CUSTOM_PREFIX + json.dumps({"opener": opener, "spec": spec}, sort_keys=True)
 
 
-def _import(ref: str) -> Callable[..., Any]:
-    module_name, _, attr = ref.partition(":")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SourceError(f"cannot import source log function {ref!r}: {exc}") from None
-    if not callable(found):
-        raise SourceError(f"source log function {ref!r} is not callable")
-    return found
-
-
-def build_custom_log(source: CustomSource, pipeline: str) -> SourceLog:
+def build_custom_log(source: Any, pipeline: str) -> SourceLog:
     """The log a CustomSource's ``log`` function builds for ``pipeline``."""
-    return _import(source.log)(source, pipeline)
+    return import_ref(source.log)(source, pipeline)
+
+
+LOCATORS: dict[str, Callable[[str], SourceLog]] = {}
+"""Locator prefix -> the function that opens a log from a locator with that prefix."""
+
+
+def register_locator(prefix: str, opener: Callable[[str], SourceLog]) -> None:
+    """Read tasks open a locator starting with ``prefix`` with ``opener(locator)``. A prefix
+    is registered once (two kinds of log cannot share one)."""
+    if not prefix or LOCATORS.get(prefix, opener) is not opener:
+        raise SourceError(f"locator prefix {prefix!r} is empty or registered already")
+    LOCATORS[prefix] = opener
+
+
+def _open_custom(locator: str) -> SourceLog:
+    found = json.loads(locator[len(CUSTOM_PREFIX) :])
+    return import_ref(found["opener"])(found["spec"])
+
+
+register_locator(CUSTOM_PREFIX, _open_custom)
+register_locator(LOCATOR_PREFIX, RedisStreamLog.open)
+register_locator(KAFKA_PREFIX, KafkaLog.open)
 
 
 def open_log(locator: str) -> SourceLog:
-    """The log a locator names: a file log's root directory, a stream or Kafka log's spec, or
-    a log of your own (``custom_locator``)."""
-    if locator.startswith(CUSTOM_PREFIX):
-        found = json.loads(locator[len(CUSTOM_PREFIX) :])
-        return _import(found["opener"])(found["spec"])
-    if locator.startswith(LOCATOR_PREFIX):
-        return RedisStreamLog.open(locator)
-    if locator.startswith(KAFKA_PREFIX):
-        return KafkaLog.open(locator)
+    """The log a locator names: one of a registered prefix, else a file log's root
+    directory."""
+    for prefix, opener in LOCATORS.items():
+        if locator.startswith(prefix):
+            return opener(locator)
     return FileLog(locator)
 
 
 def is_file_log(locator: str) -> bool:
-    return not locator.startswith((LOCATOR_PREFIX, KAFKA_PREFIX, CUSTOM_PREFIX))
+    """Whether ``locator`` names a file log (a path: no registered prefix)."""
+    return not locator.startswith(tuple(LOCATORS))

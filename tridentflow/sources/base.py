@@ -30,13 +30,40 @@ records by offset) is refused for it.
 ``tridentflow.sources.filelog.FileLog`` (segments, sparse index, flock, fsync),
 ``tridentflow.sources.redisstream.RedisStreamLog`` and ``tridentflow.sources.kafka.KafkaLog``
 implement it.
+
+**How a pipeline's log is made.** A source specification (``LogSource`` and its subclasses in
+``specs``, or your own) opens its log with ``open_log(ctx: SourceContext)``: the built-in
+sources do it exactly as a source of yours does, and nothing outside this package asks which
+source a pipeline has. A read task reopens a log from its ``root`` through ``open_log(locator)``
+of this package (a path, a registered locator prefix, or ``custom_locator``).
+
+**Optional capabilities**, looked up by name (a log without one is refused in one line where
+it is needed, never guessed at):
+
+* ``ensure(partitions)``: the reader may create the log, or grow it to ``partitions`` (the
+  file log, streams). A log without it is its producers' (Kafka): the reader never creates it,
+  and it is scanned with the committed offsets;
+* ``produce(pipeline, lines, asked_partitions, source_partitions, skip_unavailable) -> str``:
+  ``tridentflow produce`` appends ``lines`` (checked JSON records, one per line) through it and
+  prints the line it returns; else ``append_spread(records)``;
+* ``rebase() -> {partition: offset}``: a reset without ``--source`` starts at what the log
+  still holds (streams trimmed, Kafka retention);
+* ``check_delete()`` and ``delete()``: ``reset --source`` calls the first before anything is
+  reset (it refuses, in one line, a log others read or a producer owns) and the second after;
+  a log without ``delete`` is refused;
+* ``trim(committed)``: ``tridentflow trim`` removes what every reader committed;
+* ``chaos``: a ``ChaosTraits`` saying what the chaos harness may do to the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
+
+from tridentflow.connections import NONE, Connections
+from tridentflow_state.keys import KeySpace
 
 
 @dataclass(frozen=True)
@@ -66,3 +93,50 @@ class SourceLog(Protocol):
     def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]: ...
 
     def acknowledge(self, committed: dict[int, int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a source specification may use to open its pipeline's log (``open_log``). The
+    runtime gives all of it; ``tridentflow produce`` gives a source that ``uses_redis`` not
+    (the file log, a log of your own) no Redis at all (``client`` None)."""
+
+    pipeline: str
+    home: Path
+    namespace: str = ""
+    client: Any = None
+    """A redis-py client of the pipeline's Redis (None: the caller has none)."""
+    redis_url: str | None = None
+    keyspace: KeySpace | None = None
+    """The pipeline's keys as its ledger names them (where a log may keep what its reader
+    needs, e.g. a topic's id)."""
+    connections: Connections = NONE
+
+    @property
+    def keys(self) -> KeySpace:
+        if self.keyspace is not None:
+            return self.keyspace
+        return KeySpace(self.pipeline, self.namespace)
+
+
+@dataclass(frozen=True)
+class ChaosTraits:
+    """What the chaos harness (tridentflow.ops.chaos) may do to a log, declared by the log.
+
+    ``disturb``: its disturbance while txids run - ``"dark-partition"`` (a file-log
+    partition's directory goes away or its HEAD is torn, then it comes back),
+    ``"remove-entries"`` (another client deletes, trims or
+    recreates what the log holds), ``"freeze-broker"`` (the server stops answering),
+    ``"none"`` (records are appended through the log's ``produce``, nothing else is done);
+    ``fresh``: how a schedule starts from nothing - ``"delete-source"`` (reset with
+    ``--source``), ``"ledger-only"`` (the log is the schedule's own directory), ``"create"``
+    (the producers' log is created, then read from its start);
+    ``producers_own``: a reset never deletes it (``reset --source`` is refused);
+    ``removals_lose_records``: entries removed after they were read cannot be recomputed from
+    (audit's unreadable ranges are expected), and a reader that lost unread entries is reset
+    by the operator."""
+
+    disturb: str = "dark-partition"
+    fresh: str = "ledger-only"
+    producers_own: bool = False
+    removals_lose_records: bool = False

@@ -27,36 +27,20 @@ import bisect
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tridentflow.errors import NON_FINITE, PartitionUnavailable, SourceError
-from tridentflow.sources.base import LogScan
+from tridentflow.fileio import write_atomic
+from tridentflow.sources.base import ChaosTraits, LogScan
 from tridentflow_state.codec import check_unicode
 from tridentflow_state.errors import KeyEncodingError
 
 SEGMENT_RECORDS = 100_000
 INDEX_EVERY = 512
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 EMPTY_HEAD = {"offset": 0, "segment": 0, "size": 0}
@@ -86,9 +70,38 @@ def check_line(line: str, what: str = "record") -> None:
 
 
 class FileLog:
+    chaos = ChaosTraits(disturb="dark-partition", fresh="ledger-only")
+
     def __init__(self, root: str | os.PathLike[str], segment_records: int = SEGMENT_RECORDS):
         self.root = Path(root)
         self.segment_records = segment_records
+
+    # -- what tridentflow produce and reset do with it ----------------------------------------
+    def produce(
+        self,
+        pipeline: str,
+        lines: list[str],
+        asked_partitions: int | None,
+        source_partitions: int,
+        skip_unavailable: bool = False,
+    ) -> str:
+        """Append ``lines`` (checked JSON records) spread over the partitions, creating the
+        log or growing it to ``asked_partitions`` / the source's; the line to print."""
+        current = self.partitions() if self.exists() else 0
+        self.ensure(max(asked_partitions or 0, source_partitions, current))
+        self.append_lines_spread(lines, skip_unavailable=skip_unavailable)
+        scan = self.scan()
+        skipped = sorted(scan.unavailable)
+        return (
+            f"appended {len(lines)} records to {pipeline} "
+            f"({len(scan.partitions)} partitions, {sum(scan.heads.values())} in the readable log"
+            + (f"; skipped unavailable partitions {skipped}" if skipped else "")
+            + ")"
+        )
+
+    def delete(self) -> None:
+        """Delete the whole log (``reset --source``)."""
+        shutil.rmtree(self.root, ignore_errors=True)
 
     # -- layout -----------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -120,10 +133,10 @@ class FileLog:
                 pdir = self._pdir(p)
                 pdir.mkdir(exist_ok=True)
                 if not (pdir / "HEAD").exists():
-                    _write_atomic(pdir / "HEAD", json.dumps(EMPTY_HEAD))
+                    write_atomic(pdir / "HEAD", json.dumps(EMPTY_HEAD))
             if partitions != current:
                 meta = json.dumps({"partitions": partitions})
-                _write_atomic(self.root / "partitions.json", meta)
+                write_atomic(self.root / "partitions.json", meta)
         return partitions
 
     def _pdir(self, partition: int) -> Path:
@@ -226,7 +239,7 @@ class FileLog:
                 offset += len(chunk)
                 done += len(chunk)
             head = {"offset": offset, "segment": base, "size": size}
-            _write_atomic(pdir / "HEAD", json.dumps(head))
+            write_atomic(pdir / "HEAD", json.dumps(head))
         return start, offset
 
     @staticmethod
@@ -265,7 +278,7 @@ class FileLog:
             return
         keep = [ln for ln in lines if len(ln.split()) == 2 and int(ln.split()[0]) < head_rel]
         if len(keep) != len(lines):
-            _write_atomic(path, "".join(f"{ln}\n" for ln in keep))
+            write_atomic(path, "".join(f"{ln}\n" for ln in keep))
 
     def append_spread(
         self, records: Iterable[Any], skip_unavailable: bool = False

@@ -28,13 +28,19 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from enum import StrEnum
 from typing import Any
 
 from tridentflow.connections import NONE, Connections
 from tridentflow.errors import NotConfigured, PartitionUnavailable, SourceError
-from tridentflow.sources.base import LogScan
+from tridentflow.sources.base import ChaosTraits, LogScan
 from tridentflow.sources.filelog import encode_record
-from tridentflow.sources.specs import KafkaFormat, KafkaSource
+
+
+class KafkaFormat(StrEnum):
+    JSON = "json"
+    TEXT = "text"
+
 
 LOCATOR_PREFIX = "kafka:"
 """A Kafka log's locator (what the engines' read tasks open) starts with this."""
@@ -55,7 +61,22 @@ whose last offsets hold no record never fills its batch)."""
 CLIENT_ID = "tridentflow"
 
 
-def resolve_config(source: KafkaSource, connections: Connections = NONE) -> dict[str, str]:
+class RedisValue:
+    """One string key as a get/set value (what a Kafka log keeps its topic's id in)."""
+
+    def __init__(self, client: Any, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    def get(self) -> str | None:
+        value = self.client.get(self.key)
+        return None if value is None else value.decode() if isinstance(value, bytes) else value
+
+    def set(self, value: str) -> None:
+        self.client.set(self.key, value)
+
+
+def resolve_config(source: Any, connections: Connections = NONE) -> dict[str, str]:
     """The client settings: the source's own, then brokers from ``TRIDENTFLOW_KAFKA_BOOTSTRAP``,
     then the deployment's ``kafka_default`` connection (or ``TRIDENTFLOW_KAFKA_CONFIG``, its
     copy in a spark-submit); SourceError (one line) if none names brokers."""
@@ -81,6 +102,8 @@ def resolve_config(source: KafkaSource, connections: Connections = NONE) -> dict
 class KafkaLog:
     """One topic as a source log. Every method opens what it needs and bounds every wait by
     ``timeout_s``; ``close`` releases the clients."""
+
+    chaos = ChaosTraits(disturb="freeze-broker", fresh="create", producers_own=True)
 
     dense = False
 
@@ -111,7 +134,7 @@ class KafkaLog:
     @classmethod
     def for_source(
         cls,
-        source: KafkaSource,
+        source: Any,
         pipeline: str,
         topic_ids: Any = None,
         connections: Connections = NONE,
@@ -604,6 +627,38 @@ class KafkaLog:
         finally:
             with contextlib.suppress(KafkaException, RuntimeError):
                 other.close()
+
+    def produce(
+        self,
+        pipeline: str,
+        lines: list[str],
+        asked_partitions: int | None,
+        source_partitions: int,
+        skip_unavailable: bool = False,
+    ) -> str:
+        """Produce every record round robin over the topic's partitions, creating the topic
+        (``asked_partitions``, else the source's) if it is missing; the line to print."""
+        records = [json.loads(line) for line in lines]
+        created = self.create(asked_partitions or source_partitions)
+        if asked_partitions and not created and self.partitions() != asked_partitions:
+            raise SourceError(
+                f"--partitions {asked_partitions}: topic {self.topic} exists with "
+                f"{self.partitions()} partitions (tridentflow never repartitions a topic)"
+            )
+        added = self.append_spread(records)  # every record checked before any is sent
+        return (
+            f"produced {len(records)} records to Kafka topic {self.topic} "
+            f"({len(added)} of {self.partitions()} partitions"
+            + ("; topic created" if created else "")
+            + ")"
+        )
+
+    def check_delete(self) -> None:
+        """A topic is its producers': ``reset --source`` never deletes it."""
+        raise SourceError(
+            f"reset --source would delete Kafka topic {self.topic}, which is its producers': "
+            "reset without --source starts the pipeline at what the topic holds"
+        )
 
     def rebase(self) -> dict[int, int]:
         """After a reset: the topic id the reader reads from now on, and every partition's

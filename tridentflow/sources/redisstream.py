@@ -42,7 +42,7 @@ from typing import Any
 import redis
 
 from tridentflow.errors import PartitionUnavailable, SourceError
-from tridentflow.sources.base import LogScan
+from tridentflow.sources.base import ChaosTraits, LogScan
 from tridentflow.sources.filelog import encode_record
 from tridentflow_state.keys import KeySpace
 
@@ -129,6 +129,8 @@ class RedisStreamLog:
     """SourceLog over the streams ``stream_keys`` (one per partition) on ``client``; the
     ordinal index under ``keyspace``. ``url`` is what other processes (Spark executors)
     connect with."""
+
+    chaos = ChaosTraits(disturb="remove-entries", fresh="delete-source", removals_lose_records=True)
 
     def __init__(
         self,
@@ -537,6 +539,30 @@ class RedisStreamLog:
                 "records; reset without --source (this reader alone starts again), or remove "
                 "those readers first (XGROUP DESTROY)"
             )
+
+    def produce(
+        self,
+        pipeline: str,
+        lines: list[str],
+        asked_partitions: int | None,
+        source_partitions: int,
+        skip_unavailable: bool = False,
+    ) -> str:
+        """XADD every record round robin to the pipeline's streams; the line to print."""
+        if asked_partitions:
+            raise SourceError("--partitions: a stream source's partitions are its streams")
+        records = [json.loads(line) for line in lines]
+        added = self.append_spread(records)  # every record checked before any is added
+        scan = self.scan()
+        return (
+            f"added {len(records)} entries to the streams of {pipeline} "
+            f"({len(added)} of {self.partitions()} streams; {sum(scan.heads.values())} ever "
+            "added)"
+        )
+
+    def check_delete(self) -> None:
+        """``reset --source`` may delete the streams: no other reader's group is on one."""
+        self.check_unshared()
 
     def delete(self) -> int:
         """Delete every partition's stream and index (``reset --source``). SourceError, with

@@ -1,13 +1,20 @@
 """Source specifications: what a pipeline reads, and how (its SourceMode). The logs they
-describe are beside them (filelog, redisstream); ``LogSource`` is the embedded file log,
-``RedisStreamSource`` Redis Streams."""
+describe are beside them (filelog, redisstream, kafka); ``LogSource`` is the embedded file log,
+``RedisStreamSource`` Redis Streams, ``KafkaSource`` a Kafka topic, ``CustomSource`` a log of
+your own. Each opens its log with ``open_log(ctx)`` (tridentflow.sources.base): a new kind of
+source is a subclass with its own ``open_log``, in its own module, and nothing else changes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING, ClassVar
 
 from tridentflow.errors import PipelineError
+from tridentflow.sources.kafka import KafkaFormat
+
+if TYPE_CHECKING:
+    from tridentflow.sources.base import SourceContext, SourceLog
 
 
 class SourceMode(StrEnum):
@@ -50,10 +57,19 @@ class LogSource:
                 f"position_field {self.position_field!r} is already a field of the source"
             )
 
+    uses_redis: ClassVar[bool] = False
+    """Whether ``open_log`` needs the pipeline's Redis (``SourceContext.client``)."""
+
     @property
     def stream_fields(self) -> tuple[str, ...]:
         """The source stream's fields: the records' fields, then the position if asked for."""
         return self.fields + ((self.position_field,) if self.position_field else ())
+
+    def open_log(self, ctx: SourceContext) -> SourceLog:
+        """The pipeline's file log, under ``HOME/sources/PIPELINE``."""
+        from tridentflow.sources.filelog import FileLog
+
+        return FileLog(ctx.home / "sources" / ctx.pipeline)
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,17 @@ class RedisStreamSource(LogSource):
         if len(set(self.stream_keys("p"))) != self.partitions:
             raise PipelineError(f"streams {self.streams!r} must name {{partition}}")
 
+    uses_redis: ClassVar[bool] = True
+
+    def open_log(self, ctx: SourceContext) -> SourceLog:
+        """The pipeline's streams, read through its Redis."""
+        from tridentflow.sources.redisstream import RedisStreamLog
+        from tridentflow_state.keys import KeySpace
+
+        streams = self.stream_keys(ctx.pipeline, ctx.namespace)
+        keys = KeySpace(ctx.pipeline, ctx.namespace)  # the reader's keys, whatever its shards
+        return RedisStreamLog(ctx.client, ctx.redis_url, keys, streams, self.fields)
+
     def stream_keys(self, pipeline: str, namespace: str = "") -> list[str]:
         """The streams of partitions 0..partitions-1 for ``pipeline`` in ``namespace``."""
         template = self.streams
@@ -96,11 +123,6 @@ class RedisStreamSource(LogSource):
 
 DEFAULT_STREAMS = RedisStreamSource.__dataclass_fields__["streams"].default
 DEFAULT_NAMESPACED_STREAMS = "tridentflow:{namespace}:{pipeline}:p{partition}"
-
-
-class KafkaFormat(StrEnum):
-    JSON = "json"
-    TEXT = "text"
 
 
 @dataclass(frozen=True)
@@ -152,8 +174,20 @@ class KafkaSource(LogSource):
         except (KeyError, IndexError, ValueError) as exc:
             raise PipelineError(f"topic {self.topic!r} may name only {{pipeline}}: {exc}") from None
 
+    uses_redis: ClassVar[bool] = True
+
     def topic_name(self, pipeline: str) -> str:
         return self.topic.format(pipeline=pipeline)
+
+    def open_log(self, ctx: SourceContext) -> SourceLog:
+        """The topic, its id kept in the pipeline's Redis (to tell a recreated topic), its
+        brokers from the source, the environment or the deployment's connections."""
+        from tridentflow.sources.kafka import KafkaLog, RedisValue
+
+        identity = RedisValue(ctx.client, ctx.keys.source_identity)
+        return KafkaLog.for_source(
+            self, ctx.pipeline, topic_ids=identity, connections=ctx.connections
+        )
 
 
 @dataclass(frozen=True)
@@ -177,3 +211,9 @@ class CustomSource(LogSource):
                 f"CustomSource log must be 'module:function', got {self.log!r}: a function "
                 "(source, pipeline_name) -> log"
             )
+
+    def open_log(self, ctx: SourceContext) -> SourceLog:
+        """What the ``log`` function builds for the pipeline."""
+        from tridentflow.sources.loading import import_ref
+
+        return import_ref(self.log)(self, ctx.pipeline)

@@ -29,11 +29,7 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     url_of,
 )
 from tridentflow.settings import env_int
-from tridentflow.sources.base import LogScan, SourceLog
-from tridentflow.sources.filelog import FileLog
-from tridentflow.sources.kafka import KafkaLog
-from tridentflow.sources.redisstream import RedisStreamLog
-from tridentflow.sources.specs import CustomSource, KafkaSource, RedisStreamSource
+from tridentflow.sources.base import LogScan, SourceContext, SourceLog
 from tridentflow.steps.staging import StagingArea
 from tridentflow_state.keys import KeySpace, check_name, check_shards
 from tridentflow_state.ledger import Ledger
@@ -83,21 +79,6 @@ def check_access(client: redis.Redis, keyspace: KeySpace, url: str) -> None:
             f"{keyspace.pipeline!r} ({keyspace.acl_pattern}): {exc}; "
             f"`tridentflow acl {keyspace.pipeline}` prints the ACL rules it needs"
         ) from None
-
-
-class RedisValue:
-    """One string key as a get/set value (what a Kafka log keeps its topic's id in)."""
-
-    def __init__(self, client: redis.Redis, key: str) -> None:
-        self.client = client
-        self.key = key
-
-    def get(self) -> str | None:
-        value = self.client.get(self.key)
-        return None if value is None else value.decode() if isinstance(value, bytes) else value
-
-    def set(self, value: str) -> None:
-        self.client.set(self.key, value)
 
 
 @dataclass
@@ -210,25 +191,23 @@ class Runtime:
     def keyspace(self) -> KeySpace:
         return self.ledger.keys
 
-    @cached_property
-    def log(self) -> FileLog | RedisStreamLog | KafkaLog | SourceLog:
-        """The pipeline's source log: its file log under the home, its Redis streams, or its
-        Kafka topic."""
-        source = self.pipeline.source
-        if isinstance(source, CustomSource):
-            from tridentflow.sources import build_custom_log
+    @property
+    def source_context(self) -> SourceContext:
+        """What the pipeline's source may use to open its log."""
+        return SourceContext(
+            self.pipeline.name,
+            self.home,
+            self.namespace,
+            self.client,
+            self.redis_url,
+            self.keyspace,
+            self.connections,
+        )
 
-            return build_custom_log(source, self.pipeline.name)
-        if isinstance(source, KafkaSource):
-            identity = RedisValue(self.client, self.keyspace.source_identity)
-            return KafkaLog.for_source(
-                source, self.pipeline.name, topic_ids=identity, connections=self.connections
-            )
-        if isinstance(source, RedisStreamSource):
-            keyspace = KeySpace(self.pipeline.name, self.namespace)
-            streams = source.stream_keys(self.pipeline.name, self.namespace)
-            return RedisStreamLog(self.client, self.redis_url, keyspace, streams, source.fields)
-        return FileLog(self.home / "sources" / self.pipeline.name)
+    @cached_property
+    def log(self) -> SourceLog:
+        """The pipeline's source log, as its source opens it (``open_log``)."""
+        return self.pipeline.source.open_log(self.source_context)
 
     @property
     def staging_root(self) -> Path:
@@ -245,11 +224,11 @@ class Runtime:
         """Every partition's head, or why it cannot be read; creates the log (or grows it to
         source.partitions) first. An unavailable partition is never recreated. A Kafka topic
         is not created here (SourceError if it is missing): it is the producers'."""
-        if isinstance(self.log, KafkaLog):
+        ensure = getattr(self.log, "ensure", None)
+        if ensure is None:  # the producers' log (Kafka): never created by its reader
             return self.log.scan(self.ledger.committed_offsets())
         current = self.log.partitions() if self.log.exists() else 0
-        ensure = getattr(self.log, "ensure", None)  # a log of your own may make none
-        if current < self.pipeline.source.partitions and ensure is not None:
+        if current < self.pipeline.source.partitions:
             ensure(self.pipeline.source.partitions)
         return self.log.scan()
 

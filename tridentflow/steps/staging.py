@@ -29,8 +29,8 @@ from typing import Any
 from tridentflow.engines.base import PartitionCount
 from tridentflow.engines.batchops import StageReport
 from tridentflow.errors import NON_FINITE, IncompleteBatchError, StagingValueError
+from tridentflow.fileio import fsync_dir, write_atomic
 from tridentflow.plan import BadRecord
-from tridentflow.sources.filelog import _fsync_dir, _write_atomic
 from tridentflow_state.codec import encode_value
 from tridentflow_state.errors import KeyEncodingError
 
@@ -226,14 +226,14 @@ class StagingArea:
             for name, pairs in partials.items()
         }
         bad_info = _write_jsonl(directory / BAD_FILE, (b.to_json() for b in bad))
-        _fsync_dir(directory)
+        fsync_dir(directory)
         if before_manifest is not None:
             before_manifest()
         manifest = dict(header)
         manifest["counts"] = {str(p): c.to_json() for p, c in sorted(counts.items())}
         manifest["states"] = states
         manifest["bad"] = bad_info
-        _write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         return StagedBatch(directory, manifest)
 
     def load(self, txid: int, attempt: int) -> StagedBatch:
