@@ -5,9 +5,11 @@ and newest supported Airflow and pyspark lines)."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -37,7 +39,9 @@ def build(outdir: Path) -> tuple[Path, Path]:
     """(the sdist, the wheel built from that sdist) with pypa/build, each in an isolated
     build environment (the build-system of pyproject.toml), as a release makes them. One
     build at a time: setuptools writes its egg-info into the checkout."""
-    with (ROOT / ".git" / "tridentflow-build.lock").open("w") as lock:
+    digest = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]  # the same in every worker
+    lock_path = Path(tempfile.gettempdir()) / f"tridentflow-build-{digest}.lock"
+    with lock_path.open("w") as lock:  # not in .git: a worktree's .git is a file
         fcntl.flock(lock, fcntl.LOCK_EX)
         run(sys.executable, "-m", "build", "--outdir", outdir, ROOT, cwd=ROOT)
     (sdist,) = outdir.glob("tridentflow-*.tar.gz")

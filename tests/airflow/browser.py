@@ -126,3 +126,11 @@ def wait_until(check: Callable[[], bool], timeout_s: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met")
         time.sleep(1)
+
+
+def frame_locator_text(page: Any, selector: str, text: str, timeout_s: float = 30) -> None:
+    """Until ``selector`` inside the plugin's frame shows exactly ``text`` (a page that
+    replaces itself shows the first one's text for a moment)."""
+    locator = page.frame_locator("iframe").locator(selector)
+    wait_until(lambda: locator.count() > 0 and locator.first.inner_text().strip() == text,
+               timeout_s)  # fmt: skip

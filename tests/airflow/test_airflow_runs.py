@@ -444,18 +444,24 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         browser.screenshot(page, "tridentflow-txid")
         # deep links (issue 36 item 7): the address bar names the txid's page, and pasted
         # into a new tab it opens that page in Airflow's frame
-        assert page.url.endswith("/plugin/tridentflow?pipeline=wordcount&txid=1"), page.url
+        here = "/plugin/tridentflow/tridentflow/txid?pipeline=wordcount&txid=1"
+        assert page.url.endswith(here), page.url
         frame.locator("h1 a").click()  # and back to the pipeline
         assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
-        assert page.url.endswith("/plugin/tridentflow?pipeline=wordcount"), page.url
-        browser.choose_pipeline(page, "wordcount-opaque")
-        assert page.url.endswith("/plugin/tridentflow?pipeline=wordcount-opaque"), page.url
+        browser.wait_until(lambda: page.url.endswith("/tridentflow/ui?pipeline=wordcount"), 10)
+        browser.choose_pipeline(page, "wordcount-opaque")  # a choice is not a page load
+        chosen = "/plugin/tridentflow/tridentflow/ui?pipeline=wordcount-opaque"
+        browser.wait_until(lambda: page.url.endswith(chosen), 10)
         page.reload()  # a reload keeps the choice
         page.frame_locator("iframe").locator("#body[data-pipeline='wordcount-opaque']").wait_for()
         assert frame.locator("#pipeline").input_value() == "wordcount-opaque"
-        page.goto(f"{api.base}/plugin/tridentflow?pipeline=wordcount&txid=2")  # pasted
-        assert browser.frame_text(page, "h1") == "txid 2 of wordcount"
-        assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
+        for pasted in (
+            "/plugin/tridentflow?pipeline=wordcount&txid=2",  # the short form
+            "/plugin/tridentflow/tridentflow/txid?pipeline=wordcount&txid=2",
+        ):
+            page.goto(f"{api.base}{pasted}")
+            browser.frame_locator_text(page, "h1", "txid 2 of wordcount")
+            assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
         page.goto(f"{api.base}/plugin/tridentflow")
         assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
 

@@ -14,9 +14,20 @@ from tridentflow.steps.runs import commit_run, coordinate_run, emit_run
 from tridentflow_airflow import view
 
 
+def as_connection(url: str) -> str:
+    """``url`` as the redis_default connection in the environment (Airflow's env secrets
+    backend answers before the metadata DB, which a live test may have given another one)."""
+    import json as _json
+
+    from tridentflow_airflow.launcher import redis_connection
+
+    return _json.dumps(redis_connection(url))
+
+
 @pytest.fixture
 def client(redis_url, redis_client, home, monkeypatch):
     monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", as_connection(redis_url))
     monkeypatch.setenv("TRIDENTFLOW_HOME", str(home))
     view.app.dependency_overrides[view.AUTHENTICATED] = lambda: None
     view.app.dependency_overrides[view.current_user] = lambda: None
@@ -39,6 +50,7 @@ def test_without_authentication_every_route_is_refused(redis_url, monkeypatch):
     from starlette.routing import Route
 
     monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", as_connection(redis_url))
     anonymous = TestClient(view.app)
     routes = [r for r in view.app.routes if isinstance(r, Route)]
     walked = set()
@@ -76,6 +88,7 @@ def test_the_view_reads_the_redis_the_tasks_write_through(client, redis_url, hom
         assert client.get("/api/pipelines/wordcount").json()["committed_txid"] == 1
     monkeypatch.delenv("AIRFLOW_CONN_REDIS_DEFAULT")
     monkeypatch.delenv("TRIDENTFLOW_REDIS_URL")
+    monkeypatch.setattr(view, "server_redis_url", lambda: None)  # nor in the metadata DB
     refused = client.get("/api/pipelines/wordcount")
     assert refused.status_code == 503
     assert refused.json()["detail"] == (
@@ -154,7 +167,9 @@ def test_the_view_shows_the_ledger_states_quarantine_and_audit(client, redis_url
 
 def test_no_response_shows_the_redis_password(client, redis_url, monkeypatch):
     secret_url = redis_url.replace("redis://", "redis://:s3cr3t-pw@")
-    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", secret_url)
+    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", secret_url)  # no connection: the URL is read
+    monkeypatch.delenv("AIRFLOW_CONN_REDIS_DEFAULT")
+    monkeypatch.setattr(view, "server_redis_url", lambda: None)
     listed = client.get("/api/pipelines")  # this Redis has no password: the login fails
     assert "s3cr3t-pw" not in listed.text
     assert listed.status_code == 503 or "***" in listed.text
@@ -191,6 +206,8 @@ def test_no_response_shows_a_secret_of_the_redis_url(redis_client, monkeypatch, 
     from tests.test_secrets import credential_forms
 
     server = secure_redis.start(tmp_path / "secret-redis")
+    monkeypatch.delenv("AIRFLOW_CONN_REDIS_DEFAULT", raising=False)  # the URLs are read
+    monkeypatch.setattr(view, "server_redis_url", lambda: None)
     view.app.dependency_overrides[view.AUTHENTICATED] = lambda: None
     try:
         for url, secret in credential_forms(server.port)[:2] + credential_forms(server.port)[3:5]:
@@ -235,6 +252,7 @@ def test_the_scrape_token_opens_metrics_and_nothing_else(redis_url, redis_client
     from airflow.api_fastapi.app import init_auth_manager
 
     monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", as_connection(redis_url))
     init_auth_manager()  # as the api-server does: a wrong token goes to Airflow's auth manager
     anonymous = TestClient(view.app)
     scrape = {"Authorization": "Bearer scrape-s3cret"}
@@ -263,6 +281,7 @@ def test_the_scrape_token_opens_exactly_one_route(redis_url, redis_client, monke
     from starlette.routing import Route
 
     monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", as_connection(redis_url))
     monkeypatch.setenv(view.METRICS_TOKEN_ENV, "scrape-s3cret")
     init_auth_manager()
     scraper = TestClient(view.app, follow_redirects=False)
@@ -369,6 +388,10 @@ def test_a_pipeline_nobody_configured_is_listed_as_such_not_as_a_failure(client,
     monkeypatch.delenv(BOOTSTRAP_ENV, raising=False)
     monkeypatch.delenv(CONFIG_ENV, raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_DEFAULT", raising=False)
+    from tridentflow.ops.bounded import BoundedReader
+
+    # a reader of its own: one an earlier test left waiting on a hung broker answers "not yet"
+    monkeypatch.setattr(view, "READER", BoundedReader())
     body = client.get("/api/pipelines").json()
     needs = {n["pipeline"]: n["needs"] for n in body["not_configured"]}
     assert set(needs) == {"wordcount-kafka", "wordcount-kafka-opaque"}, body
@@ -384,7 +407,9 @@ def test_a_pipeline_nobody_configured_is_listed_as_such_not_as_a_failure(client,
 def test_redis_unreachable_is_a_503_with_a_json_reason(client, monkeypatch):
     from tridentflow.ops.devredis import free_port
 
-    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", dead)
+    monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", as_connection(dead))
     listed = client.get("/api/pipelines")
     assert listed.status_code == 503
     body = listed.json()
