@@ -94,6 +94,7 @@ LAYERS = {
     "tridentflow.engines": 2,
     "tridentflow.steps": 3,
     "tridentflow.ops": 4,
+    "tridentflow.devtools": 4,  # development servers, the chaos harness (the CLI's dev-*)
 }
 """Each module's layer (its longest matching package); an import may only run downwards or
 sideways: ops -> steps -> engines -> sources / the API -> state."""
