@@ -44,7 +44,7 @@ from datetime import datetime
 from pathlib import Path
 
 from benchmarks.vs_spark import generate
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow import launcher
@@ -277,7 +277,7 @@ def main() -> None:
         raise
     finally:
         launcher.down(home)
-        from tridentflow.ops import connect_server
+        from tridentflow.devtools import connect_server
 
         if args.emitter == "connect":
             connect_server.stop(home, connect_port)

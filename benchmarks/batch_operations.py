@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tridentflow.devtools.sample_data import sentences
 from tridentflow.engines.base import ExecContext
 from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import SparkEngine, spark_session
-from tridentflow.ops.sample_data import sentences
 from tridentflow.plan import compile_pipeline
 from tridentflow.registry import load_pipeline
 from tridentflow.sources.filelog import FileLog

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from benchmarks.commit_throughput import pipeline, timed_commits
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
+from tridentflow.devtools.devcluster import LocalCluster
 from tridentflow.ops.audit import audit
-from tridentflow.ops.devcluster import LocalCluster
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow_state.maps import StateKind
 

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from tridentflow.aggregators import Count, Max, Mean, Min, Sum
+from tridentflow.devtools import devredis
 from tridentflow.engines.local import LocalEngine
 from tridentflow.nodes import StateSpec
-from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.specs import LogSource, SourceMode

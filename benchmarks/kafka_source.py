@@ -3,8 +3,8 @@ same records, and vs the limit a user would measure against.
 
     python -m benchmarks.kafka_source [--records 2000000] [--engines local,spark]
 
-Starts a private redis-server and a Tansu broker (tridentflow.ops.devkafka; in-memory storage)
-on free ports, produces ``--records`` sentences (1-6 words, tridentflow.ops.sample_data) to a
+Starts a private redis-server and a Tansu broker (tridentflow.devtools.devkafka; in-memory storage)
+on free ports, produces ``--records`` sentences (1-6 words, tridentflow.devtools.sample_data) to a
 4-partition topic and the same ones to a file log, then times, each on the same machine:
 
 * **KafkaSource**: the whole exactly-once run of ``wordcount-kafka``'s pipeline (coordinate,
@@ -28,17 +28,17 @@ from collections import Counter
 from pathlib import Path
 
 from tridentflow.aggregators import Count
+from tridentflow.devtools import devredis
+from tridentflow.devtools.devkafka import LocalKafka
+from tridentflow.devtools.sample_data import sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.wordcount import split
 from tridentflow.nodes import StateSpec
-from tridentflow.ops import devredis
-from tridentflow.ops.devkafka import LocalKafka
-from tridentflow.ops.query import list_state
-from tridentflow.ops.sample_data import sentences
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.specs import KafkaSource, LogSource, SourceMode
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow_state.maps import StateKind
 

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tridentflow.devtools import devredis
 from tridentflow.engines.spark import SparkEngine, spark_session
-from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.driver import run_batches, run_pipelined

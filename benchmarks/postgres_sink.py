@@ -91,13 +91,13 @@ def bench_export(dsn: str, keys: int) -> tuple[float, float, float]:
     from tridentflow.aggregators import Count
     from tridentflow.engines.local import LocalEngine
     from tridentflow.nodes import StateSpec
-    from tridentflow.ops.export import export
     from tridentflow.ops.reset import reset_pipeline
     from tridentflow.pipeline import Pipeline
     from tridentflow.sources.specs import LogSource, SourceMode
     from tridentflow.steps.committer import commit
     from tridentflow.steps.coordinator import coordinate
     from tridentflow.steps.emitter import emit
+    from tridentflow.steps.export import export
     from tridentflow.steps.runtime import Runtime, resolve_redis_url
     from tridentflow_state.maps import StateKind
 

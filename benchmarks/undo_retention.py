@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from benchmarks.commit_throughput import pipeline
+from tridentflow.devtools import devredis
 from tridentflow.engines.local import LocalEngine
-from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate

@@ -20,7 +20,7 @@ included, as a user pays it), interleaved per repetition; the best of --repeat i
   size, classic / over Connect.
 
 Every job's final counts are checked equal; the ratios are the issue's goals 1 and 2.
-Needs a Redis: TRIDENTFLOW_REDIS_URL, else a private redis-server (tridentflow.ops.devredis).
+Needs a Redis: TRIDENTFLOW_REDIS_URL, else a private redis-server (tridentflow.devtools.devredis).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def main() -> None:
     args = parser.parse_args()
     if not 1 <= args.repeat <= 2:
         parser.error("--repeat must be 1 or 2 (each repetition uses its own Redis databases)")
-    from tridentflow.ops import devredis
+    from tridentflow.devtools import devredis
 
     work = Path(tempfile.mkdtemp(prefix="tf-bench-vs-spark-"))
     try:
@@ -229,7 +229,7 @@ def _run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
     only = args.only.split(",") if args.only else list(JOBS)
     remote: list[str] = []
     if any("connect" in name for name in only):
-        from tridentflow.ops import connect_server, devredis
+        from tridentflow.devtools import connect_server, devredis
 
         port = devredis.free_port()
         started = time.monotonic()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.quiet_shutdown"]
@@ -92,7 +92,7 @@ def spark():
 @pytest.fixture(scope="session")
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A local Spark Connect server (``tridentflow spark-connect``) for the session."""
-    from tridentflow.ops import connect_server
+    from tridentflow.devtools import connect_server
 
     home = tmp_path_factory.mktemp("connect-home")
     port = devredis.free_port()

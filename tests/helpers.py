@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tridentflow.devtools.sample_data import WORDS, sentences, word_counts  # noqa: F401 (re-exported)
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
-from tridentflow.ops.sample_data import WORDS, sentences, word_counts  # noqa: F401 (re-exported)
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.runtime import Runtime

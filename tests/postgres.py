@@ -1,6 +1,6 @@
 """A real PostgreSQL for the tests: the machine's at 127.0.0.1:5432 (trust auth, user
 postgres) when it answers, else one started from Debian's ``postgresql`` package on a free port
-(tridentflow.ops.devpostgres; ``TRIDENTFLOW_TEST_OWN_POSTGRES=1`` forces that). Each test gets
+(tridentflow.devtools.devpostgres; ``TRIDENTFLOW_TEST_OWN_POSTGRES=1`` forces that). Each test gets
 a fresh database."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tridentflow.ops.devpostgres import LocalPostgres, system_dsn
+from tridentflow.devtools.devpostgres import LocalPostgres, system_dsn
 
 OWN_ENV = "TRIDENTFLOW_TEST_OWN_POSTGRES"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import redis
 
-from tridentflow.ops import acl, devredis
+from tridentflow.devtools import devredis
+from tridentflow.ops import acl
 
 ADMIN_PASSWORD = "adm1n-S3cret-pw"
 

@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 
 SPARK_CLASS = str(Path(sys.executable).with_name("spark-class"))
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tridentflow.ops.chaos import STREAM_PIPELINES, run_chaos
+from tridentflow.devtools.chaos import STREAM_PIPELINES, run_chaos
 from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 
 CI_SCHEDULES = 60
@@ -54,7 +54,7 @@ def test_fixed_seed_schedules_are_exact(pg_dsn):
 def test_sinks_stay_exact_when_postgresql_crashes_in_their_transactions():
     """On a PostgreSQL of the harness's own (started from Debian's package, as where no server
     runs), the server is crashed (SIGQUIT) and restarted while a sink is mid-transaction."""
-    from tridentflow.ops.devpostgres import LocalPostgres
+    from tridentflow.devtools.devpostgres import LocalPostgres
 
     with LocalPostgres() as server:
         results = run_chaos(6, seed=1000, postgres=server)
@@ -67,7 +67,7 @@ def test_sinks_stay_exact_when_postgresql_crashes_in_their_transactions():
 def test_the_harness_catches_a_sink_that_reads_values_after_the_fact(monkeypatch, pg_dsn):
     """The family: an exporter that reads a txid's keys from the state as it is now (not
     from the change log the commit wrote) exports what a later, half-written commit left."""
-    from tridentflow.ops import export
+    from tridentflow.steps import export
     from tridentflow_state.codec import encode_key
 
     original = export.changes_of
@@ -194,10 +194,10 @@ def test_the_harness_catches_a_rewind_that_restores_oldest_first(monkeypatch):
 def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     """A sharded commit whose stray-key rollback reads the written-set of one shard only
     (every schedule with 3 shards): an opaque replay leaves a lost record's count behind."""
-    import tridentflow.ops.chaos
+    import tridentflow.devtools.chaos
     from tridentflow_state.shards import ShardedRedisBackingMap
 
-    monkeypatch.setattr(tridentflow.ops.chaos, "schedule_shards", lambda seed: 3)
+    monkeypatch.setattr(tridentflow.devtools.chaos, "schedule_shards", lambda seed: 3)
     monkeypatch.setattr(
         ShardedRedisBackingMap, "keys_written_in", lambda self, t: self.shards[0].keys_written_in(t)
     )
@@ -262,7 +262,7 @@ def test_the_harness_catches_a_recreated_stream_read_as_new(monkeypatch):
 
 @pytest.fixture(scope="module")
 def kafka_broker():
-    from tridentflow.ops.devkafka import LocalKafka
+    from tridentflow.devtools.devkafka import LocalKafka
 
     with LocalKafka() as broker:
         yield broker
@@ -277,7 +277,7 @@ def test_kafka_schedules_are_exact(kafka_broker):
     few milliseconds into an emit, records produced while it is (sent once it is back),
     transactions' commit markers between records, undecodable records - among every other
     fault, on transactional and opaque sources."""
-    from tridentflow.ops.chaos import KAFKA_PIPELINES
+    from tridentflow.devtools.chaos import KAFKA_PIPELINES
 
     results = run_chaos(KAFKA_SEEDS, seed=0, pipelines=KAFKA_PIPELINES, kafka=kafka_broker)
     failures = [r.line() for r in results if not r.ok]
@@ -293,7 +293,7 @@ def test_the_harness_catches_a_broker_watermark_taken_on_trust(monkeypatch, kafk
     """The family: a reader that believes the broker's reported end of a partition (Tansu's
     high watermark is its last batch's base offset + 1) leaves records behind that the drain
     never reads - the harness must say so."""
-    from tridentflow.ops.chaos import KAFKA_PIPELINES
+    from tridentflow.devtools.chaos import KAFKA_PIPELINES
     from tridentflow.sources.kafka import KafkaLog
 
     monkeypatch.setattr(KafkaLog, "_ends", lambda self, stable: dict(stable))
@@ -305,7 +305,7 @@ def test_the_harness_catches_an_export_that_lets_a_foreign_error_through(monkeyp
     """Family: a sink's failure stops the commits. An export without its one-line wrapper
     lets a sink's KeyError (a driver's, a bug's) escape: the harness, whose sinks raise
     foreign errors in every schedule, names it (caught at the first schedule)."""
-    from tridentflow.ops import export
+    from tridentflow.steps import export
 
     def unwrapped(rt, feed, upto=None, resync=False, hook=None):
         return export._export_feed(rt, feed, upto, resync, hook, export._Attempt())

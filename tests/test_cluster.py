@@ -15,9 +15,9 @@ import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
 from tests.spark_cluster import StandaloneCluster
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
+from tridentflow.steps.query import query
 from tridentflow_airflow import launcher
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("cluster")]

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from tests.conftest import ROOT
-from tridentflow.ops import connect_server, devredis
+from tridentflow.devtools import connect_server, devredis
 
 pytestmark = pytest.mark.spark
 SLOW = "tests.pipelines:slow"

@@ -11,11 +11,11 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, PartitionUnavailable
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.emitter import emit
+from tridentflow.steps.query import query
 from tridentflow_state.codec import encode_key
 
 ENGINE = LocalEngine()

@@ -7,8 +7,8 @@ import io
 
 import pytest
 
+from tridentflow.devtools import devredis
 from tridentflow.errors import TridentflowError
-from tridentflow.ops import devredis
 from tridentflow.ops.cli import main
 
 

@@ -8,8 +8,8 @@ from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
 from tridentflow.steps.driver import run_pipelined
+from tridentflow.steps.query import query
 
 ENGINE = LocalEngine()
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import sentences, word_counts
+from tridentflow.devtools.chaos import RedisServer
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.ops.audit import audit
-from tridentflow.ops.chaos import RedisServer
-from tridentflow.ops.query import query
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.emitter import emit
+from tridentflow.steps.query import query
 from tridentflow.steps.runtime import Runtime, connect
 
 ENGINE = LocalEngine()

@@ -121,7 +121,7 @@ def test_a_reducer_state_folds_batches_in_order_and_replays_exactly(redis_url, r
     coordinate(rt, 2)
     emit(rt, 2, LocalEngine())
     commit(rt, 2)
-    from tridentflow.ops.query import query
+    from tridentflow.steps.query import query
 
     _txid, values = query(rt, rt.pipeline.states["words"], [("a",), ("b",), ("c",)])
     assert values == ["hello", "world", ""]
@@ -184,8 +184,8 @@ def test_a_state_query_stream_sees_the_last_committed_value_during_a_pending_com
 
 def test_a_state_query_stream_over_another_pipelines_state(redis_url, redis_client, home):
     from tridentflow.examples.user_scores import keep_latest
-    from tridentflow.ops.query import query
     from tridentflow.registry import load_pipeline
+    from tridentflow.steps.query import query
 
     counted = runtime("wordcount", redis_url, home)
     counted.source_heads()
@@ -241,7 +241,7 @@ def test_bad_aggregator_output_fails_with_a_clear_error_and_loses_nothing(
     with pytest.raises(StateUpdateError) as exc:
         commit(rt, 2)
     assert "state n: Boom() failed on key" in str(exc.value) and "no booms" in str(exc.value)
-    from tridentflow.ops.query import query
+    from tridentflow.steps.query import query
 
     assert rt.ledger.committed_txid() == 1
     assert query(rt, rt.pipeline.states["n"], [("a",), ("b",)])[1] == [1, 1]  # txid 1's values

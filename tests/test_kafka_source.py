@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers import drain_retrying, sentences, word_counts
 from tridentflow.aggregators import Count
+from tridentflow.devtools.devkafka import LocalKafka
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError
 from tridentflow.examples.wordcount import split
@@ -22,14 +23,13 @@ from tridentflow.faults import STEP_POINTS as POINTS
 from tridentflow.faults import Fault, FaultPlan
 from tridentflow.nodes import StateSpec
 from tridentflow.ops.audit import audit
-from tridentflow.ops.devkafka import LocalKafka
-from tridentflow.ops.query import list_state
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.status import status
 from tridentflow.pipeline import Pipeline
 from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.specs import KafkaSource, SourceMode
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow_state.maps import StateKind
 

@@ -91,9 +91,11 @@ LAYERS = {
     "tridentflow.sources": 1,  # source logs and their specifications
     "tridentflow.sinks": 1,  # the stores new-values streams are exported to
     "tridentflow": 1,  # the user API and what it is made of: pipeline, nodes, plan, ...
+    "tridentflow.examples": 1,  # the bundled pipelines: written with the user API only
     "tridentflow.engines": 2,
     "tridentflow.steps": 3,
     "tridentflow.ops": 4,
+    "tridentflow.devtools": 4,  # development servers, the chaos harness (the CLI's dev-*)
 }
 """Each module's layer (its longest matching package); an import may only run downwards or
 sideways: ops -> steps -> engines -> sources / the API -> state."""
@@ -218,3 +220,63 @@ def test_the_global_setting_check_finds_one():
     planted = "from tridentflow.sources import kafka\n\ndef f():\n    kafka.CONFIG_RESOLVER = g\n"
     assert module_globals_set_from_outside(planted) == ["kafka.CONFIG_RESOLVER"]
     assert module_globals_set_from_outside("self.LIMIT = 3\nx.limit = 2\n") == []
+
+
+def source_classes() -> set[str]:
+    """The classes tridentflow/sources/ defines (the built-in specs and logs)."""
+    return {
+        node.name
+        for path in (ROOT / "tridentflow" / "sources").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def isinstance_on(source: str, names: set[str]) -> list[str]:
+    """Names of ``names`` that an ``isinstance`` call in ``source`` tests against."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+            kinds = node.args[1] if len(node.args) == 2 else None
+            for kind in kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]:
+                name = getattr(kind, "id", None) or getattr(kind, "attr", None)
+                if name in names:
+                    found.append(name)
+    return found
+
+
+def test_no_code_outside_sources_asks_which_source_a_pipeline_has():
+    """Sources plug in (issue 39): outside tridentflow/sources/, nothing tests a pipeline's
+    source or log against a built-in class - it asks the spec (``open_log``) and the log's
+    declared capabilities instead."""
+    names = source_classes() - {"LogScan", "SourceContext", "ChaosTraits", "SourceMode"}
+    assert {"FileLog", "KafkaLog", "RedisStreamLog", "KafkaSource", "CustomSource"} <= names
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for folder in SHIPPED
+        for path in (ROOT / folder).rglob("*.py")
+        if not path.is_relative_to(ROOT / "tridentflow" / "sources")
+        if (found := isinstance_on(path.read_text(), names))
+    }
+    assert not offenders, offenders
+    planted = "def f(rt):\n    return isinstance(rt.log, (FileLog, specs.KafkaSource))\n"
+    assert isinstance_on(planted, names) == ["FileLog", "KafkaSource"]
+
+
+def test_the_architecture_page_lists_every_module():
+    """docs/architecture.md names every module of the shipped folders (``name.py``, or with
+    its folder), and the
+    layering test places every package of tridentflow/."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for folder in SHIPPED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.name != "__init__.py" and f"{path.name}`" not in page  # `x.py` or `dir/x.py`
+    ]
+    assert not unnamed, f"docs/architecture.md does not name: {unnamed}"
+    packages = {
+        module_name(path.parent / "__init__.py")
+        for path in (ROOT / "tridentflow").rglob("__init__.py")
+    }
+    assert packages <= set(LAYERS), packages - set(LAYERS)

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import produce, runtime, sentences
+from tridentflow.devtools.devredis import free_port
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops import metrics
-from tridentflow.ops.devredis import free_port
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.runs import commit_run, coordinate_run, emit_run
 from tridentflow.steps.runtime import Runtime

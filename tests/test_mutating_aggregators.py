@@ -10,8 +10,8 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import InjectedFault
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import query
 from tridentflow_state.backing import MemoryBackingMap
 from tridentflow_state.maps import StateKind, make_map_state
 

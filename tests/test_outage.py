@@ -13,12 +13,12 @@ from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
 from tridentflow.ops.status import status
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.emitter import emit
+from tridentflow.steps.query import query
 
 ENGINE = LocalEngine()
 

@@ -11,9 +11,9 @@ from tests.helpers import runtime
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TooManyBadRecords
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
 from tridentflow.ops.status import status
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import query
 
 ENGINE = LocalEngine()
 

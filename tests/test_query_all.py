@@ -11,11 +11,11 @@ from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan, InjectedFault
-from tridentflow.ops.query import list_state
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.emitter import emit
+from tridentflow.steps.query import list_state
 
 ENGINE = LocalEngine()
 

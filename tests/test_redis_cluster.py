@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
-from tridentflow.ops.chaos import run_chaos, schedule_shards
-from tridentflow.ops.devcluster import LocalCluster
+from tridentflow.devtools.chaos import run_chaos, schedule_shards
+from tridentflow.devtools.devcluster import LocalCluster
 from tridentflow.redisconn import connect
 from tridentflow_state.keys import KeySpace
 

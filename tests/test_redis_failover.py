@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
-from tridentflow.ops.chaos import run_chaos
-from tridentflow.ops.devcluster import LocalCluster
+from tridentflow.devtools.chaos import run_chaos
+from tridentflow.devtools.devcluster import LocalCluster
 from tridentflow.steps import committer
 from tridentflow_state.keys import shard_tags
 

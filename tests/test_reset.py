@@ -10,11 +10,11 @@ import pytest
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.emitter import emit
+from tridentflow.steps.query import query
 from tridentflow.steps.runs import coordinate_run, emit_run
 from tridentflow_state.backing import Fence
 from tridentflow_state.errors import GenerationError, PipelineBusyError

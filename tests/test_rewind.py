@@ -13,10 +13,10 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import list_state, list_state_as_of, query_as_of
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import list_state, list_state_as_of, query_as_of
 from tridentflow.steps.runs import RunNotBoundError, commit_run, coordinate_run, emit_run
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.errors import GenerationError, PipelineBusyError, RewindError

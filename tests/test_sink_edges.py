@@ -20,11 +20,11 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError
 from tridentflow.ops import metrics
 from tridentflow.ops.cli import main
-from tridentflow.ops.export import export, sink_status
-from tridentflow.ops.query import list_state
 from tridentflow.ops.status import format_status, status
 from tridentflow.sinks import SinkError
 from tridentflow.steps.driver import backlog, run_batches
+from tridentflow.steps.export import export, sink_status
+from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
 
 FLAKY = "tests.pipelines:flaky_sinked"
@@ -324,7 +324,7 @@ def test_a_stream_sink_cut_between_its_streams_refuses_a_rewind_below_any_part(
     with pytest.raises(SimulatedCrash):
         export(rt, hook=crash_between)
     feed = rt.pipeline.feeds[0]
-    from tridentflow.ops.export import context
+    from tridentflow.steps.export import context
 
     assert feed.sink.position(context(rt, feed)) == 1
     assert feed.sink.written_through(context(rt, feed)) == 2

@@ -16,11 +16,11 @@ from tridentflow import Count, LogSource, Pipeline, PostgresSink, RedisStreamSin
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError
 from tridentflow.faults import FaultPlan
-from tridentflow.ops.export import export, sink_status
-from tridentflow.ops.query import list_state
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.sinks import SinkError
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.export import export, sink_status
+from tridentflow.steps.query import list_state
 from tridentflow_state.changes import logged_txids
 
 LINES = ["a bb ccc", "set x 1", "bb ccc dddd", "set y 2", "ccc", "del x", "set y 3", "eeee a"]

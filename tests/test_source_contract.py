@@ -35,7 +35,7 @@ def log(request, tmp_path, redis_client, redis_url) -> Iterator[SourceLog]:
 
         yield SqliteLog(str(tmp_path / "source.db"), PARTITIONS)
     else:
-        from tridentflow.ops.devkafka import LocalKafka
+        from tridentflow.devtools.devkafka import LocalKafka
         from tridentflow.sources.kafka import KafkaLog
 
         with LocalKafka() as broker:

@@ -155,7 +155,7 @@ def test_the_chaos_harness_runs_schedules_on_the_fourth_source(redis_url, redis_
     """Faults at every step, crashes, retries, resets in flight over the fourth source: it
     declared no disturbance of its own (``ChaosTraits(disturb="none")``), so the harness
     appends through its ``produce`` and does everything else it does to any pipeline."""
-    from tridentflow.ops.chaos import run_chaos
+    from tridentflow.devtools.chaos import run_chaos
 
     results = run_chaos(6, seed=4000, pipelines=[REF], redis_restarts=False, redis_url=redis_url)
     assert len(results) == 6 and all(r.ok for r in results), [r.line() for r in results]

@@ -74,8 +74,8 @@ def test_spark_reads_kafka_like_the_local_engine(spark, redis_url, home, monkeyp
     with transaction markers split over several tasks give the local engine's partials and
     account for every offset."""
     from tests.test_kafka_source import pipeline, runtime_of, transactional_producer
+    from tridentflow.devtools.devkafka import LocalKafka
     from tridentflow.engines import spark as spark_engine
-    from tridentflow.ops.devkafka import LocalKafka
 
     with LocalKafka() as broker:
         rt = runtime_of(pipeline(broker), redis_url, home)
@@ -224,7 +224,7 @@ def test_emit_through_real_spark_submit(redis_url, redis_client, home, cli_env):
     assert commit(rt, 1).records == 200
     assert audit(rt).ok
     persist = rt.pipeline.states["counts"]
-    from tridentflow.ops.query import query
+    from tridentflow.steps.query import query
 
     expected = word_counts(lines)
     assert query(rt, persist, [(w,) for w in expected])[1] == list(expected.values())
@@ -305,7 +305,7 @@ def test_spark_connect_runs_every_pipeline_like_the_local_engine(connect_url, tf
     ]
 
     # Kafka read by the Connect server's Python workers (their own consumers)
-    from tridentflow.ops.devkafka import LocalKafka
+    from tridentflow.devtools.devkafka import LocalKafka
 
     with LocalKafka() as broker:
         kafka = {"TRIDENTFLOW_KAFKA_BOOTSTRAP": broker.bootstrap}

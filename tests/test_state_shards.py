@@ -9,15 +9,15 @@ import random
 import pytest
 
 from tests.helpers import drain_retrying, produce, sentences
+from tridentflow.devtools.chaos import WORDS
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
 from tridentflow.faults import FaultPlan
 from tridentflow.ops.audit import audit
-from tridentflow.ops.chaos import WORDS
-from tridentflow.ops.query import list_state
 from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow_state.codec import encode_key
 from tridentflow_state.errors import StateError

@@ -15,11 +15,11 @@ from tests.helpers import sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import SourceError
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import list_state
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 
 NAME = "wordcount-stream"

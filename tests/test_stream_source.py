@@ -15,10 +15,10 @@ from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.faults import STEP_POINTS as POINTS
 from tridentflow.faults import Fault, FaultPlan
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import list_state
 from tridentflow.registry import load_pipeline
 from tridentflow.sources.redisstream import RedisStreamLog
 from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 
 ENGINE = LocalEngine()

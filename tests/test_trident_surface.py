@@ -130,7 +130,7 @@ def test_static_states_in_a_redis_hash_and_a_file_join_the_stream(
 ):
     import json
 
-    from tridentflow.ops.query import query
+    from tridentflow.steps.query import query
 
     redis_client.hset("ref:tweeters", mapping={k: json.dumps(v) for k, v in TWEETERS.items()})
     followers = tmp_path / "followers.json"
@@ -167,7 +167,7 @@ def test_static_state_rules_and_errors(redis_url, redis_client, home, tmp_path):
     coordinate(rt, 1)
     emit(rt, 1, LocalEngine())
     commit(rt, 1)
-    from tridentflow.ops.query import query
+    from tridentflow.steps.query import query
 
     keys = [("United States",), ("France",), (None,)]
     assert query(rt, rt.pipeline.states["by_country"], keys)[1] == [2, 1, 1]
@@ -232,7 +232,7 @@ def test_removed_keys_leave_the_store_once_committed_and_survive_a_failed_commit
     from tridentflow import SourceMode, StateKind
     from tridentflow.faults import FaultPlan, InjectedFault
     from tridentflow.ops.audit import audit
-    from tridentflow.ops.query import query
+    from tridentflow.steps.query import query
 
     p = Pipeline("sessions", LogSource(fields=("user", "action"), mode=SourceMode.OPAQUE))
     p.stream.partition_persist(
@@ -323,7 +323,7 @@ def test_an_updater_reads_other_keys_the_same_way_in_every_replay(redis_url, hom
     """A commit that fails half-way, and one that fails before the mark, replay: every value
     an updater stored from what it read equals the value of a run without faults."""
     from tridentflow.faults import FaultPlan
-    from tridentflow.ops.query import list_state
+    from tridentflow.steps.query import list_state
     from tridentflow.steps.runtime import connect
 
     lines = [f"the {s}" if i % 3 else s for i, s in enumerate(sentences(200, seed=4))]

@@ -27,7 +27,7 @@ import pytest
 
 from tests.conftest import SEED_SENTENCES
 from tests.distribution import CONSTRAINTS, build, clean_env, make_venv, run
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 from tridentflow_airflow.rest import AirflowApi
 
 pytestmark = [pytest.mark.matrix]

@@ -14,7 +14,7 @@ from tridentflow import Count, LogSource, Pipeline, SourceMode, StateSpec, Sum
 from tridentflow.errors import PipelineError
 from tridentflow.faults import Dark, Fault, FaultPlan
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import list_state
+from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow.windows import Windows
 

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tridentflow.devtools import devredis
 from tridentflow.errors import TridentflowError
-from tridentflow.ops import devredis
 from tridentflow.redisconn import CA_PARAM
 from tridentflow.steps.runtime import REDIS_URL_ENV, resolve_home
 
@@ -274,7 +274,7 @@ def up(
         )
     base = dict(os.environ)
     if spark_connect is not None:
-        from tridentflow.ops import connect_server
+        from tridentflow.devtools import connect_server
 
         connect_server.start(home, spark_connect)
         airflow_home(home).mkdir(parents=True, exist_ok=True)  # a new home has none yet
@@ -338,7 +338,7 @@ def status(home: Path, port: int) -> dict[str, Any]:
     connect = None
     port_file = airflow_home(home) / "spark-connect.port"
     if port_file.exists():
-        from tridentflow.ops import connect_server
+        from tridentflow.devtools import connect_server
 
         cport = int(port_file.read_text())
         connect = {"url": connect_server.url(cport), "answering": connect_server.answering(cport)}
@@ -429,7 +429,7 @@ def down(home: Path, grace: float = 20) -> list[str]:
     _pids_file(home).unlink(missing_ok=True)
     connect_port = airflow_home(home) / "spark-connect.port"
     if connect_port.exists():  # the Spark Connect server `up --spark-connect` started
-        from tridentflow.ops import connect_server
+        from tridentflow.devtools import connect_server
 
         if connect_server.stop(home, int(connect_port.read_text())):
             order.append("spark-connect")

@@ -322,7 +322,7 @@ class CommitOperator(TridentflowTask, BaseOperator):
 
 class ExportOperator(TridentflowTask, BaseOperator):
     """Brings every sink of the pipeline up to the run's txid, txid by txid
-    (tridentflow.ops.export): after ``commit``, retried on its own, so a sink outage is a red
+    (tridentflow.steps.export): after ``commit``, retried on its own, so a sink outage is a red
     square here while the pipeline's commits go on; the next run's export catches up. A
     PostgresSink without a DSN of its own uses its Airflow connection (``postgres_default``)."""
 
@@ -333,7 +333,7 @@ class ExportOperator(TridentflowTask, BaseOperator):
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tridentflow.ops.export import export
+        from tridentflow.steps.export import export
 
         rt = self.runtime()
         txid = rt.ledger.txid_of_run(context["run_id"])

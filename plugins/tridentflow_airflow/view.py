@@ -479,7 +479,7 @@ def get_state(
     as_of: Annotated[int | None, Query(ge=0)] = None,
 ) -> dict[str, Any]:
     """The committed values of ``key``s (``as_of``: right after that retained txid)."""
-    from tridentflow.ops.query import parse_key, pick_state, query, query_as_of
+    from tridentflow.steps.query import parse_key, pick_state, query, query_as_of
 
     with runtime(name) as rt:
         persist = pick_state(rt, state)
@@ -567,7 +567,7 @@ def list_state_page(
     """A page of every key of a state with its committed value (``after``: the cursor the
     previous page returned as ``next``). ``as_of``: every key as of that retained txid, in
     one page (no ``after``)."""
-    from tridentflow.ops.query import list_state, list_state_as_of, pick_state
+    from tridentflow.steps.query import list_state, list_state_as_of, pick_state
 
     with runtime(name) as rt:
         persist = pick_state(rt, state)

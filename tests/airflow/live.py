@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 

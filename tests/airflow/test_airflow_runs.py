@@ -25,9 +25,9 @@ import pytest
 from tests.airflow import live as live_stack
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import runtime, sentences, word_counts
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
+from tridentflow.steps.query import query
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 
@@ -191,7 +191,7 @@ def test_wordcount_kafka_reads_the_topic_through_the_airflow_connection(af_env, 
     holds the client settings, as the apache-kafka provider's connection type does), handed to
     spark-submit off the command line; the emit fails once after reading and its retry reads
     exactly the same offsets."""
-    from tridentflow.ops.devkafka import LocalKafka
+    from tridentflow.devtools.devkafka import LocalKafka
     from tridentflow.sources.kafka import KafkaLog
 
     with LocalKafka() as broker:
@@ -210,7 +210,7 @@ def test_wordcount_kafka_reads_the_topic_through_the_airflow_connection(af_env, 
         assert out.count("commit of txid 1: committed") == 1
         rt = runtime("wordcount-kafka", redis_url, home)
         persist = rt.pipeline.states["counts"]
-        from tridentflow.ops.query import query
+        from tridentflow.steps.query import query
 
         got = query(rt, persist, [(w,) for w in SEED_COUNTS])[1]
         assert dict(zip(SEED_COUNTS, got, strict=True)) == SEED_COUNTS
@@ -324,8 +324,8 @@ def test_live_runs_kill_and_clear_keep_their_txid(live, pg_dsn, monkeypatch):
     # wordcount-postgres, two txids committed and one exported (by the CLI's functions): the
     # view's Sinks table shows the sink one txid behind
     from tridentflow.engines.local import LocalEngine
-    from tridentflow.ops.export import export
     from tridentflow.steps.driver import run_batches
+    from tridentflow.steps.export import export
 
     monkeypatch.setenv("TRIDENTFLOW_POSTGRES_DSN", pg_dsn)
     sinked = runtime("wordcount-postgres", redis_url, home)

@@ -14,9 +14,9 @@ import pytest
 
 from tests.airflow import live
 from tests.helpers import runtime, sentences, word_counts
-from tridentflow.ops import connect_server, devredis
+from tridentflow.devtools import connect_server, devredis
 from tridentflow.ops.audit import audit
-from tridentflow.ops.query import query
+from tridentflow.steps.query import query
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 

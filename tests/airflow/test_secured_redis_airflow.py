@@ -15,12 +15,12 @@ from fastapi.testclient import TestClient
 from tests import secure_redis
 from tests.conftest import SEED_SENTENCES
 from tests.helpers import runtime
+from tridentflow.devtools import devredis
 from tridentflow.engines.local import LocalEngine
-from tridentflow.ops import devredis
-from tridentflow.ops.query import query
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
+from tridentflow.steps.query import query
 from tridentflow_airflow import launcher, view
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("airflow")]

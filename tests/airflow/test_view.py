@@ -333,8 +333,8 @@ def test_a_source_that_does_not_answer_keeps_the_scrape_and_the_listing_in_bound
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from tridentflow.devtools.devredis import free_port
     from tridentflow.ops.bounded import READER
-    from tridentflow.ops.devredis import free_port
     from tridentflow.sources.kafka import BOOTSTRAP_ENV
 
     listener = None
@@ -405,7 +405,7 @@ def test_a_pipeline_nobody_configured_is_listed_as_such_not_as_a_failure(client,
 
 
 def test_redis_unreachable_is_a_503_with_a_json_reason(client, monkeypatch):
-    from tridentflow.ops.devredis import free_port
+    from tridentflow.devtools.devredis import free_port
 
     dead = f"redis://127.0.0.1:{free_port()}/0"
     monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", dead)
@@ -488,8 +488,8 @@ def test_a_txids_page_has_its_ranges_runs_adoptions_and_steps(client, redis_url,
 def test_a_pipelines_sinks_show_their_position_and_lag(
     client, redis_url, home, pg_dsn, monkeypatch
 ):
-    from tridentflow.ops.export import export
     from tridentflow.steps.driver import run_batches
+    from tridentflow.steps.export import export
 
     monkeypatch.setenv("TRIDENTFLOW_POSTGRES_DSN", pg_dsn)
     rt = runtime("wordcount-postgres", redis_url, home)
@@ -512,7 +512,7 @@ def test_a_kafka_pipeline_reads_its_brokers_from_the_airflow_connection(
     kafka_default connection too: partitions with committed offset, head and lag."""
     import json as _json
 
-    from tridentflow.ops.devkafka import LocalKafka
+    from tridentflow.devtools.devkafka import LocalKafka
     from tridentflow.sources.kafka import KafkaLog
 
     monkeypatch.delenv("TRIDENTFLOW_KAFKA_BOOTSTRAP", raising=False)

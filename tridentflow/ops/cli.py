@@ -410,7 +410,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
     def export_sinks() -> None:
         """After each commit: the sinks catch up (a failing sink lags, the commits go on)."""
-        from tridentflow.ops.export import close_sink, export_feed
+        from tridentflow.steps.export import close_sink, export_feed
 
         for feed in rt.pipeline.feeds:
             try:
@@ -466,7 +466,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.export import export
+    from tridentflow.steps.export import export
 
     rt = _runtime(args)
     if not rt.pipeline.feeds:
@@ -487,7 +487,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.query import parse_key, pick_state, query, query_as_of
+    from tridentflow.steps.query import parse_key, pick_state, query, query_as_of
 
     rt = _runtime(args)
     persist = pick_state(rt, args.state)
@@ -522,7 +522,7 @@ def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _list_state(rt: Runtime, persist: Any, args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.query import list_state, list_state_as_of
+    from tridentflow.steps.query import list_state, list_state_as_of
 
     if args.keys:
         raise TridentflowError("query --all lists every key: give no keys")
@@ -662,12 +662,12 @@ def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_chaos(args: argparse.Namespace, report, engine, own) -> list:
-    from tridentflow.ops.chaos import KAFKA_PIPELINES, run_chaos
+    from tridentflow.devtools.chaos import KAFKA_PIPELINES, run_chaos
 
     pipelines = [p for p in args.pipelines.split(",") if p]
     kafka = None
     if args.kafka:
-        from tridentflow.ops.devkafka import LocalKafka
+        from tridentflow.devtools.devkafka import LocalKafka
 
         kafka = LocalKafka().start()
         pipelines += [p for p in KAFKA_PIPELINES if p not in pipelines]
@@ -708,7 +708,7 @@ def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
         engine = SparkEngine(spark_session("tridentflow-chaos", remote=args.remote))
     own = None
     if args.own_postgres:
-        from tridentflow.ops.devpostgres import LocalPostgres
+        from tridentflow.devtools.devpostgres import LocalPostgres
 
         own = LocalPostgres()
         own.start()
@@ -731,7 +731,7 @@ def cmd_chaos(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_spark_connect(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops import connect_server
+    from tridentflow.devtools import connect_server
 
     home = resolve_home(args.home)
     if args.stop:
@@ -765,7 +765,7 @@ def cmd_acl(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_dev_redis(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops import devredis
+    from tridentflow.devtools import devredis
 
     directory = Path(args.dir) if args.dir else resolve_home(args.home) / "redis"
     if args.stop:

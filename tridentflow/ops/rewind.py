@@ -93,7 +93,7 @@ def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
                 ) from None
     reload = [feed.name for feed in rt.pipeline.feeds if feed.sink.resyncable]
     if target < committed:
-        from tridentflow.ops.export import context
+        from tridentflow.steps.export import context
 
         for feed in rt.pipeline.feeds:
             if feed.sink.resyncable:

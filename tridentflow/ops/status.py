@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tridentflow.ops.export import sink_status
+from tridentflow.steps.export import sink_status
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.rewind import rewinding_to
 from tridentflow_state.undo import retained

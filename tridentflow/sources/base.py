@@ -121,7 +121,7 @@ class SourceContext:
 
 @dataclass(frozen=True)
 class ChaosTraits:
-    """What the chaos harness (tridentflow.ops.chaos) may do to a log, declared by the log.
+    """What the chaos harness (tridentflow.devtools.chaos) may do to a log, declared by the log.
 
     ``disturb``: its disturbance while txids run - ``"dark-partition"`` (a file-log
     partition's directory goes away or its HEAD is torn, then it comes back),

@@ -28,7 +28,7 @@ retries a task) through a random mix of:
   others the operator sees the reason in ``status``, resets the reader, and from then on
   exactly what the streams hold must be counted;
 * state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard);
-* against a gated Redis Cluster with replicas (``cluster=``, tridentflow.ops.devcluster):
+* against a gated Redis Cluster with replicas (``cluster=``, tridentflow.devtools.devcluster):
   failovers with replication lag - a master's replication is held (the ledger's or a state
   shard's), the run goes on with ``--wait-replicas 1``, and a few steps later that master is
   killed while its replica is behind, the replica takes over and the old master rejoins.
@@ -46,7 +46,7 @@ retries a task) through a random mix of:
   After the drain every table equals the state row for row, and the streams' last entry per
   key is the state's value, with no change twice.
 
-* for the Kafka pipelines (``KAFKA_PIPELINES``, given a broker: tridentflow.ops.devkafka), the
+* for the Kafka pipelines (``KAFKA_PIPELINES``, given a broker: tridentflow.devtools.devkafka), the
   broker frozen (SIGSTOP) between steps or while an emit reads, for a few steps: an opaque
   txid skips its partitions, a transactional one fails its emit until the broker is back;
   records produced meanwhile are sent once it is (a producer's retries); transactions'
@@ -78,6 +78,10 @@ from pathlib import Path
 
 import redis
 
+from tridentflow.devtools import devredis
+from tridentflow.devtools.devcluster import LocalCluster
+from tridentflow.devtools.devkafka import LocalKafka
+from tridentflow.devtools.devpostgres import LocalPostgres
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import (
@@ -89,13 +93,7 @@ from tridentflow.errors import (
 )
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.faults import STEP_POINTS, Dark, Fault, FaultPlan, InjectedFault, SimulatedCrash
-from tridentflow.ops import devredis
 from tridentflow.ops.audit import audit
-from tridentflow.ops.devcluster import LocalCluster
-from tridentflow.ops.devkafka import LocalKafka
-from tridentflow.ops.devpostgres import LocalPostgres
-from tridentflow.ops.export import export
-from tridentflow.ops.query import list_state, query
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
@@ -103,6 +101,8 @@ from tridentflow.sinks import PostgresSink, RedisStreamSink, SinkError
 from tridentflow.sinks.redisstream import companion_key
 from tridentflow.sources.filelog import encode_record
 from tridentflow.steps.driver import backlog, run_batches
+from tridentflow.steps.export import export
+from tridentflow.steps.query import list_state, query
 from tridentflow.steps.runs import coordinate_run, emit_run, release_run
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow_state.codec import decode_key, encode_key
@@ -212,12 +212,12 @@ class Chaos:
         """``kafka``: the broker the Kafka pipelines' schedules read (and freeze).
         ``postgres_dsn``: a database the schedules' PostgresSinks write tables to (one per
         schedule and state, dropped after it); without it, the sinks are Redis streams only.
-        ``postgres``: a server of the harness's own (tridentflow.ops.devpostgres), which it
+        ``postgres``: a server of the harness's own (tridentflow.devtools.devpostgres), which it
         also crashes and restarts while a sink is in the middle of a transaction.
         ``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
         Connect session). ``redis_url``: run against that Redis (a cluster, say) instead of
         an own redis-server; it is never restarted then. ``cluster``: a gated cluster with
-        replicas (tridentflow.ops.devcluster): commits wait for one replica, and schedules fail
+        replicas (tridentflow.devtools.devcluster): commits wait for one replica, and schedules fail
         masters over with their replicas behind."""
         self.engine = engine or ENGINE
         self.cluster = cluster
@@ -991,9 +991,9 @@ class _Schedule:
     def note_changes(self, txid: int | None) -> None:
         """Note what committed txid ``txid`` wrote for each stream sink (from its change log,
         read now: the export has not dropped it yet)."""
-        from tridentflow.ops.export import _rows, changes_of
         from tridentflow.plan import compile_chain
         from tridentflow.sinks.redisstream import _text
+        from tridentflow.steps.export import _rows, changes_of
 
         rt = self.rt
         if txid is None or txid > rt.ledger.committed_txid():

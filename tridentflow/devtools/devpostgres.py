@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tridentflow.devtools.devredis import free_port
 from tridentflow.errors import TridentflowError
-from tridentflow.ops.devredis import free_port
 
 SYSTEM_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

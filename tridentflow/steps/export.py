@@ -162,7 +162,7 @@ def changes_of(rt: Runtime, feed: Feed, txid: int) -> list[Change] | None:
 
 def snapshot_of(rt: Runtime, feed: Feed) -> tuple[int, list[Change]]:
     """(committed txid C, every key of the feed's state with its value as of C)."""
-    from tridentflow.ops.query import list_state
+    from tridentflow.steps.query import list_state
 
     persist = rt.pipeline.states[feed.state]
     for _ in range(SNAPSHOT_TRIES):

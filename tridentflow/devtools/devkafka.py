@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tridentflow.devtools.devredis import free_port
 from tridentflow.errors import TridentflowError
-from tridentflow.ops.devredis import free_port
 
 BINARY_ENV = "TRIDENTFLOW_TANSU_BIN"
 

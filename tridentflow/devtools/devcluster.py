@@ -27,7 +27,7 @@ from pathlib import Path
 import redis
 from redis.crc import key_slot
 
-from tridentflow.ops import devredis
+from tridentflow.devtools import devredis
 
 MAX_PORT = 45000
 """Node ports stay below this (a node's cluster bus is its port + 10000, at most 65535)."""
