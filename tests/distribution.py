@@ -27,10 +27,13 @@ def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None, timeout
 
 
 def clean_env(venv: Path, **extra: str) -> dict[str, str]:
-    """The machine's environment without the test run's Python, Airflow or tridentflow
+    """The machine's environment without the test run's Python, Spark, Airflow or tridentflow
     settings, with ``venv`` first on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env = {k: v for k, v in env.items() if not k.startswith(("TRIDENTFLOW_", "AIRFLOW"))}
+    mine = ("PYTHON", "VIRTUAL_ENV", "PYSPARK_", "SPARK_HOME", "TRIDENTFLOW_", "AIRFLOW")
+    # PYSPARK_PYTHON too: scripts/env.sh points it at the repo's venv, whose Spark workers
+    # would then run the checkout's code (and find the test's TRIDENTFLOW_HOME, a directory
+    # named tridentflow in their cwd, before an editable install)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(mine)}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return {**env, **extra}
 

@@ -29,11 +29,6 @@ def custom_locator(opener: str, spec: Any) -> str:
     return CUSTOM_PREFIX + json.dumps({"opener": opener, "spec": spec}, sort_keys=True)
 
 
-def build_custom_log(source: Any, pipeline: str) -> SourceLog:
-    """The log a CustomSource's ``log`` function builds for ``pipeline``."""
-    return import_ref(source.log)(source, pipeline)
-
-
 LOCATORS: dict[str, Callable[[str], SourceLog]] = {}
 """Locator prefix -> the function that opens a log from a locator with that prefix."""
 
