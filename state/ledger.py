@@ -230,6 +230,17 @@ class Ledger:
                 found[run_id] = value.split(":", 2)[2]
         return found
 
+    def runs_by_txid(self) -> dict[int, list[str]]:
+        """txid -> every run bound to it that the ledger remembers (the runs it was adopted
+        from included), sorted; one scan of the runs hash. Read-only."""
+        found: dict[int, list[str]] = {}
+        for raw_run, raw in self.client.hscan_iter(self.keys.runs, count=1000):
+            run_id, value = _s(raw_run), _s(raw)
+            txid = value.split(":", 2)[1] if value.startswith("lost:") else value
+            if txid.isdigit():
+                found.setdefault(int(txid), []).append(run_id)
+        return {txid: sorted(runs) for txid, runs in found.items()}
+
     def lost_txid(self, run_id: str) -> tuple[int, str] | None:
         """(txid, adopting run) if another run adopted the txid ``run_id`` was bound to."""
         raw = _s(self.client.hget(self.keys.runs, run_id))
@@ -305,13 +316,21 @@ class Ledger:
         return int(COUNT_ATTEMPT(self.client, keys, [step, self.generation]))
 
     def record_task(
-        self, txid: int, step: str, try_number: int, started_ms: int, ended_ms: int | None = None
+        self,
+        txid: int,
+        step: str,
+        try_number: int,
+        started_ms: int,
+        ended_ms: int | None = None,
+        run_id: str = "",
     ) -> None:
-        """What the orchestrator knows of ``step``'s task for ``txid`` (RECORD_TASK): its try
-        number, its first try's start and its last end. Idempotent."""
+        """What the orchestrator knows of ``step``'s task for ``txid`` (RECORD_TASK): try
+        ``try_number`` of run ``run_id`` started at ``started_ms`` (and ended at ``ended_ms``).
+        Tries are summed over runs, durations over tries. Idempotent per (run, try)."""
         keys = [self.keys.tx(txid), self.keys.generation]
         args = [step, self.generation, int(try_number), int(started_ms)]
-        RECORD_TASK(self.client, keys, [*args, "" if ended_ms is None else int(ended_ms)])
+        ended = "" if ended_ms is None else int(ended_ms)
+        RECORD_TASK(self.client, keys, [*args, ended, run_id])
 
     def attempts(self, txid: int, step: str) -> int:
         return int(self.client.hget(self.keys.tx(txid), f"{step}_attempts") or 0)

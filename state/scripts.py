@@ -428,9 +428,9 @@ MARK_COMMITTED = LuaScript(
 -- first txid so marked is not trusted (an earlier attempt may have written without undo):
 -- ``from`` starts at txid + 1. With R = 0, ``from`` goes (the undo chain is broken).
 -- The history entry is the stats with the txid, the owning run, every step's attempts and
--- start/end times (ms) from the tx hash - and, under an orchestrator, its task's tries and
--- start/end (RECORD_TASK) - and the commit time: what a cleared Airflow task's deleted XCom
--- no longer shows. Returns 1 when marked, 0 if already committed (no-op).
+-- start/end times (ms) from the tx hash - and, under an orchestrator, its task's tries,
+-- start/end and summed durations (RECORD_TASK) - and the commit time: what a cleared Airflow
+-- task's deleted XCom no longer shows. Returns 1 when marked, 0 if already committed (no-op).
 local err = gen_check(KEYS[4], ARGV[3])
 if err then return redis.error_reply(err) end
 local txid = tonumber(ARGV[1])
@@ -469,7 +469,15 @@ for _, step in ipairs({'coordinate', 'emit', 'commit'}) do
   local tries = redis.call('HGET', KEYS[2], step .. '_tries')
   local task_started = redis.call('HGET', KEYS[2], step .. '_task_started_ms')
   local task_ended = redis.call('HGET', KEYS[2], step .. '_task_ended_ms')
-  if step == 'commit' and task_started then task_ended = now end
+  local task_ms = redis.call('HGET', KEYS[2], step .. '_task_ms')
+  if step == 'commit' and task_started then
+    -- the try marking this commit is running: its time so far counts
+    local try_started = tonumber(redis.call('HGET', KEYS[2], 'commit_try_started_ms') or '0')
+    if try_started > 0 and try_started > tonumber(task_ended or '0') then
+      task_ms = tonumber(task_ms or '0') + math.max(0, now - try_started)
+    end
+    task_ended = now
+  end
   steps[step] = {
     attempts = tonumber(redis.call('HGET', KEYS[2], step .. '_attempts') or '0'),
     started_ms = started and tonumber(started) or cjson.null,
@@ -477,6 +485,7 @@ for _, step in ipairs({'coordinate', 'emit', 'commit'}) do
     tries = tries and tonumber(tries) or cjson.null,
     task_started_ms = task_started and tonumber(task_started) or cjson.null,
     task_ended_ms = task_ended and tonumber(task_ended) or cjson.null,
+    task_ms = task_ms and tonumber(task_ms) or cjson.null,
   }
 end
 steps['commit']['attempts'] = tonumber(ARGV[2])
@@ -586,19 +595,36 @@ RECORD_TASK = LuaScript(
     "record_task",
     _GEN_CHECK
     + """
--- What the orchestrator knows of a step's task: its try number (Airflow's, retries and clears
--- included, which the step's own attempt counter misses when a try failed before it reached
--- Redis), when its first try started and when its last one ended.
+-- What the orchestrator knows of a step's task: its tries (Airflow's try numbers, retries and
+-- clears included, which the step's own attempt counter misses when a try failed before it
+-- reached Redis), summed over the runs that worked on the txid (an adopted txid's first run
+-- and its adopter each count theirs), when the first try started, when the last one ended,
+-- and the sum of the tries' durations (each try's end counted once).
 -- KEYS[1] tx hash  KEYS[2] generation key
--- ARGV[1] step  ARGV[2] generation  ARGV[3] try number  ARGV[4] started ms  ARGV[5] ended ms
--- ('' = not yet). Idempotent; returns 1.
+-- ARGV[1] step  ARGV[2] generation  ARGV[3] try number  ARGV[4] this try's start ms
+-- ARGV[5] this try's end ms ('' = running)  ARGV[6] run id. Idempotent; returns 1.
+-- Fields: <step>_tries@<run> (the run's highest try), <step>_tries (their sum),
+-- <step>_task_started_ms, <step>_task_ended_ms, <step>_try_started_ms (the newest try's start),
+-- <step>_ended@<run> (the run's highest try whose end is counted), <step>_task_ms (the sum).
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
-local step = ARGV[1]
-local tries = tonumber(redis.call('HGET', KEYS[1], step .. '_tries') or '0')
-if tonumber(ARGV[3]) > tries then redis.call('HSET', KEYS[1], step .. '_tries', ARGV[3]) end
+local step, try, run = ARGV[1], tonumber(ARGV[3]), ARGV[6]
+local had = tonumber(redis.call('HGET', KEYS[1], step .. '_tries@' .. run) or '0')
+if try > had then
+  redis.call('HSET', KEYS[1], step .. '_tries@' .. run, try)
+  redis.call('HINCRBY', KEYS[1], step .. '_tries', try - had)
+end
 redis.call('HSETNX', KEYS[1], step .. '_task_started_ms', ARGV[4])
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], step .. '_task_ended_ms', ARGV[5]) end
+if try >= had then redis.call('HSET', KEYS[1], step .. '_try_started_ms', ARGV[4]) end
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], step .. '_task_ended_ms', ARGV[5])
+  local counted = tonumber(redis.call('HGET', KEYS[1], step .. '_ended@' .. run) or '0')
+  if try > counted then
+    redis.call('HSET', KEYS[1], step .. '_ended@' .. run, try)
+    local took = math.max(0, tonumber(ARGV[5]) - tonumber(ARGV[4]))
+    redis.call('HINCRBY', KEYS[1], step .. '_task_ms', took)
+  end
+end
 return 1
 """,
 )

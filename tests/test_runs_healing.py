@@ -19,6 +19,7 @@ from tridentflow.steps.runs import (
     emit_run,
     note_task,
     release_finished_owners,
+    release_run,
 )
 from tridentflow_state.errors import CommitOrderError
 
@@ -100,19 +101,45 @@ def test_the_ledger_counts_the_orchestrators_tries_and_task_time(redis_url, redi
     produce(rt, sentences(4))
     started = 1_700_000_000_000
     result = coordinate_run(rt, "run-1")
-    note_task(rt, 1, "coordinate", 1, started, done=True)
+    note_task(rt, 1, "coordinate", 1, started, done=True, run_id="run-1")
     emit_run(rt, "run-1", ENGINE)
-    note_task(rt, 1, "emit", 3, started + 1_000, done=False)  # try 3: tries 1-2 never got here
-    note_task(rt, 1, "emit", 3, started + 5_000, done=True)
-    note_task(rt, 1, "commit", 1, started + 20_000, done=False)
+    # try 3: tries 1-2 never got here; its start and end are recorded twice (idempotent)
+    for _ in range(2):
+        note_task(rt, 1, "emit", 3, started + 1_000, done=False, run_id="run-1")
+    rt.ledger.record_task(1, "emit", 3, started + 1_000, started + 5_000, "run-1")
+    rt.ledger.record_task(1, "emit", 3, started + 1_000, started + 5_000, "run-1")
+    note_task(rt, 1, "commit", 1, int(time.time() * 1000) - 2_000, done=False, run_id="run-1")
     commit_run(rt, "run-1")
     entry = rt.ledger.history(1)[0]
     emit = entry["steps"]["emit"]
     assert step_tries(emit) == 3 and emit["attempts"] == 1  # Airflow's count wins
     assert emit["task_started_ms"] == started + 1_000  # the first try that reached Redis
-    assert step_seconds(emit) >= 0 and step_seconds(entry["steps"]["commit"]) >= 0
-    assert "emit" in describe_commit(entry) and "x3" in describe_commit(entry)
+    assert emit["task_ms"] == 4_000 and step_seconds(emit) == 4.0  # counted once
+    assert 2.0 <= step_seconds(entry["steps"]["commit"]) < 60  # its running try, so far
+    assert "emit 4.0s x3" in describe_commit(entry)
     assert result["txid"] == 1
+
+
+def test_an_adopted_txid_sums_the_tries_and_durations_of_every_run(redis_url, redis_client, home):
+    """Was: "1 tries" and the span from the first run's first try to the adopter's end (147 s
+    where the tries took 38 s): the adopting run's try 1 was taken for the txid's only one."""
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(4))
+    s = 1_700_000_000_000
+    coordinate_run(rt, "run-1")
+    note_task(rt, 1, "coordinate", 1, s, done=False, run_id="run-1")
+    rt.ledger.record_task(1, "coordinate", 1, s, s + 1_000, "run-1")
+    for n in (1, 2, 3):  # three emit tries that failed (each recorded its end)
+        rt.ledger.record_task(1, "emit", n, s + n * 40_000, s + n * 40_000 + 2_000, "run-1")
+    release_run(rt, "run-1")
+    coordinate_run(rt, "run-2")
+    rt.ledger.record_task(1, "coordinate", 1, s + 150_000, s + 150_500, "run-2")
+    emit_run(rt, "run-2", ENGINE)
+    rt.ledger.record_task(1, "emit", 1, s + 151_000, s + 159_000, "run-2")
+    commit_run(rt, "run-2")
+    steps = rt.ledger.history(1)[0]["steps"]
+    assert (step_tries(steps["emit"]), steps["emit"]["task_ms"]) == (4, 14_000)
+    assert (step_tries(steps["coordinate"]), steps["coordinate"]["task_ms"]) == (2, 1_500)
 
 
 def test_adopting_a_txid_never_gives_a_step_a_negative_time(redis_url, redis_client, home):

@@ -120,7 +120,8 @@ def _started_ms(context: Any) -> int:
 
 def record(rt: Runtime, context: Any, txid: int, step: str, done: bool) -> None:
     """The task's try and times in the ledger (best effort; see runs.note_task)."""
-    note_task(rt, txid, step, int(context["ti"].try_number or 1), _started_ms(context), done)
+    try_number = int(context["ti"].try_number or 1)
+    note_task(rt, txid, step, try_number, _started_ms(context), done, str(context["run_id"]))
 
 
 def report_figures(rt: Runtime) -> None:
@@ -237,17 +238,20 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         rt = self.runtime()
         txid, plan = emit_plan(rt, context["run_id"], self.lease_ms)
         record(rt, context, txid, "emit", done=False)
+        try:
+            return self.emit_txid(context, rt, txid, plan)
+        finally:  # a failed try's time counts too, as in Airflow's tries
+            record(rt, context, txid, "emit", done=True)
+
+    def emit_txid(self, context: Any, rt: Runtime, txid: int, plan: str) -> dict[str, Any] | None:
         if plan != "work":  # committed already, or an empty batch: no Spark job at all
             staged = None if plan == "committed" else emit_run(rt, context["run_id"], LocalEngine())
             result = emit_summary(rt, txid, staged)
-            record(rt, context, txid, "emit", done=True)
             self.log.info("emit of txid %s without Spark (%s): %s", txid, plan, result)
             return result
         remote = spark_connect_url(self._conn_id)
         if remote is not None:
-            result = self.execute_over_connect(context, remote)
-            record(rt, context, txid, "emit", done=True)
-            return result
+            return self.execute_over_connect(context, remote)
         with tempfile.TemporaryDirectory(prefix="tridentflow-emit-") as scratch:
             error_file = Path(scratch) / "error"
             self.env_vars = {
@@ -263,7 +267,6 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
                     raise
                 self.log.error("emit failed: %s", cause)
                 raise EmitFailed(cause) from exc
-        record(rt, context, txid, "emit", done=True)
         return None
 
     def execute_over_connect(self, context: Any, remote: str) -> dict[str, Any]:
@@ -304,8 +307,12 @@ class CommitOperator(TridentflowTask, BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         rt = self.runtime()
-        record(rt, context, owned_txid(rt, context["run_id"], self.lease_ms), "commit", False)
-        result = commit_run(rt, context["run_id"], self.lease_ms, run_state(context))
+        txid = owned_txid(rt, context["run_id"], self.lease_ms)
+        record(rt, context, txid, "commit", done=False)
+        try:
+            result = commit_run(rt, context["run_id"], self.lease_ms, run_state(context))
+        finally:  # a failed try's time counts too, as in Airflow's tries
+            record(rt, context, txid, "commit", done=True)
         self.log.info("commit of txid %s: %s", result["txid"], result["status"])
         report_figures(rt)
         if any(isinstance(o, AssetAlias) for o in self.outlets or ()):

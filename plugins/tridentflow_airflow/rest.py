@@ -106,6 +106,18 @@ class AirflowApi:
         quoted = urllib.parse.quote(run_id)
         return self.call("GET", f"{self._runs(dag_id)}/{quoted}/taskInstances/{task_id}")
 
+    def tries(self, run_id: str, task_id: str, dag_id: str | None = None) -> list[dict[str, Any]]:
+        """Every try of a task instance (Airflow's history of it and its current try); [] if
+        the run has no such task instance."""
+        quoted = urllib.parse.quote(run_id)
+        try:
+            found = self.call("GET", f"{self._runs(dag_id)}/{quoted}/taskInstances/{task_id}/tries")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return []
+            raise
+        return found["task_instances"]
+
     def xcom(self, run_id: str, task_id: str, dag_id: str | None = None) -> Any:
         quoted = urllib.parse.quote(run_id)
         entry = self.call(

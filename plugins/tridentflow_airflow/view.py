@@ -66,6 +66,7 @@ from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.dag_factory import default_dag_id
 from tridentflow_airflow.hooks import airflow_connections, server_redis_url
+from tridentflow_airflow.tries import TaskTry, airflow_tries, replays_after, step_figures
 from tridentflow_state.errors import StateError
 
 log = logging.getLogger(__name__)
@@ -314,13 +315,45 @@ def list_pipelines() -> dict[str, Any]:
     return body
 
 
+def tries_by_txid(rt: Runtime, txids: list[int]) -> dict[int, list[TaskTry]]:
+    """Airflow's tries of the steps of every run bound to each of ``txids`` (runs the ledger
+    remembers); {} where Airflow's DB cannot be read (tridentflow_airflow.tries)."""
+    runs = rt.ledger.runs_by_txid()
+    wanted = {txid: runs.get(txid, []) for txid in txids}
+    run_ids = [run for runs_of in wanted.values() for run in runs_of]
+    every = airflow_tries(default_dag_id(rt.pipeline.name), run_ids)
+    if not every:
+        return {}
+    return {
+        txid: [t for t in every if t.run_id in set(run_ids)] for txid, run_ids in wanted.items()
+    }
+
+
+def as_airflow_counts(entry: dict[str, Any], tries: list[TaskTry], now_ms: int) -> None:
+    """A commit's step figures replaced, step by step, by Airflow's for the tries that started
+    by its commit (tries summed over its runs; seconds the tries' durations summed)."""
+    figures = step_figures(tries, now_ms, until_ms=entry.get("committed_ms"))
+    for step, counted in figures.items():
+        entry.setdefault("steps", {}).setdefault(step, {}).update(counted)
+
+
 @app.get("/api/pipelines/{name}")
 def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) -> dict[str, Any]:
+    """The pipeline's status and its last commits; each commit's and each pending txid's step
+    tries and seconds as Airflow counts them wherever its DB answers."""
     with runtime(name) as rt:
         info = status(rt)
         info["history"] = rt.ledger.history(history)
         info["blocked"] = blocked_with_owner_state(rt)
         info["dag_id"] = default_dag_id(rt.pipeline.name)
+        pending = [p["txid"] for p in info["pending"]]
+        tries = tries_by_txid(rt, [e["txid"] for e in info["history"]] + pending)
+        now_ms = int(time.time() * 1000)
+        for entry in info["history"]:
+            as_airflow_counts(entry, tries.get(entry["txid"], []), now_ms)
+        for row in info["pending"]:
+            counted = step_figures(tries.get(row["txid"], []), now_ms)
+            row["tries"] = {step: figures["tries"] for step, figures in counted.items()}
         return info
 
 
@@ -341,9 +374,14 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
             {"run_id": run, "state": states(run), "adopted_by": adopter}
             for run, adopter in sorted(rt.ledger.runs_of_txid(txid).items())
         ]
+        tries = tries_by_txid(rt, [txid]).get(txid)
+        now_ms = int(time.time() * 1000)
         if txid <= rt.ledger.committed_txid():
             entry = commit_entry(rt, txid)
             replays = replays_after_commit(rt, txid, entry) if entry else []
+            if entry and tries:  # Airflow's count of every try, the failed ones included
+                as_airflow_counts(entry, tries, now_ms)
+                replays = replays_after(tries, entry["committed_ms"])
             if not out["partitions"] and entry and entry.get("ranges"):  # from its commit
                 out["partitions"] = _partitions(entry["ranges"])
             if not out["partitions"]:
@@ -357,6 +395,7 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
             "status": "pending",
             **pending_txid(rt, txid),
             "metadata": metadata,
+            "steps": step_figures(tries or [], now_ms),  # Airflow's tries so far
         }
 
 
@@ -551,9 +590,17 @@ def get_run(dag_id: str, run_id: str) -> dict[str, Any]:
             return {**out, "txid": lost[0], "status": "adopted", "adopted_by": lost[1]}
         if txid is None:
             return {**out, "txid": None, "status": "unbound"}
+        tries = tries_by_txid(rt, [txid]).get(txid, [])
+        now_ms = int(time.time() * 1000)
         if txid <= rt.ledger.committed_txid():
-            return {**out, "txid": txid, "status": "committed", "commit": commit_entry(rt, txid)}
-        return {**out, "txid": txid, "status": "pending", "pending": pending_txid(rt, txid)}
+            entry = commit_entry(rt, txid)
+            if entry:
+                as_airflow_counts(entry, tries, now_ms)
+            return {**out, "txid": txid, "status": "committed", "commit": entry}
+        pending = pending_txid(rt, txid)
+        counted = step_figures(tries, now_ms)
+        pending["tries"] = {step: figures["tries"] for step, figures in counted.items()}
+        return {**out, "txid": txid, "status": "pending", "pending": pending}
 
 
 @app.get("/api/pipelines/{name}/state/{state}/keys")

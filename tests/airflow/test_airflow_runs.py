@@ -352,6 +352,22 @@ def check_the_tridentflow_view(api: AirflowApi) -> None:
     assert [entry["txid"] for entry in info["history"]] == [2, 1]
     assert all(entry["run_id"].startswith("manual__") for entry in info["history"])
     assert info["history"][0]["steps"]["commit"]["attempts"] >= 2  # the killed commit retried
+    # each commit's tries and seconds are Airflow's for its run: simple (txid 1, whose run was
+    # cleared after its commit: those tries are replays, not the commit's), retried (txid 2)
+    for entry in info["history"]:
+        for step in ("coordinate", "emit", "commit"):
+            tries = started_tries(api, [entry["run_id"]], step, entry["committed_ms"])
+            shown = entry["steps"][step]
+            assert shown["tries"] == len(tries), (entry["txid"], step, shown, tries)
+            seconds = sum(t["duration"] or 0 for t in tries)
+            assert abs(shown["task_ms"] / 1000 - seconds) <= 1.0, (entry["txid"], step, tries)
+    assert info["history"][0]["steps"]["commit"]["tries"] >= 2
+    replays = view_json(api, "pipelines/wordcount/txids/1")["replays"]
+    assert {(r["step"], r["tries_at_commit"], r["tries_now"]) for r in replays} == {
+        ("coordinate", 1, 2),
+        ("emit", 1, 2),
+        ("commit", 1, 2),
+    }, replays  # the clear of run 1, counted by Airflow
 
     # the launcher: every component healthy (the triggerer too), connections in the DB
     health = api.call("GET", "/monitor/health")
@@ -413,7 +429,7 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         browser.frame_text(page, "#committed-txid")
         root = frame.locator("html")
         assert root.evaluate("e => e.classList.contains('dark')"), "the page ignored dark mode"
-        committed_at = browser.frame_text(page, "#commits tr:nth-child(2) td:nth-child(9)")
+        committed_at = browser.frame_text(page, "#commits tr:nth-child(2) td:nth-child(10)")
         assert committed_at.endswith("+05:30"), committed_at
         browser.screenshot(page, "tridentflow-dark")
         page.evaluate("localStorage.setItem('theme', 'light'); localStorage.removeItem('timezone')")
@@ -520,6 +536,13 @@ def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everythin
         assert f"txid {doomed_txid} is held by run {doomed}, which failed" in blocked, blocked
         assert page.frame_locator("iframe").locator("#release").is_visible()
         browser.screenshot(page, "tridentflow-blocked")
+        # the pending txid's tries are Airflow's: every failed try, none of which reached Redis
+        (pending,) = view_json(api, "pipelines/wordcount")["pending"]
+        tried = {s: len(started_tries(api, [doomed], s)) for s in ("coordinate", "emit")}
+        assert tried["emit"] >= 2 and tried["coordinate"] == 1, tried
+        assert {s: pending["tries"].get(s, 0) for s in tried} == tried, pending
+        shown = browser.frame_text(page, "#pending")
+        assert f"emit\N{MULTIPLICATION SIGN}{tried['emit']}" in shown, (shown, pending)
     # what the view asks Airflow's DB in the api-server, and its audit-log entry, for real
     env = launcher.airflow_env(home, redis_url, port)
     code = (
@@ -545,6 +568,8 @@ def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everythin
     assert got == {w: before.get(w, 0) + n for w, n in word_counts(lines).items()}
     assert audit(rt).ok
     assert took < 120, f"{took:.0f}s from Redis back to everything committed"
+    # the adopted txid's page: tries and seconds equal Airflow's over both runs (issue 36)
+    assert_steps_are_airflows(api, home, doomed_txid, [doomed, healed])
     # the emit of a txid already committed starts no Spark job (a clear of the healed emit)
     api.call(
         "POST",
@@ -555,6 +580,63 @@ def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everythin
     assert api.wait_run(healed) == "success"
     again = api.xcom(healed, "emit")
     assert again["status"] == "already-committed", again
+
+
+def view_json(api: AirflowApi, path: str) -> Any:
+    """An answer of the tridentflow view's JSON API, with the REST client's token."""
+    request = urllib.request.Request(
+        f"{api.base}/tridentflow/api/{path}", headers={"Authorization": f"Bearer {api.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def _ms(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000
+
+
+def started_tries(
+    api: AirflowApi, runs: list[str], step: str, until_ms: float | None = None
+) -> list[dict[str, Any]]:
+    """The tries of ``step`` in ``runs`` that started (by ``until_ms``), as Airflow's REST API
+    lists them."""
+    return [
+        t
+        for run in runs
+        for t in api.tries(run, step)
+        if t.get("start_date") and (until_ms is None or _ms(t["start_date"]) <= until_ms)
+    ]
+
+
+def assert_steps_are_airflows(api: AirflowApi, home: Path, txid: int, runs: list[str]) -> None:
+    """The committed txid's steps as the view's JSON and its page show them: per step, the
+    tries Airflow lists over ``runs`` that started by the commit, and the sum of their
+    durations within a second."""
+    page = view_json(api, f"pipelines/wordcount/txids/{txid}")
+    committed_ms = page["commit"]["committed_ms"]
+    expected = {}
+    for step in ("coordinate", "emit", "commit"):
+        tries = started_tries(api, runs, step, committed_ms)
+        seconds = sum(t["duration"] or 0 for t in tries)
+        shown = page["commit"]["steps"][step]
+        assert shown["tries"] == len(tries), (step, shown, tries)
+        assert abs(shown["task_ms"] / 1000 - seconds) <= 1.0, (step, shown, tries)
+        expected[step] = (len(tries), seconds)
+    assert expected["emit"][0] >= 3, expected  # the failed run's tries and the adopter's
+    from tests.airflow import browser
+
+    with browser.logged_in(api.base, launcher.admin_password(home)) as page_:
+        page_.goto(f"{api.base}/plugin/tridentflow/tridentflow/txid?pipeline=wordcount&txid={txid}")
+        browser.frame_locator_text(page_, "h1", f"txid {txid} of wordcount")
+        rows = browser.frame_text(page_, "#steps").splitlines()[1:]
+        for row in rows:
+            step, tries, seconds = row.split("\t")[:3]
+            assert int(tries) == expected[step][0], row
+            assert abs(float(seconds) - expected[step][1]) <= 1.05, (row, expected)
+        assert sorted(r.split("\t")[0] for r in rows) == ["commit", "coordinate", "emit"]
+        browser.screenshot(page_, "tridentflow-txid-adopted")
 
 
 def test_a_run_marked_failed_by_hand_blocks_until_released_from_the_ui(live):

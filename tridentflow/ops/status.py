@@ -83,11 +83,13 @@ def _clock(ms: int) -> str:
 
 
 def step_seconds(info: dict[str, Any]) -> float | None:
-    """How long a step took: its orchestrator task's span (first try start to last end) where
-    recorded, else the step's own (first attempt to last end); never negative."""
-    for start, end in (("task_started_ms", "task_ended_ms"), ("started_ms", "ended_ms")):
-        if info.get(start) and info.get(end):
-            return max(0.0, (info[end] - info[start]) / 1000)
+    """How long a step took: the sum of its orchestrator task's tries (each try's start to its
+    end, as Airflow's try durations) where recorded, else the step's own span (first attempt
+    to last end); never negative."""
+    if info.get("task_ms") is not None:
+        return max(0.0, info["task_ms"] / 1000)
+    if info.get("started_ms") and info.get("ended_ms"):
+        return max(0.0, (info["ended_ms"] - info["started_ms"]) / 1000)
     return None
 
 

@@ -170,14 +170,21 @@ def emit_plan(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> tup
 
 
 def note_task(
-    rt: Runtime, txid: int, step: str, try_number: int, started_ms: int, done: bool
+    rt: Runtime,
+    txid: int,
+    step: str,
+    try_number: int,
+    started_ms: int,
+    done: bool,
+    run_id: str = "",
 ) -> None:
-    """Record the orchestrator's view of a step's task (its try number; its first start; its
-    end once ``done``) in the ledger, best effort: a try that cannot reach Redis is counted
-    by the next one that can."""
+    """Record the orchestrator's view of a step's task (try ``try_number`` of ``run_id``, which
+    started at ``started_ms``; its end once ``done``, failed or not) in the ledger, best effort:
+    a try that cannot reach Redis is missing there (its try number is counted by the run's next
+    try that can; the console reads every try from Airflow's own records)."""
     try:
         ended = int(time.time() * 1000) if done else None
-        rt.ledger.record_task(txid, step, try_number, started_ms, ended)
+        rt.ledger.record_task(txid, step, try_number, started_ms, ended, run_id)
     except Exception:  # never fail a task for its bookkeeping
         return
 
