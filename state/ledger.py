@@ -47,6 +47,7 @@ from tridentflow_state.scripts import (
     COUNT_ATTEMPT,
     MARK_COMMITTED,
     NEW_GENERATION,
+    RECORD_SETTINGS,
     RECORD_STAGED,
     RECORD_TASK,
     RENEW_LEASE,
@@ -331,6 +332,19 @@ class Ledger:
         args = [step, self.generation, int(try_number), int(started_ms)]
         ended = "" if ended_ms is None else int(ended_ms)
         RECORD_TASK(self.client, keys, [*args, ended, run_id])
+
+    def settings(self) -> dict[str, str]:
+        """The pipeline's recorded settings (RECORD_SETTINGS): name -> value. Read-only."""
+        raw = self.client.hgetall(self.keys.ledger)
+        prefix = "setting:"
+        return {_s(k)[len(prefix) :]: _s(v) for k, v in raw.items() if _s(k).startswith(prefix)}
+
+    def record_settings(self, values: Mapping[str, str]) -> int:
+        """Record ``values`` as the pipeline's settings (fenced by the generation: a step of
+        a reset pipeline records nothing). Idempotent; returns how many changed."""
+        flat = [item for pair in sorted(values.items()) for item in pair]
+        keys = [self.keys.ledger, self.keys.generation]
+        return int(RECORD_SETTINGS(self.client, keys, [self.generation, *flat]))
 
     def attempts(self, txid: int, step: str) -> int:
         return int(self.client.hget(self.keys.tx(txid), f"{step}_attempts") or 0)

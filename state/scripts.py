@@ -629,6 +629,28 @@ return 1
 """,
 )
 
+RECORD_SETTINGS = LuaScript(
+    "record_settings",
+    _GEN_CHECK
+    + """
+-- Record a pipeline's settings with its ledger (tridentflow.steps.recorded_settings): fields
+-- ``setting:<name>``, so that a reset, which deletes the ledger, forgets them with the state.
+-- KEYS[1] ledger hash  KEYS[2] generation key
+-- ARGV[1] generation  ARGV[2..] name, value, ... Idempotent; returns how many changed.
+local gerr = gen_check(KEYS[2], ARGV[1])
+if gerr then return redis.error_reply(gerr) end
+local changed = 0
+for i = 2, #ARGV, 2 do
+  local field = 'setting:' .. ARGV[i]
+  if redis.call('HGET', KEYS[1], field) ~= ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], field, ARGV[i + 1])
+    changed = changed + 1
+  end
+end
+return changed
+""",
+)
+
 # Shared Lua helper: the check a reset and a rewind make before they start a generation -
 # refused (TFBUSY) while a pending txid's owner holds a live lease. ``first``: the index in
 # KEYS of the first pending txid's tx hash; ``how``: what the error suggests to force it.

@@ -573,3 +573,25 @@ def test_state_as_of_an_older_txid_and_a_rewind_from_the_view(client, redis_url,
     assert items(listed) == items(noted[2])
     run = client.get("/api/runs/tridentflow_wordcount/manual__4").json()
     assert (run["status"], run["txid"], run["rewound_to"]) == ("rewound", 4, 2)
+
+
+def test_settings_that_disagree_with_the_recorded_ones_are_shown_in_one_line(
+    client, redis_url, home, monkeypatch
+):
+    """A component (here: the api-server) whose TRIDENTFLOW_RETAIN_TXIDS differs from the
+    retention the pipeline's commits recorded: the pipeline's answer says so, and reads the
+    recorded value (issue 36, item 6)."""
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "4")
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(6))
+    coordinate_run(rt, "manual__1")
+    emit_run(rt, "manual__1", LocalEngine())
+    commit_run(rt, "manual__1")
+    info = client.get("/api/pipelines/wordcount").json()
+    assert info["settings"]["recorded"]["retain_txids"] == "4"
+    assert info["settings"]["disagreements"] == [] and info["retain_txids"] == 4
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "1")
+    info = client.get("/api/pipelines/wordcount").json()
+    (line,) = info["settings"]["disagreements"]
+    assert line.startswith("TRIDENTFLOW_RETAIN_TXIDS=1 in this process, but wordcount's commits")
+    assert info["retain_txids"] == 4 and info["rewindable"]["retain_txids"] == 4

@@ -43,6 +43,7 @@ from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
 from tridentflow.sources.base import SourceContext
 from tridentflow.sources.filelog import encode_record
+from tridentflow.steps import recorded_settings
 from tridentflow.steps.runtime import Runtime, resolve_home
 from tridentflow_state.errors import StateError
 
@@ -210,6 +211,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rewind even while a run holds a live lease (its later steps are refused)",
     )
+    p.add_argument("--json", action="store_true")
+    _common(p)
+
+    p = sub.add_parser(
+        "settings",
+        help="the settings recorded with a pipeline (what its commits write), this process's",
+    )
+    p.add_argument("pipeline")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="make this process's values (--retain-txids, else its environment's, and the "
+        "pipeline's code) the pipeline's, for every component",
+    )
+    p.add_argument("--retain-txids", type=whole(0), metavar="R")
     p.add_argument("--json", action="store_true")
     _common(p)
 
@@ -382,6 +398,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args)
     rt.check_layout()  # a bad shard count (TRIDENTFLOW_STATE_SHARDS) before any JVM starts
     _ = rt.retain_txids
+    for line in recorded_settings.disagreements(rt)[:1]:  # before any JVM starts too
+        raise recorded_settings.SettingsDisagree(line)
     label = rt.pipeline.guarantee
     if label is Guarantee.AT_LEAST_ONCE:
         sys.stderr.write(
@@ -558,6 +576,34 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
     info = status(_runtime(args))
     out.write((json.dumps(info) if args.json else format_status(info)) + "\n")
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace, out: TextIO) -> int:
+    """Show the pipeline's recorded settings beside this process's (and where each comes
+    from); ``--record`` makes this process's the pipeline's."""
+    rt = _runtime(args)
+    changed = recorded_settings.record(rt, force=True) if args.record else 0
+    recorded = rt.ledger.settings()
+    own = recorded_settings.own_settings(rt)
+    lines = recorded_settings.disagreements(rt, recorded)
+    if args.json:
+        info = {
+            "pipeline": rt.pipeline.name,
+            "recorded": recorded,
+            "this_process": {k: {"value": o.value, "from": o.source} for k, o in own.items()},
+            "disagreements": lines,
+            "changed": changed,
+        }
+        out.write(json.dumps(info) + "\n")
+        return 0
+    for name, mine in own.items():
+        have = recorded.get(name, "(not recorded)")
+        out.write(f"{name:<17} {have}  (this process: {mine.value}, from {mine.source})\n")
+    for line in lines:
+        out.write(f"DISAGREES         {line}\n")
+    if args.record:
+        out.write(f"recorded          {changed} setting(s) changed\n")
     return 0
 
 
@@ -781,6 +827,7 @@ COMMANDS = {
     "run": cmd_run,
     "query": cmd_query,
     "status": cmd_status,
+    "settings": cmd_settings,
     "export": cmd_export,
     "audit": cmd_audit,
     "quarantine": cmd_quarantine,

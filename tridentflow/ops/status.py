@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from tridentflow.steps.export import sink_status
+from tridentflow.steps.recorded_settings import disagreements as settings_disagreements
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.rewind import rewinding_to
 from tridentflow_state.undo import retained
@@ -21,6 +22,7 @@ def status(rt: Runtime) -> dict[str, Any]:
     now_ms = rt.redis_now_ms()
     pending = [pending_txid(rt, txid, now_ms) for txid in ledger.pending_txids()]
     history = ledger.history(HISTORY_SHOWN)
+    recorded = ledger.settings()
     partitions = []
     for p in sorted(set(heads) | set(offsets) | set(unavailable)):
         if p in heads:
@@ -61,8 +63,13 @@ def status(rt: Runtime) -> dict[str, Any]:
         "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
         "sinks": sink_status(rt),
         "rewindable": rewindable(rt),
+        "retain_txids": rt.retain_txids,
         "rewinding": rewinding_to(rt.client, rt.keyspace),
         "rewinds": ledger.rewinds(5),
+        "settings": {
+            "recorded": recorded,
+            "disagreements": settings_disagreements(rt, recorded),
+        },
     }
 
 
@@ -160,8 +167,10 @@ def format_status(info: dict[str, Any]) -> str:
     lines.append(
         f"rewindable     txids {kept['oldest']}..{kept['newest']} (query --as-of, rewind --to)"
         if kept
-        else "rewindable     none (retain_txids is 0)"
+        else f"rewindable     none (retain_txids is {info.get('retain_txids', 0)})"
     )
+    for line in info.get("settings", {}).get("disagreements", []):
+        lines.append(f"SETTINGS       {line}")
     if info.get("rewinding") is not None:
         target = info["rewinding"]
         lines.append(

@@ -51,6 +51,7 @@ from tridentflow.errors import (
     ReplicationError,
     StateUpdateError,
 )
+from tridentflow.steps.recorded_settings import check as check_settings
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import StagedBatch
 from tridentflow_state.backing import Fence
@@ -300,6 +301,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
     )
 
+    check_settings(rt)  # one line if this process would change them unmeant
     retain = rt.retain_txids
     fence = Fence(txid, ticket.token, ticket.generation, undo=retain > 0)
     ensure_shards(rt.client, rt.keyspace, rt.state_shards)

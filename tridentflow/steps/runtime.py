@@ -159,18 +159,29 @@ class Runtime:
         except ValueError as exc:
             raise TridentflowError(f"{SHARDS_ENV}: {exc}") from None
 
+    def own_retain_txids(self) -> tuple[int, str]:
+        """This process's own retain_txids and where it comes from: ``retain`` (the command
+        line), else the pipeline's ``retain_txids`` (its code), else TRIDENTFLOW_RETAIN_TXIDS,
+        else 0 ("default")."""
+        if self.retain is not None:
+            return self.retain, "the command line"
+        if self.pipeline.retain_txids is not None:
+            return self.pipeline.retain_txids, "the pipeline's code"
+        if os.environ.get(RETAIN_ENV, "").strip():
+            return env_int(RETAIN_ENV, 0), RETAIN_ENV
+        return 0, "default"
+
     @property
     def retain_txids(self) -> int:
-        """Committed txids whose undo logs the commit keeps: ``retain`` (the command line's),
-        else the pipeline's ``retain_txids``, else TRIDENTFLOW_RETAIN_TXIDS, else 0 (off)."""
-        if self.retain is not None:
-            return self.retain
-        if self.pipeline.retain_txids is not None:
-            return self.pipeline.retain_txids
-        retain = env_int(RETAIN_ENV, 0)
-        if retain < 0:
-            raise TridentflowError(f"{RETAIN_ENV} must be >= 0, got {retain}")
-        return retain
+        """Committed txids whose undo logs the commit keeps: this process's own value where
+        it comes from the command line or the pipeline's code, else the value recorded with
+        the pipeline in Redis, else TRIDENTFLOW_RETAIN_TXIDS, else 0 (off); see
+        tridentflow.steps.recorded_settings."""
+        own, source = self.own_retain_txids()
+        if source in ("the command line", "the pipeline's code"):
+            return own
+        recorded = self.ledger.settings().get("retain_txids")
+        return int(recorded) if recorded is not None and recorded.isdigit() else own
 
     @cached_property
     def ledger(self) -> Ledger:

@@ -1,0 +1,125 @@
+"""A pipeline's settings that change what its commits write, recorded with the pipeline in
+Redis, so that every component - Airflow's tasks, the CLI, the view - reads the same:
+
+* ``retain_txids``: how many committed txids of undo logs the commits keep (``query --as-of``,
+  ``rewind``);
+* ``change_logs``: the states whose commits write a change log (what sinks and new-values
+  streams read), and ``change_log_limit``, how many of them are kept.
+
+(The state's shard count is recorded the same way by ``tridentflow_state.shards``.)
+
+Where this process's value comes from decides what a difference from the record means:
+
+* the pipeline's code, or the command line (``run --retain-txids``, ``tridentflow settings
+  --record``): a change - the next commit records it, and every component follows;
+* the environment (``TRIDENTFLOW_RETAIN_TXIDS``): this process's default. Once the pipeline has
+  a recorded value, that one holds: readers use it (``status`` says the environment differs)
+  and a commit whose environment says otherwise is refused in one line, so that one
+  component's environment cannot decide for the others.
+
+A commit that would write change logs of fewer states than recorded (a process holding another
+version of the pipeline, without one of its sinks) is refused in one line too: the sink would
+miss that txid's changes. Every check is read-only; ``record`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tridentflow.errors import TridentflowError
+
+if TYPE_CHECKING:
+    from tridentflow.steps.runtime import Runtime
+
+RETAIN = "retain_txids"
+CHANGE_LOGS = "change_logs"
+CHANGE_LOG_LIMIT = "change_log_limit"
+
+
+class SettingsDisagree(TridentflowError):
+    """This process's settings differ from the ones recorded with the pipeline."""
+
+
+@dataclass(frozen=True)
+class Own:
+    """This process's value of a setting and where it comes from: "the command line", "the
+    pipeline's code", "TRIDENTFLOW_..." (the environment) or "default"."""
+
+    value: str
+    source: str
+
+    @property
+    def is_change(self) -> bool:
+        """Whether a commit records it over a recorded value (code, command line)."""
+        return self.source in ("the command line", "the pipeline's code")
+
+    @property
+    def is_default(self) -> bool:
+        return self.source == "default"
+
+
+def own_settings(rt: Runtime) -> dict[str, Own]:
+    """This process's values, from its command line, the pipeline's code or its environment."""
+    retain, source = rt.own_retain_txids()
+    return {
+        RETAIN: Own(str(retain), source),
+        CHANGE_LOGS: Own(json.dumps(rt.pipeline.fed_states), "the pipeline's code"),
+        CHANGE_LOG_LIMIT: Own(str(rt.pipeline.change_log_limit), "the pipeline's code"),
+    }
+
+
+def disagreements(rt: Runtime, recorded: dict[str, str] | None = None) -> list[str]:
+    """One line per setting this process would change without meaning to (see the module
+    doc): [] when it agrees with the record, or nothing is recorded yet. Read-only."""
+    recorded = rt.ledger.settings() if recorded is None else recorded
+    name = rt.pipeline.name
+    lines = []
+    for setting, own in own_settings(rt).items():
+        have = recorded.get(setting)
+        if have is None or have == own.value:
+            continue
+        if setting == RETAIN and not own.is_change and not own.is_default:
+            lines.append(
+                f"{own.source}={own.value} in this process, but {name}'s commits keep {have} "
+                f"txid(s) of undo logs (recorded in Redis with the pipeline): unset it to use "
+                f"the recorded value, or make {own.value} the pipeline's for every component "
+                f"with `tridentflow settings {name} --record` run with it set"
+            )
+        elif setting == CHANGE_LOGS:
+            missing = sorted(set(json.loads(have)) - set(json.loads(own.value)))
+            if missing:
+                lines.append(
+                    f"this process's pipeline {name} writes no change log of {missing}, "
+                    f"which its commits have written (a sink or a new-values stream reads "
+                    f"them): load the same pipeline definition in every component; after "
+                    f"removing that sink for good, `tridentflow settings {name} --record`"
+                )
+    return lines
+
+
+def check(rt: Runtime) -> None:
+    """Before a commit writes: SettingsDisagree (one line) if this process would change a
+    recorded setting without meaning to; then record this process's values. Idempotent."""
+    recorded = rt.ledger.settings()
+    lines = disagreements(rt, recorded)
+    if lines:
+        raise SettingsDisagree(lines[0])
+    record(rt, recorded)
+
+
+def record(rt: Runtime, recorded: dict[str, str] | None = None, force: bool = False) -> int:
+    """Record this process's values as the pipeline's: those of its code and command line;
+    its environment's only where nothing is recorded yet; defaults never (an unset value is
+    no decision). ``force`` (``tridentflow settings --record``): every value, environment and
+    defaults included. Returns how many changed."""
+    recorded = rt.ledger.settings() if recorded is None else recorded
+    values = {
+        setting: own.value
+        for setting, own in own_settings(rt).items()
+        if force or own.is_change or (setting not in recorded and not own.is_default)
+    }
+    if all(recorded.get(k) == v for k, v in values.items()):
+        return 0
+    return rt.ledger.record_settings(values)
