@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import pytest
+import redis
 
 from tridentflow.devtools import devredis
 from tridentflow.errors import TridentflowError
@@ -36,3 +37,23 @@ def test_dev_redis_reuses_its_own_server_and_refuses_a_strangers(tmp_path, capsy
         assert devredis.ensure_daemon(port, ours) == url  # and is reused, being ours
     finally:
         assert devredis.shutdown(port, ours)
+
+
+def test_a_server_started_on_a_port_another_answers_on_is_refused_not_shared(tmp_path):
+    """The family 'tests sharing a server': two test workers pick the same free port; the
+    second redis-server cannot bind it, and the first answers the readiness ping - the second
+    worker then ran on the first one's data (a live Airflow test found a txid held by another
+    worker's `cli-` run). ``start`` checks that the server answering is the one it started."""
+    port = devredis.free_port()
+    assert devredis.FREE_PORTS.start <= port < devredis.FREE_PORTS.stop  # not an ephemeral one
+    first = devredis.start(port, tmp_path / "first", appendonly=False)
+    try:
+        redis_client = redis.Redis(port=port)
+        redis_client.set("mine", "first")
+        with pytest.raises(devredis.PortTaken, match=rf"port {port} is answered by another"):
+            devredis.start(port, tmp_path / "second", appendonly=False)
+        assert redis_client.get("mine") == b"first"  # the first server, untouched
+        assert devredis.server_pid(port) == first.pid
+    finally:
+        first.terminate()
+        first.wait(10)

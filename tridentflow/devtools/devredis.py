@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -31,8 +32,26 @@ def redis_server_binary() -> str:
     return REDIS_SERVER_PATH
 
 
+FREE_PORTS = range(10_000, 22_000)
+"""Where ``free_port`` looks: below Linux's ephemeral range (32768-60999), which the kernel
+hands to every outgoing connection - a port found free there can be some client's a moment
+later, before the server meant for it binds - and low enough that a Redis Cluster's bus
+(port + 10000) stays below it too."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port no one listens on now, at random in FREE_PORTS (two test workers rarely pick the
+    same one; ``start`` notices when they do)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(FREE_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range is full: whatever the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -77,8 +96,23 @@ def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout: float =
     raise TridentflowError(f"redis-server on port {port} did not answer within {timeout}s")
 
 
+class PortTaken(TridentflowError):
+    """Another redis-server answers on the port a new one was to listen on."""
+
+
+def server_pid(port: int) -> int | None:
+    """The process id of the redis-server answering on ``port`` (None if none answers)."""
+    try:
+        info = redis.Redis(port=port, socket_connect_timeout=0.5).info("server")
+    except redis.RedisError:
+        return None
+    return int(info["process_id"])
+
+
 def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Popen:
-    """Start a redis-server child process and wait until it answers."""
+    """Start a redis-server child process and wait until it answers; PortTaken (one line) if
+    the server answering there is another one (a test worker that picked the same port):
+    never share a stranger's server, or its data."""
     directory.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         server_args(port, directory, appendonly),
@@ -86,7 +120,19 @@ def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Pop
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    wait_ready(port, proc)
+    try:
+        wait_ready(port, proc)
+        answering = server_pid(port)
+        if answering != proc.pid:
+            raise PortTaken(
+                f"port {port} is answered by another redis-server (pid {answering}), not the "
+                f"one just started there: pick another port"
+            )
+    except TridentflowError:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        raise
     return proc
 
 
