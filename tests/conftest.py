@@ -33,6 +33,24 @@ SEED_COUNTS = {
 }
 
 
+def _start_order(item: pytest.Item) -> int:
+    """Longest first: a live Airflow stack's tests (one worker, one after the other), then
+    the tests that start Airflow, Spark or a clean venv, the chaos soak, the rest."""
+    if item.get_closest_marker("xdist_group") is not None:
+        return 0
+    for rank, marker in enumerate(("airflow", "spark", "wheel", "soak"), start=1):
+        if item.get_closest_marker(marker) is not None:
+            return rank
+    return 5
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the long tests first (xdist hands tests out in this order): a long one left for
+    the end keeps one worker busy while the other is idle. Stable, so every worker collects
+    the same order."""
+    items.sort(key=_start_order)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     port = devredis.free_port()

@@ -20,7 +20,7 @@ from tridentflow.steps.query import query
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 
-pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("airflow")]
+pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 DAG = "tridentflow_wordcount"
 
 

@@ -23,7 +23,7 @@ from tridentflow.steps.emitter import emit
 from tridentflow.steps.query import query
 from tridentflow_airflow import launcher, view
 
-pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("airflow")]
+pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 PASSWORD = "drpc-Tls-Acl-s3cret"
 
 
