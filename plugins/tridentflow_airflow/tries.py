@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 STEPS = ("coordinate", "emit", "commit")
+NEVER_RAN = frozenset({"upstream_failed", "skipped", "removed"})
+"""States Airflow stamps a start and an end on without running the task (its upstream failed,
+say): not a try."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,10 @@ def _ms(moment: Any) -> int | None:
 
 
 def airflow_tries(dag_id: str, run_ids: Iterable[str]) -> list[TaskTry] | None:
-    """Every try that started of the steps' tasks in ``run_ids`` of ``dag_id``: the task
-    instances' earlier tries (Airflow's task instance history) and their current one. None
-    if Airflow's metadata DB cannot be read here."""
+    """Every try that ran of the steps' tasks in ``run_ids`` of ``dag_id``: the task
+    instances' earlier tries (Airflow's task instance history) and their current one (not a
+    task Airflow marked without running it: NEVER_RAN). None if Airflow's metadata DB cannot
+    be read here."""
     runs = sorted(set(run_ids))
     if not runs:
         return []
@@ -100,15 +104,17 @@ def airflow_tries(dag_id: str, run_ids: Iterable[str]) -> list[TaskTry] | None:
                 rows = session.execute(
                     select(
                         model.run_id, model.task_id, model.try_number,
-                        model.start_date, model.end_date,
+                        model.start_date, model.end_date, model.state,
                     ).where(
                         model.dag_id == dag_id, model.run_id.in_(runs),
                         model.task_id.in_(STEPS), model.map_index == -1,
                     )
                 )  # fmt: skip
-                for run_id, task_id, try_number, start, end in rows:
+                for run_id, task_id, try_number, start, end, state in rows:
                     started = _ms(start)
-                    if started is None:  # scheduled or queued: not a try that ran yet
+                    ran = str(getattr(state, "value", state)) not in NEVER_RAN
+                    if started is None or not ran:  # queued, or never to run: not a try
+                        found.pop((run_id, task_id, try_number), None)
                         continue
                     found[(run_id, task_id, try_number)] = TaskTry(
                         run_id, task_id, try_number, started, _ms(end)

@@ -617,13 +617,16 @@ def _ms(iso: str) -> float:
 def started_tries(
     api: AirflowApi, runs: list[str], step: str, until_ms: float | None = None
 ) -> list[dict[str, Any]]:
-    """The tries of ``step`` in ``runs`` that started (by ``until_ms``), as Airflow's REST API
-    lists them."""
+    """The tries of ``step`` in ``runs`` that ran (started, by ``until_ms``; not a task Airflow
+    marked upstream_failed or skipped, which it stamps with a start too), as Airflow's REST
+    API lists them."""
     return [
         t
         for run in runs
         for t in api.tries(run, step)
-        if t.get("start_date") and (until_ms is None or _ms(t["start_date"]) <= until_ms)
+        if t.get("start_date")
+        and t.get("state") not in ("upstream_failed", "skipped", "removed")
+        and (until_ms is None or _ms(t["start_date"]) <= until_ms)
     ]
 
 
@@ -642,6 +645,7 @@ def assert_steps_are_airflows(api: AirflowApi, home: Path, txid: int, runs: list
         assert abs(shown["task_ms"] / 1000 - seconds) <= 1.0, (step, shown, tries)
         expected[step] = (len(tries), seconds)
     assert expected["emit"][0] >= 3, expected  # the failed run's tries and the adopter's
+    assert expected["commit"][0] == 1, expected  # the failed run's commit never ran
     from tests.airflow import browser
 
     with browser.logged_in(api.base, launcher.admin_password(home)) as page_:
