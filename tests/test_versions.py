@@ -236,6 +236,10 @@ def test_a_vanilla_airflow_runs_the_word_count(
         assert get(base, "/tridentflow/api/pipelines/wordcount", None)[0] in (401, 403)
         status, page = get(base, "/tridentflow/ui", api.token)
         assert status == 200 and b"tridentflow" in page
+        # and the provider, through the distribution's apache_airflow_provider entry point
+        provider = run(venv / "bin" / "airflow", "providers", "get", "tridentflow", "-o",
+                       "plain", cwd=tmp_path, env=env)  # fmt: skip
+        assert "tridentflow" in provider.stdout and "0.1.0" in provider.stdout, provider.stdout
     finally:
         stack.stop()
 
