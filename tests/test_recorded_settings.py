@@ -25,17 +25,24 @@ def drain(rt: Runtime) -> None:
     run_batches(rt, ENGINE, batch_size=4)
 
 
+def committed_by_a_process_with(monkeypatch, redis_url, home, retain: str) -> Runtime:
+    """Commits of a process whose environment says TRIDENTFLOW_RETAIN_TXIDS=``retain`` (an
+    Airflow worker's, say); the variable is unset again afterwards."""
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", retain)
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    drain(rt)
+    monkeypatch.delenv("TRIDENTFLOW_RETAIN_TXIDS")
+    return rt
+
+
 def test_retention_set_in_one_components_environment_is_what_every_component_reads(
     redis_url, redis_client, home, monkeypatch
 ):
     """The reported case: TRIDENTFLOW_RETAIN_TXIDS in Airflow's environment, not the CLI's;
     `status` said `retain_txids is 0`. The first commit records it; a process without it
     reads the record (status, its own commits' undo logs)."""
-    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "3")
-    airflow = runtime("wordcount", redis_url, home)
-    produce(airflow, sentences(8))
-    drain(airflow)
-    monkeypatch.delenv("TRIDENTFLOW_RETAIN_TXIDS")
+    committed_by_a_process_with(monkeypatch, redis_url, home, "3")
     cli = runtime("wordcount", redis_url, home)
     assert cli.retain_txids == 3
     info = status(cli)
@@ -50,10 +57,7 @@ def test_retention_set_in_one_components_environment_is_what_every_component_rea
 def test_an_environment_that_disagrees_is_refused_in_one_line_before_anything_is_written(
     redis_url, redis_client, home, monkeypatch, value
 ):
-    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "3")
-    rt = runtime("wordcount", redis_url, home)
-    produce(rt, sentences(8))
-    drain(rt)
+    rt = committed_by_a_process_with(monkeypatch, redis_url, home, "3")
     committed = rt.ledger.committed_txid()
     monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", value)
     other = runtime("wordcount", redis_url, home)
@@ -85,11 +89,7 @@ def test_an_environment_that_disagrees_is_refused_in_one_line_before_anything_is
 def test_the_command_line_and_the_pipelines_code_change_the_record(
     redis_url, redis_client, home, monkeypatch
 ):
-    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "3")
-    rt = runtime("wordcount", redis_url, home)
-    produce(rt, sentences(8))
-    drain(rt)
-    monkeypatch.delenv("TRIDENTFLOW_RETAIN_TXIDS")
+    committed_by_a_process_with(monkeypatch, redis_url, home, "3")
     changed = runtime("wordcount", redis_url, home)
     changed.retain = 5  # `run --retain-txids 5`: meant
     produce(changed, sentences(4, seed=4))
