@@ -324,9 +324,12 @@ def tries_by_txid(rt: Runtime, txids: list[int]) -> dict[int, list[TaskTry]]:
     every = airflow_tries(default_dag_id(rt.pipeline.name), run_ids)
     if not every:
         return {}
-    return {
-        txid: [t for t in every if t.run_id in set(run_ids)] for txid, run_ids in wanted.items()
-    }
+    return {txid: [t for t in every if t.run_id in set(of)] for txid, of in wanted.items()}
+
+
+def tries_per_step(tries: list[TaskTry], now_ms: int) -> dict[str, int]:
+    """A pending txid's tries so far, step by step, as Airflow counts them."""
+    return {step: counted["tries"] for step, counted in step_figures(tries, now_ms).items()}
 
 
 def as_airflow_counts(entry: dict[str, Any], tries: list[TaskTry], now_ms: int) -> None:
@@ -352,8 +355,7 @@ def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) 
         for entry in info["history"]:
             as_airflow_counts(entry, tries.get(entry["txid"], []), now_ms)
         for row in info["pending"]:
-            counted = step_figures(tries.get(row["txid"], []), now_ms)
-            row["tries"] = {step: figures["tries"] for step, figures in counted.items()}
+            row["tries"] = tries_per_step(tries.get(row["txid"], []), now_ms)
         return info
 
 
@@ -597,9 +599,7 @@ def get_run(dag_id: str, run_id: str) -> dict[str, Any]:
             if entry:
                 as_airflow_counts(entry, tries, now_ms)
             return {**out, "txid": txid, "status": "committed", "commit": entry}
-        pending = pending_txid(rt, txid)
-        counted = step_figures(tries, now_ms)
-        pending["tries"] = {step: figures["tries"] for step, figures in counted.items()}
+        pending = {**pending_txid(rt, txid), "tries": tries_per_step(tries, now_ms)}
         return {**out, "txid": txid, "status": "pending", "pending": pending}
 
 

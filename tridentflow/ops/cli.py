@@ -398,8 +398,9 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args)
     rt.check_layout()  # a bad shard count (TRIDENTFLOW_STATE_SHARDS) before any JVM starts
     _ = rt.retain_txids
-    for line in recorded_settings.disagreements(rt)[:1]:  # before any JVM starts too
-        raise recorded_settings.SettingsDisagree(line)
+    unmeant = recorded_settings.disagreements(rt)  # refused before any JVM starts too
+    if unmeant:
+        raise recorded_settings.SettingsDisagree(unmeant[0])
     label = rt.pipeline.guarantee
     if label is Guarantee.AT_LEAST_ONCE:
         sys.stderr.write(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tridentflow.errors import TridentflowError
+from tridentflow.steps.runtime import FROM_CODE, FROM_COMMAND_LINE, FROM_DEFAULT
 
 if TYPE_CHECKING:
     from tridentflow.steps.runtime import Runtime
@@ -44,8 +45,8 @@ class SettingsDisagree(TridentflowError):
 
 @dataclass(frozen=True)
 class Own:
-    """This process's value of a setting and where it comes from: "the command line", "the
-    pipeline's code", "TRIDENTFLOW_..." (the environment) or "default"."""
+    """This process's value of a setting and where it comes from (runtime's FROM_*, or the
+    environment variable's name)."""
 
     value: str
     source: str
@@ -53,11 +54,11 @@ class Own:
     @property
     def is_change(self) -> bool:
         """Whether a commit records it over a recorded value (code, command line)."""
-        return self.source in ("the command line", "the pipeline's code")
+        return self.source in (FROM_COMMAND_LINE, FROM_CODE)
 
     @property
     def is_default(self) -> bool:
-        return self.source == "default"
+        return self.source == FROM_DEFAULT
 
 
 def own_settings(rt: Runtime) -> dict[str, Own]:
@@ -65,8 +66,8 @@ def own_settings(rt: Runtime) -> dict[str, Own]:
     retain, source = rt.own_retain_txids()
     return {
         RETAIN: Own(str(retain), source),
-        CHANGE_LOGS: Own(json.dumps(rt.pipeline.fed_states), "the pipeline's code"),
-        CHANGE_LOG_LIMIT: Own(str(rt.pipeline.change_log_limit), "the pipeline's code"),
+        CHANGE_LOGS: Own(json.dumps(rt.pipeline.fed_states), FROM_CODE),
+        CHANGE_LOG_LIMIT: Own(str(rt.pipeline.change_log_limit), FROM_CODE),
     }
 
 

@@ -40,6 +40,11 @@ from tridentflow_state.shards import ShardedRedisBackingMap, check_layout, store
 HOME_ENV = "TRIDENTFLOW_HOME"
 NAMESPACE_ENV = "TRIDENTFLOW_NAMESPACE"
 SHARDS_ENV = "TRIDENTFLOW_STATE_SHARDS"
+FROM_COMMAND_LINE = "the command line"
+FROM_CODE = "the pipeline's code"
+FROM_DEFAULT = "default"
+"""Where a process's own setting comes from (else the environment variable's name): a value
+from the command line or the code is a decision (tridentflow.steps.recorded_settings)."""
 RETAIN_ENV = "TRIDENTFLOW_RETAIN_TXIDS"
 
 
@@ -160,16 +165,16 @@ class Runtime:
             raise TridentflowError(f"{SHARDS_ENV}: {exc}") from None
 
     def own_retain_txids(self) -> tuple[int, str]:
-        """This process's own retain_txids and where it comes from: ``retain`` (the command
-        line), else the pipeline's ``retain_txids`` (its code), else TRIDENTFLOW_RETAIN_TXIDS,
-        else 0 ("default")."""
+        """This process's own retain_txids and where it comes from (FROM_*): ``retain`` (the
+        command line), else the pipeline's ``retain_txids``, else TRIDENTFLOW_RETAIN_TXIDS,
+        else 0."""
         if self.retain is not None:
-            return self.retain, "the command line"
+            return self.retain, FROM_COMMAND_LINE
         if self.pipeline.retain_txids is not None:
-            return self.pipeline.retain_txids, "the pipeline's code"
+            return self.pipeline.retain_txids, FROM_CODE
         if os.environ.get(RETAIN_ENV, "").strip():
             return env_int(RETAIN_ENV, 0), RETAIN_ENV
-        return 0, "default"
+        return 0, FROM_DEFAULT
 
     @property
     def retain_txids(self) -> int:
@@ -178,7 +183,7 @@ class Runtime:
         the pipeline in Redis, else TRIDENTFLOW_RETAIN_TXIDS, else 0 (off); see
         tridentflow.steps.recorded_settings."""
         own, source = self.own_retain_txids()
-        if source in ("the command line", "the pipeline's code"):
+        if source in (FROM_COMMAND_LINE, FROM_CODE):
             return own
         recorded = self.ledger.settings().get("retain_txids")
         return int(recorded) if recorded is not None and recorded.isdigit() else own
