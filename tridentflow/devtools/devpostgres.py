@@ -59,7 +59,10 @@ class LocalPostgres:
         self.directory = Path(directory or tempfile.mkdtemp(prefix="tf-pg-"))
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
-        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        # initdb and postgres refuse root: run them as the postgres user, as processes of
+        # their own (not under runuser, which would answer a stop's signal itself - a
+        # SIGQUIT became a smart shutdown that waited on the open sessions)
+        self._user = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
 
     @property
     def dsn(self) -> str:
@@ -67,25 +70,38 @@ class LocalPostgres:
 
     def start(self) -> LocalPostgres:
         data = self.directory / "db"
-        if self._as:
+        if self._user:
             shutil.chown(self.directory, "postgres", "postgres")
         if not data.exists():
             subprocess.run(
-                [*self._as, str(self.bindir / "initdb"), "-D", str(data), "-A", "trust",
-                 "-U", "postgres"],
-                check=True, capture_output=True,
+                [str(self.bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+                check=True, capture_output=True, cwd=self.directory, **self._user,
             )  # fmt: skip
         self.proc = subprocess.Popen(
-            [*self._as, str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port),
+            [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port),
              "-h", "127.0.0.1", "-k", str(self.directory), "-c", "fsync=off"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            cwd=self.directory, **self._user,
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while not answers(self.dsn, timeout=1):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise TridentflowError(f"the local PostgreSQL on port {self.port} did not start")
             time.sleep(0.1)
+        if self.postmaster_pid() != self.proc.pid:  # another server answers on our port/data
+            self.proc.kill()
+            raise TridentflowError(
+                f"port {self.port} answers, but not the PostgreSQL this started "
+                f"(pid {self.proc.pid}): stop the other server on {data}"
+            )
         return self
+
+    def postmaster_pid(self) -> int | None:
+        """The PID the server on this data directory wrote (postmaster.pid), None if none."""
+        try:
+            return int((self.directory / "db" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def stop(self, immediate: bool = False) -> None:
         """Stop the server: ``immediate`` aborts what is in flight (SIGQUIT), else a fast
