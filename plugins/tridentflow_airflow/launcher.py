@@ -406,10 +406,16 @@ def store_connections(home: Path, env: dict[str, str]) -> None:
         path.unlink(missing_ok=True)
 
 
+ORPHAN_GRACE_S = 2.0
+"""Once a component's own process has exited, how long ``down`` waits for what is left of its
+process group before SIGKILL: orphans such as an idle LocalExecutor worker that missed the
+SIGTERM, or multiprocessing's resource tracker (which ignores SIGTERM and waits for them)."""
+
+
 def down(home: Path, grace: float = 20) -> list[str]:
     """Stop every component in reverse start order (the scheduler and the tasks it runs
     first, the api-server they report to last): SIGTERM to its process group, SIGKILL after
-    ``grace`` seconds."""
+    ``grace`` seconds, or ``ORPHAN_GRACE_S`` after the component itself has exited."""
     try:
         pids = json.loads(_pids_file(home).read_text())
     except (FileNotFoundError, ValueError):
@@ -422,6 +428,8 @@ def down(home: Path, grace: float = 20) -> list[str]:
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while _reaped_or_alive(pid) and time.monotonic() < deadline:
+            if not _alive(pid):  # the component is down; what is left of its group are orphans
+                deadline = min(deadline, time.monotonic() + ORPHAN_GRACE_S)
             time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)

@@ -32,3 +32,44 @@ def test_down_in_the_process_that_started_the_components_does_not_wait_out_the_g
     assert set(stopped) == set(procs)
     assert all(p.poll() is not None for p in procs.values())  # reaped: no zombie left
     assert took < 5, f"down took {took:.1f}s"
+
+
+ORPHANING_LEADER = """
+import signal, subprocess, sys, time
+# a child of the same process group that ignores SIGTERM (multiprocessing's resource tracker
+# does), and outlives this leader, which exits on SIGTERM as a component does
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); "
+    "time.sleep(600)"], stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_down_kills_what_a_stopped_component_left_in_its_group_without_the_grace(tmp_path):
+    """The scheduler exits on SIGTERM but an orphan of its group does not (seen: an idle
+    LocalExecutor worker and the resource tracker): ``down`` waits ORPHAN_GRACE_S for them,
+    not the whole grace (it waited 20 s), and kills them."""
+    leader = subprocess.Popen(
+        [sys.executable, "-c", ORPHANING_LEADER], start_new_session=True, stdout=subprocess.PIPE
+    )
+    orphan = int(leader.stdout.readline())
+    launcher.airflow_home(tmp_path).mkdir(parents=True)
+    launcher._pids_file(tmp_path).write_text(json.dumps({"scheduler": leader.pid}))
+    started = time.monotonic()
+    assert launcher.down(tmp_path, grace=20) == ["scheduler"]
+    took = time.monotonic() - started
+    assert took < launcher.ORPHAN_GRACE_S + 3, f"down took {took:.1f}s"
+    killed_by = time.monotonic() + 2  # SIGKILL is sent, not waited for
+    while launcher._alive(orphan) and not _zombie(orphan):
+        assert time.monotonic() < killed_by, "the orphan outlived down"
+        time.sleep(0.05)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False
