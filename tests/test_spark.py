@@ -351,14 +351,15 @@ def test_chaos_seeds_over_spark_connect_are_exact(connect_url, tf):
     """The chaos harness with every emit a Spark Connect client (`tridentflow chaos
     --remote`): faults at every step, dark partitions, Redis restarts, resets, and the counts
     exact, batch operations and mutating aggregators included."""
+    pipelines = ("wordcount-opaque", "partitioned-count", "mutating-opaque")
     out = tf(
-        "chaos", "--schedules", "4", "--seed", "1000",
-        "--pipelines", "wordcount-opaque,partitioned-count,mutating-opaque",
+        "chaos", "--schedules", "3", "--seed", "1000", "--pipelines", ",".join(pipelines),
         "--remote", connect_url, "--verbose", timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("seed=")]
-    assert len(lines) == 4 and all(line.endswith("lost=0 doubled=0") for line in lines), lines
+    assert len(lines) == 3 and all(line.endswith("lost=0 doubled=0") for line in lines), lines
+    assert {line.split()[1] for line in lines} == {f"pipeline={p}" for p in pipelines}
     assert "=crash" in out.stdout and "redis-restart" in out.stdout
     assert f"over Spark Connect {connect_url}: lost=0 doubled=0" in out.stdout
 
