@@ -385,6 +385,51 @@ def test_exchange_routes_put_each_target_in_its_own_spark_partition(spark):
         assert sorted((r["t"], r["p"]) for r in placed.collect()) == [(t, t) for t in range(n)]
 
 
+def test_a_run_of_partition_operations_is_one_python_pass(spark):
+    """FrameBackend fuses consecutive partition functions into the next pass over the data:
+    two maps before an exchange run in its send, two after it in one pass - three
+    ``MapInArrow`` in the plan instead of six - and the result is the local engine's."""
+    from tridentflow.engines.batchops import Exchange
+    from tridentflow.engines.frames import (
+        SCHEMA,
+        Frame,
+        FrameBackend,
+        chunk_rows,
+        items_of,
+        materialized,
+    )
+    from tridentflow.engines.local import LocalBackend
+    from tridentflow.nodes import Repartition
+
+    def times(k):
+        return lambda part, items: [(w, n * k) for w, n in items]
+
+    def keep_even(part, items):
+        return [(w, n) for w, n in items if n % 2 == 0]
+
+    parts = [[(f"w{i % 7}", i) for i in range(p, 60, 3)] for p in range(3)]
+    rows = [row for p, items in enumerate(parts) for row in chunk_rows(p, items)]
+    exchange = Exchange("1:partition_by(w)", Repartition.PARTITION_BY, 2, key_idx=(0,))
+
+    def graph(backend, data):
+        data = backend.map_partitions(backend.map_partitions(data, times(3)), keep_even)
+        moved = backend.exchange(data, exchange)
+        return backend.map_partitions(backend.map_partitions(moved, times(5)), keep_even)
+
+    backend = FrameBackend()
+    df = spark.createDataFrame(rows, SCHEMA).repartition(1).sortWithinPartitions("part", "seq")
+    frame = Frame(df, 3)  # the invariant: each partition's chunks contiguous, in order
+    try:
+        done = materialized(graph(backend, frame))
+        plan = done.df._jdf.queryExecution().executedPlan().toString()
+        assert plan.count("MapInArrow") == 3, plan
+        got = sorted(items_of(done.df.where("n > 0").collect()))
+    finally:
+        backend.release()
+    local = LocalBackend()
+    assert got == sorted(item for part in graph(local, parts) for item in part)
+
+
 SESSION_PROBE = """
 import sys
 from tridentflow.engines.spark import spark_session

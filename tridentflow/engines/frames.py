@@ -38,10 +38,33 @@ REPORT_SEQ = -1
 
 @dataclass(frozen=True)
 class Frame:
-    """A dataset: the DataFrame and its number of logical partitions."""
+    """A dataset: the DataFrame, its number of logical partitions, and the partition
+    functions still to run on it (``pending``): they run in the next Python pass over it (an
+    exchange's send, or ``materialized``), so a run of operations costs one ``mapInArrow``."""
 
     df: Any
     partitions: int
+    pending: tuple[PartitionFn, ...] = ()
+
+
+class Fused:
+    """Partition functions run one after the other on a partition, as one (picklable)."""
+
+    def __init__(self, fns: tuple[PartitionFn, ...]) -> None:
+        self.fns = fns
+
+    def __call__(self, part: int, items: Iterable[Any]) -> list[Any]:
+        for fn in self.fns:  # each gets a list, as the local engine hands it one
+            items = list(fn(part, items))
+        return items if isinstance(items, list) else list(items)
+
+
+def materialized(frame: Frame) -> Frame:
+    """``frame`` with its pending functions run (one ``mapInArrow``); itself if none."""
+    if not frame.pending:
+        return frame
+    body = functools.partial(_map_body, Fused(frame.pending))
+    return Frame(frame.df.mapInArrow(body, SCHEMA), frame.partitions)
 
 
 def chunk_rows(part: int, items: Iterable[Any]) -> Iterator[tuple[int, int, int, bytes]]:
@@ -99,9 +122,13 @@ def _map_body(fn: PartitionFn, batches: Iterator[Any]) -> Iterator[Any]:
         yield to_batch(list(chunk_rows(part, fn(part, items))), _NAMES)
 
 
-def _send_body(exchange: Exchange, routes: list[int], batches: Iterator[Any]) -> Iterator[Any]:
+def _send_body(
+    exchange: Exchange, routes: list[int], before: Fused | None, batches: Iterator[Any]
+) -> Iterator[Any]:
     names = ("route", "target", "sender", "seq", "data")
     for sender, items in runs(batches, "part"):
+        if before is not None:  # the sender's pending operations, in the same pass
+            items = before(sender, items)
         by_target: list[list[Any]] = [[] for _ in range(exchange.n)]
         for target, item in exchange.send(sender, items):
             by_target[target].append(item)
@@ -132,11 +159,13 @@ class FrameBackend:
         self.cached: list[Any] = []
 
     def map_partitions(self, data: Frame, fn: PartitionFn) -> Frame:
-        return Frame(data.df.mapInArrow(functools.partial(_map_body, fn), SCHEMA), data.partitions)
+        return Frame(data.df, data.partitions, (*data.pending, fn))  # runs in the next pass
 
     def exchange(self, data: Frame, exchange: Exchange) -> Frame:
         routes = route_values(exchange.n)
-        sent = data.df.mapInArrow(functools.partial(_send_body, exchange, routes), SENT_SCHEMA)
+        before = Fused(data.pending) if data.pending else None
+        send = functools.partial(_send_body, exchange, routes, before)
+        sent = data.df.mapInArrow(send, SENT_SCHEMA)
         moved = sent.repartition(exchange.n, "route").sortWithinPartitions(
             "target", "sender", "seq"
         )
@@ -154,7 +183,7 @@ class FrameBackend:
         offset = 0
         frames = []
         for part in parts:
-            df = part.df
+            df = materialized(part).df
             if offset:
                 df = df.withColumn("part", F.col("part") + F.lit(offset))
             frames.append(df)
