@@ -1,11 +1,14 @@
 """Benchmark: the fixed cost of batch operations on Spark vs the local engine.
 
-    python -m benchmarks.batch_operations [--sentences 900,20000] [--repeat 2]
+    python -m benchmarks.batch_operations [--sentences 900,20000] [--repeat 2] [--connect]
 
 Runs one batch of the test pipeline that uses every batch operation (tests.pipelines:
 everything: 12 exchanges - partition_by, shuffle, global, broadcast, a join, grouped and
 global aggregates, a state query, eight states) on SparkEngine (local[2]) and on LocalEngine,
 and reports the best wall time of each, with the Spark jobs, stages and tasks of one batch.
+With ``--connect``, the Spark side is a client of a local Spark Connect server (local[2],
+started first and warmed by one batch, as ``tridentflow spark-connect`` leaves one running);
+the jobs, stages and tasks are then not counted (no SparkContext on a client).
 Needs a Redis for the state query (TRIDENTFLOW_REDIS_URL, default 127.0.0.1:6379; it is only
 read). Run from the repository root (it imports the test pipeline).
 """
@@ -18,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tridentflow.devtools import connect_server, devredis
 from tridentflow.devtools.sample_data import sentences
 from tridentflow.engines.base import ExecContext
 from tridentflow.engines.local import LocalEngine
@@ -41,13 +45,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sentences", default="900,20000")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--connect", action="store_true", help="Spark as a Connect client")
     args = parser.parse_args()
     plan = compile_pipeline(load_pipeline("tests.pipelines:everything"))
     ctx = ExecContext(1, resolve_redis_url())
-    spark = spark_session("tridentflow-bench-batchops", "local[2]")
-    sc = spark.sparkContext
     work = Path(tempfile.mkdtemp(prefix="tf-bench-ops-"))
+    port = None
     try:
+        if args.connect:
+            port = devredis.free_port()
+            url = connect_server.start(work / "connect", port, "local[2]")
+            spark = spark_session("tridentflow-bench-batchops", remote=url)
+        else:
+            spark = spark_session("tridentflow-bench-batchops", "local[2]")
         for n in (int(x) for x in args.sentences.split(",")):
             log = FileLog(work / f"log-{n}")
             log.ensure(3)
@@ -65,20 +75,25 @@ def main() -> None:
                     list(items)
 
             on_spark()  # warm up
-            sc.setJobGroup(f"n{n}", "one batch")
-            on_spark()
-            tracker = sc.statusTracker()
-            jobs = tracker.getJobIdsForGroup(f"n{n}")
-            stages = {s for j in jobs for s in tracker.getJobInfo(j).stageIds}
-            tasks = sum(tracker.getStageInfo(s).numTasks for s in stages)
+            counted = ""
+            if not args.connect:
+                sc = spark.sparkContext
+                sc.setJobGroup(f"n{n}", "one batch")
+                on_spark()
+                tracker = sc.statusTracker()
+                jobs = tracker.getJobIdsForGroup(f"n{n}")
+                stages = {s for j in jobs for s in tracker.getJobInfo(j).stageIds}
+                tasks = sum(tracker.getStageInfo(s).numTasks for s in stages)
+                counted = f" ({len(jobs)} jobs, {len(stages)} stages, {tasks} tasks)"
             t_spark = timed(on_spark, args.repeat)
             t_local = timed(local, args.repeat)
-            print(
-                f"{n} sentences: spark {t_spark:.2f}s ({len(jobs)} jobs, {len(stages)} stages, "
-                f"{tasks} tasks), local {t_local:.2f}s"
-            )
-        spark.stop()
+            where = "spark connect" if args.connect else "spark"
+            print(f"{n} sentences: {where} {t_spark:.2f}s{counted}, local {t_local:.2f}s")
+        if not args.connect:
+            spark.stop()
     finally:
+        if port is not None:
+            connect_server.stop(work / "connect", port)
         shutil.rmtree(work, ignore_errors=True)
 
 
