@@ -7,7 +7,8 @@ partition (what ``PartitionFn`` gets as its index), ``data`` a pickled chunk of 
 operation keeps one invariant: each logical partition's chunks sit in one Spark partition,
 contiguous and in order, and every logical partition has at least one chunk (an empty one if
 it holds nothing). So a partition function is one ``mapInArrow`` that runs it on each run of
-chunks, and no logical partition is skipped.
+chunks, and no logical partition is skipped; consecutive partition functions wait on the frame
+(``Frame.pending``) and run together in the next pass over it, an exchange's send included.
 
 An exchange is a ``mapInArrow`` that runs ``batchops.Exchange.send`` per sender (every sender
 reports to every target, so every target receives something), a ``repartition`` on a routing
@@ -54,9 +55,10 @@ class Fused:
         self.fns = fns
 
     def __call__(self, part: int, items: Iterable[Any]) -> list[Any]:
+        out = list(items)
         for fn in self.fns:  # each gets a list, as the local engine hands it one
-            items = list(fn(part, items))
-        return items if isinstance(items, list) else list(items)
+            out = list(fn(part, out))
+        return out
 
 
 def materialized(frame: Frame) -> Frame:
