@@ -22,9 +22,8 @@ pytest_plugins = ["tests.quiet_shutdown"]
 SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """Java options for every JVM the tests start (spark-submit, the in-process Spark, Connect
 servers, a standalone cluster's daemons): each lives seconds on a few records, where the C1
-compiler alone and the serial collector start Spark on ~40 % less CPU (a local spark-submit
-here: 15.4 -> 8.7 user s) - CPU that two workers on two cores share. A user's JVMs are not
-touched; options already in the environment win."""
+compiler alone and the serial collector start Spark on less CPU - CPU that two workers on two
+cores share. A user's JVMs are not touched; options already in the environment win."""
 for _opts in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
     os.environ.setdefault(_opts, SHORT_LIVED_JVM)
 SEED_SENTENCES = ["how are you", "nice to meet you", "what a good day"]

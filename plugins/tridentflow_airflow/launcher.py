@@ -279,9 +279,7 @@ def up(
         connect_server.start(home, spark_connect)
         airflow_home(home).mkdir(parents=True, exist_ok=True)  # a new home has none yet
         (airflow_home(home) / "spark-connect.port").write_text(str(spark_connect))
-        base["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(
-            {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": spark_connect}
-        )
+        base["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(spark_connect_connection(spark_connect))
     env = airflow_env(home, redis_url or resolve_redis(home), port, base, idle_sleep)
     alive = running(home)
     if len(alive) == len(COMPONENTS):
@@ -404,6 +402,12 @@ def store_connections(home: Path, env: dict[str, str]) -> None:
         )
     finally:
         path.unlink(missing_ok=True)
+
+
+def spark_connect_connection(port: int, host: str = "127.0.0.1") -> dict[str, Any]:
+    """``spark_default`` as a ``spark_connect`` connection (the provider's SparkConnectHook)
+    to a Connect server at host:port: emits run as its clients, no spark-submit."""
+    return {"conn_type": "spark_connect", "host": f"sc://{host}", "port": port}
 
 
 ORPHAN_GRACE_S = 2.0

@@ -89,7 +89,7 @@ def over_connect(env: dict[str, str], connect_url: str) -> dict[str, str]:
     """``env`` with spark_default of type spark_connect (the provider's SparkConnectHook): the
     emit runs as a Connect client inside the task, no spark-submit (no JVM start per emit)."""
     host, port = connect_url.removeprefix("sc://").split(":")
-    spark = {"conn_type": "spark_connect", "host": f"sc://{host}", "port": int(port)}
+    spark = launcher.spark_connect_connection(int(port), host)
     return {**env, "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark)}
 
 

@@ -65,11 +65,16 @@ class LocalPostgres:
         self._user = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
 
     @property
+    def data(self) -> Path:
+        """The server's data directory (initdb's -D)."""
+        return self.directory / "db"
+
+    @property
     def dsn(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def start(self) -> LocalPostgres:
-        data = self.directory / "db"
+        data = self.data
         if self._user:
             shutil.chown(self.directory, "postgres", "postgres")
         if not data.exists():
@@ -99,7 +104,7 @@ class LocalPostgres:
     def postmaster_pid(self) -> int | None:
         """The PID the server on this data directory wrote (postmaster.pid), None if none."""
         try:
-            return int((self.directory / "db" / "postmaster.pid").read_text().split()[0])
+            return int((self.data / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
 

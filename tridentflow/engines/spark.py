@@ -314,7 +314,7 @@ def planned_as_written(spark: Any, shuffle_partitions: int) -> Iterator[None]:
     settings as they were). The graph's exchanges are explicit - ``repartition(n, route)``,
     one target per Spark partition - which AQE may not change and cannot improve; with it,
     every query stage runs as a job of its own (the 12-exchange test graph: 38 jobs, 155
-    stages, 658 tasks a batch; without: 4, 53, 268)."""
+    stages, 658 tasks a batch; without: 4, 53, 267: benchmarks.batch_operations)."""
     wanted = {ADAPTIVE: "false", SHUFFLE_PARTITIONS: str(shuffle_partitions)}
     before = {key: spark.conf.get(key, None) for key in wanted}
     for key, value in wanted.items():
