@@ -53,6 +53,11 @@ class StoredValueError(StateError):
     """A value stored in Redis is not what tridentflow writes (``[txid, curr, prev]`` JSON)."""
 
 
+class StagedBlockError(StateError):
+    """A block of a batch staged in Redis is missing or not what its manifest says (torn,
+    expired, overwritten): the batch must not commit; emit it again."""
+
+
 class KeyEncodingError(StateError, TypeError):
     """A group key holds a value that has no deterministic encoding."""
 
@@ -68,6 +73,7 @@ LUA_ERROR_PREFIXES: dict[str, type[StateError]] = {
     "TFREWIND": RewindError,
     "TFRETRY": RetryError,
     "TFHELD": CommitsHeldError,
+    "TFBLOCK": StagedBlockError,
 }
 
 

@@ -214,6 +214,17 @@ class KeySpace:
         """Set of fields of state ``name`` written by any commit attempt of ``txid``."""
         return f"{self.base}:written:{check_name('state', name)}:{int(txid)}"
 
+    def staged_manifests(self, generation: str, txid: int) -> str:
+        """Hash emit attempt -> the JSON manifest of that attempt staged in Redis (written last;
+        see tridentflow_state.staged). Under the generation: a reset's new pipeline never
+        reads it."""
+        return f"{self.base}:staged:{generation}:{int(txid)}"
+
+    def staged_block(self, generation: str, txid: int, attempt: int, block: str) -> str:
+        """String: one block of staged ``key TAB partial`` lines of an emit attempt, in this
+        keyspace's slot (a shard's blocks sit next to the shard's state)."""
+        return f"{self.base}:block:{generation}:{int(txid)}:{int(attempt)}:{block}"
+
 
 @dataclass(frozen=True)
 class ShardSpace(KeySpace):

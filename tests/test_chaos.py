@@ -35,6 +35,8 @@ def test_fixed_seed_schedules_are_exact(pg_dsn):
         "reset",
         "state-shards:2",
         "state-shards:3",
+        "staging:redis",
+        "late-block-writer-refused@",
         "mid-export@",
         "duplicate-export",
         "export-resync",
@@ -349,3 +351,17 @@ def test_the_harness_catches_a_stream_sink_spreading_a_key_by_its_value(monkeypa
     results = run_chaos(20, seed=0, redis_restarts=False)
     assert not results[-1].ok, "20 schedules did not expose a key spread by its value"
     assert "is in two streams" in (results[-1].difference or "")
+
+
+@pytest.mark.soak
+def test_the_harness_catches_a_staged_batch_loaded_without_its_checks(monkeypatch):
+    """Staging in Redis, a load that trusts its blocks (no line count, no SHA-1 checked inside
+    Redis): the late writer's overwritten block would be committed as if an emit staged it."""
+    import tridentflow.devtools.chaos
+    import tridentflow.steps.staging
+
+    monkeypatch.setattr(tridentflow.devtools.chaos, "schedule_staging", lambda seed: "redis")
+    monkeypatch.setattr(tridentflow.steps.staging, "verify_blocks", lambda *args: 0)
+    results = run_chaos(30, seed=0, redis_restarts=False)  # caught at schedule 1
+    assert not results[-1].ok, "30 schedules did not expose a staged batch loaded unchecked"
+    assert "loaded with block" in (results[-1].difference or "")

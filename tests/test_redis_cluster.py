@@ -64,7 +64,8 @@ def test_a_cluster_node_with_a_database_index_is_a_clear_error(tf, cluster):
 
 def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
     """`tridentflow acl wordcount --cluster`, set on every node, is all a user needs on a
-    cluster: every step of the word count runs; another pipeline is refused in one line."""
+    cluster: every step of the word count runs, staging in Redis next to its 3 shards; another
+    pipeline is refused in one line."""
     from tridentflow.ops import acl
 
     printed = tf("acl", "wordcount", "--cluster", "--namespace", "acl").stdout.strip()
@@ -75,7 +76,8 @@ def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
         )
     url = f"redis://tf-wc:pw-wc@127.0.0.1:{cluster.ports[2]}/0"
     env = {"TRIDENTFLOW_REDIS_URL": url, "TRIDENTFLOW_HOME": str(tmp_path / "h"),
-           "TRIDENTFLOW_NAMESPACE": "acl", "TRIDENTFLOW_STATE_SHARDS": "3"}  # fmt: skip
+           "TRIDENTFLOW_NAMESPACE": "acl", "TRIDENTFLOW_STATE_SHARDS": "3",
+           "TRIDENTFLOW_STAGING": "redis"}  # fmt: skip  (blocks on every shard's master)
     assert isinstance(connect(url), redis.RedisCluster)
     produced = tf("produce", "wordcount", "-", input="\n".join(SEED_SENTENCES) + "\n", env=env)
     assert produced.returncode == 0, produced.stderr

@@ -149,6 +149,43 @@ def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
     assert any(w != round(w, 6) for w in weights.values())  # the float sums are inexact
 
 
+def test_staging_in_redis_the_executors_write_big_states_and_the_commit_is_exact(
+    spark, redis_url, tmp_path, monkeypatch
+):
+    """TRIDENTFLOW_STAGING=redis on Spark: a batch past EXECUTOR_STAGING_KEYS records has its
+    states written as blocks by the executors themselves (the driver gets refs only), next to
+    their 3 shards; the commit applies them (Count and Sum in Redis, the rest in Python) to
+    exactly what the local engine staged in files commits; a small batch takes the direct path
+    and the driver stages it."""
+    import tridentflow.engines.spark
+    from tests.test_state_shards import _runtime, _states
+
+    lines = [*sentences(900, seed=21), "a BOOM"]
+    results = {}
+    for kind, engine in (("files", LocalEngine()), ("redis", SparkEngine(spark))):
+        monkeypatch.setenv("TRIDENTFLOW_STAGING", kind)
+        rt = _runtime("tests.pipelines:folds", redis_url, tmp_path / kind, 3, f"sx-{kind}")
+        rt.ledger.reset(force=True)
+        produce(rt, lines)
+        prefixes = set()
+        # txid 1 and 3 big (executors stage), txid 2 small (the direct path, the driver)
+        for txid, size, executors in ((1, 40, 5), (2, 10, 10**9), (3, 100_000, 5)):
+            monkeypatch.setattr(tridentflow.engines.spark, "EXECUTOR_STAGING_KEYS", executors)
+            coordinate(rt, txid, batch_size=size)
+            staged = emit(rt, txid, engine)
+            if kind == "redis" and txid == 3:
+                staged = emit(rt, txid, engine)  # a retried emit: attempt 2 stages anew
+                assert staged.attempt == 2
+            for name in rt.pipeline.states:
+                for ref in staged.blocks(name) or []:
+                    prefixes.add(ref.name.split(".")[1])
+            assert commit(rt, txid).status == "committed"
+        results[kind] = _states(rt)
+        if kind == "redis":  # "d": staged by the driver; a Spark partition: by an executor
+            assert "d" in prefixes and any(p.isdigit() for p in prefixes), prefixes
+    assert results["redis"] == results["files"]
+
+
 def test_split_ranges_bounds_task_size():
     # (partition, start, end, position shift): positions 8.. for the records before (5 + 3)
     assert split_ranges({0: (5, 12), 1: (3, 3)}, task_records=3) == [

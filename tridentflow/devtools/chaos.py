@@ -28,6 +28,8 @@ retries a task) through a random mix of:
   others the operator sees the reason in ``status``, resets the reader, and from then on
   exactly what the streams hold must be counted;
 * state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard);
+* staging: a schedule's emits stage in files or in Redis (blocks next to each shard), drawn
+  from its seed; every step of the schedule stages the same way;
 * against a gated Redis Cluster with replicas (``cluster=``, tridentflow.devtools.devcluster):
   failovers with replication lag - a master's replication is held (the ledger's or a state
   shard's), the run goes on with ``--wait-replicas 1``, and a few steps later that master is
@@ -85,6 +87,7 @@ from tridentflow.devtools.devpostgres import LocalPostgres
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import (
+    IncompleteBatchError,
     PartitionUnavailable,
     ReplicationError,
     SourceError,
@@ -105,6 +108,7 @@ from tridentflow.steps.export import export
 from tridentflow.steps.query import list_state, query
 from tridentflow.steps.runs import coordinate_run, emit_run, release_run
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow.steps.staging import RedisStagingArea
 from tridentflow_state.codec import decode_key, encode_key
 from tridentflow_state.errors import GenerationError, PipelineBusyError, StateError
 from tridentflow_state.undo import retained
@@ -221,6 +225,7 @@ class Chaos:
         masters over with their replicas behind."""
         self.engine = engine or ENGINE
         self.cluster = cluster
+        self.staging_kind = "files"  # the current schedule's (schedule_staging)
         if cluster is not None:
             redis_url = cluster.url()
         self._own_workdir = workdir is None
@@ -243,7 +248,14 @@ class Chaos:
     def _runtime(self, pipeline, home: Path, faults: FaultPlan | None = None, shards: int = 1):
         """A runtime of its own (a new process's): against a gated cluster, its commits wait
         for one replica (a short timeout: a held replica fails them fast)."""
-        rt = Runtime(pipeline, connect(self.url), home, faults or FaultPlan(), shards=shards)
+        rt = Runtime(
+            pipeline,
+            connect(self.url),
+            home,
+            faults or FaultPlan(),
+            shards=shards,
+            staging_kind=self.staging_kind,
+        )
         rt.retain = RETAIN_TXIDS  # undo logs in every schedule: the operator's rewinds
         if self.cluster is not None:
             rt.replicas, rt.replica_timeout_ms = 1, 300
@@ -268,9 +280,12 @@ class Chaos:
         home = self.workdir / f"schedule-{seed}"
         shutil.rmtree(home, ignore_errors=True)
         shards = schedule_shards(seed)
+        self.staging_kind = schedule_staging(seed)
         rt = self._runtime(self._pipeline(name, seed), home, shards=shards)
         if shards > 1:
             result.events.append(f"state-shards:{shards}")
+        if self.staging_kind != "files":
+            result.events.append(f"staging:{self.staging_kind}")
         traits = rt.log.chaos  # what the source says the harness may do to it
         if traits.fresh == "delete-source":  # e.g. streams live in Redis: start from none
             reset_pipeline(rt, force=True, source=True)
@@ -383,6 +398,7 @@ class Chaos:
                     elif steps[index] == "emit":
                         sched.maybe_freeze_mid_emit(run_id)
                         emit_run(rt, run_id, self.engine, lease_ms=60_000)
+                        sched.maybe_late_block_writer(run_id, step)
                     else:
                         racers = 2 if rng.random() < 0.2 else 1
                         if racers > 1:
@@ -1108,6 +1124,48 @@ class _Schedule:
         self.outage = ("broker-frozen", -1, b"")
         self.result.events.append(f"outage:broker-frozen@{when}")
 
+    def maybe_late_block_writer(self, run_id: str, step: int) -> None:
+        """Schedules staging in Redis: now and then, right after an emit staged, another writer
+        overwrites one of its blocks - a speculative duplicate task finishing late with other
+        content, or a torn rewrite. Loading the attempt, as the commit does before it writes
+        anything, must refuse it (its SHA-1 and line count differ from the manifest's); a
+        staged batch that loads anyway is the schedule's first difference. Then the block is
+        put back, so the schedule goes on as drawn (its own generator: no other draw moves)."""
+        rt = self.rt
+        if random.Random(f"late-writer-{self.seed}-{step}").random() >= 0.12:
+            return
+        txid = rt.ledger.txid_of_run(run_id)
+        attempt = rt.ledger.staged_attempt(txid) if txid else None
+        if txid is None or attempt is None or txid <= rt.ledger.committed_txid():
+            return
+        area = rt.staging_of(txid, attempt)
+        if not isinstance(area, RedisStagingArea):
+            return
+        staged = area.load(txid, attempt)
+        refs = [r for name in rt.pipeline.states for r in staged.blocks(name) or []]
+        if not refs:
+            return
+        ref = random.Random(f"late-writer-block-{self.seed}-{step}").choice(refs)
+        key = staged.space.key(ref)
+        original = rt.client.get(key) or b""
+        lines = original.decode().split("\n")
+        field_, _tab, partial = lines[0].partition("\t")
+        if partial.lstrip("-").isdigit():  # the same key, another partial
+            lines[0] = f"{field_}\t{int(partial) + 1}"
+        else:  # one line twice (a torn rewrite)
+            lines.append(lines[0])
+        rt.client.set(key, "\n".join(lines), keepttl=True)
+        try:
+            area.load(txid, attempt)
+            self.result.difference = (
+                f"txid {txid} attempt {attempt} loaded with block {ref.name} overwritten by a "
+                "late writer: a commit would apply what no emit staged"
+            )
+        except IncompleteBatchError:
+            self.result.events.append(f"late-block-writer-refused@{run_id}:txid{txid}")
+        finally:
+            rt.client.set(key, original, keepttl=True)
+
     def maybe_freeze_mid_emit(self, run_id: str) -> None:
         """Kafka schedules: now and then the broker freezes a few milliseconds into an emit
         (while its read tasks read, or just after)."""
@@ -1222,6 +1280,12 @@ def _decodes(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def schedule_staging(seed: int) -> str:
+    """Where a schedule's emits stage: files or Redis, from a generator of its own (the faults
+    and shards a seed draws stay what they were)."""
+    return random.Random(f"staging-{seed}").choice(("files", "redis"))
 
 
 def schedule_shards(seed: int) -> int:

@@ -18,11 +18,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tridentflow.errors import IncompleteBatchError
+from tridentflow.errors import NON_FINITE, IncompleteBatchError, StagingValueError
+from tridentflow_state.codec import encode_value
+from tridentflow_state.errors import KeyEncodingError
 
 if TYPE_CHECKING:
     from tridentflow.engines.batchops import StageReport
     from tridentflow.plan import BadRecord, Plan
+    from tridentflow_state.staged import BlockSpace, WrittenBlocks
 
 Ranges = Mapping[int, tuple[int, int]]
 """partition -> [start, end) offsets to read."""
@@ -41,6 +44,10 @@ class ExecContext:
     position_base: int | None = None
     """Records before this batch, every partition counted (positions of the records read
     start there; see LogSource.position_field). None: the sum of the ranges' starts."""
+    blocks: BlockSpace | None = None
+    """Where this emit attempt's blocks go when it stages in Redis (TRIDENTFLOW_STAGING=redis):
+    an engine whose workers reach Redis may write a big state's partials there itself and
+    return ``WrittenBlocks`` for it (the Spark engine does); None: staged as files."""
 
 
 @dataclass(frozen=True)
@@ -65,9 +72,10 @@ class PartitionCount:
 class ComputeResult:
     counts: dict[int, PartitionCount]
     """Records read per partition, bad ones included."""
-    partials: dict[str, Iterable[tuple[str, Any]]]
+    partials: dict[str, Iterable[tuple[str, Any]] | WrittenBlocks]
     """state name -> (encoded group key, staged value) pairs, one per key; consumed once,
-    lazily. The staged value is a Combiner's partial or a Reducer's/updater's tuples."""
+    lazily. The staged value is a Combiner's partial or a Reducer's/updater's tuples. With
+    ``ExecContext.blocks``, a state the engine staged itself: its WrittenBlocks."""
     bad: list[BadRecord]
     """Records that could not be processed (quarantined)."""
     stages: list[StageReport] = field(default_factory=list)
@@ -91,3 +99,17 @@ def check_stages(txid: int, reports: Iterable[StageReport]) -> None:
             + "; ".join(r.describe() for r in failed[:5])
             + (f" (and {len(failed) - 5} more)" if len(failed) > 5 else "")
         )
+
+
+def staged_json(value: Any, what: str) -> str:
+    """``value`` as the JSON text staging writes; StagingValueError (one line) if it has none."""
+    try:
+        return encode_value(value)
+    except KeyEncodingError as exc:
+        if isinstance(value, float) or "NaN or an infinity" in str(exc):
+            raise StagingValueError(f"{what}: cannot stage {value!r:.200}: {NON_FINITE}") from None
+        raise StagingValueError(
+            f"{what}: cannot stage {value!r:.200} as JSON ({exc.__cause__ or exc}); "
+            "aggregators and updaters must return JSON values (numbers, strings, lists, "
+            "maps, null)"
+        ) from None

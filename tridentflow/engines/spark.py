@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.engines.base import ComputeResult, ExecContext, Ranges
+from tridentflow.engines.base import ComputeResult, ExecContext, Ranges, staged_json
 from tridentflow.engines.batchops import StageByKey
 from tridentflow.engines.frames import (
     Frame,
@@ -59,7 +59,9 @@ from tridentflow.engines.tasks import (
 )
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.plan import Plan
+from tridentflow.redisconn import connect
 from tridentflow.settings import env_seconds
+from tridentflow_state.staged import BlockRef, BlockSpace, BlockWriter, WrittenBlocks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -127,8 +129,13 @@ class SparkEngine:
         tasks = split_ranges(ranges, task_records(plan), ctx.position_base)
         if not tasks:  # nothing to read: no source partitions, nothing for executors
             return LocalEngine().compute(plan, log_root, ranges, ctx)
-        if not plan.edges and not ctx.lose_tuple:  # lose-tuple is a fault in an exchange
-            direct = self._compute_direct(plan, log_root, ranges, tasks)
+        records = sum(end - start for start, end in ranges.values())
+        # staging in Redis, a big batch's executors stage it: no direct attempt (it would
+        # read the batch once more when its partials outgrow what the driver should hold)
+        big = ctx.blocks is not None and records > EXECUTOR_STAGING_KEYS
+        if not plan.edges and not ctx.lose_tuple and not big:  # lose-tuple: in an exchange
+            limit = DIRECT_PAIRS if ctx.blocks is None else EXECUTOR_STAGING_KEYS
+            direct = self._compute_direct(plan, log_root, ranges, tasks, limit)
             if direct is not None:
                 return direct
         backend = FrameBackend(ctx.lose_tuple)
@@ -158,7 +165,10 @@ class SparkEngine:
             builder = GraphBuilder(plan, backend, edges, ctx)
             task_partials = [_output(outputs, 2, i, n) for i in range(len(plan.persists))]
             datasets = build_states(plan, builder, task_partials)
-            streams = self._collect(backend, datasets)
+            if ctx.blocks is not None:
+                streams = _stage_on_executors(datasets, ctx)
+            else:
+                streams = self._collect(backend, datasets)
             reports = backend.reports()
         finally:
             backend.release()
@@ -168,7 +178,8 @@ class SparkEngine:
     def _collect(self, backend: FrameBackend, datasets: dict[str, Frame]) -> dict[str, Any]:
         """Every state's (key, staged value) pairs: one job materialises them all (tagged by
         state) and counts them; small ones are collected in one more, a big one is read
-        partition by partition (toLocalIterator), so the driver never holds it whole."""
+        partition by partition (toLocalIterator). (Staging in Redis, the executors write
+        them instead: ``_stage_on_executors``.)"""
         from pyspark.sql import functions as F
 
         tagged = backend.cache(
@@ -200,13 +211,14 @@ class SparkEngine:
         return streams
 
     def _compute_direct(
-        self, plan: Plan, log_root: str, ranges: Ranges, tasks: list[ReadTask]
+        self, plan: Plan, log_root: str, ranges: Ranges, tasks: list[ReadTask], limit: int
     ) -> ComputeResult | None:
         """A plan whose states are all fed straight by the source, in one Spark job: the read
         tasks' partials go to the driver, which combines them per key in task order - the
         exchange path's sender order, so every value is the one it would stage. None (use
-        the exchange path) if the tasks make more than DIRECT_PAIRS partials in all."""
-        cap = DIRECT_PAIRS // len(tasks)
+        the exchange path) if the tasks make more than ``limit`` partials in all
+        (DIRECT_PAIRS; staging in Redis, EXECUTOR_STAGING_KEYS: the executors stage more)."""
+        cap = limit // len(tasks)
         if self.remote:
             results = self._direct_results_arrow(plan, log_root, tasks, cap)
         else:  # no Spark SQL: a one-shot spark-submit would pay its warm-up (~5 s here)
@@ -295,6 +307,72 @@ COLLECT_KEYS = 200_000
 """States with at most this many keys in all are collected in one job; past that, each state
 is read on its own, and one bigger than this is streamed partition by partition
 (toLocalIterator), so the driver never holds it whole."""
+
+
+EXECUTOR_STAGING_KEYS = 200_000
+"""Staging in Redis (``ExecContext.blocks``), a batch of more records than this skips the
+direct path: its read tasks run once, in the exchange path, whose executors write every
+state's blocks themselves (``_stage_on_executors``). A smaller batch takes the direct path
+(at most this many partials to the driver, which stages them)."""
+
+_EXECUTOR_CLIENTS: dict[str, Any] = {}
+"""One Redis client per URL in each Python worker (Spark reuses workers between tasks)."""
+
+
+def _stage_on_executors(datasets: dict[str, Frame], ctx: ExecContext) -> dict[str, Any]:
+    """Every state's (key, staged value) chunks written as blocks next to their state shards
+    by the executors (``_write_blocks``), in one job whose result is the blocks' refs: the
+    driver never holds a key."""
+    from pyspark.sql import functions as F
+
+    assert ctx.blocks is not None
+    names = list(datasets)
+    tagged = functools.reduce(
+        lambda a, b: a.unionAll(b),
+        (
+            materialized(frame).df.where("n > 0").select(F.lit(i).alias("state"), "data")
+            for i, frame in enumerate(datasets.values())
+        ),
+    )
+    body = functools.partial(_write_blocks, ctx.redis_url, ctx.blocks, names)
+    refs: dict[str, list[BlockRef]] = {name: [] for name in names}
+    for row in tagged.mapInArrow(body, "state int, refs binary").collect():
+        refs[names[row["state"]]] += [BlockRef.from_json(r) for r in pickle.loads(row["refs"])]
+    return {name: WrittenBlocks(found) for name, found in refs.items()}
+
+
+def _write_blocks(
+    redis_url: str, space: BlockSpace, names: list[str], batches: Iterator[Any]
+) -> Iterator[Any]:
+    """mapInArrow body on an executor: the task's chunks of (key, staged value) pairs of each
+    state as blocks (``tridentflow_state.staged.BlockWriter``); yields each state's refs,
+    pickled. Block names carry the state, the Spark partition and the task attempt: a retried
+    or speculative task never overwrites another attempt's blocks, and only the refs of the
+    attempt Spark kept reach the manifest."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    where = f"{task.partitionId()}.{task.attemptNumber()}" if task else "0.0"
+    client = _EXECUTOR_CLIENTS.get(redis_url)
+    if client is None:
+        client = _EXECUTOR_CLIENTS[redis_url] = connect(redis_url)
+    writers: dict[int, BlockWriter] = {}
+    for batch in batches:
+        states, chunks = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+        for index, data in zip(states, chunks, strict=True):
+            writer = writers.get(index)
+            if writer is None:
+                prefix = f"{names[index]}.{where}"
+                writer = writers[index] = BlockWriter(client, space, prefix)
+            what = f"state {names[index]}"
+            for key, value in pickle.loads(data):
+                writer.add(key, staged_json(value, what))
+    for index, writer in writers.items():
+        refs = [ref.to_json() for ref in writer.close()]
+        yield pa.RecordBatch.from_pydict(
+            {"state": pa.array([index], pa.int32()), "refs": [pickle.dumps(refs)]}
+        )
 
 
 TASK_SCHEMA = "kind int, idx int, part int, seq int, n int, data binary"

@@ -28,6 +28,7 @@ COMMANDS = (
     "set",
     "del",
     "hget",
+    "hexists",  # where an emit attempt staged (a manifest in Redis, else files)
     "hset",
     "hsetnx",
     "hdel",  # the undo logs' range and a rewind's restores; change logs a sink applied
@@ -45,6 +46,7 @@ COMMANDS = (
     "ltrim",
     "lrange",
     "exists",
+    "expire",  # staging in Redis: a txid's manifests expire with its blocks
     "unlink",  # undo logs past the retained range, freed in the background
     "time",
     # a commit with --wait-replicas / TRIDENTFLOW_WAIT_REPLICAS: WAIT after the mark

@@ -136,6 +136,7 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     )
     if old_generation and not old_generation.startswith("rewind:"):
         shutil.rmtree(rt.staging_root / f"g-{old_generation}", ignore_errors=True)
-    rt.__dict__.pop("ledger", None)
+    for cached in ("ledger", "staging", "file_staging", "redis_staging"):  # old generation's
+        rt.__dict__.pop(cached, None)
     _ = rt.ledger.generation  # this runtime goes on in the rewound pipeline's generation
     return RewindReport(result, reload)

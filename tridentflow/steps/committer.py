@@ -4,15 +4,17 @@
 
 1. ``begin_commit`` in the ledger: refused unless the ledger stands at txid-1 (checked inside
    Redis); a no-op if txid is already committed; otherwise a new fencing token.
-2. Loads the newest staged emit attempt and verifies it (checksums, record counts per partition:
-   a partial batch fails here) and that it starts where the committed offsets stand.
+2. Loads the newest staged emit attempt from wherever it was staged (files, or Redis) and
+   verifies it (checksums, record counts per partition: a partial batch fails here) and that
+   it starts where the committed offsets stand.
 3. With state shards, checks the stored shard count and claims every shard for this attempt
    (state.shards). Applies every key's partial with the state's rule (transactional / opaque /
    non-transactional), in chunks; every write is fenced (by the ledger, or by the shard's
    claim), so a superseded attempt cannot land. The built-in numeric combiners (Count, Sum,
    Min, Max, Mean) are applied inside Redis, one script call per chunk and shard
-   (state.numeric), the shards in parallel threads while the next chunk is read; any other
-   Combiner, Reducer or updater in Python.
+   (state.numeric), the shards in parallel threads while the next chunk is read - or, for a
+   batch staged in Redis, one call per staged block where the block lies, so the partials
+   never leave Redis (state.staged); any other Combiner, Reducer or updater in Python.
 4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks, and
    records the batch's bad records in the quarantine (fenced too). For a state that a
    new-values stream reads, writes the txid's change log (state.changes, fenced too). With
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -56,12 +59,13 @@ from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import StagedBatch
 from tridentflow_state.backing import Fence
 from tridentflow_state.changes import record_changes, trim_changes
-from tridentflow_state.errors import CommitOrderError, KeyEncodingError
+from tridentflow_state.errors import CommitOrderError, KeyEncodingError, StagedBlockError
 from tridentflow_state.maps import MapState, StateKind, make_map_state
 from tridentflow_state.numeric import apply_numeric
 from tridentflow_state.redis_backing import CHUNK, fenced_hset
 from tridentflow_state.replication import node_of, wait_for_replicas_of
 from tridentflow_state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
+from tridentflow_state.staged import BlockRef, apply_numeric_block, read_block
 from tridentflow_state.undo import trim_undo
 
 
@@ -177,6 +181,56 @@ def _finish_in_redis(staged: StagedBatch, chunk: _InFlight) -> None:
             if key in left_keys:
                 rest.append((key, json.loads(partial)))
         _apply_python(state, name, chunk.persisted, rest)
+
+
+def _apply_blocks(
+    rt: Runtime,
+    pool: Executor,
+    staged: StagedBatch,
+    state: MapState,
+    persisted: Persistable,
+    op: str,
+    fence: Fence,
+    refs: list[BlockRef],
+    at_half: Callable[[int], None],
+) -> None:
+    """A numeric state staged in Redis as blocks: each block applied where it lies
+    (APPLY_STAGED_NUMERIC: the partials never leave Redis), up to two calls in flight per
+    worker, blocks of different shards on their masters at once; the keys a script left go
+    through Python. ``at_half(lines)`` is told the lines applied after each block."""
+    space = staged.space  # type: ignore[attr-defined]
+    name = state.name
+
+    def one(ref: BlockRef) -> tuple[BlockRef, int, list[str]]:
+        applied, left = apply_numeric_block(rt.client, space, ref, name, state.kind, op, fence)
+        return ref, applied, left
+
+    def finish(future: Future) -> None:
+        try:
+            ref, applied, left = future.result()
+        except StagedBlockError as exc:
+            raise IncompleteBatchError(
+                f"txid {staged.txid} attempt {staged.attempt}: {exc}"
+            ) from None
+        state.note_in_batch(applied, lambda: staged.keys(name))
+        if left:
+            wanted = set(left)
+            rest = []
+            for line in read_block(rt.client, space, ref):
+                key, _tab, partial = line.partition("\t")
+                if key in wanted:
+                    rest.append((key, json.loads(partial)))
+            _apply_python(state, name, persisted, rest)
+        at_half(ref.lines)
+
+    in_flight: deque[Future] = deque()
+    limit = 2 * max(2, rt.keyspace.shards)
+    for ref in refs:
+        in_flight.append(pool.submit(one, ref))
+        if len(in_flight) >= limit:
+            finish(in_flight.popleft())
+    while in_flight:
+        finish(in_flight.popleft())
 
 
 def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
@@ -295,7 +349,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     attempt = ledger.staged_attempt(txid)
     if attempt is None:
         raise NotReadyError(f"txid {txid} has no staged output: run its emitter first")
-    staged = rt.staging.load(txid, attempt)
+    staged = rt.staging_of(txid, attempt).load(txid, attempt)
     check_continuity(staged, ledger.committed_offsets())
     rt.require_replicated(  # txid-1's mark: what every write of this txid builds on
         f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
@@ -318,9 +372,20 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     if half == 0:
         rt.faults.fire("mid-commit", txid, ticket.token)
     shards = rt.keyspace.shards
-    with ThreadPoolExecutor(max_workers=shards, thread_name_prefix="tf-commit") as pool:
+
+    def count_lines(lines: int) -> None:  # the mid-commit fault, once half the keys are in
+        nonlocal written
+        before, written = written, written + lines
+        if before < half <= written:
+            rt.faults.fire("mid-commit", txid, ticket.token)
+
+    with ThreadPoolExecutor(max_workers=max(2, shards), thread_name_prefix="tf-commit") as pool:
         for name, (state, persisted) in maps.items():
             op = in_redis_op(persisted, rt.in_redis_ops)
+            refs = staged.blocks(name) if op else None
+            if op and refs is not None:
+                _apply_blocks(rt, pool, staged, state, persisted, op, fence, refs, count_lines)
+                continue
             items = staged.lines(name) if op else staged.items(name)
             size = IN_REDIS_CHUNK * shards if op else CHUNK
             in_flight: _InFlight | None = None  # one chunk in Redis while the next is read
@@ -372,7 +437,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         for name in rt.pipeline.fed_states:  # a sink further behind than this reloads or fails
             trim_changes(rt.client, rt.keyspace, name, txid, rt.pipeline.change_log_limit)
         trim_undo(rt.client, rt.keyspace, maps.keys())  # what fell out of retain_txids
-    rt.staging.discard(txid)
+    rt.discard_staged(txid)
     if not marked:  # a concurrent attempt finished first; ours wrote nothing after it
         return CommitResult(txid, "already-committed")
     return CommitResult(

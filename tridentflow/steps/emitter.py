@@ -31,7 +31,7 @@ from tridentflow.errors import (
 )
 from tridentflow.sources.specs import SourceMode
 from tridentflow.steps.runtime import Runtime
-from tridentflow.steps.staging import StagedBatch
+from tridentflow.steps.staging import RedisStagingArea, StagedBatch
 
 
 def unreadable_partitions(rt: Runtime, txid: int) -> tuple[dict[int, int], dict[int, str]]:
@@ -109,7 +109,7 @@ def start_positions(rt: Runtime, txid: int, meta: dict[str, Any]) -> dict[int, i
                 f"{txid - 1} first (the ledger stands at {committed})"
             )
         try:
-            manifest = rt.staging.manifest(txid - 1, previous)
+            manifest = rt.staging_of(txid - 1, previous).manifest(txid - 1, previous)
         except IncompleteBatchError:
             if rt.ledger.committed_txid() >= txid - 1:
                 continue  # txid-1 committed meanwhile and its staging was discarded
@@ -158,14 +158,20 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     lose = rt.faults.armed("lose-tuple", txid, attempt) is not None
     # the records before this batch: every known partition's start, skipped ones included
     base = sum(next_positions.values()) - sum(end - start for start, end in ranges.values())
+    area = rt.staging
     ctx = ExecContext(
-        txid, rt.redis_url, lose_tuple=lose, namespace=rt.namespace, position_base=base
+        txid,
+        rt.redis_url,
+        lose_tuple=lose,
+        namespace=rt.namespace,
+        position_base=base,
+        blocks=area.space(txid, attempt) if isinstance(area, RedisStagingArea) else None,
     )
     result = engine.compute(rt.plan, str(rt.log.root), ranges, ctx)
     check_stages(txid, result.stages)
     check_bad_records(rt, txid, sum(c.n for c in result.counts.values()), len(result.bad))
     header["stages"] = [r.to_json() for r in result.stages]
-    staged = rt.staging.write(
+    staged = area.write(
         header,
         result.counts,
         result.partials,

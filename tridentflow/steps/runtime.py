@@ -30,7 +30,12 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
 )
 from tridentflow.settings import env_int
 from tridentflow.sources.base import LogScan, SourceContext, SourceLog
-from tridentflow.steps.staging import StagingArea
+from tridentflow.steps.staging import (
+    STAGING_ENV,
+    STAGING_KINDS,
+    RedisStagingArea,
+    StagingArea,
+)
 from tridentflow_state.keys import KeySpace, check_name, check_shards
 from tridentflow_state.ledger import Ledger
 from tridentflow_state.redis_backing import RedisBackingMap
@@ -114,6 +119,9 @@ class Runtime:
     in_redis_ops: bool = True
     """Whether the commit applies the built-in numeric combiners inside Redis (committer
     ``IN_REDIS_OPS``); benchmarks turn it off to compare with the Python path."""
+    staging_kind: str | None = None
+    """Where this process's emits stage (``files`` | ``redis``); None: TRIDENTFLOW_STAGING,
+    else ``files``. A commit reads an attempt wherever it was staged (``staging_of``)."""
 
     @classmethod
     def open(
@@ -231,10 +239,39 @@ class Runtime:
         return self.home / "staging" / self.pipeline.name
 
     @cached_property
-    def staging(self) -> StagingArea:
-        """Staging of this runtime's generation: an emit still running from before a reset
-        can never write over (or be read as) a new generation's attempt."""
+    def staging(self) -> StagingArea | RedisStagingArea:
+        """Where this process's emits stage (TRIDENTFLOW_STAGING: ``files`` under the home, the
+        default, or ``redis``), in this runtime's generation: an emit still running from
+        before a reset can never write over (or be read as) a new generation's attempt."""
+        kind = self.staging_kind or os.environ.get(STAGING_ENV, "files").strip().lower()
+        kind = kind or "files"
+        if kind not in STAGING_KINDS:
+            raise TridentflowError(
+                f"{STAGING_ENV}={kind!r} is not a staging kind: use one of "
+                + ", ".join(STAGING_KINDS)
+            )
+        return self.redis_staging if kind == "redis" else self.file_staging
+
+    @cached_property
+    def file_staging(self) -> StagingArea:
         return StagingArea(self.staging_root / f"g-{self.ledger.generation}")
+
+    @cached_property
+    def redis_staging(self) -> RedisStagingArea:
+        return RedisStagingArea(self.client, self.keyspace, self.ledger.generation)
+
+    def staging_of(self, txid: int, attempt: int) -> StagingArea | RedisStagingArea:
+        """Where emit ``attempt`` of ``txid`` staged: Redis if its manifest is there, else the
+        files - so a commit reads what an emit staged whatever this process's setting."""
+        redis_area = self.redis_staging
+        if self.client.hexists(redis_area.manifests_key(txid), str(attempt)):
+            return redis_area
+        return self.file_staging
+
+    def discard_staged(self, txid: int) -> None:
+        """Delete every staged attempt of a committed ``txid``, files and Redis."""
+        self.file_staging.discard(txid)
+        self.redis_staging.discard(txid)
 
     def source_scan(self) -> LogScan:
         """Every partition's head, or why it cannot be read; creates the log (or grows it to

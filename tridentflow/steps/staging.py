@@ -1,4 +1,6 @@
-"""Durable staging of a batch's emitted output, keyed by txid and emit attempt.
+"""Durable staging of a batch's emitted output, keyed by txid and emit attempt: files under
+the home (``StagingArea``, the default) or Redis (``RedisStagingArea``, TRIDENTFLOW_STAGING=redis:
+nothing shared between the hosts that emit and commit but Redis itself).
 
     {root}/tx-000000000007/attempt-2/state-counts.tsv   encoded key TAB partial (JSON), per line
     {root}/tx-000000000007/attempt-2/bad.jsonl          records to quarantine, one per line
@@ -26,41 +28,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tridentflow.engines.base import PartitionCount
+from tridentflow.engines.base import PartitionCount, staged_json
 from tridentflow.engines.batchops import StageReport
-from tridentflow.errors import NON_FINITE, IncompleteBatchError, StagingValueError
+from tridentflow.errors import IncompleteBatchError
 from tridentflow.fileio import fsync_dir, write_atomic
 from tridentflow.plan import BadRecord
-from tridentflow_state.codec import encode_value
-from tridentflow_state.errors import KeyEncodingError
+from tridentflow_state.errors import StagedBlockError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.staged import (
+    BLOCK_LINES,
+    BLOCK_TTL_S,
+    BlockRef,
+    BlockSpace,
+    BlockWriter,
+    WrittenBlocks,
+    delete_blocks,
+    iter_lines,
+    verify_blocks,
+    write_block,
+)
 
 MANIFEST = "MANIFEST.json"
 BAD_FILE = "bad.jsonl"
 
 
-def _stageable(value: Any, what: str) -> str:
-    try:
-        return encode_value(value)
-    except KeyEncodingError as exc:
-        if isinstance(value, float) or "NaN or an infinity" in str(exc):
-            raise StagingValueError(f"{what}: cannot stage {value!r:.200}: {NON_FINITE}") from None
-        raise StagingValueError(
-            f"{what}: cannot stage {value!r:.200} as JSON ({exc.__cause__ or exc}); "
-            "aggregators and updaters must return JSON values (numbers, strings, lists, "
-            "maps, null)"
-        ) from None
-
-
 def _write_state(path: Path, pairs: Iterable[tuple[str, Any]], what: str) -> dict[str, Any]:
     """Write ``key TAB value`` lines, fsync; return {file, lines, sha256, format}."""
-    info = _write_lines(path, (f"{key}\t{_stageable(v, what)}" for key, v in pairs))
+    info = _write_lines(path, (f"{key}\t{staged_json(v, what)}" for key, v in pairs))
     info["format"] = "tsv"
     return info
 
 
 def _write_jsonl(path: Path, values: Iterable[Any], what: str = "value") -> dict[str, Any]:
     """Write one JSON value per line, fsync; return {file, lines, sha256}."""
-    return _write_lines(path, (_stageable(v, what) for v in values))
+    return _write_lines(path, (staged_json(v, what) for v in values))
 
 
 def _write_lines(path: Path, texts: Iterable[str]) -> dict[str, Any]:
@@ -128,6 +129,10 @@ class StagedBatch:
         with open(self.directory / info["file"], encoding="utf-8") as fh:
             for line in fh:
                 yield json.loads(line)
+
+    def blocks(self, state: str) -> list[BlockRef] | None:
+        """The state's staged blocks in Redis, or None (staged as a file)."""
+        return None
 
     def key_count(self, state: str) -> int:
         return int(self.manifest["states"][state]["lines"])
@@ -266,3 +271,175 @@ class StagingArea:
 
     def discard(self, txid: int) -> None:
         shutil.rmtree(self.tx_dir(txid), ignore_errors=True)
+
+
+STAGING_ENV = "TRIDENTFLOW_STAGING"
+"""Where emits stage their output: ``files`` (default: under the home, which emit and commit
+must share) or ``redis`` (next to each state shard: any two hosts that reach Redis)."""
+STAGING_KINDS = ("files", "redis")
+
+
+@dataclass(frozen=True)
+class RedisStagedBatch(StagedBatch):
+    """A batch staged in Redis: the same manifest, its states and bad records as blocks."""
+
+    client: Any = None
+    space: BlockSpace | None = None
+
+    def blocks(self, state: str) -> list[BlockRef] | None:
+        info = self.manifest["states"].get(state)
+        if info is None:
+            raise IncompleteBatchError(
+                f"txid {self.txid} attempt {self.attempt}: no staged output for state {state!r}"
+            )
+        return [BlockRef.from_json(b) for b in info["blocks"]]
+
+    def _lines(self, refs: list[BlockRef]) -> Iterator[str]:
+        assert self.space is not None
+        try:
+            yield from iter_lines(self.client, self.space, refs)
+        except StagedBlockError as exc:
+            raise IncompleteBatchError(f"txid {self.txid} attempt {self.attempt}: {exc}") from None
+
+    def lines(self, state: str) -> Iterator[str]:
+        for line in self._lines(self.blocks(state) or []):
+            yield line + "\n"
+
+    def items(self, state: str) -> Iterator[tuple[str, Any]]:
+        for line in self._lines(self.blocks(state) or []):
+            key, _tab, partial = line.partition("\t")
+            yield key, json.loads(partial)
+
+    def keys(self, state: str) -> Iterator[str]:
+        for line in self._lines(self.blocks(state) or []):
+            yield line[: line.index("\t")]
+
+    def bad_records(self) -> Iterator[dict[str, Any]]:
+        info = self.manifest.get("bad") or {}
+        for line in self._lines([BlockRef.from_json(b) for b in info.get("blocks", [])]):
+            yield json.loads(line)
+
+
+class RedisStagingArea:
+    """Staging in Redis (``tridentflow_state.staged``): every state's partials as blocks next
+    to the shard they belong to, bad records as blocks in the pipeline's slot, and each
+    attempt's manifest - written last - as a field of the txid's manifest hash in the
+    ledger's slot. ``load`` checks every block inside Redis before the commit writes."""
+
+    def __init__(self, client: Any, keyspace: KeySpace, generation: str) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.generation = generation
+
+    def space(self, txid: int, attempt: int) -> BlockSpace:
+        return BlockSpace(self.keyspace, self.generation, int(txid), int(attempt))
+
+    def manifests_key(self, txid: int) -> str:
+        return self.keyspace.staged_manifests(self.generation, txid)
+
+    def write(
+        self,
+        header: dict[str, Any],
+        counts: dict[int, PartitionCount],
+        partials: dict[str, Iterable[tuple[str, Any]] | WrittenBlocks],
+        bad: Iterable[BadRecord] = (),
+        before_manifest: Callable[[], None] | None = None,
+    ) -> StagedBatch:
+        """Stage one attempt: what the engine did not write already, in blocks; the manifest
+        last. Idempotent for the same attempt (its blocks are written again whole)."""
+        txid, attempt = int(header["txid"]), int(header["attempt"])
+        space = self.space(txid, attempt)
+        states: dict[str, Any] = {}
+        for name, pairs in partials.items():
+            if isinstance(pairs, WrittenBlocks):
+                refs = pairs.refs
+            else:
+                writer = BlockWriter(self.client, space, f"{name}.d")
+                what = f"state {name}"
+                for key, value in pairs:
+                    writer.add(key, staged_json(value, what))
+                refs = writer.close()
+            states[name] = {
+                "format": "blocks",
+                "lines": sum(r.lines for r in refs),
+                "blocks": [r.to_json() for r in refs],
+            }
+        bad_refs, pipe, chunk, seq = [], self.client.pipeline(transaction=False), [], 0
+        for record in bad:
+            chunk.append(staged_json(record.to_json(), "bad record"))
+            if len(chunk) == BLOCK_LINES:
+                bad_refs.append(write_block(pipe, space, -1, f"bad.{seq}", chunk))
+                chunk, seq = [], seq + 1
+        if chunk:
+            bad_refs.append(write_block(pipe, space, -1, f"bad.{seq}", chunk))
+        pipe.execute()
+        if before_manifest is not None:
+            before_manifest()
+        manifest = dict(header)
+        manifest["counts"] = {str(p): c.to_json() for p, c in sorted(counts.items())}
+        manifest["states"] = states
+        manifest["bad"] = {
+            "lines": sum(r.lines for r in bad_refs),
+            "blocks": [r.to_json() for r in bad_refs],
+        }
+        key = self.manifests_key(txid)
+        self.client.hset(key, str(attempt), json.dumps(manifest))
+        self.client.expire(key, BLOCK_TTL_S)  # an old generation's (a rewind's) goes by itself
+        return RedisStagedBatch(self.describe(txid, attempt), manifest, self.client, space)
+
+    def describe(self, txid: int, attempt: int) -> Path:
+        """What error messages name as the attempt's place (not a directory)."""
+        return Path(f"redis:{self.manifests_key(txid)}#{attempt}")
+
+    def load(self, txid: int, attempt: int) -> StagedBatch:
+        """Load and verify a staged attempt (every block checked inside Redis: present, its
+        line count and SHA-1); IncompleteBatchError if torn, expired or missing."""
+        manifest = self.manifest(txid, attempt)
+        space = self.space(txid, attempt)
+        refs = [
+            BlockRef.from_json(b) for info in manifest["states"].values() for b in info["blocks"]
+        ]
+        refs += [BlockRef.from_json(b) for b in manifest.get("bad", {}).get("blocks", [])]
+        try:
+            verify_blocks(self.client, space, refs)
+        except StagedBlockError as exc:
+            raise IncompleteBatchError(f"txid {txid} attempt {attempt}: {exc}") from None
+        batch = RedisStagedBatch(self.describe(txid, attempt), manifest, self.client, space)
+        batch.check_complete()
+        return batch
+
+    def manifest(self, txid: int, attempt: int) -> dict[str, Any]:
+        """An attempt's manifest only; IncompleteBatchError if missing (e.g. discarded after
+        its txid committed)."""
+        raw = self.client.hget(self.manifests_key(txid), str(attempt))
+        if raw is None:
+            raise IncompleteBatchError(
+                f"txid {txid} attempt {attempt}: no staged manifest in Redis "
+                f"({self.manifests_key(txid)})"
+            )
+        try:
+            manifest = json.loads(raw)
+        except ValueError as exc:
+            raise IncompleteBatchError(f"txid {txid}: manifest is not JSON: {exc}") from exc
+        if (int(manifest.get("txid", -1)), int(manifest.get("attempt", -1))) != (txid, attempt):
+            raise IncompleteBatchError(
+                f"{self.describe(txid, attempt)}: manifest is for another txid/attempt"
+            )
+        return manifest
+
+    def discard(self, txid: int) -> None:
+        """Delete every staged attempt of ``txid`` (best effort: blocks expire anyway)."""
+        key = self.manifests_key(txid)
+        for attempt, raw in (self.client.hgetall(key) or {}).items():
+            try:
+                manifest = json.loads(raw)
+            except ValueError:
+                continue
+            refs = [
+                BlockRef.from_json(b)
+                for i in manifest.get("states", {}).values()
+                for b in i.get("blocks", [])
+            ]
+            refs += [BlockRef.from_json(b) for b in manifest.get("bad", {}).get("blocks", [])]
+            delete_blocks(self.client, self.space(txid, int(attempt)), refs)
+        self.client.delete(key)

@@ -1,0 +1,245 @@
+"""A batch staged in Redis: blocks of ``key TAB partial`` lines next to the shard they belong
+to, written by whoever computed them (the emit's driver, or Spark executors) and applied by
+the commit inside Redis.
+
+A *block* is one Redis string of at most BLOCK_LINES lines (joined by newlines, none at the
+end), all of one state and one state shard, under that shard's hash tag
+(``KeySpace.staged_block``): the commit's scripts read it in the slot they write. Its writer
+reports a ``BlockRef`` - shard, name, line count, SHA-1 - and only refs listed in the
+attempt's manifest count:
+
+* a block is written whole by one SET (never torn), with a TTL (an abandoned attempt's blocks
+  go away by themselves);
+* a retried or speculative writer of the same block writes it again whole; if its content
+  differs from what the manifest recorded, the SHA-1 check refuses the batch (TFBLOCK ->
+  StagedBlockError), as it refuses a block that is missing or was changed since;
+* every attempt writes under its own (generation, txid, attempt): attempts never mix.
+
+Nothing here imports Spark or Airflow: executors use ``BlockWriter`` with a client of their
+own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from tridentflow_state.backing import Fence
+from tridentflow_state.errors import StagedBlockError
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StateKind
+from tridentflow_state.numeric import OPS
+from tridentflow_state.scripts import APPLY_STAGED_NUMERIC, VERIFY_BLOCKS
+
+BLOCK_LINES = 5000
+"""Lines per block: one APPLY_STAGED_NUMERIC call holds Redis for ~25 ms."""
+
+BLOCK_TTL_S = 7 * 24 * 3600
+"""Seconds a staged block lives: a txid pending longer is emitted again (StagedBlockError)."""
+
+VERIFY_BATCH = 500
+"""Blocks checked per VERIFY_BLOCKS call."""
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """One staged block as its writer reported it."""
+
+    shard: int
+    name: str
+    lines: int
+    sha1: str
+
+    def to_json(self) -> list[Any]:
+        return [self.shard, self.name, self.lines, self.sha1]
+
+    @classmethod
+    def from_json(cls, raw: Sequence[Any]) -> BlockRef:
+        shard, name, lines, sha1 = raw
+        return cls(int(shard), str(name), int(lines), str(sha1))
+
+
+@dataclass(frozen=True)
+class WrittenBlocks:
+    """A state's partials already staged as blocks by whoever computed them (Spark
+    executors): their refs, for the manifest."""
+
+    refs: list[BlockRef]
+
+    @property
+    def lines(self) -> int:
+        return sum(r.lines for r in self.refs)
+
+
+@dataclass(frozen=True)
+class BlockSpace:
+    """Where one emit attempt's blocks go: the pipeline's keyspace (with its shard count),
+    the generation, the txid and the attempt. Picklable: executors get it as it is."""
+
+    keyspace: KeySpace
+    generation: str
+    txid: int
+    attempt: int
+
+    def key(self, ref: BlockRef) -> str:
+        """The block's Redis key: in its shard's slot (shard -1: the pipeline's own slot)."""
+        space = self.keyspace if ref.shard < 0 else self.keyspace.shard(ref.shard)
+        return space.staged_block(self.generation, self.txid, self.attempt, ref.name)
+
+
+def write_block(
+    pipe: Any, space: BlockSpace, shard: int, name: str, lines: Sequence[str]
+) -> BlockRef:
+    """Queue one block's SET (with its TTL) on ``pipe`` (a pipeline or a client); its ref."""
+    text = "\n".join(lines).encode("utf-8", "surrogatepass")
+    ref = BlockRef(shard, name, len(lines), hashlib.sha1(text).hexdigest())
+    pipe.set(space.key(ref), text, ex=BLOCK_TTL_S)
+    return ref
+
+
+class BlockWriter:
+    """Writes ``key TAB partial`` lines of one state as blocks, split by state shard: block
+    names are ``{prefix}.{shard}.{seq}`` (``prefix`` unique per writer, stable across retries
+    of the same work, e.g. ``state.task``). Blocks go out in pipelines of ``flush_blocks``.
+    Not thread-safe; ``close()`` flushes and returns every ref, in write order."""
+
+    def __init__(self, client: Any, space: BlockSpace, prefix: str, flush_blocks: int = 8) -> None:
+        self.client = client
+        self.space = space
+        self.prefix = prefix
+        self.flush_blocks = flush_blocks
+        shards = space.keyspace.shards
+        self._buffers: list[list[str]] = [[] for _ in range(shards)]
+        self._seq = [0] * shards
+        self._pipe = client.pipeline(transaction=False)
+        self._queued = 0
+        self.refs: list[BlockRef] = []
+
+    def add(self, key: str, partial_json: str) -> None:
+        shard = self.space.keyspace.shard_index(key)
+        buffer = self._buffers[shard]
+        buffer.append(f"{key}\t{partial_json}")
+        if len(buffer) >= BLOCK_LINES:
+            self._block(shard)
+
+    def add_lines(self, lines: Iterable[str]) -> None:
+        """Lines as staged (``key TAB partial``, no newline)."""
+        for line in lines:
+            key = line[: line.index("\t")]
+            shard = self.space.keyspace.shard_index(key)
+            buffer = self._buffers[shard]
+            buffer.append(line)
+            if len(buffer) >= BLOCK_LINES:
+                self._block(shard)
+
+    def _block(self, shard: int) -> None:
+        name = f"{self.prefix}.{shard}.{self._seq[shard]}"
+        self._seq[shard] += 1
+        self.refs.append(write_block(self._pipe, self.space, shard, name, self._buffers[shard]))
+        self._buffers[shard] = []
+        self._queued += 1
+        if self._queued >= self.flush_blocks:
+            self._pipe.execute()
+            self._queued = 0
+
+    def close(self) -> list[BlockRef]:
+        for shard, buffer in enumerate(self._buffers):
+            if buffer:
+                self._block(shard)
+        if self._queued:
+            self._pipe.execute()
+            self._queued = 0
+        return self.refs
+
+
+def read_block(client: redis.Redis, space: BlockSpace, ref: BlockRef) -> list[str]:
+    """A block's lines, checked against its ref (StagedBlockError if missing or different)."""
+    key = space.key(ref)
+    raw = client.get(key)
+    if raw is None:
+        raise StagedBlockError(
+            f"staged block {key} is missing (expired, or deleted by a reset or another commit):"
+            " this batch must not commit; emit it again"
+        )
+    text = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    lines = text.decode("utf-8", "surrogatepass").split("\n") if text else []
+    if len(lines) != ref.lines or hashlib.sha1(text).hexdigest() != ref.sha1:
+        raise StagedBlockError(
+            f"staged block {key} holds {len(lines)} lines (manifest: {ref.lines}) or another "
+            "checksum: it was torn or overwritten; emit the batch again"
+        )
+    return lines
+
+
+def verify_blocks(client: redis.Redis, space: BlockSpace, refs: Iterable[BlockRef]) -> int:
+    """Check every block inside Redis (present, its line count and SHA-1), slot by slot, in
+    VERIFY_BATCH blocks per call; nothing is read back. Returns the blocks checked;
+    StagedBlockError naming the first that is not as its ref says."""
+    by_shard: dict[int, list[BlockRef]] = {}
+    for ref in refs:
+        by_shard.setdefault(ref.shard, []).append(ref)
+    checked = 0
+    for group in by_shard.values():
+        for i in range(0, len(group), VERIFY_BATCH):
+            part = group[i : i + VERIFY_BATCH]
+            args: list[Any] = []
+            for ref in part:
+                args += [ref.sha1, ref.lines]
+            checked += int(VERIFY_BLOCKS(client, [space.key(r) for r in part], args))
+    return checked
+
+
+def delete_blocks(client: redis.Redis, space: BlockSpace, refs: Iterable[BlockRef]) -> None:
+    """Delete blocks (best effort, one key a command: blocks of many slots)."""
+    pipe = client.pipeline(transaction=False)
+    queued = 0
+    for ref in refs:
+        pipe.delete(space.key(ref))
+        queued += 1
+        if queued >= 1000:
+            pipe.execute()
+            queued = 0
+    if queued:
+        pipe.execute()
+
+
+def apply_numeric_block(
+    client: redis.Redis,
+    space: BlockSpace,
+    ref: BlockRef,
+    state_name: str,
+    kind: StateKind,
+    op: str,
+    fence: Fence,
+) -> tuple[int, list[str]]:
+    """APPLY_NUMERIC over one staged block, inside Redis (the partials never leave it):
+    atomic, fenced like every state write, and checked against ``ref`` first (TFBLOCK ->
+    StagedBlockError, nothing written). Returns (keys written, keys left for the Python
+    path), as ``tridentflow_state.numeric.apply_numeric``."""
+    if op not in OPS:
+        raise ValueError(f"unknown numeric op {op!r}; expected one of {OPS}")
+    shard = space.keyspace.shard(ref.shard)
+    keys = [
+        shard.state(state_name),
+        shard.ledger,
+        shard.tx(fence.txid),
+        shard.written(state_name, fence.txid),
+        shard.generation,
+        shard.undo(state_name, fence.txid),
+        space.key(ref),
+    ]
+    undo = "1" if fence.undo else ""
+    args = [fence.txid, fence.token, fence.generation, kind.value, op, ref.sha1, undo, ref.lines]
+    reply = APPLY_STAGED_NUMERIC(client, keys, args)
+    unhandled = [f.decode() if isinstance(f, bytes) else f for f in reply[1:]]
+    return int(reply[0]), unhandled
+
+
+def iter_lines(client: redis.Redis, space: BlockSpace, refs: Iterable[BlockRef]) -> Iterator[str]:
+    """Every line of ``refs``, block after block (each checked), no newline."""
+    for ref in refs:
+        yield from read_block(client, space, ref)
