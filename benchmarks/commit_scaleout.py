@@ -1,7 +1,7 @@
 """Benchmark: commit scale-out over state shards on a Redis Cluster (issue 12).
 
     python -m benchmarks.commit_scaleout [--keys 1000000] [--shards 1,3] [--ops count,sum]
-                                         [--repeat 2]
+                                         [--repeat 2] [--staging files,redis]
 
 Starts a local Redis Cluster of 3 masters (no replicas, no persistence; free ports) and, for
 comparison, one plain redis-server. For each combiner (Count on an opaque state, Sum on a
@@ -15,6 +15,10 @@ Side by side, what a user would otherwise write: the keys' partials sent with ``
 one non-transactional pipeline per 10,000 keys (what a Spark ``foreachBatch`` into Redis
 does; no fencing, no ordering, no replay protection), on the same cluster, from one client.
 Each figure is the best of --repeat runs, in keys/s.
+
+``--staging``: where the emit staged the batch - ``files`` (the commit reads the lines and sends
+them to Redis in chunks) or ``redis`` (blocks next to each shard; the commit applies each block
+where it lies: the partials never leave Redis).
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ from tridentflow_state.maps import StateKind
 KINDS = {"count": StateKind.OPAQUE, "sum": StateKind.TRANSACTIONAL}
 
 
-def commit_rates(client, work: Path, op: str, shards: int, keys: int, repeat: int) -> tuple:
+def commit_rates(
+    client, work: Path, op: str, shards: int, keys: int, repeat: int, staging: str = "files"
+) -> tuple:
     """Best keys/s of commit() creating and updating ``keys`` keys with ``shards`` shards."""
     best = (0.0, 0.0)
     for rep in range(repeat):
         home = work / f"home-{op}-{shards}-{rep}"
-        rt = Runtime(pipeline(op, KINDS[op]), client, home, shards=shards)
+        rt = Runtime(pipeline(op, KINDS[op]), client, home, shards=shards, staging_kind=staging)
         rt.ledger.reset(force=True)
         rt.source_heads()
         first, second = timed_commits(rt, keys, random.Random(7))
@@ -76,6 +82,7 @@ def main() -> None:
     parser.add_argument("--shards", default="1,3")
     parser.add_argument("--ops", default="count,sum")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--staging", default="files")
     args = parser.parse_args()
     shard_counts = [int(s) for s in args.shards.split(",")]
     work = Path(tempfile.mkdtemp(prefix="tf-bench-scaleout-"))
@@ -87,15 +94,16 @@ def main() -> None:
             for target, url in targets.items():
                 client = connect(url)
                 for op in args.ops.split(","):
-                    for shards in shard_counts:
-                        create, update = commit_rates(
-                            client, work, op, shards, args.keys, args.repeat
-                        )
-                        print(
-                            f"{target:<20} {op:<6} {KINDS[op].value:<14} shards={shards:<3}"
-                            f"{create:>11,.0f} /{update:>11,.0f}",
-                            flush=True,
-                        )
+                    for staging in args.staging.split(","):
+                        for shards in shard_counts:
+                            create, update = commit_rates(
+                                client, work, op, shards, args.keys, args.repeat, staging
+                            )
+                            print(
+                                f"{target:<20} {op:<6} {KINDS[op].value:<14} {staging:<6} "
+                                f"shards={shards:<3}{create:>11,.0f} /{update:>11,.0f}",
+                                flush=True,
+                            )
                 rate = hincrby_rate(client, args.keys, args.repeat)
                 print(f"{target:<20} bare pipelined HINCRBY (no guarantees): {rate:,.0f}")
                 client.close()

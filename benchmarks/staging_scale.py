@@ -1,7 +1,7 @@
 """Benchmark: one txid of K distinct keys on Spark, staging in files vs in Redis (issue 35), side
 by side with the bare PySpark job that writes the same counts to Redis from its executors.
 
-    python -m benchmarks.staging_scale [--keys 1000000,2000000,4000000] [--repeat 1]
+    python -m benchmarks.staging_scale [--keys 1000000,2000000,4000000] [--repeat 1] [--cluster]
 
 For each K: K distinct words, each twice, in sentences of 8 words in the word count's
 4-partition file log. Each job is a fresh process, timed from start to exit, while a sampler
@@ -17,7 +17,10 @@ workers are not counted: they are the cluster's); Redis's peak memory is read af
   ``foreachPartition`` and pipelined ``HSET`` (no txid, no fencing, no replay protection: what a
   user would write by hand).
 
-Every job's result is checked: K keys, 2K in all.
+Every job's result is checked: K keys, 2K in all. By default Spark runs in the driver's JVM
+(``local[*]``), so that JVM's figure holds the executors' work too; ``--cluster`` starts a
+standalone master and one worker of 2 cores (from the pip package) and runs every job against
+it: the driver's JVM is then the driver's alone.
 """
 
 from __future__ import annotations
@@ -57,14 +60,14 @@ def generate(home: Path, keys: int) -> Path:
     return log.root
 
 
-def job_bare(glob: str, redis_url: str) -> None:
+def job_bare(glob: str, redis_url: str, master: str = "local[*]") -> None:
     """The bare DataFrame job: count, then HSET from the executors (foreachPartition)."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     spark = (
         SparkSession.builder.appName("bench-bare-foreach")
-        .master("local[*]")
+        .master(master)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--keys", default="1000000,2000000,4000000")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--only", help="comma-separated jobs (default: all)")
+    parser.add_argument("--cluster", action="store_true", help="a standalone master + worker")
     args = parser.parse_args()
     import redis
 
@@ -168,6 +172,13 @@ def main() -> None:
     client = redis.Redis.from_url(redis_url)
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     rows = []
+    cluster = None
+    master = "local[*]"
+    if args.cluster:
+        from tests.spark_cluster import StandaloneCluster
+
+        cluster = StandaloneCluster(work / "spark").start(workers=1, cores=2)
+        master = cluster.url
     try:
         for keys in [int(k) for k in args.keys.split(",")]:
             home = work / f"home-{keys}"
@@ -183,13 +194,13 @@ def main() -> None:
                     client.execute_command("MEMORY", "PURGE")
                     before = int(client.info("memory")["used_memory"])
                     if name == "bare-foreach":
-                        argv = [sys.executable, __file__, "job-bare", glob, redis_url]
+                        argv = [sys.executable, __file__, "job-bare", glob, redis_url, master]
                     else:
                         argv = [
                             *("tridentflow", "run", "wordcount", "--engine", "spark"),
                             *("--no-progress", "--batches", "1"),
                             *("--batch-size", str(per_partition), "--home", str(home)),
-                            *("--redis-url", redis_url),
+                            *("--redis-url", redis_url, "--master", master),
                         ]
                     staging = "redis" if name == "tf-redis" else "files"
                     wall, py, jvm = _timed(argv, dict(env, TRIDENTFLOW_STAGING=staging))
@@ -207,6 +218,8 @@ def main() -> None:
                     )
             shutil.rmtree(home, ignore_errors=True)
     finally:
+        if cluster is not None:
+            cluster.stop()
         server.terminate()
         server.wait()
         shutil.rmtree(work, ignore_errors=True)

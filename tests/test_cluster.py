@@ -1,8 +1,9 @@
 """A real Spark standalone cluster (tests.spark_cluster: a master and two workers from the pip
 package): the word count through the CLI (``--master``) and through the Airflow emit task
 (``{"conn_type":"spark","host":"spark://127.0.0.1","port":P}``), with one worker and its
-executor SIGKILLed while the emit's Python tasks run. The txid completes on the other worker
-(or is retried by Airflow) with the same txid, and the counts are exact. Then a worker whose
+executor SIGKILLed while the emit's Python tasks run (staging in Redis: the executors were
+writing the txid's blocks). The txid completes on the other worker (or is retried by Airflow)
+with the same txid, and the counts are exact. Then a worker whose
 host lacks the shared home (a private mount namespace) fails the batch in one line."""
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def test_a_standalone_cluster_with_a_worker_killed_mid_emit(
     env["TRIDENTFLOW_RETRIES"] = "2"  # a failure shows in seconds, not minutes
     env["TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS"] = "1"
     env.pop("TRIDENTFLOW_FAULTS", None)
+    # staged in Redis by the executors themselves: the killed worker's tasks were writing blocks
+    env["TRIDENTFLOW_STAGING"] = "redis"
+    env["TRIDENTFLOW_DRIVER_STAGING_RECORDS"] = "0"
     launcher.migrate(env)
     second = sentences(40_000, seed=12)
     produce(rt, second)
@@ -79,6 +83,8 @@ def test_a_standalone_cluster_with_a_worker_killed_mid_emit(
     assert counts(rt, list(expected)) == expected
     assert rt.ledger.committed_txid() == 2  # the DAG run's one txid, whatever was replayed
     assert audit(rt).ok
+    assert '"staging": "redis (executors)"' in out, out[-4000:]
+    assert not rt.client.exists(rt.keyspace.staged_manifests(rt.ledger.generation, 2))
 
     # A worker on a host without the shared home (an empty tmpfs covers it): its executor says
     # so in one line, and nothing is committed.

@@ -60,7 +60,7 @@ from tridentflow.engines.tasks import (
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.plan import Plan
 from tridentflow.redisconn import connect
-from tridentflow.settings import env_seconds
+from tridentflow.settings import env_int, env_seconds
 from tridentflow_state.staged import BlockRef, BlockSpace, BlockWriter, WrittenBlocks
 
 if TYPE_CHECKING:
@@ -132,7 +132,9 @@ class SparkEngine:
         records = sum(end - start for start, end in ranges.values())
         # staging in Redis, a big batch's executors stage it: no direct attempt (it would
         # read the batch once more when its partials outgrow what the driver should hold)
-        big = ctx.blocks is not None and records > EXECUTOR_STAGING_KEYS
+        big = ctx.blocks is not None and records > env_int(
+            DRIVER_STAGING_ENV, EXECUTOR_STAGING_KEYS
+        )
         if not plan.edges and not ctx.lose_tuple and not big:  # lose-tuple: in an exchange
             limit = DIRECT_PAIRS if ctx.blocks is None else EXECUTOR_STAGING_KEYS
             direct = self._compute_direct(plan, log_root, ranges, tasks, limit)
@@ -314,6 +316,10 @@ EXECUTOR_STAGING_KEYS = 200_000
 direct path: its read tasks run once, in the exchange path, whose executors write every
 state's blocks themselves (``_stage_on_executors``). A smaller batch takes the direct path
 (at most this many partials to the driver, which stages them)."""
+
+DRIVER_STAGING_ENV = "TRIDENTFLOW_DRIVER_STAGING_RECORDS"
+"""Staging in Redis: the most records a batch may have for the driver to stage it (direct path);
+bigger ones are staged by the executors (default EXECUTOR_STAGING_KEYS; 0: always them)."""
 
 _EXECUTOR_CLIENTS: dict[str, Any] = {}
 """One Redis client per URL in each Python worker (Spark reuses workers between tasks)."""

@@ -209,8 +209,8 @@ def session_key(rt: Runtime) -> str:
 
 
 def emit_summary(rt: Runtime, txid: int, staged: StagedBatch | None) -> dict[str, Any]:
-    """What an emit did, JSON-native: staged (attempt, records, ranges, skipped partitions)
-    or already-committed."""
+    """What an emit did, JSON-native: staged (attempt, records, ranges, skipped partitions,
+    where it was staged) or already-committed."""
     result: dict[str, Any] = {"pipeline": rt.pipeline.name, "txid": txid}
     if staged is None:
         return {**result, "status": "already-committed"}
@@ -221,6 +221,7 @@ def emit_summary(rt: Runtime, txid: int, staged: StagedBatch | None) -> dict[str
         "records": staged.records,
         "ranges": staged.manifest["ranges"],
         "skipped": staged.manifest["skipped"],
+        "staging": staged.staged_in,
     }
 
 

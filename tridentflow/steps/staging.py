@@ -134,6 +134,11 @@ class StagedBatch:
         """The state's staged blocks in Redis, or None (staged as a file)."""
         return None
 
+    @property
+    def staged_in(self) -> str:
+        """Where it was staged, for people: ``files``, ``redis (driver)``, ``redis (executors)``."""
+        return "files"
+
     def key_count(self, state: str) -> int:
         return int(self.manifest["states"][state]["lines"])
 
@@ -294,6 +299,11 @@ class RedisStagedBatch(StagedBatch):
             )
         return [BlockRef.from_json(b) for b in info["blocks"]]
 
+    @property
+    def staged_in(self) -> str:
+        writers = {info.get("writer") for info in self.manifest["states"].values()}
+        return "redis (executors)" if "executors" in writers else "redis (driver)"
+
     def _lines(self, refs: list[BlockRef]) -> Iterator[str]:
         assert self.space is not None
         try:
@@ -360,6 +370,7 @@ class RedisStagingArea:
                     writer.add(key, staged_json(value, what))
                 refs = writer.close()
             states[name] = {
+                "writer": "executors" if isinstance(pairs, WrittenBlocks) else "driver",
                 "format": "blocks",
                 "lines": sum(r.lines for r in refs),
                 "blocks": [r.to_json() for r in refs],
