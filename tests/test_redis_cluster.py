@@ -75,9 +75,10 @@ def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
             "ACL", "SETUSER", "tf-wc", "on", ">pw-wc", *printed.split()
         )
     url = f"redis://tf-wc:pw-wc@127.0.0.1:{cluster.ports[2]}/0"
+    # staged in Redis: its blocks on every shard's master, under the same rules
     env = {"TRIDENTFLOW_REDIS_URL": url, "TRIDENTFLOW_HOME": str(tmp_path / "h"),
            "TRIDENTFLOW_NAMESPACE": "acl", "TRIDENTFLOW_STATE_SHARDS": "3",
-           "TRIDENTFLOW_STAGING": "redis"}  # fmt: skip  (blocks on every shard's master)
+           "TRIDENTFLOW_STAGING": "redis"}  # fmt: skip
     assert isinstance(connect(url), redis.RedisCluster)
     produced = tf("produce", "wordcount", "-", input="\n".join(SEED_SENTENCES) + "\n", env=env)
     assert produced.returncode == 0, produced.stderr
