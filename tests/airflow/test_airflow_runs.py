@@ -99,8 +99,8 @@ def test_batch_operation_examples_emit_through_a_spark_connect_connection(
     """The DAGs with spark_default a Spark Connect connection: seed 002 with a tuple lost
     between stages in the first emit (Airflow retries it; no spark-submit anywhere); the DRPC
     word count, whose Spark executors query Redis; the word count over Redis Streams read by
-    the executors. (The spark-submit path: the retried-failures, Kafka, secured-Redis and
-    cluster tests.)"""
+    the executors, which also stage its txid in Redis (TRIDENTFLOW_STAGING=redis). (The
+    spark-submit path: the retried-failures, Kafka, secured-Redis and cluster tests.)"""
     from tridentflow.engines.local import LocalEngine
     from tridentflow.examples.user_scores import SEED_BATCH
     from tridentflow.steps.committer import commit
@@ -129,7 +129,12 @@ def test_batch_operation_examples_emit_through_a_spark_connect_connection(
 
     stream = runtime("wordcount-stream", redis_url, home)  # executors read Redis Streams
     stream.log.append_spread(SEED_SENTENCES)
-    dags_test(env, dag="tridentflow_wordcount_stream")
+    # ... and stage the txid in Redis themselves: the Connect server's workers write the
+    # blocks, the commit task applies them there; nothing of it on the task's disk
+    staged = {**env, "TRIDENTFLOW_STAGING": "redis", "TRIDENTFLOW_DRIVER_STAGING_RECORDS": "0"}
+    out = dags_test(staged, dag="tridentflow_wordcount_stream")
+    assert "'staging': 'redis (executors)'" in out, out[-4000:]
+    assert not (home / "staging" / "wordcount-stream").exists()
     _txid, values = query(stream, stream.pipeline.states["counts"], [(w,) for w in SEED_COUNTS])
     assert values == list(SEED_COUNTS.values())
 
