@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 DF_COUNTS = "bench:df:per_batch"
@@ -78,15 +77,6 @@ def job_df(glob: str, redis_url: str) -> None:
     spark.stop()
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
-    started = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    elapsed = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:4])} failed: {done.stderr.strip()[-2000:]}")
-    return elapsed
-
-
 def _check(client, records: int) -> None:
     from tridentflow_state.keys import KeySpace
 
@@ -110,6 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     import redis
 
+    from benchmarks.vs_spark import timed_run
     from tridentflow.devtools import devredis
 
     work = Path(tempfile.mkdtemp(prefix="tf-bench-user-scores-"))
@@ -140,7 +131,7 @@ def main() -> None:
                         )  # fmt: skip
                     else:
                         client.delete(DF_COUNTS, DF_SUMS)
-                    times[name].append(_timed(argv, env))
+                    times[name].append(timed_run(argv, env))
                     print(f"  rep {rep + 1} {name}: {times[name][-1]:.1f}s", flush=True)
                 _check(client, args.records)
     finally:

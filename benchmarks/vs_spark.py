@@ -138,7 +138,8 @@ def job_ss_foreach(glob: str, redis_url: str, checkpoint: str) -> None:
     spark.stop()
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
+def timed_run(argv: list[str], env: dict[str, str]) -> float:
+    """Seconds ``argv`` took as a whole process; SystemExit with its stderr if it failed."""
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     elapsed = time.monotonic() - started
@@ -256,7 +257,7 @@ def _run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
         times: dict[str, list[float]] = {name: [] for name in only}
         for r in range(args.repeat):
             for name in only:
-                times[name].append(_timed(jobs[name](r), env))
+                times[name].append(timed_run(jobs[name](r), env))
                 print(f"  rep {r + 1} {name}: {times[name][-1]:.1f}s", flush=True)
     finally:
         if remote:

@@ -35,9 +35,21 @@ def apply_numeric(
     (keys written, keys left for the Python path). Raises StaleTxidError, FencedError,
     CommitOrderError, GenerationError like any fenced write; nothing of the chunk is written
     then."""
+    if isinstance(items, str):
+        lines = items
+    else:
+        lines = "\n".join(f"{field}\t{partial}" for field, partial in items)
+    keys = script_keys(keyspace, state_name, op, fence)
+    args = [fence.txid, fence.token, fence.generation, kind.value, op, lines, undo_flag(fence)]
+    return applied_and_left(APPLY_NUMERIC(client, keys, args))
+
+
+def script_keys(keyspace: KeySpace, state_name: str, op: str, fence: Fence) -> list[str]:
+    """KEYS[1..6] of APPLY_NUMERIC (and APPLY_STAGED_NUMERIC) for one state in ``keyspace``
+    (a shard's, when sharded); ValueError for an op the script does not know."""
     if op not in OPS:
         raise ValueError(f"unknown numeric op {op!r}; expected one of {OPS}")
-    keys = [
+    return [
         keyspace.state(state_name),
         keyspace.ledger,
         keyspace.tx(fence.txid),
@@ -45,12 +57,14 @@ def apply_numeric(
         keyspace.generation,
         keyspace.undo(state_name, fence.txid),
     ]
-    if isinstance(items, str):
-        lines = items
-    else:
-        lines = "\n".join(f"{field}\t{partial}" for field, partial in items)
-    undo = "1" if fence.undo else ""
-    args = [fence.txid, fence.token, fence.generation, kind.value, op, lines, undo]
-    reply = APPLY_NUMERIC(client, keys, args)
+
+
+def undo_flag(fence: Fence) -> str:
+    """ARGV[7]: '1' = record the written fields' prior values in the undo hash."""
+    return "1" if fence.undo else ""
+
+
+def applied_and_left(reply: list) -> tuple[int, list[str]]:
+    """The script's reply: (keys written, keys left for the Python path)."""
     unhandled = [f.decode() if isinstance(f, bytes) else f for f in reply[1:]]
     return int(reply[0]), unhandled

@@ -32,7 +32,7 @@ from tridentflow_state.backing import Fence
 from tridentflow_state.errors import StagedBlockError
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StateKind
-from tridentflow_state.numeric import OPS
+from tridentflow_state.numeric import applied_and_left, script_keys, undo_flag
 from tridentflow_state.scripts import APPLY_STAGED_NUMERIC, VERIFY_BLOCKS
 
 BLOCK_LINES = 5000
@@ -220,23 +220,10 @@ def apply_numeric_block(
     atomic, fenced like every state write, and checked against ``ref`` first (TFBLOCK ->
     StagedBlockError, nothing written). Returns (keys written, keys left for the Python
     path), as ``tridentflow_state.numeric.apply_numeric``."""
-    if op not in OPS:
-        raise ValueError(f"unknown numeric op {op!r}; expected one of {OPS}")
-    shard = space.keyspace.shard(ref.shard)
-    keys = [
-        shard.state(state_name),
-        shard.ledger,
-        shard.tx(fence.txid),
-        shard.written(state_name, fence.txid),
-        shard.generation,
-        shard.undo(state_name, fence.txid),
-        space.key(ref),
-    ]
-    undo = "1" if fence.undo else ""
-    args = [fence.txid, fence.token, fence.generation, kind.value, op, ref.sha1, undo, ref.lines]
-    reply = APPLY_STAGED_NUMERIC(client, keys, args)
-    unhandled = [f.decode() if isinstance(f, bytes) else f for f in reply[1:]]
-    return int(reply[0]), unhandled
+    keys = [*script_keys(space.keyspace.shard(ref.shard), state_name, op, fence), space.key(ref)]
+    args = [fence.txid, fence.token, fence.generation, kind.value, op, ref.sha1]
+    args += [undo_flag(fence), ref.lines]
+    return applied_and_left(APPLY_STAGED_NUMERIC(client, keys, args))
 
 
 def iter_lines(client: redis.Redis, space: BlockSpace, refs: Iterable[BlockRef]) -> Iterator[str]:
