@@ -21,6 +21,9 @@ included, as a user pays it), interleaved per repetition; the best of --repeat i
 
 Every job's final counts are checked equal; the ratios are the issue's goals 1 and 2.
 Needs a Redis: TRIDENTFLOW_REDIS_URL, else a private redis-server (tridentflow.devtools.devredis).
+Each tridentflow or SS job's database is emptied (FLUSHDB) right before it runs: a previous
+invocation's ledger would otherwise make the run read little or nothing, and the check could
+pass on the old counts.
 """
 
 from __future__ import annotations
@@ -253,10 +256,14 @@ def _run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
             *remote,
         ],
     }
+    import redis
+
     try:
         times: dict[str, list[float]] = {name: [] for name in only}
         for r in range(args.repeat):
             for name in only:
+                if name in TF_JOBS or name == "ss-foreach":  # never a previous run's state:
+                    redis.Redis.from_url(_db(base, name, r)).flushdb()  # it would read nothing
                 times[name].append(timed_run(jobs[name](r), env))
                 print(f"  rep {r + 1} {name}: {times[name][-1]:.1f}s", flush=True)
     finally:
