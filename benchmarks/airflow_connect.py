@@ -43,6 +43,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import redis
+
 from benchmarks.vs_spark import generate
 from tridentflow.devtools import devredis
 from tridentflow.registry import load_pipeline
@@ -232,6 +234,8 @@ def main() -> None:
     try:
         with devredis.url_or_private(work / "redis") as base_url:
             redis_url = base_url.rsplit("/", 1)[0] + "/1"
+            for db in ("/1", "/2"):  # a previous invocation's ledgers would skip the work
+                redis.Redis.from_url(base_url.rsplit("/", 1)[0] + db).flushdb()
             os.environ.pop("TRIDENTFLOW_FAULTS", None)
             connect = connect_port if args.emitter == "connect" else None
             info = launcher.up(home, api_port, redis_url, spark_connect=connect,
