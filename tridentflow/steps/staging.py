@@ -330,6 +330,13 @@ class RedisStagedBatch(StagedBatch):
             yield json.loads(line)
 
 
+def manifest_blocks(manifest: dict[str, Any]) -> list[BlockRef]:
+    """Every block a manifest staged in Redis lists: its states', then its bad records'."""
+    states = manifest.get("states", {}).values()
+    refs = [BlockRef.from_json(b) for info in states for b in info.get("blocks", [])]
+    return refs + [BlockRef.from_json(b) for b in manifest.get("bad", {}).get("blocks", [])]
+
+
 class RedisStagingArea:
     """Staging in Redis (``tridentflow_state.staged``): every state's partials as blocks next
     to the shard they belong to, bad records as blocks in the pipeline's slot, and each
@@ -407,12 +414,8 @@ class RedisStagingArea:
         line count and SHA-1); IncompleteBatchError if torn, expired or missing."""
         manifest = self.manifest(txid, attempt)
         space = self.space(txid, attempt)
-        refs = [
-            BlockRef.from_json(b) for info in manifest["states"].values() for b in info["blocks"]
-        ]
-        refs += [BlockRef.from_json(b) for b in manifest.get("bad", {}).get("blocks", [])]
         try:
-            verify_blocks(self.client, space, refs)
+            verify_blocks(self.client, space, manifest_blocks(manifest))
         except StagedBlockError as exc:
             raise IncompleteBatchError(f"txid {txid} attempt {attempt}: {exc}") from None
         batch = RedisStagedBatch(self.describe(txid, attempt), manifest, self.client, space)
@@ -446,11 +449,5 @@ class RedisStagingArea:
                 manifest = json.loads(raw)
             except ValueError:
                 continue
-            refs = [
-                BlockRef.from_json(b)
-                for i in manifest.get("states", {}).values()
-                for b in i.get("blocks", [])
-            ]
-            refs += [BlockRef.from_json(b) for b in manifest.get("bad", {}).get("blocks", [])]
-            delete_blocks(self.client, self.space(txid, int(attempt)), refs)
+            delete_blocks(self.client, self.space(txid, int(attempt)), manifest_blocks(manifest))
         self.client.delete(key)
