@@ -175,7 +175,7 @@ def main() -> None:
     cluster = None
     master = "local[*]"
     if args.cluster:
-        from tests.spark_cluster import StandaloneCluster
+        from tridentflow.devtools.devspark import StandaloneCluster
 
         cluster = StandaloneCluster(work / "spark").start(workers=1, cores=2)
         master = cluster.url

@@ -1,5 +1,5 @@
-"""A real Spark standalone cluster (tests.spark_cluster: a master and two workers from the pip
-package): the word count through the CLI (``--master``) and through the Airflow emit task
+"""A real Spark standalone cluster (tridentflow.devtools.devspark: a master and two workers from
+the pip package): the word count through the CLI (``--master``) and through the Airflow emit task
 (``{"conn_type":"spark","host":"spark://127.0.0.1","port":P}``), with one worker and its
 executor SIGKILLed while the emit's Python tasks run (staging in Redis: the executors were
 writing the txid's blocks). The txid completes on the other worker (or is retried by Airflow)
@@ -15,8 +15,8 @@ import time
 import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
-from tests.spark_cluster import StandaloneCluster
 from tridentflow.devtools import devredis
+from tridentflow.devtools.devspark import StandaloneCluster
 from tridentflow.ops.audit import audit
 from tridentflow.steps.query import query
 from tridentflow_airflow import launcher

@@ -1,5 +1,6 @@
 """A real Spark standalone cluster from the pip package (no Docker): a master and workers
-started with ``spark-class``, on free ports, each in its own process group, stopped by pid."""
+started with ``spark-class``, on free ports, each in its own process group, stopped by pid. For
+tests and benchmarks (``tests/test_cluster.py``, ``benchmarks.staging_scale --cluster``)."""
 
 from __future__ import annotations
 
