@@ -70,10 +70,6 @@ class WrittenBlocks:
 
     refs: list[BlockRef]
 
-    @property
-    def lines(self) -> int:
-        return sum(r.lines for r in self.refs)
-
 
 @dataclass(frozen=True)
 class BlockSpace:
@@ -103,8 +99,9 @@ def write_block(
 
 class BlockWriter:
     """Writes ``key TAB partial`` lines of one state as blocks, split by state shard: block
-    names are ``{prefix}.{shard}.{seq}`` (``prefix`` unique per writer, stable across retries
-    of the same work, e.g. ``state.task``). Blocks go out in pipelines of ``flush_blocks``.
+    names are ``{prefix}.{shard}.{seq}`` (``prefix`` unique per writer: ``state.d`` for the
+    driver, ``state.PARTITION.ATTEMPT`` for a Spark task). Blocks go out in pipelines of
+    ``flush_blocks``.
     Not thread-safe; ``close()`` flushes and returns every ref, in write order."""
 
     def __init__(self, client: Any, space: BlockSpace, prefix: str, flush_blocks: int = 8) -> None:
@@ -125,16 +122,6 @@ class BlockWriter:
         buffer.append(f"{key}\t{partial_json}")
         if len(buffer) >= BLOCK_LINES:
             self._block(shard)
-
-    def add_lines(self, lines: Iterable[str]) -> None:
-        """Lines as staged (``key TAB partial``, no newline)."""
-        for line in lines:
-            key = line[: line.index("\t")]
-            shard = self.space.keyspace.shard_index(key)
-            buffer = self._buffers[shard]
-            buffer.append(line)
-            if len(buffer) >= BLOCK_LINES:
-                self._block(shard)
 
     def _block(self, shard: int) -> None:
         name = f"{self.prefix}.{shard}.{self._seq[shard]}"

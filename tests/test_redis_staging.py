@@ -6,7 +6,6 @@ never committed; attempts never mix; nothing is left behind once a txid commits.
 from __future__ import annotations
 
 import random
-import shutil
 
 import pytest
 
@@ -193,4 +192,3 @@ def test_the_block_ref_round_trips_and_the_area_names_its_place(redis_url, tmp_p
     rt = _runtime("wordcount", redis_url, tmp_path / "h", 1, "names")
     area = RedisStagingArea(rt.client, rt.keyspace, "g1")
     assert str(area.describe(4, 2)).startswith("redis:tf:names:{wordcount}:staged:g1:4")
-    shutil.rmtree(tmp_path / "h", ignore_errors=True)
