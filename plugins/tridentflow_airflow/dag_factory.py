@@ -24,6 +24,7 @@ from tridentflow_airflow.operators import (
     ExportOperator,
     release_on_failure,
 )
+from tridentflow_airflow.watchers import POLL_INTERVAL_S, source_asset
 
 RETRIES_ENV = "TRIDENTFLOW_RETRIES"
 """Default retries of tridentflow tasks (6); tests and demos shorten them."""
@@ -31,6 +32,9 @@ RETRY_DELAY_ENV = "TRIDENTFLOW_RETRY_DELAY_SECONDS"
 """Default first retry delay of tridentflow tasks (5 s), doubled at each retry."""
 MAX_RETRY_DELAY_ENV = "TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS"
 """Default cap on one retry delay (120 s)."""
+ON_DATA = "on-data"
+"""``schedule=ON_DATA``: a run whenever the source has records no committed txid covers (an
+asset watcher on the source, in Airflow's triggerer: tridentflow_airflow.watchers)."""
 DEFAULT_RETRIES = 6
 DEFAULT_RETRY_DELAY_S = 5.0
 DEFAULT_MAX_RETRY_DELAY_S = 120.0
@@ -67,6 +71,7 @@ def check_dag_arguments(
     batch_size: int | None,
     lease: timedelta,
     retry_delay: timedelta,
+    watch_interval: float = POLL_INTERVAL_S,
 ) -> None:
     """TridentflowError (one line, shown by Airflow as the DAG file's import error) for a
     value a tridentflow DAG cannot run with."""
@@ -78,6 +83,8 @@ def check_dag_arguments(
          f"batch_size must be a whole number >= 1 or None, got {batch_size!r}"),
         (lease <= timedelta(0), f"lease must be positive, got {lease}"),
         (retry_delay < timedelta(0), f"retry_delay must be >= 0, got {retry_delay}"),
+        (not (isinstance(watch_interval, (int, float)) and watch_interval > 0),
+         f"watch_interval must be > 0 seconds, got {watch_interval!r}"),
     ]  # fmt: skip
     for bad, message in problems:
         if bad:
@@ -105,6 +112,7 @@ def pipeline_dag(
     lease: timedelta = timedelta(minutes=30),
     paused: bool | None = None,
     tags: Sequence[str] = (),
+    watch_interval: float = POLL_INTERVAL_S,
 ) -> DAG:
     """A DAG for ``pipeline`` (a bundled name or module:attribute).
 
@@ -112,9 +120,11 @@ def pipeline_dag(
     (TRIDENTFLOW_RETRY_DELAY_SECONDS, 5 s) doubling up to ``max_retry_delay``
     (TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS, 120 s): a few minutes' outage is ridden out inside
     the run, each retry replaying the same txid. ``schedule`` may be
-    a cron expression, a preset, ``@continuous`` (back-to-back runs) or
-    None (manual triggers). ``max_active_runs`` stays 1 by default: commits are ordered in Redis
-    anyway, and later txids would only wait for earlier ones.
+    a cron expression, a preset, ``@continuous`` (back-to-back runs), ``"on-data"`` (a run
+    when records arrive: an asset watcher polls the source every ``watch_interval`` seconds in
+    Airflow's triggerer; tridentflow_airflow.watchers) or None (manual triggers).
+    ``max_active_runs`` stays 1 by default: commits are ordered in Redis anyway, and later
+    txids would only wait for earlier ones.
     """
     if retries is None:
         retries = env_int(RETRIES_ENV, DEFAULT_RETRIES)
@@ -126,12 +136,15 @@ def pipeline_dag(
         max_retry_delay = timedelta(
             seconds=env_seconds(MAX_RETRY_DELAY_ENV, DEFAULT_MAX_RETRY_DELAY_S, allow_zero=True)
         )
-    check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay)
+    check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay, watch_interval)
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}
+    timetable: object = schedule
+    if schedule == ON_DATA:
+        timetable = [source_asset(pipeline, definition.name, redis_conn_id, home, watch_interval)]
     with DAG(
         dag_id or default_dag_id(definition.name),
-        schedule=schedule,
+        schedule=timetable,
         start_date=start_date,
         catchup=False,
         max_active_runs=max_active_runs,

@@ -15,7 +15,11 @@ from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 
 DAG = "tridentflow_wordcount"
-QUIET_DAGS = ("tridentflow_partitioned_count", "tridentflow_wordcount_continuous")
+QUIET_DAGS = (
+    "tridentflow_partitioned_count",
+    "tridentflow_wordcount_continuous",
+    "tridentflow_wordcount_on_data",
+)
 """Scheduled DAGs a test's runs should not compete with."""
 
 

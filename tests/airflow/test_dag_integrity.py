@@ -25,6 +25,7 @@ EXPECTED_DAGS = {
     "tridentflow_wordcount": None,
     "tridentflow_partitioned_count": "*/10 * * * *",
     "tridentflow_wordcount_continuous": "@continuous",
+    "tridentflow_wordcount_on_data": "on-data",
     "tridentflow_user_scores": None,
     "tridentflow_wordcount_drpc": None,
     "tridentflow_wordcount_stream": None,
@@ -89,8 +90,16 @@ def test_each_dag_is_coordinate_emit_commit(dagbag, dag_id):
 
 
 def test_schedules(dagbag):
+    from tridentflow_airflow.watchers import source_asset
+
     for dag_id, schedule in EXPECTED_DAGS.items():
-        assert dagbag.dags[dag_id].schedule == schedule
+        if schedule == "on-data":  # scheduled on the source's asset, which a watcher fires
+            pipeline = dagbag.dags[dag_id].get_task("coordinate").pipeline
+            watched = source_asset(pipeline, pipeline)
+            assert list(dagbag.dags[dag_id].timetable.asset_condition.objects) == [watched]
+            assert watched.watchers, dag_id
+        else:
+            assert dagbag.dags[dag_id].schedule == schedule
 
 
 def test_dag_files_do_no_heavy_work():

@@ -1,0 +1,168 @@
+"""When a pipeline needs a run (tridentflow.steps.watch: what the asset watcher asks): records
+past the committed offsets or an unheld txid are work; a live run's txid is not asked twice; an
+unanswered fire is repeated with a back-off; events merged or doubled never lose or double a
+record (the family "an orchestrator merges, doubles or delays events")."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.helpers import produce, runtime, sentences, word_counts
+from tests.test_outage import Outage, counts
+from tridentflow.engines.local import LocalEngine
+from tridentflow.ops.audit import audit
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.runs import commit_run, coordinate_run, emit_run, release_run
+from tridentflow.steps.watch import Waiting, Watch, work_waiting
+
+ENGINE = LocalEngine()
+
+
+def test_records_past_the_committed_offsets_are_work_until_committed(redis_url, redis_client, home):
+    rt = runtime("wordcount", redis_url, home)
+    assert work_waiting(rt) is None  # no log yet: nothing waits (and nothing is created)
+    assert not rt.log.exists()
+    produce(rt, sentences(10))
+    waiting = work_waiting(rt)
+    assert waiting is not None and waiting.records == 10 and waiting.adopt is None
+    assert sum(waiting.partitions.values()) == 10 and waiting.to_json()["records"] == 10
+    run_batches(rt, ENGINE, batch_size=2, max_batches=1)
+    assert work_waiting(rt).records == 10 - sum(min(2, n) for n in waiting.partitions.values())
+    run_batches(rt, ENGINE)
+    assert work_waiting(rt) is None
+
+
+def test_a_txid_held_by_a_live_run_is_not_work_and_an_unheld_one_is(redis_url, redis_client, home):
+    rt = runtime("wordcount-opaque", redis_url, home)
+    produce(rt, sentences(8))
+    bound = coordinate_run(rt, "run-a", batch_size=1)
+    assert work_waiting(rt) is None  # run-a holds its txid: its commit comes first
+    assert release_run(rt, "run-a")  # its run failed: the txid waits for a run to adopt it
+    waiting = work_waiting(rt)
+    assert waiting is not None and waiting.adopt == bound["txid"]
+    assert "no run holds it" in waiting.describe()
+    adopted = coordinate_run(rt, "run-b")
+    assert adopted["txid"] == bound["txid"] and work_waiting(rt) is None
+    emit_run(rt, "run-b", ENGINE)
+    committed = commit_run(rt, "run-b")["records"]
+    assert committed == 4 and work_waiting(rt).records == 8 - committed
+    run_batches(rt, ENGINE)
+    assert work_waiting(rt) is None
+
+
+def test_an_unreadable_partition_is_not_work_until_it_can_be_read(
+    redis_url, redis_client, home, tmp_path
+):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(12))
+    run_batches(rt, ENGINE)
+    outage = Outage(rt.log.root, 1, tmp_path)
+    outage.unmount()
+    rt.log.append_spread(sentences(12, seed=3), skip_unavailable=True)
+    waiting = work_waiting(rt)
+    assert waiting is not None and 1 not in waiting.partitions
+    run_batches(rt, ENGINE)
+    assert work_waiting(rt) is None  # only the dark partition's records are left: no work
+    outage.mount()
+    assert work_waiting(rt) is None  # nothing was appended to it while it was dark
+    produce(rt, sentences(4, seed=4))
+    assert work_waiting(rt).partitions.get(1), "its new records are work again"
+
+
+def test_a_fire_is_not_repeated_until_unanswered_for_its_delay_then_backs_off(
+    redis_url, redis_client, home
+):
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(6))
+    watch = Watch(refire_after=10)
+    assert isinstance(watch.poll(rt, 0.0), Waiting)
+    assert watch.poll(rt, 1.0) is None and watch.poll(rt, 9.9) is None  # unanswered, young
+    assert watch.poll(rt, 10.0) is not None  # unanswered 10 s: again, now after 20 s
+    assert watch.poll(rt, 29.9) is None
+    assert watch.poll(rt, 30.0) is not None  # then 40 s
+    assert watch.poll(rt, 69.0) is None
+    coordinate_run(rt, "run-a", batch_size=1)  # answered: a run bound a txid
+    assert watch.poll(rt, 70.0) is None  # and holds it
+    emit_run(rt, "run-a", ENGINE)
+    commit_run(rt, "run-a")
+    assert watch.poll(rt, 70.5) is not None  # the ledger moved and records wait: at once
+    assert watch.poll(rt, 71.0) is None  # ...and the delay is back to 10 s
+    assert watch.poll(rt, 80.5) is not None
+    run_batches(rt, ENGINE)
+    assert watch.poll(rt, 81.0) is None
+    produce(rt, sentences(2, seed=9))
+    assert watch.poll(rt, 81.5) is not None  # new records after a quiet spell: at once
+    with pytest.raises(ValueError, match="refire_after must be > 0"):
+        Watch(refire_after=0)
+
+
+class Orchestrator:
+    """Airflow's side of event-driven runs, as it behaves: a fire while a run is queued is
+    merged into it (one queued run per DAG), runs start one at a time (max_active_runs=1)
+    after a delay, a run may fail and release its txid, events may be delivered twice."""
+
+    def __init__(self, rt, rng: random.Random, batch_size: int) -> None:
+        self.rt, self.rng, self.batch_size = rt, rng, batch_size
+        self.queued = False
+        self.active: list[str] = []  # the run's id while it runs, step by step
+        self.step = 0
+        self.runs = 0
+
+    def fire(self) -> None:
+        self.queued = True  # merged with any queued event (the asset's queue holds one)
+
+    def tick(self) -> None:
+        if not self.active:
+            if self.queued and self.rng.random() < 0.6:  # the scheduler's delay
+                self.queued = False
+                self.runs += 1
+                self.active = [f"run-{self.runs}"]
+                self.step = 0
+            return
+        run_id = self.active[0]
+        if self.rng.random() < 0.1:  # the run fails at this step; its callback releases
+            release_run(self.rt, run_id)
+            self.active = []
+            return
+        if self.step == 0:
+            coordinate_run(self.rt, run_id, self.batch_size)
+        elif self.step == 1:
+            emit_run(self.rt, run_id, ENGINE)
+        else:
+            commit_run(self.rt, run_id)
+            self.active = []
+        self.step += 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_merged_doubled_and_failed_runs_never_lose_or_double_a_record(
+    redis_url, redis_client, home, seed
+):
+    rng = random.Random(seed)
+    rt = runtime("wordcount-opaque", redis_url, home)
+    watch = Watch(refire_after=5)
+    airflow = Orchestrator(rt, rng, batch_size=rng.choice([1, 3, 10]))
+    produced: list[str] = []
+    clock = 0.0
+    for tick in range(5000):
+        if tick < 250 and rng.random() < 0.15:  # bursts and trickles, then quiet
+            lines = sentences(rng.choice([1, 1, 2, 7, 20]), seed=seed * 1000 + tick)
+            produce(rt, lines)
+            produced += lines
+        clock += rng.choice([0.2, 1.0, 3.0])
+        if watch.poll(rt, clock) is not None:
+            airflow.fire()
+            if rng.random() < 0.2:
+                airflow.fire()  # delivered twice
+        airflow.tick()
+        if tick >= 250 and not (airflow.queued or airflow.active or work_waiting(rt)):
+            break  # quiet: nothing waits, nothing queued or running
+    else:
+        raise AssertionError("records still waiting 4,750 ticks after the source went quiet")
+    assert produced and not rt.ledger.pending_txids()
+    assert rt.ledger.committed_offsets() == rt.log.heads()
+    expected = word_counts(produced)
+    assert counts(rt, sorted(expected)) == expected
+    assert audit(rt).ok

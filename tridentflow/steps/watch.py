@@ -1,0 +1,111 @@
+"""When a pipeline needs a run: what an event-driven scheduler (Airflow's asset watcher) asks.
+
+A watcher only says "a run has work"; what a run reads is decided by its coordinator, as for any
+other run. So the question is asked of the ledger and the source's heads, never of the events a
+watcher sent before, and it holds these rules:
+
+* **Work waits** when a partition's head is past the committed offsets (records no committed
+  txid covers), or a txid is bound but uncommitted and no run holds it (its run failed or gave
+  it up: a new run adopts it). An unavailable partition's records are not work now: they wait
+  until it can be read, like the emit's skip.
+* **No work is asked twice while a run is on it**: while a txid is held by a live run (its
+  lease has not run out), nothing waits - that run's commit is the next change, and the
+  question is asked again after it.
+* **A fire is answered** once the ledger moves (a run bound a txid, or a txid committed). An
+  unanswered fire (its event merged into a run that already read, the DAG paused, the event
+  lost) is repeated after ``refire_after`` seconds, doubling up to ``REFIRE_CAP_S``.
+
+Hence every record lands in a run: a burst merged into one run leaves its rest waiting, and the
+next poll after that run's commit fires again; a watcher that fires twice makes at most one run
+that finds nothing (an empty txid, no Spark job). Reads only: a watcher never writes to Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tridentflow.steps.runtime import Runtime
+
+REFIRE_AFTER_S = 60.0
+"""An unanswered fire is repeated after this long (then twice as long each time)."""
+REFIRE_CAP_S = 600.0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why the pipeline needs a run now: ``records`` past the committed offsets (per
+    partition in ``partitions``), or a bound txid no run holds (``adopt``)."""
+
+    records: int
+    partitions: dict[int, int]
+    adopt: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "records": self.records,
+            "partitions": {str(p): n for p, n in sorted(self.partitions.items())},
+            "adopt": self.adopt,
+        }
+
+    def describe(self) -> str:
+        if self.adopt is not None:
+            return f"txid {self.adopt} is bound and no run holds it: a new run adopts it"
+        return f"{self.records} records past the committed offsets"
+
+
+def work_waiting(rt: Runtime) -> Waiting | None:
+    """The work a new run of ``rt``'s pipeline would find (``Waiting``), or None: nothing
+    waits, or a live run holds a txid (its commit comes first). Reads only; a source that does
+    not exist yet has no work (a Kafka topic: its producers make it)."""
+    ledger = rt.ledger
+    pending = ledger.pending_txids()
+    if pending:
+        now = rt.redis_now_ms()
+        for txid in pending:
+            info = ledger.tx_info(txid)
+            if info.get("owner") and int(info.get("lease_until") or 0) > now:
+                return None
+    behind = _records_behind(rt)
+    if pending:
+        return Waiting(sum(behind.values()), behind, adopt=pending[0])
+    return Waiting(sum(behind.values()), behind) if behind else None
+
+
+def _records_behind(rt: Runtime) -> dict[int, int]:
+    """Per readable partition, its records past the committed offsets (only those with any)."""
+    if not rt.log.exists():
+        return {}
+    offsets = rt.ledger.committed_offsets()
+    heads = rt.log.scan(offsets).heads  # an unavailable partition is not in heads
+    behind = {p: head - offsets.get(p, 0) for p, head in heads.items()}
+    return {p: n for p, n in behind.items() if n > 0}
+
+
+class Watch:
+    """A watcher's memory between polls: fires when work waits, unless an earlier fire is
+    still unanswered (the ledger has not moved since) and younger than its refire delay."""
+
+    def __init__(self, refire_after: float = REFIRE_AFTER_S) -> None:
+        if not refire_after > 0:
+            raise ValueError(f"refire_after must be > 0 seconds, got {refire_after!r}")
+        self.refire_after = refire_after
+        self._fired_at: float | None = None
+        self._fired_mark: tuple[int, int] | None = None
+        self._delay = refire_after
+
+    def poll(self, rt: Runtime, now: float) -> Waiting | None:
+        """What to fire for now (``now``: a monotonic clock, seconds), or None."""
+        waiting = work_waiting(rt)
+        mark = (rt.ledger.committed_txid(), rt.ledger.last_txid())
+        if waiting is None or mark != self._fired_mark:  # nothing waits, or the fire was answered
+            self._delay = self.refire_after
+            if waiting is None:
+                self._fired_at = self._fired_mark = None
+                return None
+        elif self._fired_at is not None:
+            if now - self._fired_at < self._delay:
+                return None
+            self._delay = min(self._delay * 2, REFIRE_CAP_S)  # unanswered: back off
+        self._fired_at, self._fired_mark = now, mark
+        return waiting
