@@ -33,6 +33,18 @@ def answers(dsn: str, timeout: int = 3) -> bool:
         return False
 
 
+def data_directory(dsn: str) -> Path | None:
+    """The data directory of the server answering at ``dsn`` (None if none answers)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+    except psycopg.Error:
+        return None
+    return Path(row[0]).resolve() if row else None
+
+
 def system_dsn() -> str | None:
     """The machine's PostgreSQL at 127.0.0.1:5432 if it answers (trust auth), else None."""
     return SYSTEM_DSN if answers(SYSTEM_DSN) else None
@@ -93,7 +105,9 @@ class LocalPostgres:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise TridentflowError(f"the local PostgreSQL on port {self.port} did not start")
             time.sleep(0.1)
-        if self.postmaster_pid() != self.proc.pid:  # another server answers on our port/data
+        # another server answers on our port (its postmaster.pid alone does not tell: ours
+        # writes it before it fails to bind the port), or on our data directory
+        if data_directory(self.dsn) != data.resolve() or self.postmaster_pid() != self.proc.pid:
             self.proc.kill()
             raise TridentflowError(
                 f"port {self.port} answers, but not the PostgreSQL this started "
