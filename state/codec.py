@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from json.encoder import encode_basestring as _encode_json_str  # C; what dumps uses here
 from typing import Any
 
 from tridentflow_state.errors import KeyEncodingError, StoredValueError
@@ -68,10 +69,19 @@ def check_unicode(text: str, what: str) -> None:
 
 def encode_key(key: tuple[Any, ...] | list[Any]) -> str:
     """Encode a group key (a tuple of field values) deterministically."""
+    if isinstance(key, (tuple, list)) and len(key) == 1 and type(key[0]) is str:
+        return encode_str_key(key[0])  # the common case, ~15x faster; the same encoding
     if not isinstance(key, (tuple, list)):
         raise KeyEncodingError(f"a group key is a tuple of field values, got {key!r}")
     _check_key_part(list(key), "")
     return json.dumps(list(key), separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def encode_str_key(text: str) -> str:
+    """``encode_key((text,))`` for a key of one str (compact JSON, non-ASCII kept): json's own
+    C string encoder, without the general path's walk."""
+    check_unicode(text, "group key [0]")
+    return "[" + _encode_json_str(text) + "]"
 
 
 def _tupled(value: Any) -> Any:

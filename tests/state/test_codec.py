@@ -159,3 +159,26 @@ def test_private_copies_containers_and_shares_immutables():
     assert nested == {"a": [1, {"b": [2]}], "c": (3, [4])}
     text = "x" * 10
     assert private(text) is text and private(5) == 5
+
+
+@given(st.text())
+@example('é"x\\\n\u2028y\x00')
+@example("\ud800")
+@settings(max_examples=500)
+def test_a_one_string_key_takes_the_fast_path_to_the_same_encoding(text):
+    """encode_key's fast path for ``(str,)`` is json.dumps of the general path, byte for byte;
+    a string without a UTF-8 form is refused by both, with the same line."""
+    import json
+
+    from tridentflow_state.codec import encode_str_key
+
+    try:
+        general = json.dumps([text], separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        with pytest.raises(KeyEncodingError, match=r"group key \[0\] holds a lone surrogate"):
+            encode_str_key(text)
+        with pytest.raises(KeyEncodingError, match=r"group key \[0\] holds a lone surrogate"):
+            encode_key([text])
+        return
+    assert encode_str_key(text) == encode_key((text,)) == encode_key([text]) == general

@@ -91,16 +91,21 @@ class Exchange:
     """One repartition: how tuples are routed to ``n`` target partitions.
 
     ``key_idx`` is the key for PARTITION_BY; a join exchanges (side, row) pairs and routes each
-    side by its own key (``right_key_idx``)."""
+    side by its own key (``right_key_idx``). ``encoded_key``: the rows are (encoded key, value)
+    pairs (a state's exchange by key), routed by the encoded key itself - the same target for
+    equal keys, without encoding them again."""
 
     stage: str
     how: Repartition
     n: int
     key_idx: tuple[int, ...] = ()
     right_key_idx: tuple[int, ...] | None = None
+    encoded_key: bool = False
 
     def targets(self, row: Row, seq: int, sender: int) -> Iterable[int]:
         how = self.how
+        if self.encoded_key:
+            return (zlib.crc32(row[0].encode("utf-8")) % self.n,)
         if how is Repartition.PARTITION_BY:
             if self.right_key_idx is not None:  # a join: row is (side, tuple)
                 side, values = row

@@ -212,5 +212,7 @@ class GraphBuilder(Generic[D]):
         if senders > 1 or (parallelism or 1) > 1:
             n = parallelism or min(self.plan.default_parallelism, senders)
             label = f"persist({state})"
-            keyed = self.exchange(keyed, Repartition.PARTITION_BY, n, label, key_idx=(0,))
+            keyed = self.exchange(
+                keyed, Repartition.PARTITION_BY, n, label, key_idx=(0,), encoded_key=True
+            )
         return self.backend.map_partitions(keyed, StageByKey(combiner))

@@ -26,6 +26,7 @@ from tridentflow.plan import (
     decode_record,
 )
 from tridentflow.sources import is_file_log, open_log
+from tridentflow_state.codec import encode_key
 from tridentflow_state.errors import KeyEncodingError
 
 TASK_RECORDS = 50_000
@@ -156,7 +157,7 @@ class TaskFold:
         """encoded key -> partial; KeyEncodingError if a deferred str key cannot be encoded."""
         if not self.by_str:
             return self.by_key
-        merged = {self.encode((s,)): part for s, part in self.by_str.items()}
+        merged = {encode_key((s,)): part for s, part in self.by_str.items()}  # no cache
         merged.update(self.by_key)  # encodings are injective: no key is in both
         return merged
 
