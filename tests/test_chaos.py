@@ -160,6 +160,28 @@ def test_the_harness_catches_a_task_fold_keyed_on_equality(monkeypatch):
     assert not results[-1].ok, "50 schedules did not expose an equality-keyed task fold"
 
 
+def test_the_harness_catches_an_edge_triggered_watcher(monkeypatch):
+    """The family "an orchestrator merging, doubling and delaying events", in the drain every
+    schedule ends with: a watcher that fires only when the source's heads moved since its
+    last poll (a lost wake-up) leaves what one merged run did not read waiting for ever."""
+    import tridentflow.devtools.chaos
+    from tridentflow.steps.watch import work_waiting
+
+    class EdgeTriggered:
+        def __init__(self, refire_after: float) -> None:
+            self.seen: dict | None = None
+
+        def poll(self, rt, now, run_state=None):
+            heads = rt.log.scan().heads
+            moved, self.seen = heads != self.seen, heads
+            return work_waiting(rt, run_state) if moved else None
+
+    monkeypatch.setattr(tridentflow.devtools.chaos, "Watch", EdgeTriggered)
+    results = run_chaos(50, seed=0, redis_restarts=False)
+    assert not results[-1].ok, "50 schedules did not expose an edge-triggered watcher"
+    assert "never committed" in (results[-1].difference or ""), results[-1].difference
+
+
 def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):
     """The class 'an operator acting while a run is in flight': a runtime that follows the
     pipeline's current generation instead of the one it started in (a reset's, a rewind's)."""

@@ -52,6 +52,23 @@ def test_a_txid_held_by_a_live_run_is_not_work_and_an_unheld_one_is(redis_url, r
     assert work_waiting(rt) is None
 
 
+def test_a_txid_held_by_a_finished_run_is_work(redis_url, redis_client, home):
+    """The owner failed while Redis was away (its callback could not release the txid), so
+    its lease is live; the orchestrator says the run finished: a new run adopts it."""
+    rt = runtime("wordcount-opaque", redis_url, home)
+    produce(rt, sentences(4))
+    bound = coordinate_run(rt, "run-a")
+    states = {"run-a": "running"}
+    assert work_waiting(rt, states.get) is None
+    states["run-a"] = "failed"
+    assert work_waiting(rt, states.get).adopt == bound["txid"]
+    assert work_waiting(rt, {}.get) is None  # it cannot tell: the lease decides
+    watch = Watch()
+    assert watch.poll(rt, 0.0, states.get).adopt == bound["txid"]
+    adopted = coordinate_run(rt, "run-b", run_state=states.get)  # released, adopted
+    assert adopted["txid"] == bound["txid"] and adopted["released"]
+
+
 def test_an_unreadable_partition_is_not_work_until_it_can_be_read(
     redis_url, redis_client, home, tmp_path
 ):
@@ -96,6 +113,25 @@ def test_a_fire_is_not_repeated_until_unanswered_for_its_delay_then_backs_off(
     assert watch.poll(rt, 81.5) is not None  # new records after a quiet spell: at once
     with pytest.raises(ValueError, match="refire_after must be > 0"):
         Watch(refire_after=0)
+
+
+def test_a_run_that_reads_none_of_the_waiting_records_does_not_answer_the_fire(
+    redis_url, redis_client, home
+):
+    """No hot loop: partition 0 says it has records no run can read (dark to the emit for
+    txids 1-50); each run that commits without reading them answers nothing, so the watcher
+    fires again only after its back-off, not after every commit."""
+    rt = runtime("wordcount-opaque", redis_url, home, faults="dark:0@1-50")
+    rt.source_heads()
+    rt.log.append_spread(sentences(4))  # one record per partition
+    watch = Watch(refire_after=10)
+    fired = []
+    for second in range(0, 75):
+        if watch.poll(rt, float(second)) is not None:
+            fired.append(second)
+            run_batches(rt, ENGINE, max_batches=1)  # reads partitions 1-3, then nothing
+    assert rt.ledger.committed_offsets().get(0, 0) == 0 and work_waiting(rt).partitions == {0: 1}
+    assert fired == [0, 1, 11, 31, 71], fired  # 1: progress at 0; then +10, +20, +40 s
 
 
 class Orchestrator:

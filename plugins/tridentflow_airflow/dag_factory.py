@@ -24,7 +24,6 @@ from tridentflow_airflow.operators import (
     ExportOperator,
     release_on_failure,
 )
-from tridentflow_airflow.watchers import POLL_INTERVAL_S, source_asset
 
 RETRIES_ENV = "TRIDENTFLOW_RETRIES"
 """Default retries of tridentflow tasks (6); tests and demos shorten them."""
@@ -32,6 +31,8 @@ RETRY_DELAY_ENV = "TRIDENTFLOW_RETRY_DELAY_SECONDS"
 """Default first retry delay of tridentflow tasks (5 s), doubled at each retry."""
 MAX_RETRY_DELAY_ENV = "TRIDENTFLOW_MAX_RETRY_DELAY_SECONDS"
 """Default cap on one retry delay (120 s)."""
+WATCH_INTERVAL_S = 1.0
+"""How often an on-data DAG's watcher asks (tridentflow_airflow.watchers.POLL_INTERVAL_S)."""
 ON_DATA = "on-data"
 """``schedule=ON_DATA``: a run whenever the source has records no committed txid covers (an
 asset watcher on the source, in Airflow's triggerer: tridentflow_airflow.watchers)."""
@@ -71,7 +72,7 @@ def check_dag_arguments(
     batch_size: int | None,
     lease: timedelta,
     retry_delay: timedelta,
-    watch_interval: float = POLL_INTERVAL_S,
+    watch_interval: float = WATCH_INTERVAL_S,
 ) -> None:
     """TridentflowError (one line, shown by Airflow as the DAG file's import error) for a
     value a tridentflow DAG cannot run with."""
@@ -112,7 +113,7 @@ def pipeline_dag(
     lease: timedelta = timedelta(minutes=30),
     paused: bool | None = None,
     tags: Sequence[str] = (),
-    watch_interval: float = POLL_INTERVAL_S,
+    watch_interval: float = WATCH_INTERVAL_S,
 ) -> DAG:
     """A DAG for ``pipeline`` (a bundled name or module:attribute).
 
@@ -139,11 +140,16 @@ def pipeline_dag(
     check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay, watch_interval)
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}
+    dag_id = dag_id or default_dag_id(definition.name)
     timetable: object = schedule
-    if schedule == ON_DATA:
-        timetable = [source_asset(pipeline, definition.name, redis_conn_id, home, watch_interval)]
+    if schedule == ON_DATA:  # imported here: only such a DAG needs the triggerer's classes
+        from tridentflow_airflow.watchers import source_asset
+
+        timetable = [
+            source_asset(pipeline, definition.name, redis_conn_id, home, watch_interval, dag_id)
+        ]
     with DAG(
-        dag_id or default_dag_id(definition.name),
+        dag_id,
         schedule=timetable,
         start_date=start_date,
         catchup=False,

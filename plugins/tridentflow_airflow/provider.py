@@ -1,6 +1,7 @@
 """Provider metadata: what Airflow's ProvidersManager learns of tridentflow from the installed
-distribution (its ``apache_airflow_provider`` entry point) - the operators and hooks, the
-operator extra link, the version - with no configuration in Airflow."""
+distribution (its ``apache_airflow_provider`` entry point) - the operators, hooks and
+triggers (the on-data asset watcher), the operator extra link, the version - with no
+configuration in Airflow."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "tridentflow",
                 "python-modules": ["tridentflow_airflow.hooks"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "tridentflow",
+                "python-modules": ["tridentflow_airflow.watchers"],
             }
         ],
         "extra-links": ["tridentflow_airflow.links.TridentflowRunLink"],

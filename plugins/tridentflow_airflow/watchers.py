@@ -10,6 +10,9 @@ firing until nothing waits.
 
 The trigger only reads (the ledger, the source's heads); it never writes to Redis. Redis or the
 source out of reach is logged and polled again (with a back-off): the watcher itself never fails.
+A txid held under a live lease by a run Airflow says has finished (``dag_id``'s run, asked
+through the triggerer's Task SDK channel, as the coordinator asks) is work: the next run's
+coordinator releases and adopts it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class SourceDataTrigger(BaseEventTrigger):
         home: str | None = None,
         poll_interval: float = POLL_INTERVAL_S,
         refire_after: float = REFIRE_AFTER_S,
+        dag_id: str | None = None,
     ) -> None:
         super().__init__()
         if not poll_interval > 0:
@@ -55,6 +59,7 @@ class SourceDataTrigger(BaseEventTrigger):
         self.home = home
         self.poll_interval = float(poll_interval)
         self.refire_after = float(refire_after)
+        self.dag_id = dag_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -65,8 +70,21 @@ class SourceDataTrigger(BaseEventTrigger):
                 "home": self.home,
                 "poll_interval": self.poll_interval,
                 "refire_after": self.refire_after,
+                "dag_id": self.dag_id,
             },
         )
+
+    def run_state(self, run_id: str) -> str | None:
+        """What Airflow says of run ``run_id`` of ``dag_id`` (None if it cannot tell)."""
+        if not self.dag_id:
+            return None
+        try:
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+            found = RuntimeTaskInstance.get_dagrun_state(self.dag_id, run_id)
+        except Exception:  # not in a triggerer, unknown run, API unreachable: do not guess
+            return None
+        return str(getattr(found, "value", found)).lower()
 
     def open_runtime(self) -> Any:
         """The pipeline's runtime, as its tasks open it (blocking: call it in a thread)."""
@@ -89,7 +107,8 @@ class SourceDataTrigger(BaseEventTrigger):
             try:
                 if rt is None:
                     rt = await asyncio.to_thread(self.open_runtime)
-                waiting = await asyncio.to_thread(watch.poll, rt, time.monotonic())
+                now = time.monotonic()
+                waiting = await asyncio.to_thread(watch.poll, rt, now, self.run_state)
                 backoff = self.poll_interval
             except Exception as exc:  # Redis, the source or a connection out of reach
                 log.warning("tridentflow watcher of %s: %s", self.pipeline, one_line(exc))
@@ -109,12 +128,16 @@ def source_asset(
     redis_conn_id: str = "redis_default",
     home: str | None = None,
     poll_interval: float = POLL_INTERVAL_S,
+    dag_id: str | None = None,
 ) -> Asset:
     """The Asset of a pipeline's uncommitted source data (``pipeline``: a bundled name or
     module:attribute; ``name``: the pipeline's name, as in Redis), watched by a
     ``SourceDataTrigger``: a DAG scheduled on it runs when data arrives
-    (``pipeline_dag(..., schedule="on-data")``)."""
-    trigger = SourceDataTrigger(pipeline, redis_conn_id, home, poll_interval)
+    (``pipeline_dag(..., schedule="on-data")``; ``dag_id``: that DAG, whose runs' states the
+    watcher asks)."""
+    trigger = SourceDataTrigger(
+        pipeline, redis_conn_id, home, poll_interval, REFIRE_AFTER_S, dag_id
+    )
     return Asset(
         uri=f"tridentflow://{redis_conn_id}/{name}",
         name=f"tridentflow/{name}",

@@ -95,7 +95,7 @@ def test_schedules(dagbag):
     for dag_id, schedule in EXPECTED_DAGS.items():
         if schedule == "on-data":  # scheduled on the source's asset, which a watcher fires
             pipeline = dagbag.dags[dag_id].get_task("coordinate").pipeline
-            watched = source_asset(pipeline, pipeline)
+            watched = source_asset(pipeline, pipeline, dag_id=dag_id)
             assert list(dagbag.dags[dag_id].timetable.asset_condition.objects) == [watched]
             assert watched.watchers, dag_id
         else:

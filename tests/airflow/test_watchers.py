@@ -83,7 +83,7 @@ def test_keeps_polling_through_a_redis_outage(tmp_path, home, monkeypatch):
 
 
 def test_serializes_without_secrets_and_round_trips():
-    trigger = SourceDataTrigger("wordcount", "redis_default", "/data/tf", 2.0, 30.0)
+    trigger = SourceDataTrigger("wordcount", "redis_default", "/data/tf", 2.0, 30.0, "d")
     classpath, kwargs = trigger.serialize()
     assert classpath == "tridentflow_airflow.watchers.SourceDataTrigger"
     assert kwargs == {
@@ -92,9 +92,11 @@ def test_serializes_without_secrets_and_round_trips():
         "home": "/data/tf",
         "poll_interval": 2.0,
         "refire_after": 30.0,
+        "dag_id": "d",
     }
     assert SourceDataTrigger(**kwargs).serialize() == (classpath, kwargs)
     assert isinstance(trigger, BaseEventTrigger)
+    assert trigger.run_state("any-run") is None  # not in a triggerer: it cannot tell
     with pytest.raises(ValueError, match="poll_interval must be > 0"):
         SourceDataTrigger("wordcount", poll_interval=0)
 
@@ -102,13 +104,14 @@ def test_serializes_without_secrets_and_round_trips():
 def test_on_data_schedules_the_dag_on_the_watched_source_asset():
     dag = pipeline_dag("wordcount-opaque", dag_id="on_data_test", schedule="on-data")
     (asset,) = list(dag.timetable.asset_condition.objects)
-    assert asset == source_asset("wordcount-opaque", "wordcount-opaque")
+    assert asset == source_asset("wordcount-opaque", "wordcount-opaque", dag_id="on_data_test")
     assert (asset.name, asset.uri) == (
         "tridentflow/wordcount-opaque",
         "tridentflow://redis_default/wordcount-opaque",
     )
     (watcher,) = asset.watchers
     assert isinstance(watcher, AssetWatcher)
-    assert watcher.trigger.serialize()[1]["pipeline"] == "wordcount-opaque"
+    kwargs = watcher.trigger.serialize()[1]
+    assert (kwargs["pipeline"], kwargs["dag_id"]) == ("wordcount-opaque", "on_data_test")
     with pytest.raises(TridentflowError, match="watch_interval must be > 0 seconds"):
         pipeline_dag("wordcount", schedule="on-data", watch_interval=0)

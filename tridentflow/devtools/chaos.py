@@ -57,8 +57,13 @@ retries a task) through a random mix of:
 The pipelines include ``mutating`` and ``mutating-opaque`` (every aggregator kind mutating its
 arguments; typed keys where ``0.0``/``-0.0`` and ``1``/``1.0``/``true`` differ).
 
-Then it drains the source without faults and checks two things: the audit (state vs the
-source up to the committed offsets) and the exact expected counts of every record produced.
+Then it drains the source without faults, as ``schedule="on-data"`` would (the family "an
+orchestrator merging, doubling and delaying events"): a run starts only when the asset
+watcher's question (tridentflow.steps.watch) fires; fires while a run is queued merge into it,
+some come twice, queued runs start late, and every run of the faulty phase has finished
+(their txids, held under live leases, are released and adopted). Then it checks two things:
+the audit (state vs the source up to the committed offsets) and the exact expected counts of
+every record produced.
 The harness owns its redis-server (a free port) and a scratch directory.
 """
 
@@ -103,12 +108,13 @@ from tridentflow.registry import load_pipeline
 from tridentflow.sinks import PostgresSink, RedisStreamSink, SinkError
 from tridentflow.sinks.redisstream import companion_key
 from tridentflow.sources.filelog import encode_record
-from tridentflow.steps.driver import backlog, run_batches
+from tridentflow.steps.driver import backlog
 from tridentflow.steps.export import export
 from tridentflow.steps.query import list_state, query
-from tridentflow.steps.runs import coordinate_run, emit_run, release_run
+from tridentflow.steps.runs import commit_run, coordinate_run, emit_run, release_run
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow.steps.staging import RedisStagingArea
+from tridentflow.steps.watch import Watch, work_waiting
 from tridentflow_state.codec import decode_key, encode_key
 from tridentflow_state.errors import GenerationError, PipelineBusyError, StateError
 from tridentflow_state.undo import retained
@@ -130,6 +136,10 @@ its own; outages freeze the broker (SIGSTOP), between steps and in the middle of
 BAD_KAFKA_VALUES = (b'{"not json', b"\xff\xfe", b'["wrong", "arity"]')
 """Kafka records another producer could write that are no sentence; each is quarantined."""
 RETRIES = 3
+DRAIN_REFIRE_S = 30.0
+"""The drain's watcher repeats an unanswered fire after this long (its clock is simulated)."""
+DRAIN_POLLS = 5_000
+"""The drain's watcher polls at most this often; records still waiting then are a difference."""
 RETAIN_TXIDS = 3
 """Undo logs kept in every schedule (the operator's rewinds)."""
 REWIND_CHANCE = 0.04
@@ -319,7 +329,7 @@ class Chaos:
             sched.lagging = None
         rt = sched.rt
         rt.faults = FaultPlan()  # resume: drain what is left, with no faults
-        run_batches(rt, self.engine, on_commit=lambda r: sched.note_changes(r.txid))
+        self._drain_on_events(sched, batch_size)
         result.txids = rt.ledger.committed_txid()
         result.records = len(sched.produced)
         self._check(rt, sched.produced, result)
@@ -329,6 +339,45 @@ class Chaos:
         shutil.rmtree(home, ignore_errors=True)
         result.seconds = time.monotonic() - started
         return result
+
+    def _drain_on_events(self, sched: _Schedule, batch_size: int) -> None:
+        """Drain as ``schedule="on-data"`` runs a pipeline: a run only when the watcher fires
+        (Airflow's side as it behaves: fires merged into the one queued run, some delivered
+        twice, queued runs started late); every run of the faulty phase has finished; half the
+        schedules cap a txid at ``batch_size`` (the DAG's param), so the rest of a backlog
+        needs the watcher to fire again. Stops once nothing is queued, nothing fires and
+        nothing waits - or after DRAIN_POLLS polls: what is left then is the schedule's
+        difference (``_check``)."""
+        rt, rng = sched.rt, random.Random(f"drain-{sched.seed}")
+        cap = batch_size if rng.random() < 0.5 else None
+        watch = Watch(refire_after=DRAIN_REFIRE_S)
+        live: set[str] = set()
+
+        def run_state(run_id: str) -> str:
+            return "running" if run_id in live else "failed"
+
+        clock, queued, runs = 0.0, False, 0
+        for _ in range(DRAIN_POLLS):
+            fired = watch.poll(rt, clock, run_state)
+            if fired is not None:
+                if queued or rng.random() < 0.2:  # merged into the queued run, or doubled
+                    sched.result.events.append(f"merged-event@drain{runs}")
+                queued = True
+            if queued and rng.random() < 0.7:  # else the scheduler starts it later
+                queued, runs = False, runs + 1
+                run_id = f"drain-{runs}"
+                live.add(run_id)
+                coordinate_run(rt, run_id, cap, run_state=run_state)
+                emit_run(rt, run_id, self.engine)
+                commit_run(rt, run_id)
+                live.discard(run_id)
+                sched.note_changes(rt.ledger.txid_of_run(run_id))
+            elif not queued and fired is None and work_waiting(rt, run_state) is None:
+                break
+            clock += rng.choice((0.5, 1.0, 5.0, DRAIN_REFIRE_S))
+        left = rt.ledger.pending_txids()
+        if left and not sched.result.difference:
+            sched.result.difference = f"txid {left[0]} was left pending: no run came for it"
 
     @staticmethod
     def _fault_plan(rng: random.Random, runs: int, partitions: int, events: list[str]) -> FaultPlan:

@@ -9,11 +9,17 @@ watcher sent before, and it holds these rules:
   it up: a new run adopts it). An unavailable partition's records are not work now: they wait
   until it can be read, like the emit's skip.
 * **No work is asked twice while a run is on it**: while a txid is held by a live run (its
-  lease has not run out), nothing waits - that run's commit is the next change, and the
-  question is asked again after it.
+  lease has not run out, and the orchestrator - ``run_state`` - does not say the run has
+  finished), nothing waits - that run's commit is the next change, and the question is asked
+  again after it. A txid whose owner run finished without committing it (it failed while
+  Redis was away, so its callback could not release it) is work: the next run's coordinator
+  releases and adopts it, as for any scheduled run.
 * **A fire is answered** once the ledger moves (a run bound a txid, or a txid committed). An
   unanswered fire (its event merged into a run that already read, the DAG paused, the event
   lost) is repeated after ``refire_after`` seconds, doubling up to ``REFIRE_CAP_S``.
+* **No hot loop**: a commit that moved no committed offset while the same records waited (a
+  run that could read none of them) does not answer the fire either, so a source whose head
+  says more than a run can read costs a run per back-off step, not a run per poll.
 
 Hence every record lands in a run: a burst merged into one run leaves its rest waiting, and the
 next poll after that run's commit fires again; a watcher that fires twice makes at most one run
@@ -25,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tridentflow.steps.runs import FINISHED, RunState
 from tridentflow.steps.runtime import Runtime
 
 REFIRE_AFTER_S = 60.0
@@ -54,18 +61,31 @@ class Waiting:
         return f"{self.records} records past the committed offsets"
 
 
-def work_waiting(rt: Runtime) -> Waiting | None:
+def work_waiting(rt: Runtime, run_state: RunState | None = None) -> Waiting | None:
     """The work a new run of ``rt``'s pipeline would find (``Waiting``), or None: nothing
     waits, or a live run holds a txid (its commit comes first). Reads only; a source that does
     not exist yet has no work (a Kafka topic: its producers make it)."""
-    ledger = rt.ledger
-    pending = ledger.pending_txids()
-    if pending:
-        now = rt.redis_now_ms()
-        for txid in pending:
-            info = ledger.tx_info(txid)
-            if info.get("owner") and int(info.get("lease_until") or 0) > now:
-                return None
+    pending = rt.ledger.pending_txids()
+    return None if held_txid(rt, pending, run_state) is not None else _unheld_work(rt, pending)
+
+
+def held_txid(rt: Runtime, pending: list[int], run_state: RunState | None = None) -> int | None:
+    """The first of ``pending`` a live run holds: its lease has not run out and
+    ``run_state`` (what the orchestrator says of the owner run) does not say it finished."""
+    if not pending:
+        return None
+    now = rt.redis_now_ms()
+    for txid in pending:
+        info = rt.ledger.tx_info(txid)
+        owner = info.get("owner")
+        if not owner or int(info.get("lease_until") or 0) <= now:
+            continue
+        if run_state is None or run_state(owner) not in FINISHED:
+            return txid
+    return None
+
+
+def _unheld_work(rt: Runtime, pending: list[int]) -> Waiting | None:
     behind = _records_behind(rt)
     if pending:
         return Waiting(sum(behind.values()), behind, adopt=pending[0])
@@ -92,20 +112,28 @@ class Watch:
         self.refire_after = refire_after
         self._fired_at: float | None = None
         self._fired_mark: tuple[int, int] | None = None
+        self._fired_for: Waiting | None = None
         self._delay = refire_after
 
-    def poll(self, rt: Runtime, now: float) -> Waiting | None:
+    def poll(self, rt: Runtime, now: float, run_state: RunState | None = None) -> Waiting | None:
         """What to fire for now (``now``: a monotonic clock, seconds), or None."""
-        waiting = work_waiting(rt)
-        mark = (rt.ledger.committed_txid(), rt.ledger.last_txid())
-        if waiting is None or mark != self._fired_mark:  # nothing waits, or the fire was answered
+        pending = rt.ledger.pending_txids()
+        if held_txid(rt, pending, run_state) is not None:
+            return None  # a run is on it (the fire's answer, or not: its commit will tell)
+        waiting = _unheld_work(rt, pending)
+        if waiting is None:
+            self._fired_at = self._fired_mark = self._fired_for = None
             self._delay = self.refire_after
-            if waiting is None:
-                self._fired_at = self._fired_mark = None
-                return None
-        elif self._fired_at is not None:
-            if now - self._fired_at < self._delay:
-                return None
+            return None
+        mark = (rt.ledger.committed_txid(), rt.ledger.last_txid())
+        answered = self._fired_at is None or (
+            mark != self._fired_mark and waiting != self._fired_for  # moved, and progressed
+        )
+        if answered:
+            self._delay = self.refire_after
+        elif now - self._fired_at < self._delay:
+            return None
+        else:
             self._delay = min(self._delay * 2, REFIRE_CAP_S)  # unanswered: back off
-        self._fired_at, self._fired_mark = now, mark
+        self._fired_at, self._fired_mark, self._fired_for = now, mark, waiting
         return waiting
