@@ -9,6 +9,8 @@ Spark and Redis connections are stored in the metadata DB (Admin -> Connections)
                                              emits run on a warm local Spark Connect server
                                              instead of spark-submit
     tridentflow-airflow down                 stop every component (process groups)
+    tridentflow-airflow restart COMPONENT    stop one component (scheduler, triggerer, ...) and
+                                             start it again with the environment `up` gave it
     tridentflow-airflow status               each component's process and health, the DAGs
                                              listed, the Spark Connect server (exit 1 unless
                                              all is ready)
@@ -288,21 +290,12 @@ def up(
     down(home)
     migrate(env)
     store_connections(home, env)
-    logs = airflow_home(home) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    _env_file(home).write_text(json.dumps(env))
+    _env_file(home).chmod(0o600)  # the connections' passwords are in it
     pids: dict[str, int] = {}
 
     def start(name: str) -> None:
-        with open(logs / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(
-                ["airflow", name],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        pids[name] = proc.pid
+        pids[name] = _start_component(home, name, env)
         _pids_file(home).write_text(json.dumps(pids))
 
     start(COMPONENTS[0])
@@ -312,12 +305,71 @@ def up(
         if dead or time.monotonic() > deadline:
             down(home)
             why = f"{', '.join(dead)} exited" if dead else f"no answer within {timeout:.0f}s"
+            logs = airflow_home(home) / "logs"
             raise TridentflowError(f"Airflow did not start ({why}); see {logs}")
         time.sleep(1)
     for name in COMPONENTS[1:]:
         start(name)
     wait_ready(home, port, pids, max(30.0, deadline - time.monotonic() + 120))
     return {"url": f"http://127.0.0.1:{port}", "pids": pids, "started": True}
+
+
+def _env_file(home: Path) -> Path:
+    return airflow_home(home) / "component-env.json"
+
+
+def _start_component(home: Path, name: str, env: dict[str, str]) -> int:
+    """Start ``airflow NAME`` in its own process group, logging to logs/NAME.log; its pid."""
+    logs = airflow_home(home) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"{name}.log", "ab") as out:
+        proc = subprocess.Popen(
+            ["airflow", name],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _stop_group(pid: int, grace: float) -> None:
+    """SIGTERM to process group ``pid``, SIGKILL after ``grace`` seconds (or ORPHAN_GRACE_S
+    after its leader exited); reaped. ``grace`` 0: SIGKILL at once (a crash)."""
+    if grace > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _reaped_or_alive(pid) and time.monotonic() < deadline:
+            if not _alive(pid):  # the component is down; what is left of its group are orphans
+                deadline = min(deadline, time.monotonic() + ORPHAN_GRACE_S)
+            time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _reaped_or_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def restart(home: Path, name: str, grace: float = 20) -> int:
+    """Stop one running component (``grace`` 0: SIGKILL, a crash) and start it again with the
+    environment ``up`` gave it; its new pid. The others keep running."""
+    if name not in COMPONENTS:
+        raise TridentflowError(f"no component {name!r}: one of {', '.join(COMPONENTS)}")
+    pids = running(home)
+    if name not in pids:
+        raise TridentflowError(f"{name} is not running in {airflow_home(home)}: run `up` first")
+    try:
+        env = json.loads(_env_file(home).read_text())
+    except (FileNotFoundError, ValueError):
+        raise TridentflowError(
+            f"no environment recorded by `up` in {airflow_home(home)}: run `down`, then `up`"
+        ) from None
+    _stop_group(pids[name], grace)
+    pids[name] = _start_component(home, name, env)
+    _pids_file(home).write_text(json.dumps(pids))
+    return pids[name]
 
 
 def status(home: Path, port: int) -> dict[str, Any]:
@@ -427,18 +479,9 @@ def down(home: Path, grace: float = 20) -> list[str]:
     order = [n for n in reversed(COMPONENTS) if n in pids]
     order += [n for n in pids if n not in COMPONENTS]
     for name in order:
-        pid = pids[name]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while _reaped_or_alive(pid) and time.monotonic() < deadline:
-            if not _alive(pid):  # the component is down; what is left of its group are orphans
-                deadline = min(deadline, time.monotonic() + ORPHAN_GRACE_S)
-            time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        _reaped_or_alive(pid)
+        _stop_group(pids[name], grace)
     _pids_file(home).unlink(missing_ok=True)
+    _env_file(home).unlink(missing_ok=True)
     connect_port = airflow_home(home) / "spark-connect.port"
     if connect_port.exists():  # the Spark Connect server `up --spark-connect` started
         from tridentflow.devtools import connect_server
@@ -462,8 +505,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("command", choices=("up", "down", "status", "env", "password", "dags-test"))
-    parser.add_argument("dag_id", nargs="?")
+    parser.add_argument(
+        "command", choices=("up", "down", "restart", "status", "env", "password", "dags-test")
+    )
+    parser.add_argument("dag_id", nargs="?", help="dags-test: the DAG; restart: the component")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--home", help="TRIDENTFLOW_HOME (Airflow state goes in HOME/airflow)")
     parser.add_argument(
@@ -493,6 +538,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"Airflow UI: {info['url']}  (login: {ADMIN_USER} / {admin_password(home)})")
             print(f"components: {info['pids']}  logs: {airflow_home(home) / 'logs'}")
             print("stop with: tridentflow-airflow down")
+        elif args.command == "restart":
+            if not args.dag_id:
+                parser.error(f"restart needs a component: one of {', '.join(COMPONENTS)}")
+            print(f"{args.dag_id} restarted: pid {restart(home, args.dag_id)}")
         elif args.command == "down":
             stopped = down(home)
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}")

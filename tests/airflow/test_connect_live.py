@@ -94,3 +94,62 @@ def test_a_connect_server_killed_mid_emit_heals_with_nobody_clearing(connect_sta
     assert counts(rt, sorted(expected)) == expected
     assert audit(rt).ok
     assert took < 120, f"{took:.0f}s from the Connect server back to everything committed"
+
+
+ON_DATA = "tridentflow_wordcount_on_data"
+
+
+def committed_all(rt, timeout: float) -> float:
+    """Seconds until every record in the source is committed (AssertionError past
+    ``timeout``): nobody triggers anything, the watcher does."""
+    started = time.monotonic()
+    while rt.ledger.committed_offsets() != rt.log.heads():
+        assert time.monotonic() - started < timeout, (
+            f"not committed within {timeout:.0f}s: {rt.ledger.committed_offsets()} of "
+            f"{rt.log.heads()}"
+        )
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def test_on_data_runs_when_records_arrive_through_a_triggerer_crash_and_merged_bursts(
+    connect_stack,
+):
+    """issue 38, goal 1: the on-data DAG's watcher starts runs as records arrive - a trickle,
+    a burst while the triggerer is down (SIGKILL, restarted), two bursts close together that
+    Airflow merges - with nobody triggering; every record in exactly one txid."""
+    api, redis_url, home, _port = connect_stack
+    rt = runtime("wordcount-opaque", redis_url, home)
+    produced = sentences(5, seed=40)
+    rt.source_heads()
+    rt.log.append_spread(produced)
+    api.wait_for_dag(ON_DATA)
+    api.pause(ON_DATA, paused=False)
+    try:
+        committed_all(rt, timeout=180)  # the first run pays the DAG's first parse and Spark
+        trickle = sentences(3, seed=41)
+        rt.log.append_spread(trickle)
+        produced += trickle
+        took = committed_all(rt, timeout=120)
+
+        launcher.restart(home, "triggerer", grace=0)  # a crash; the watcher comes back
+        burst = sentences(2_000, seed=42)
+        rt.log.append_spread(burst)
+        produced += burst
+        committed_all(rt, timeout=180)
+
+        for seed in (43, 44):  # two bursts while one run is on the first: merged
+            more = sentences(1_000, seed=seed)
+            rt.log.append_spread(more)
+            produced += more
+            time.sleep(0.5)
+        committed_all(rt, timeout=180)
+    finally:
+        api.pause(ON_DATA)
+    runs = api.call("GET", f"/dags/{ON_DATA}/dagRuns?limit=100")["dag_runs"]
+    assert runs and {r["run_type"] for r in runs} == {"asset_triggered"}, runs
+    assert all(r["state"] in ("success", "running", "queued") for r in runs), runs
+    expected = word_counts(produced)
+    assert counts(rt, sorted(expected)) == expected
+    assert audit(rt).ok
+    print(f"on-data: a trickle of 3 records committed {took:.1f}s after it was appended")
