@@ -34,9 +34,12 @@ from typing import Any
 from tridentflow.steps.runs import FINISHED, RunState
 from tridentflow.steps.runtime import Runtime
 
-REFIRE_AFTER_S = 60.0
-"""An unanswered fire is repeated after this long (then twice as long each time)."""
-REFIRE_CAP_S = 600.0
+REFIRE_AFTER_S = 10.0
+"""An unanswered fire is repeated after this long (then twice as long each time, up to
+REFIRE_CAP_S). Airflow drops the asset events of a paused DAG, so a DAG unpaused with records
+waiting gets its first run within this back-off; while it stays paused, one asset event a
+minute at most."""
+REFIRE_CAP_S = 60.0
 
 
 @dataclass(frozen=True)
