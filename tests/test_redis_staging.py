@@ -94,6 +94,26 @@ def test_emit_and_commit_on_hosts_that_share_no_directory(redis_url, tmp_path, m
     assert counts == {f'["{w}"]': n for w, n in expected.items()}
 
 
+def test_files_staged_on_another_host_are_refused_in_one_line_naming_the_fix(
+    redis_url, tmp_path, monkeypatch
+):
+    """Staging in files, the emit on one host and the commit on another that does not share
+    its home (a Celery worker each): one line saying so and what to set; nothing committed."""
+    monkeypatch.setenv("TRIDENTFLOW_STAGING", "files")
+    emitter = _runtime("wordcount", redis_url, tmp_path / "emit-host", 1, "hosts-files")
+    emitter.ledger.reset(force=True)
+    produce(emitter, sentences(8, seed=3))
+    coordinate(emitter, 1)
+    emit(emitter, 1, ENGINE)
+    committer = _runtime("wordcount", redis_url, tmp_path / "commit-host", 1, "hosts-files")
+    with pytest.raises(IncompleteBatchError) as refused:
+        commit(committer, 1)
+    line = str(refused.value)
+    assert "\n" not in line and "emit ran on another host" in line, line
+    assert "TRIDENTFLOW_STAGING=redis" in line and committer.ledger.committed_txid() == 0
+    assert commit(emitter, 1).status == "committed"  # where the files are, it commits
+
+
 def _emitted(rt, txid: int) -> RedisStagedBatch:
     coordinate(rt, txid, batch_size=10_000)
     staged = emit(rt, txid, ENGINE)

@@ -266,7 +266,9 @@ class StagingArea:
             manifest = json.loads((directory / MANIFEST).read_text())
         except FileNotFoundError:
             raise IncompleteBatchError(
-                f"txid {txid} attempt {attempt}: no staged manifest in {directory}"
+                f"txid {txid} attempt {attempt}: no staged manifest in {directory} - if its "
+                "emit ran on another host, share TRIDENTFLOW_HOME between emit and commit or "
+                f"set {STAGING_ENV}=redis for both, then emit again"
             ) from None
         except ValueError as exc:
             raise IncompleteBatchError(f"txid {txid}: manifest is not JSON: {exc}") from exc
