@@ -101,13 +101,18 @@ def test_a_fire_is_not_repeated_until_unanswered_for_its_delay_then_backs_off(
     assert watch.poll(rt, 30.0) is not None  # then 40 s
     assert watch.poll(rt, 69.0) is None
     coordinate_run(rt, "run-a", batch_size=1)  # answered: a run bound a txid
-    assert watch.poll(rt, 70.0) is None  # and holds it
+    ahead = watch.poll(rt, 70.0)  # it holds txid 1, which reads 1 record a partition: the
+    assert ahead is not None and ahead.beyond == 1 and ahead.records == 2  # rest is beyond it
+    assert "beyond what txid 1 (running) can read" in ahead.describe()
+    assert watch.poll(rt, 70.1) is None  # once: the next run queues behind run-a
     emit_run(rt, "run-a", ENGINE)
     commit_run(rt, "run-a")
-    assert watch.poll(rt, 70.5) is not None  # the ledger moved and records wait: at once
-    assert watch.poll(rt, 71.0) is None  # ...and the delay is back to 10 s
-    assert watch.poll(rt, 80.5) is not None
-    run_batches(rt, ENGINE)
+    assert watch.poll(rt, 70.5) is None  # the queued run has not bound yet: no second fire
+    assert watch.poll(rt, 80.0) is not None  # ...unless it never comes: again after 10 s
+    coordinate_run(rt, "run-b", batch_size=1)  # the queued run binds txid 2
+    assert watch.poll(rt, 80.1) is None  # answered; txid 2 can read all that waits
+    emit_run(rt, "run-b", ENGINE)
+    commit_run(rt, "run-b")
     assert watch.poll(rt, 81.0) is None
     produce(rt, sentences(2, seed=9))
     assert watch.poll(rt, 81.5) is not None  # new records after a quiet spell: at once

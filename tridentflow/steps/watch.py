@@ -10,11 +10,13 @@ watcher sent before, and it holds these rules:
   until it can be read, like the emit's skip.
 * **No work is asked twice while a run is on it**: while a txid is held by a live run (its
   lease has not run out, and the orchestrator - ``run_state`` - does not say the run has
-  finished), nothing waits - that run's commit is the next change, and the question is asked
-  again after it. A txid whose owner run finished without committing it (it failed while
-  Redis was away, so its callback could not release it) is work: the next run's coordinator
-  releases and adopts it, as for any scheduled run.
-* **A fire is answered** once the ledger moves (a run bound a txid, or a txid committed). An
+  finished), only records beyond what that txid can read are work (``Watch`` fires for them
+  once, so that the next run queues behind the current one: a backlog drains run after run);
+  the rest waits for that run's commit. A txid whose owner run finished without committing it
+  (it failed while Redis was away, so its callback could not release it) is work: the next
+  run's coordinator releases and adopts it, as for any scheduled run.
+* **A fire is answered** once the ledger moves (a run bound a txid, or a txid committed; a
+  fire for the records beyond a held txid T, once a txid after T is bound). An
   unanswered fire (its event merged into a run that already read, the DAG paused, the event
   lost) is repeated after ``refire_after`` seconds, doubling up to ``REFIRE_CAP_S``.
 * **No hot loop**: a commit that moved no committed offset while the same records waited (a
@@ -50,17 +52,22 @@ class Waiting:
     records: int
     partitions: dict[int, int]
     adopt: int | None = None
+    beyond: int | None = None
+    """Set: the records are beyond what held txid ``beyond`` can read (its run is live)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "records": self.records,
             "partitions": {str(p): n for p, n in sorted(self.partitions.items())},
             "adopt": self.adopt,
+            "beyond": self.beyond,
         }
 
     def describe(self) -> str:
         if self.adopt is not None:
             return f"txid {self.adopt} is bound and no run holds it: a new run adopts it"
+        if self.beyond is not None:
+            return f"{self.records} records beyond what txid {self.beyond} (running) can read"
         return f"{self.records} records past the committed offsets"
 
 
@@ -95,6 +102,29 @@ def _unheld_work(rt: Runtime, pending: list[int]) -> Waiting | None:
     return Waiting(sum(behind.values()), behind) if behind else None
 
 
+def _beyond_held(rt: Runtime, held: int, pending: list[int]) -> Waiting | None:
+    """Records no run will read before a next one: past what ``held`` (the only pending txid,
+    its run live) can read - its frozen ranges (a transactional source), or its batch size
+    from the committed offsets (the others). None if it may read them all, or its batch is
+    not coordinated yet."""
+    if pending != [held]:
+        return None
+    meta = rt.ledger.metadata(held)
+    if not meta or not rt.log.exists():
+        return None
+    committed = rt.ledger.committed_offsets()
+    if "ranges" in meta:
+        reach = {int(p): int(r[1]) for p, r in meta["ranges"].items()}
+    elif "batch_size" in meta:
+        size = int(meta["batch_size"])
+        reach = {p: committed.get(p, 0) + size for p in rt.log.scan(committed).heads}
+    else:
+        return None
+    heads = rt.log.scan(committed).heads
+    beyond = {p: head - reach[p] for p, head in heads.items() if p in reach and head > reach[p]}
+    return Waiting(sum(beyond.values()), beyond, beyond=held) if beyond else None
+
+
 def _records_behind(rt: Runtime) -> dict[int, int]:
     """Per readable partition, its records past the committed offsets (only those with any)."""
     if not rt.log.exists():
@@ -116,21 +146,31 @@ class Watch:
         self._fired_at: float | None = None
         self._fired_mark: tuple[int, int] | None = None
         self._fired_for: Waiting | None = None
+        self._awaiting_bind_after: int | None = None  # a fire for records beyond a held txid
         self._delay = refire_after
 
     def poll(self, rt: Runtime, now: float, run_state: RunState | None = None) -> Waiting | None:
         """What to fire for now (``now``: a monotonic clock, seconds), or None."""
         pending = rt.ledger.pending_txids()
-        if held_txid(rt, pending, run_state) is not None:
-            return None  # a run is on it (the fire's answer, or not: its commit will tell)
-        waiting = _unheld_work(rt, pending)
+        held = held_txid(rt, pending, run_state)
+        if held is not None:  # a run is on it: only what it cannot read may be asked for
+            waiting = _beyond_held(rt, held, pending)
+            if waiting is None:
+                return None
+        else:
+            waiting = _unheld_work(rt, pending)
         if waiting is None:
             self._fired_at = self._fired_mark = self._fired_for = None
+            self._awaiting_bind_after = None
             self._delay = self.refire_after
             return None
         mark = (rt.ledger.committed_txid(), rt.ledger.last_txid())
+        if self._awaiting_bind_after is not None and mark[1] > self._awaiting_bind_after:
+            self._awaiting_bind_after = None  # the run queued behind it has bound its txid
         answered = self._fired_at is None or (
-            mark != self._fired_mark and waiting != self._fired_for  # moved, and progressed
+            self._awaiting_bind_after is None  # a look-ahead fire: answered by its run's bind
+            and mark != self._fired_mark
+            and waiting != self._fired_for  # moved, and progressed
         )
         if answered:
             self._delay = self.refire_after
@@ -139,4 +179,6 @@ class Watch:
         else:
             self._delay = min(self._delay * 2, REFIRE_CAP_S)  # unanswered: back off
         self._fired_at, self._fired_mark, self._fired_for = now, mark, waiting
+        if waiting.beyond is not None:
+            self._awaiting_bind_after = waiting.beyond
         return waiting
