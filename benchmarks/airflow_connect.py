@@ -43,8 +43,6 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import redis
-
 from benchmarks.vs_spark import generate
 from tridentflow.devtools import devredis
 from tridentflow.registry import load_pipeline
@@ -232,10 +230,7 @@ def main() -> None:
     connect_port, api_port = devredis.free_port(), devredis.free_port()
     saved = dict(os.environ)
     try:
-        with devredis.url_or_private(work / "redis") as base_url:
-            redis_url = base_url.rsplit("/", 1)[0] + "/1"
-            for db in ("/1", "/2"):  # a previous invocation's ledgers would skip the work
-                redis.Redis.from_url(base_url.rsplit("/", 1)[0] + db).flushdb()
+        with devredis.emptied_databases(work / "redis", 1, 2) as (redis_url, cli_url):
             os.environ.pop("TRIDENTFLOW_FAULTS", None)
             connect = connect_port if args.emitter == "connect" else None
             info = launcher.up(home, api_port, redis_url, spark_connect=connect,
@@ -264,7 +259,6 @@ def main() -> None:
             if connect:  # the CLI below attaches to the same, then warm, server-side session
                 warm_session(f"sc://127.0.0.1:{connect_port}", opaque)
             dag_rate, txids = continuous(api, opaque, home, args.continuous_sentences)
-            cli_url = base_url.rsplit("/", 1)[0] + "/2"
             batch_size = CONTINUOUS_BATCH_SIZE
             remote = f"sc://127.0.0.1:{connect_port}" if connect else None
             cli_rate = cli(work / "cli-home", cli_url, remote, args.continuous_sentences,

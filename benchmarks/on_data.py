@@ -28,8 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
-
 from benchmarks.airflow_connect import _cpu_seconds_by_group, warm_session
 from benchmarks.vs_spark import generate
 from tridentflow.devtools import connect_server, devredis
@@ -122,9 +120,7 @@ def main() -> None:
     connect_port, api_port = devredis.free_port(), devredis.free_port()
     saved = dict(os.environ)
     try:
-        with devredis.url_or_private(work / "redis") as base_url:
-            redis_url = base_url.rsplit("/", 1)[0] + "/3"
-            redis.Redis.from_url(redis_url).flushdb()  # a previous invocation's ledger
+        with devredis.emptied_databases(work / "redis", 3) as (redis_url,):
             os.environ.pop("TRIDENTFLOW_FAULTS", None)
             info = launcher.up(home, api_port, redis_url, spark_connect=connect_port)
             api = AirflowApi(info["url"], launcher.admin_password(home), ON_DATA)
