@@ -113,14 +113,13 @@ def _beyond_held(rt: Runtime, held: int, pending: list[int]) -> Waiting | None:
     if not meta or not rt.log.exists():
         return None
     committed = rt.ledger.committed_offsets()
+    heads = rt.log.scan(committed).heads  # an unavailable partition is not in heads
     if "ranges" in meta:
         reach = {int(p): int(r[1]) for p, r in meta["ranges"].items()}
     elif "batch_size" in meta:
-        size = int(meta["batch_size"])
-        reach = {p: committed.get(p, 0) + size for p in rt.log.scan(committed).heads}
+        reach = {p: committed.get(p, 0) + int(meta["batch_size"]) for p in heads}
     else:
         return None
-    heads = rt.log.scan(committed).heads
     beyond = {p: head - reach[p] for p, head in heads.items() if p in reach and head > reach[p]}
     return Waiting(sum(beyond.values()), beyond, beyond=held) if beyond else None
 
@@ -136,8 +135,9 @@ def _records_behind(rt: Runtime) -> dict[int, int]:
 
 
 class Watch:
-    """A watcher's memory between polls: fires when work waits, unless an earlier fire is
-    still unanswered (the ledger has not moved since) and younger than its refire delay."""
+    """A watcher's memory between polls: fires when work waits (or, while a run holds the
+    txid, records beyond its reach), unless an earlier fire is still unanswered and younger
+    than its refire delay (the module docstring's rules)."""
 
     def __init__(self, refire_after: float = REFIRE_AFTER_S) -> None:
         if not refire_after > 0:
