@@ -81,6 +81,34 @@ class TridentflowTask:
         self.home = home
         self.lease = lease
 
+    lineage_step = ""
+    """The step of a txid the operator runs (tridentflow.steps.lineage.STEPS): what its
+    OpenLineage events report."""
+    lineage_result: dict[str, Any] | None = None
+    """What the task's execute returned this try (the lineage of its completion)."""
+
+    # -- OpenLineage: called by Airflow's OpenLineage provider only (tridentflow_airflow.lineage)
+    def get_openlineage_facets_on_start(self) -> Any:
+        from airflow.sdk import get_current_context
+
+        ti = get_current_context()["ti"]
+        return self._openlineage(ti.run_id, ti.try_number, None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self._openlineage(
+            task_instance.run_id, task_instance.try_number, self.lineage_result
+        )
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        return self._openlineage(task_instance.run_id, task_instance.try_number, None)
+
+    def _openlineage(self, run_id: str, try_number: int | None, result: Any) -> Any:
+        from tridentflow.steps.lineage import step_lineage
+        from tridentflow_airflow.lineage import operator_lineage
+
+        lineage = step_lineage(self.runtime(), self.lineage_step, run_id, result)
+        return operator_lineage(lineage, int(try_number or 1))
+
     @property
     def lease_ms(self) -> int:
         return int(self.lease.total_seconds() * 1000) or DEFAULT_LEASE_MS
@@ -151,6 +179,7 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
 
     template_fields = ("batch_size",)
     ui_color = "#e8f0fe"
+    lineage_step = "coordinate"
     operator_extra_links = (TridentflowRunLink(),)
 
     def __init__(self, *, batch_size: int | str | None = None, **kwargs: Any) -> None:
@@ -161,6 +190,7 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
         size = int(self.batch_size) if self.batch_size not in (None, "", "None") else None
         rt = self.runtime()
         result = coordinate_run(rt, context["run_id"], size, self.lease_ms, run_state(context))
+        self.lineage_result = result
         for gone in result.get("released", ()):
             self.log.warning(
                 "txid %s was held by run %s, which is %s: released, adopted by this run",
@@ -184,6 +214,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
     exception in a Spark task included) instead of spark-submit's exit code."""
 
     ui_color = "#fff4e5"
+    lineage_step = "emit"
     operator_extra_links = (TridentflowRunLink(),)
 
     def __init__(
@@ -239,7 +270,8 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         txid, plan = emit_plan(rt, context["run_id"], self.lease_ms)
         record(rt, context, txid, "emit", done=False)
         try:
-            return self.emit_txid(context, rt, txid, plan)
+            self.lineage_result = self.emit_txid(context, rt, txid, plan)
+            return self.lineage_result
         finally:  # a failed try's time counts too, as in Airflow's tries
             record(rt, context, txid, "emit", done=True)
 
@@ -254,6 +286,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             return self.execute_over_connect(context, remote)
         with tempfile.TemporaryDirectory(prefix="tridentflow-emit-") as scratch:
             error_file = Path(scratch) / "error"
+            self.conf = lineage_parent_conf(self.conf, context)
             self.env_vars = {
                 **self.emit_env(),
                 **(self.env_vars or {}),
@@ -281,6 +314,20 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         return result
 
 
+def lineage_parent_conf(conf: dict[str, Any] | None, context: Any) -> dict[str, Any]:
+    """``conf`` with the Spark properties that make the emit's Spark application a child of
+    this task in OpenLineage (``spark.openlineage.parentRunId``, ``parentJobName``, ...: what
+    OpenLineage's Spark listener reads), when Airflow's OpenLineage provider is installed;
+    properties already set are kept. Without the provider: ``conf`` unchanged."""
+    try:
+        from airflow.providers.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+        )
+    except ImportError:
+        return dict(conf or {})
+    return inject_parent_job_information_into_spark_properties(dict(conf or {}), context)
+
+
 def spark_connect_url(conn_id: str) -> str | None:
     """The sc:// URL of a connection of type ``spark_connect`` (the provider's
     SparkConnectHook builds it); None for any other type."""
@@ -298,6 +345,7 @@ class CommitOperator(TridentflowTask, BaseOperator):
     the pipeline through its AssetAlias outlet (tridentflow_airflow.assets)."""
 
     ui_color = "#e6f4ea"
+    lineage_step = "commit"
     operator_extra_links = (TridentflowRunLink(),)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -314,6 +362,7 @@ class CommitOperator(TridentflowTask, BaseOperator):
         finally:  # a failed try's time counts too, as in Airflow's tries
             record(rt, context, txid, "commit", done=True)
         self.log.info("commit of txid %s: %s", result["txid"], result["status"])
+        self.lineage_result = result
         report_figures(rt)
         if any(isinstance(o, AssetAlias) for o in self.outlets or ()):
             emitted = emit_commit_events(
@@ -334,6 +383,7 @@ class ExportOperator(TridentflowTask, BaseOperator):
     PostgresSink without a DSN of its own uses its Airflow connection (``postgres_default``)."""
 
     ui_color = "#fef7e0"
+    lineage_step = "export"
     operator_extra_links = (TridentflowRunLink(),)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -355,4 +405,5 @@ class ExportOperator(TridentflowTask, BaseOperator):
                 f", reloaded as of txid {r.reloaded_at}" if r.reloaded_at is not None else "",
             )
         report_figures(rt)
-        return {"txid": txid, "sinks": [r.to_json() for r in results]}
+        self.lineage_result = {"txid": txid, "sinks": [r.to_json() for r in results]}
+        return self.lineage_result

@@ -26,6 +26,7 @@ import pytest
 from tests.airflow import live as live_stack
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import runtime, sentences, word_counts
+from tests.lineage_schema import read_events, task_events, validate_event
 from tridentflow.devtools import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.steps.query import query
@@ -83,6 +84,63 @@ def dags_test(env: dict[str, str], faults: str = "", dag: str = DAG) -> str:
     assert proc.returncode == 0, out[-4000:]
     assert "DagRun Finished" in out and "state=success" in out.split("DagRun Finished")[-1]
     return out
+
+
+def with_openlineage(env: dict[str, str], events: Path) -> dict[str, str]:
+    """``env`` with Airflow's OpenLineage provider writing every event to ``events``."""
+    transport = {"type": "file", "log_file_path": str(events), "append": True}
+    return {
+        **env,
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "tridentflow-test",
+    }
+
+
+def tridentflow_facet(event: dict) -> dict:
+    return event["run"]["facets"]["tridentflow"]
+
+
+def check_lineage_of_a_run_with_failures(events: list[dict], rt: Any, out: str) -> None:
+    """The OpenLineage events of txid 1's run, whose emit and commit each failed once: valid
+    against the schemas; START, FAIL and COMPLETE with the txid; the source with the txid's
+    committed ranges, the commit's outputs the state; the emit's Spark job told its parent."""
+    assert events, "no OpenLineage event written"
+    for event in events:
+        validate_event(event)
+    ranges = {str(p): list(r) for p, r in rt.ledger.history(1)[0]["ranges"].items()}
+    kinds = {}
+    for task in ("coordinate", "emit", "commit"):
+        mine = task_events(events, DAG, task)
+        kinds[task] = [e["eventType"] for e in mine]
+        for event in mine:
+            facet = tridentflow_facet(event)
+            assert (facet["pipeline"], facet["step"], facet["replayed"]) == (
+                "wordcount",
+                task,
+                False,
+            )
+            if event["eventType"] == "START" and task == "coordinate":
+                continue  # the first coordinate's start: no txid bound yet
+            assert facet["txid"] == 1, (task, event["eventType"])
+            if event["eventType"] == "COMPLETE":
+                (source,) = event["inputs"]
+                assert source["name"].endswith("/sources/wordcount")
+                got = source["inputFacets"]["tridentflowOffsets"]["ranges"]
+                assert {str(r["partition"]): [r["start"], r["end"]] for r in got} == ranges
+    assert kinds == {
+        "coordinate": ["START", "COMPLETE"],
+        "emit": ["START", "FAIL", "START", "COMPLETE"],
+        "commit": ["START", "FAIL", "START", "COMPLETE"],
+    }
+    failed = [e for e in task_events(events, DAG, "emit") if e["eventType"] == "FAIL"]
+    assert tridentflow_facet(failed[0])["attempt"] == 1
+    (committed,) = [e for e in task_events(events, DAG, "commit") if e["eventType"] == "COMPLETE"]
+    assert tridentflow_facet(committed)["attempt"] == 2
+    assert [o["name"] for o in committed["outputs"]] == [rt.keyspace.state("counts")]
+    # the Spark application is the emit's child: the submitted try's run id, as its parent
+    (emitted,) = [e for e in task_events(events, DAG, "emit") if e["eventType"] == "COMPLETE"]
+    assert f"spark.openlineage.parentRunId={emitted['run']['runId']}" in out
+    assert f"spark.openlineage.parentJobName={DAG}.emit" in out
 
 
 def over_connect(env: dict[str, str], connect_url: str) -> dict[str, str]:
@@ -144,6 +202,8 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
     (each retried by Airflow), a run with a partition gone dark, and one after it is back."""
     rt = runtime("wordcount", redis_url, home)
     produce(rt, SEED_SENTENCES)
+    events = tmp_path / "openlineage.jsonl"
+    af_env = with_openlineage(af_env, events)
     out = dags_test(af_env, "in-emit@1,mid-commit@1")
     assert "-> txid 1 (new)" in out and "spark-submit" in out
     for fault in ("in-emit@1#1=raise", "mid-commit@1#1=raise"):
@@ -151,6 +211,7 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
     assert out.count("up_for_retry") >= 2
     assert "EmitFailed: injected fault in-emit@1#1=raise" in out  # its one-line cause
     assert rt.ledger.committed_txid() == 1
+    check_lineage_of_a_run_with_failures(read_events(events), rt, out)
 
     # a partition really goes away (its directory moved, as when a mount drops) between runs:
     # the run commits without it, the records appended meanwhile go elsewhere, none is lost
@@ -190,11 +251,25 @@ def test_the_export_task_writes_postgres_through_the_airflow_connection(
         ),
     }  # fmt: skip
     env.pop("TRIDENTFLOW_POSTGRES_DSN", None)
+    events = home / "openlineage.jsonl"
+    env = with_openlineage(env, events)
     rt = runtime("wordcount-postgres", redis_url, home)
     produce(rt, SEED_SENTENCES)
     out = dags_test(env, "mid-export@1", dag="tridentflow_wordcount_postgres")
     assert "injected fault mid-export@1#1=raise" in out and "up_for_retry" in out
     assert out.count("commit of txid 1: committed") == 1
+    # the export's lineage: the fed state in, the table out as its database's dataset
+    exported = task_events(read_events(events), "tridentflow_wordcount_postgres", "export")
+    assert [e["eventType"] for e in exported] == ["START", "FAIL", "START", "COMPLETE"]
+    for event in exported:
+        validate_event(event)
+    assert [(o["namespace"], o["name"]) for o in exported[-1]["outputs"]] == [
+        (
+            f"postgres://{parts.hostname}:{parts.port}",
+            f"{parts.path.lstrip('/')}.public.wordcount_counts",
+        )
+    ]
+    assert [i["name"] for i in exported[-1]["inputs"]] == [rt.keyspace.state("counts")]
     assert table_rows(pg_dsn, "wordcount_counts", "word") == {
         w: (n,) for w, n in SEED_COUNTS.items()
     }
@@ -216,6 +291,8 @@ def test_wordcount_kafka_reads_the_topic_through_the_airflow_connection(af_env, 
             ),
         }
         env.pop("TRIDENTFLOW_KAFKA_BOOTSTRAP", None)
+        events = home / "openlineage.jsonl"
+        env = with_openlineage(env, events)
         log = KafkaLog("wordcount", {"bootstrap.servers": broker.bootstrap}, "wordcount-kafka")
         log.create(4)
         log.append_spread(SEED_SENTENCES)
@@ -229,6 +306,17 @@ def test_wordcount_kafka_reads_the_topic_through_the_airflow_connection(af_env, 
         got = query(rt, persist, [(w,) for w in SEED_COUNTS])[1]
         assert dict(zip(SEED_COUNTS, got, strict=True)) == SEED_COUNTS
         assert rt.ledger.committed_offsets() == log.scan().heads
+        # the topic, on its broker, as OpenLineage names it; the brokers came from Airflow
+        (done,) = [
+            e
+            for e in task_events(read_events(events), "tridentflow_wordcount_kafka", "commit")
+            if e["eventType"] == "COMPLETE"
+        ]
+        validate_event(done)
+        (topic,) = done["inputs"]
+        assert (topic["namespace"], topic["name"]) == (f"kafka://{broker.bootstrap}", "wordcount")
+        got = topic["inputFacets"]["tridentflowOffsets"]["ranges"]
+        assert {r["partition"]: r["end"] for r in got} == log.scan().heads
 
 
 # -- the live stack -------------------------------------------------------------------------
@@ -245,11 +333,25 @@ def live(tmp_path_factory) -> Iterator[tuple[AirflowApi, str, Path]]:
         "TRIDENTFLOW_FAULTS": "mid-commit@2=kill",
         "TRIDENTFLOW_RETAIN_TXIDS": "5",  # undo logs: the view's rewind (the last test)
     }
+    env = with_openlineage(env, home / OPENLINEAGE_EVENTS)
     try:
         with live_stack.stack(home, redis_url, env) as api:
             yield api, redis_url, home
     finally:
         server.kill()
+
+
+OPENLINEAGE_EVENTS = "openlineage.jsonl"
+"""Where the live stack's OpenLineage provider writes its events (under the stack's home)."""
+
+
+def run_events(home: Path, run_id: str, task_id: str) -> list[dict]:
+    """The OpenLineage events of one task of one Airflow run on the live stack."""
+    return [
+        e
+        for e in task_events(read_events(home / OPENLINEAGE_EVENTS), DAG, task_id)
+        if e["run"]["facets"]["airflow"]["dagRun"]["run_id"] == run_id
+    ]
 
 
 class RestartableRedis:
@@ -331,6 +433,15 @@ def test_live_runs_kill_and_clear_keep_their_txid(live, pg_dsn, monkeypatch):
     again = api.xcom(run1, "coordinate")
     assert (again["txid"], again["binding"]) == (1, "committed")
     assert api.xcom(run1, "commit")["status"] == "already-committed"
+    # its OpenLineage: the replay's events valid, each naming txid 1 and saying it replayed
+    for task in ("coordinate", "emit", "commit"):
+        events = run_events(home, run1, task)
+        assert [e["eventType"] for e in events] == ["START", "COMPLETE"] * 2, task
+        for event in events:
+            validate_event(event)
+        first, replay = (tridentflow_facet(e) for e in events[1::2])
+        assert (first["txid"], first["replayed"]) == (1, False), task
+        assert (replay["txid"], replay["replayed"]) == (1, True), task
     assert counts(rt, ["you", "how"]) == after2
     expected = word_counts(SEED_SENTENCES + more)
     assert counts(rt, list(expected)) == expected

@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from tridentflow.connections import NONE, Connections
+from tridentflow.datasets import DEFAULT_NAMESPACE, LineageDataset
 from tridentflow.errors import TridentflowError
 
 Row = tuple[Any, ...]
@@ -46,6 +47,15 @@ class ExportContext:
     connections: Connections = NONE
     """The deployment's named connections, for a sink that names none of its own (under
     Airflow: Airflow's; tridentflow.connections)."""
+
+
+@dataclass(frozen=True)
+class LineageContext:
+    """What a sink may use to name what it writes (``Sink.lineage_datasets``): no I/O."""
+
+    pipeline: str
+    redis_url: str
+    connections: Connections = NONE
 
 
 class Sink(ABC):
@@ -93,6 +103,11 @@ class Sink(ABC):
     def describe(self) -> str:
         """What the sink writes to, without secrets (status, errors)."""
         return self.name
+
+    def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
+        """What the sink writes, as OpenLineage names it (tridentflow.datasets); a sink of
+        your own that does not say: ``tridentflow`` / ``PIPELINE/SINK``."""
+        return [LineageDataset(DEFAULT_NAMESPACE, f"{ctx.pipeline}/{self.name}")]
 
     def close(self) -> None:
         """Release connections (the next apply opens them again)."""

@@ -30,7 +30,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tridentflow.connections import NONE, Connections
-from tridentflow.sinks.base import ExportContext, Row, Sink, SinkError
+from tridentflow.datasets import LineageDataset, postgres_dataset
+from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
 
 DSN_ENV = "TRIDENTFLOW_POSTGRES_DSN"
 PROGRESS_TABLE = "tridentflow_progress"
@@ -385,6 +386,11 @@ class PostgresSink(Sink):
         else:
             where = f"{DSN_ENV} or connection {self.conn_id}"
         return (f"PostgreSQL table {self._quoted_table} ({where})",)
+
+    def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
+        """The table, as its database's dataset (``postgres://HOST:PORT``,
+        ``DATABASE.SCHEMA.TABLE``)."""
+        return [postgres_dataset(self.resolve_dsn(ctx.connections), self.table_parts)]
 
     def describe(self) -> str:
         try:

@@ -25,7 +25,8 @@ from typing import Any
 
 import redis
 
-from tridentflow.sinks.base import ExportContext, Row, Sink, SinkError
+from tridentflow.datasets import LineageDataset, redis_namespace
+from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
 from tridentflow_state.scripts import LuaScript
 
 APPEND_CHUNK = 2000
@@ -178,6 +179,11 @@ class RedisStreamSink(Sink):
         if self.partitions == 1 and "{partition}" not in self.stream:
             return [self.stream]
         return [self.stream.replace("{partition}", str(p)) for p in range(self.partitions)]
+
+    def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
+        """Each stream, on the Redis it is written to."""
+        where = redis_namespace(self.url or ctx.redis_url)
+        return [LineageDataset(where, stream) for stream in self.streams()]
 
     def describe(self) -> str:
         where = "the pipeline's Redis" if self.url is None else "another Redis"

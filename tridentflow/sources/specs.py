@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
+from tridentflow.datasets import DEFAULT_NAMESPACE, LineageDataset, kafka_namespace, redis_namespace
 from tridentflow.errors import PipelineError
 from tridentflow.sources.kafka import KafkaFormat
 
@@ -71,6 +72,11 @@ class LogSource:
 
         return FileLog(ctx.home / "sources" / ctx.pipeline)
 
+    def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
+        """What the source reads, as OpenLineage names it (tridentflow.datasets): the file
+        log's directory."""
+        return [LineageDataset("file", str(ctx.home / "sources" / ctx.pipeline))]
+
 
 @dataclass(frozen=True)
 class RedisStreamSource(LogSource):
@@ -109,6 +115,12 @@ class RedisStreamSource(LogSource):
         streams = self.stream_keys(ctx.pipeline, ctx.namespace)
         keys = KeySpace(ctx.pipeline, ctx.namespace)  # the reader's keys, whatever its shards
         return RedisStreamLog(ctx.client, ctx.redis_url, keys, streams, self.fields)
+
+    def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
+        """One dataset per partition: its stream, on the pipeline's Redis."""
+        where = redis_namespace(ctx.redis_url) if ctx.redis_url else DEFAULT_NAMESPACE
+        keys = self.stream_keys(ctx.pipeline, ctx.namespace)
+        return [LineageDataset(where, key, (p,)) for p, key in enumerate(keys)]
 
     def stream_keys(self, pipeline: str, namespace: str = "") -> list[str]:
         """The streams of partitions 0..partitions-1 for ``pipeline`` in ``namespace``."""
@@ -189,6 +201,14 @@ class KafkaSource(LogSource):
             self, ctx.pipeline, topic_ids=identity, connections=ctx.connections
         )
 
+    def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
+        """The topic, on its first bootstrap server (where the source's brokers come from:
+        its config, the environment, the deployment's connection)."""
+        from tridentflow.sources.kafka import resolve_config
+
+        brokers = resolve_config(self, ctx.connections)["bootstrap.servers"]
+        return [LineageDataset(kafka_namespace(brokers), self.topic_name(ctx.pipeline))]
+
 
 @dataclass(frozen=True)
 class CustomSource(LogSource):
@@ -217,3 +237,8 @@ class CustomSource(LogSource):
         from tridentflow.sources.loading import import_ref
 
         return import_ref(self.log)(self, ctx.pipeline)
+
+    def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
+        """``tridentflow`` / ``PIPELINE/LOG``: where a log of your own lives is its own
+        business (subclass CustomSource and override this to name it)."""
+        return [LineageDataset(DEFAULT_NAMESPACE, f"{ctx.pipeline}/{self.log}")]
