@@ -48,6 +48,8 @@ def test_fixed_seed_schedules_are_exact(pg_dsn):
         "rewind-refused:sink",
         "rewind-to:",
         "rewind-cut-short",
+        "parallel:",
+        "cleared-emit:",
     ):
         assert kind in events, f"no {kind} event in {CI_SCHEDULES} schedules"
 
@@ -180,6 +182,20 @@ def test_the_harness_catches_an_edge_triggered_watcher(monkeypatch):
     results = run_chaos(50, seed=0, redis_restarts=False)
     assert not results[-1].ok, "50 schedules did not expose an edge-triggered watcher"
     assert "never committed" in (results[-1].difference or ""), results[-1].difference
+
+
+def test_the_harness_catches_a_commit_that_trusts_where_a_pipelined_txid_starts(monkeypatch):
+    """The family "runs at once" (a backfill with max_active_runs > 1, each run taking its
+    turn): an operator clears a run's emit after the next run emitted from where it stopped,
+    records arriving in between; a commit that does not check that a txid starts where the
+    committed offsets stand counts the records both read twice."""
+    import tridentflow.steps.committer
+
+    monkeypatch.setattr(tridentflow.steps.committer, "check_continuity", lambda *args: None)
+    results = run_chaos(30, seed=1000, redis_restarts=False)
+    assert not results[-1].ok, "30 schedules did not expose a commit trusting a txid's start"
+    assert "cleared-emit:" in results[-1].line(), results[-1].line()
+    assert "doubled=0" not in results[-1].line(), results[-1].line()
 
 
 def test_the_harness_catches_a_step_that_ignores_a_reset(monkeypatch):

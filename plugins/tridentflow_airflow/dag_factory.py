@@ -114,6 +114,7 @@ def pipeline_dag(
     paused: bool | None = None,
     tags: Sequence[str] = (),
     watch_interval: float = WATCH_INTERVAL_S,
+    catchup: bool = False,
 ) -> DAG:
     """A DAG for ``pipeline`` (a bundled name or module:attribute).
 
@@ -125,7 +126,9 @@ def pipeline_dag(
     when records arrive: an asset watcher polls the source every ``watch_interval`` seconds in
     Airflow's triggerer; tridentflow_airflow.watchers) or None (manual triggers).
     ``max_active_runs`` stays 1 by default: commits are ordered in Redis anyway, and later
-    txids would only wait for earlier ones.
+    txids would only wait for earlier ones. ``catchup`` (off by default) creates a run for
+    every missed interval of a time-based schedule; runs with a logical date - those, and a
+    backfill's - bind their txids in date order (tridentflow_airflow.dated_order).
     """
     if retries is None:
         retries = env_int(RETRIES_ENV, DEFAULT_RETRIES)
@@ -152,7 +155,7 @@ def pipeline_dag(
         dag_id,
         schedule=timetable,
         start_date=start_date,
-        catchup=False,
+        catchup=catchup,
         max_active_runs=max_active_runs,
         is_paused_upon_creation=paused,
         params={

@@ -318,6 +318,17 @@ def _env_file(home: Path) -> Path:
     return airflow_home(home) / "component-env.json"
 
 
+def component_env(home: Path) -> dict[str, str]:
+    """The environment ``up`` gave the stack's components: what an ``airflow`` command needs
+    to act on this stack (``airflow backfill create ...``)."""
+    try:
+        return dict(json.loads(_env_file(home).read_text()))
+    except (FileNotFoundError, ValueError):
+        raise TridentflowError(
+            f"no environment recorded by `up` in {airflow_home(home)}: run `down`, then `up`"
+        ) from None
+
+
 def _start_component(home: Path, name: str, env: dict[str, str]) -> int:
     """Start ``airflow NAME`` in its own process group, logging to logs/NAME.log; its pid."""
     logs = airflow_home(home) / "logs"
@@ -360,12 +371,7 @@ def restart(home: Path, name: str, grace: float = 20) -> int:
     pids = running(home)
     if name not in pids:
         raise TridentflowError(f"{name} is not running in {airflow_home(home)}: run `up` first")
-    try:
-        env = json.loads(_env_file(home).read_text())
-    except (FileNotFoundError, ValueError):
-        raise TridentflowError(
-            f"no environment recorded by `up` in {airflow_home(home)}: run `down`, then `up`"
-        ) from None
+    env = component_env(home)
     _stop_group(pids[name], grace)
     pids[name] = _start_component(home, name, env)
     _pids_file(home).write_text(json.dumps(pids))

@@ -26,6 +26,7 @@ from tridentflow.errors import TridentflowError, one_line
 from tridentflow.ops import metrics
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.runs import (
+    TURN_WAIT_S,
     RunState,
     commit_run,
     coordinate_run,
@@ -36,9 +37,11 @@ from tridentflow.steps.runs import (
     note_task,
     owned_txid,
     release_run,
+    wait_emit_turn,
 )
 from tridentflow.steps.runtime import Runtime, resolve_home
 from tridentflow_airflow.assets import emit_commit_events
+from tridentflow_airflow.dated_order import bind_in_date_order
 from tridentflow_airflow.hooks import (
     TridentflowRedisHook,
     airflow_connections,
@@ -175,7 +178,10 @@ def release_on_failure(context: Any) -> None:
 
 
 class CoordinateOperator(TridentflowTask, BaseOperator):
-    """Binds the run to its txid and creates (first attempt) or reuses the batch metadata."""
+    """Binds the run to its txid and creates (first attempt) or reuses the batch metadata.
+    A run with a logical date binds after the run before it by date
+    (tridentflow_airflow.dated_order): a backfill or a catch-up keeps its txids in date
+    order, and a backfill that runs backwards is refused."""
 
     template_fields = ("batch_size",)
     ui_color = "#e8f0fe"
@@ -189,6 +195,7 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         size = int(self.batch_size) if self.batch_size not in (None, "", "None") else None
         rt = self.runtime()
+        bind_in_date_order(context, rt)  # runs with a logical date bind in date order
         result = coordinate_run(rt, context["run_id"], size, self.lease_ms, run_state(context))
         self.lineage_result = result
         for gone in result.get("released", ()):
@@ -269,6 +276,8 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         rt = self.runtime()
         txid, plan = emit_plan(rt, context["run_id"], self.lease_ms)
         record(rt, context, txid, "emit", done=False)
+        if plan == "work" and wait_emit_turn(rt, txid, run_state(context)):
+            txid, plan = emit_plan(rt, context["run_id"], self.lease_ms)  # it may be empty now
         try:
             self.lineage_result = self.emit_txid(context, rt, txid, plan)
             return self.lineage_result
@@ -358,7 +367,9 @@ class CommitOperator(TridentflowTask, BaseOperator):
         txid = owned_txid(rt, context["run_id"], self.lease_ms)
         record(rt, context, txid, "commit", done=False)
         try:
-            result = commit_run(rt, context["run_id"], self.lease_ms, run_state(context))
+            result = commit_run(
+                rt, context["run_id"], self.lease_ms, run_state(context), turn_wait=TURN_WAIT_S
+            )  # parallel runs (a backfill) take turns
         finally:  # a failed try's time counts too, as in Airflow's tries
             record(rt, context, txid, "commit", done=True)
         self.log.info("commit of txid %s: %s", result["txid"], result["status"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
+from tridentflow_airflow.backfill_guard import BackfillGuard
 from tridentflow_airflow.links import TridentflowRunLink
 from tridentflow_airflow.view import app
 
@@ -18,6 +19,11 @@ class TridentflowPlugin(AirflowPlugin):
     name = "tridentflow"
     operator_extra_links = [TridentflowRunLink()]  # serialized DAGs keep the tasks' link
     fastapi_apps = [{"app": app, "url_prefix": "/tridentflow", "name": "tridentflow"}]
+    # a backfill that runs backwards on a tridentflow DAG: refused where the UI and the REST
+    # API create it (tridentflow_airflow.backfill_guard)
+    fastapi_root_middlewares = [
+        {"middleware": BackfillGuard, "name": "tridentflow-backfill-order"},
+    ]
     external_views = [
         {
             "name": "tridentflow",

@@ -4,9 +4,13 @@ everything, with nobody clearing anything (issue 22, goal 1)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
+import urllib.error
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from tridentflow.devtools import connect_server, devredis
 from tridentflow.ops.audit import audit
 from tridentflow.steps.query import query
 from tridentflow_airflow import launcher
+from tridentflow_airflow.backfill_guard import backwards_refusal
 from tridentflow_airflow.rest import AirflowApi
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
@@ -153,3 +158,139 @@ def test_on_data_runs_when_records_arrive_through_a_triggerer_crash_and_merged_b
     assert counts(rt, sorted(expected)) == expected
     assert audit(rt).ok
     print(f"on-data: a trickle of 3 records committed {took:.1f}s after it was appended")
+
+
+SCHEDULED = "tridentflow_partitioned_count"
+"""A DAG on a time-based schedule (every 10 minutes): what a backfill is for."""
+
+
+def runs_of(api: AirflowApi, dag_id: str, run_type: str) -> list[dict]:
+    """The DAG's runs of ``run_type``, by logical date."""
+    found = api.call("GET", f"/dags/{dag_id}/dagRuns?limit=100")["dag_runs"]
+    return sorted((r for r in found if r["run_type"] == run_type), key=lambda r: r["logical_date"])
+
+
+def wait_backfill(api: AirflowApi, backfill_id: int, timeout: float = 240) -> None:
+    """Until Airflow marks the backfill complete (every run of it finished)."""
+    deadline = time.monotonic() + timeout
+    while api.call("GET", f"/backfills/{backfill_id}")["completed_at"] is None:
+        assert time.monotonic() < deadline, api.call("GET", f"/backfills/{backfill_id}")
+        time.sleep(1)
+
+
+def create_backfill(api: AirflowApi, body: dict, tries: int = 10) -> dict:
+    """POST /backfills; Airflow answers 503 ("Database is locked") when SQLite - the live
+    stack's metadata DB - is busy with the scheduler: tried again."""
+    for _ in range(tries - 1):
+        try:
+            return api.call("POST", "/backfills", body)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:
+                raise
+            time.sleep(1)
+    return api.call("POST", "/backfills", body)
+
+
+def refused(api: AirflowApi, route: str, body: dict) -> tuple[int, object]:
+    """(status, detail) of a POST Airflow's API refuses."""
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        api.call("POST", route, body)
+    return answer.value.code, json.loads(answer.value.read())["detail"]
+
+
+def total(rt) -> int:
+    persist = rt.pipeline.states["total"]
+    return int(query(rt, persist, [()])[1][0] or 0)
+
+
+def test_a_backfill_from_the_rest_api_binds_txids_in_date_order_and_replays_completed_runs(
+    connect_stack,
+):
+    """issue 38, goal 3: a backwards backfill is refused in one line where the API creates it;
+    a forward one with three active runs binds its txids in date order; re-running its
+    completed runs replays their txids as no-ops (no Spark job); every record once."""
+    api, redis_url, home, _ = connect_stack
+    rt = runtime("partitioned-count", redis_url, home)
+    rt.source_heads()
+    rt.log.append_spread([f"event-{i}" for i in range(240)])
+    window = {
+        "dag_id": SCHEDULED,
+        "from_date": "2026-11-20T00:00:00Z",
+        "to_date": "2026-11-20T00:20:00Z",
+        "max_active_runs": 3,
+        "dag_run_conf": {"batch_size": 5},  # 80 records a txid: each run has work
+    }
+    for route in ("/backfills", "/backfills/dry_run"):
+        status, detail = refused(api, route, {**window, "run_backwards": True})
+        assert (status, detail) == (422, backwards_refusal(SCHEDULED)), route
+    assert api.call("GET", f"/backfills?dag_id={SCHEDULED}")["total_entries"] == 0
+    anonymous = AirflowApi.__new__(AirflowApi)  # no token: Airflow's own answer, not ours
+    anonymous.base, anonymous.token = api.base, "not-a-token"
+    status, detail = refused(anonymous, "/backfills", {**window, "run_backwards": True})
+    assert status in (401, 403) and detail != backwards_refusal(SCHEDULED)
+
+    created = create_backfill(api, window)  # before unpausing: no scheduler at work on it
+    api.pause(SCHEDULED, paused=False)  # a paused DAG's backfill runs do not start
+    try:
+        wait_backfill(api, created["id"])
+        backfilled = runs_of(api, SCHEDULED, "backfill")
+        assert [r["state"] for r in backfilled] == ["success"] * 3
+        txids = [rt.ledger.txid_of_run(r["dag_run_id"]) for r in backfilled]
+        assert txids == sorted(txids) and len(set(txids)) == 3, txids  # in date order
+        committed = rt.ledger.committed_txid()
+        counted = total(rt)
+        assert audit(rt).ok
+
+        again = create_backfill(api, {**window, "reprocess_behavior": "completed"})
+        wait_backfill(api, again["id"])
+        replayed = runs_of(api, SCHEDULED, "backfill")
+        assert [r["dag_run_id"] for r in replayed] == [r["dag_run_id"] for r in backfilled]
+        for run, txid in zip(replayed, txids, strict=True):
+            assert run["state"] == "success"
+            bound = api.xcom(run["dag_run_id"], "coordinate", SCHEDULED)
+            assert (bound["txid"], bound["binding"]) == (txid, "committed")
+            emitted = api.xcom(run["dag_run_id"], "emit", SCHEDULED)
+            assert emitted["status"] == "already-committed"  # no Spark job
+        assert (rt.ledger.committed_txid(), total(rt)) == (committed, counted)
+    finally:
+        api.pause(SCHEDULED)
+    while rt.ledger.committed_offsets() != rt.log.heads():  # the rest, in runs of no date
+        assert api.wait_run(api.trigger(SCHEDULED), timeout=120, dag_id=SCHEDULED) == "success"
+    assert total(rt) == 240
+    assert audit(rt).ok
+
+
+def test_a_backwards_backfill_from_the_cli_is_refused_run_by_run(connect_stack):
+    """The CLI creates a backfill in-process, past the API server: each run whose earlier
+    date is still queued is refused by its coordinator, in one line, binding nothing."""
+    api, redis_url, home, _ = connect_stack
+    rt = runtime("partitioned-count", redis_url, home)
+    before = {r["dag_run_id"] for r in runs_of(api, SCHEDULED, "backfill")}
+    api.pause(SCHEDULED, paused=False)
+    try:
+        created = subprocess.run(
+            ["airflow", "backfill", "create", "--dag-id", SCHEDULED,
+             "--from-date", "2026-11-19T00:00:00+00:00", "--to-date", "2026-11-19T00:20:00+00:00",
+             "--run-backwards", "--max-active-runs", "1"],
+            env=launcher.component_env(home), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert created.returncode == 0, created.stdout + created.stderr
+        runs = [r for r in runs_of(api, SCHEDULED, "backfill") if r["dag_run_id"] not in before]
+        assert len(runs) == 3
+        for run in runs:
+            api.wait_run(run["dag_run_id"], timeout=180, dag_id=SCHEDULED)
+    finally:
+        api.pause(SCHEDULED)
+    runs = [api.run(r["dag_run_id"], SCHEDULED) for r in runs]
+    assert [r["state"] for r in runs] == ["success", "failed", "failed"]  # by date
+    for run in runs[1:]:
+        assert rt.ledger.txid_of_run(run["dag_run_id"]) is None
+        coordinate = api.task(run["dag_run_id"], "coordinate", SCHEDULED)
+        assert coordinate["try_number"] == 1  # refused: no retry
+        log = api.call(
+            "GET",
+            f"/dags/{SCHEDULED}/dagRuns/{urllib.parse.quote(run['dag_run_id'], safe='')}"
+            "/taskInstances/coordinate/logs/1?full_content=true",
+        )
+        assert "is still queued before it: a backfill that runs backwards" in json.dumps(log)
+    assert audit(rt).ok

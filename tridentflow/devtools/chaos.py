@@ -69,6 +69,7 @@ The harness owns its redis-server (a free port) and a scratch directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -111,7 +112,13 @@ from tridentflow.sources.filelog import encode_record
 from tridentflow.steps.driver import backlog
 from tridentflow.steps.export import export
 from tridentflow.steps.query import list_state, query
-from tridentflow.steps.runs import commit_run, coordinate_run, emit_run, release_run
+from tridentflow.steps.runs import (
+    commit_run,
+    coordinate_run,
+    emit_run,
+    release_run,
+    wait_emit_turn,
+)
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow.steps.staging import RedisStagingArea
 from tridentflow.steps.watch import Watch, work_waiting
@@ -144,6 +151,10 @@ RETAIN_TXIDS = 3
 """Undo logs kept in every schedule (the operator's rewinds)."""
 REWIND_CHANCE = 0.04
 """Per step: the operator rewinds the pipeline (at most twice a schedule)."""
+PARALLEL_CHANCE = 0.06
+"""Per step between runs: several runs at once (a backfill with max_active_runs > 1)."""
+TURN_WAIT_S = 2.0
+"""How long a parallel run's emit or commit waits for its turn (Airflow's: TURN_WAIT_S)."""
 CHAOS_COLUMNS = {"key": "text", "value": "jsonb"}
 """The chaos tables: the key's canonical encoding, the value as JSON."""
 SHARD_CHOICES = (1, 2, 3)
@@ -310,6 +321,7 @@ class Chaos:
         sched.sink_edge_rng = random.Random(f"sink-edges-{seed}")
         sched.rewind_rng = random.Random(f"rewind-{seed}")
         sched.seed = seed
+        sched.parallel_rng = random.Random(f"parallel-{seed}")
         self._drop_sink_targets(rt, seed)
         sched.append(rng.randint(5, 60))
         runs = rng.randint(3, 8)
@@ -416,6 +428,10 @@ class Chaos:
                 run_no, failures, step_index = run_no + 1, 0, 0
                 run_id = f"run-{run_no}"
                 continue
+            if step_index == 0 and sched.parallel_rng.random() < PARALLEL_CHANCE:
+                run_no = self._parallel_runs(sched, run_no, batch_size)
+                failures, run_id = 0, f"run-{run_no}"
+                continue
             roll = rng.random()
             if self.redis_restarts and roll < 0.08:
                 self.redis.restart()
@@ -484,6 +500,97 @@ class Chaos:
                     result.events.append(f"gave-up:{run_id}")
                     run_no, failures, step_index = run_no + 1, 0, 0
                     run_id = f"run-{run_no}"
+
+    def _parallel_runs(self, sched: _Schedule, run_no: int, batch_size: int) -> int:
+        """2-3 runs at once, as Airflow runs a backfill with max_active_runs > 1: they bind in
+        order (each coordinator waits for the run before it by date:
+        tridentflow_airflow.dated_order), then each emits and commits in a process of its own
+        (a thread with its own runtime), taking turns as the operators do - an opaque txid's
+        emit waits for the one before it to stage, a commit for the one before it to commit,
+        while that run is live - and records may arrive meanwhile. A failed step is retried up
+        to RETRIES times; then the run gives up (released: a later run adopts its txid). The
+        next run number."""
+        from tridentflow.errors import NotReadyError
+
+        rt, rng = sched.rt, sched.parallel_rng
+        run_ids = [f"run-{run_no + i}" for i in range(rng.randint(2, 3))]
+        sched.result.events.append(f"parallel:{'+'.join(run_ids)}")
+        live = set(run_ids)
+        failures = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)
+
+        def run_state(run_id: str) -> str:
+            return "running" if run_id in live else "failed"
+
+        def retried(step: Callable[[], object]) -> bool:
+            for _ in range(RETRIES):
+                try:
+                    step()
+                    return True
+                except failures:
+                    continue
+            return False
+
+        def give_up(other: Runtime, run_id: str) -> None:
+            with contextlib.suppress(*failures):
+                release_run(other, run_id)
+            sched.result.events.append(f"gave-up:{run_id}")
+            live.discard(run_id)
+
+        for run_id in run_ids:  # in date order
+            if not retried(lambda r=run_id: coordinate_run(rt, r, batch_size, 60_000, run_state)):
+                give_up(rt, run_id)
+
+        emitted: set[str] = set()
+        first, second = run_ids[0], run_ids[1]
+        # an operator clears the first run's emit after the second emitted from where the
+        # first's stopped - with records arriving in between, so its second try reads on
+        if (
+            first in live
+            and second in live
+            and rng.random() < 0.3
+            and retried(lambda: emit_run(rt, first, self.engine, lease_ms=60_000))
+        ):
+            sched.append(rng.randint(1, 8), during=f"parallel:{first}")
+            if retried(lambda: emit_run(rt, second, self.engine, lease_ms=60_000)):
+                emitted.update((first, second))
+                sched.result.events.append(f"cleared-emit:{first}@parallel")
+                if not retried(lambda: emit_run(rt, first, self.engine, lease_ms=60_000)):
+                    emitted.discard(first)
+
+        def emit_and_commit(run_id: str) -> None:
+            other = self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1)
+            try:
+
+                def emit() -> None:
+                    txid = other.ledger.txid_of_run(run_id)
+                    if txid is None:
+                        raise NotReadyError(f"{run_id} lost its txid")
+                    wait_emit_turn(other, txid, run_state, TURN_WAIT_S)
+                    emit_run(other, run_id, self.engine, lease_ms=60_000)
+
+                def commit() -> None:
+                    commit_run(other, run_id, 60_000, run_state, turn_wait=TURN_WAIT_S)
+
+                if not ((run_id in emitted or retried(emit)) and retried(commit)):
+                    give_up(other, run_id)
+            finally:
+                live.discard(run_id)
+                other.client.close()
+
+        threads = [
+            threading.Thread(target=emit_and_commit, args=(r,)) for r in run_ids if r in live
+        ]
+        for thread in threads:
+            thread.start()
+        if rng.random() < 0.7:  # records arrive while the runs read (another producer)
+            time.sleep(rng.random() * 0.05)
+            sched.append(rng.randint(1, 8), during=f"parallel:{run_ids[0]}")
+        for thread in threads:
+            thread.join()
+        for run_id in run_ids:
+            sched.note_changes(rt.ledger.txid_of_run(run_id))
+        self._maybe_export(sched, f"after-parallel:{run_ids[-1]}")
+        return run_no + len(run_ids)
 
     def _failover_step(self, sched: _Schedule, step: int) -> bool:
         """Against a gated cluster: maybe hold a master's replication (a shard's, or the
@@ -1048,6 +1155,8 @@ class _Schedule:
         """Kafka schedules' own generator (mid-emit freezes, transactions, bad records)."""
         self.rewind_rng = random.Random(0)
         """The operator's rewinds' own generator: the steps' draws stay as they were."""
+        self.parallel_rng = random.Random(0)
+        """Parallel runs' own generator (when, how many): the steps' draws stay."""
         self.rewinds = 0
         self.unsent: list[str] = []
         """Lines produced while the broker was frozen: sent when it is back."""

@@ -22,6 +22,11 @@ could not release it (Redis was down) and its lease is still live. A live owner 
 commit refused because an earlier txid is not committed names that txid, its owner run, the
 run's state and what unblocks it.
 
+Parallel runs take turns (``turn_wait``: a backfill or a DAG with several active runs): a
+commit waits in its task for the txid before it, an opaque source's emit for the txid before
+it to be staged (it starts where that one stops) - while the run holding that txid is live;
+a finished or lease-expired holder is not waited for (the one-line error says what to do).
+
 No work when there is nothing to do: ``emit_plan`` tells, from the ledger and the source's
 heads alone, whether the run's txid is committed already or its batch is empty; the Airflow
 emit then starts no Spark job at all.
@@ -254,15 +259,77 @@ def blocker(rt: Runtime, txid: int, run_state: RunState | None = None) -> str:
     )
 
 
+TURN_WAIT_S = 300.0
+"""How long an Airflow task of a txid waits in its try for the txid before it (see the module
+doc) before it fails and is retried."""
+TURN_POLL_S = 0.2
+
+
+def wait_turn(
+    rt: Runtime,
+    ready: Callable[[], bool],
+    awaited: Callable[[], int],
+    run_state: RunState | None,
+    timeout: float,
+) -> bool:
+    """Wait until ``ready()``, while the run holding the txid ``awaited()`` names is live:
+    running (``run_state``) or, if the orchestrator cannot tell, within its lease. True once
+    ready; False when no live run holds it or ``timeout`` passed (the caller's own check then
+    says why, in one line). Reads only."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() >= deadline:
+            return False
+        info = rt.ledger.tx_info(awaited())
+        owner = info.get("owner")
+        if not owner:
+            return False
+        state = run_state(owner) if run_state is not None else None
+        if state is None:
+            if int(info.get("lease_until") or 0) <= rt.redis_now_ms():
+                return False
+        elif state != "running":
+            return False
+        time.sleep(TURN_POLL_S)
+    return True
+
+
+def wait_emit_turn(
+    rt: Runtime, txid: int, run_state: RunState | None = None, timeout: float = TURN_WAIT_S
+) -> bool:
+    """For a source that is not transactional: wait until txid-1 is staged or committed (the
+    emit of ``txid`` starts where txid-1's stops); True once it is (what the emit would read
+    may have changed: plan again). A transactional txid's ranges are its own: False at once,
+    nothing to wait for."""
+    if rt.pipeline.source.mode is SourceMode.TRANSACTIONAL:
+        return False
+
+    def ready() -> bool:
+        ledger = rt.ledger
+        return ledger.committed_txid() >= txid - 1 or ledger.staged_attempt(txid - 1) is not None
+
+    return wait_turn(rt, ready, lambda: txid - 1, run_state, timeout)
+
+
 def commit_run(
     rt: Runtime,
     run_id: str,
     lease_ms: int = DEFAULT_LEASE_MS,
     run_state: RunState | None = None,
+    turn_wait: float = 0.0,
 ) -> dict[str, Any]:
     """Commit the run's txid; the result JSON-native (Airflow shows it as the task's XCom).
+    With ``turn_wait``, first waits that long for txid-1 to commit while a live run holds it.
     Refused out of order with one line naming what blocks it (``blocker``)."""
     txid = owned_txid(rt, run_id, lease_ms)
+    if turn_wait > 0:
+        ledger = rt.ledger
+
+        def turn() -> bool:
+            return ledger.committed_txid() >= txid - 1
+
+        # waits on whichever txid is next to commit, while its run is live
+        wait_turn(rt, turn, lambda: ledger.committed_txid() + 1, run_state, turn_wait)
     try:
         done = commit(rt, txid)
     except CommitOrderError:
