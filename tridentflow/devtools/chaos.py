@@ -94,6 +94,7 @@ from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import (
     IncompleteBatchError,
+    NotReadyError,
     PartitionUnavailable,
     ReplicationError,
     SourceError,
@@ -113,11 +114,12 @@ from tridentflow.steps.driver import backlog
 from tridentflow.steps.export import export
 from tridentflow.steps.query import list_state, query
 from tridentflow.steps.runs import (
+    RunState,
     commit_run,
     coordinate_run,
     emit_run,
+    ready_to_emit,
     release_run,
-    wait_emit_turn,
 )
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow.steps.staging import RedisStagingArea
@@ -153,8 +155,9 @@ REWIND_CHANCE = 0.04
 """Per step: the operator rewinds the pipeline (at most twice a schedule)."""
 PARALLEL_CHANCE = 0.06
 """Per step between runs: several runs at once (a backfill with max_active_runs > 1)."""
-TURN_WAIT_S = 2.0
-"""How long a parallel run's emit or commit waits for its turn (Airflow's: TURN_WAIT_S)."""
+PARALLEL_WAITS = 30
+"""A parallel run's step found not its turn this often in a row gives up (the run before it
+is gone, or stuck)."""
 CHAOS_COLUMNS = {"key": "text", "value": "jsonb"}
 """The chaos tables: the key's canonical encoding, the value as JSON."""
 SHARD_CHOICES = (1, 2, 3)
@@ -504,19 +507,23 @@ class Chaos:
     def _parallel_runs(self, sched: _Schedule, run_no: int, batch_size: int) -> int:
         """2-3 runs at once, as Airflow runs a backfill with max_active_runs > 1: they bind in
         order (each coordinator waits for the run before it by date:
-        tridentflow_airflow.dated_order), then each emits and commits in a process of its own
-        (a thread with its own runtime), taking turns as the operators do - an opaque txid's
-        emit waits for the one before it to stage, a commit for the one before it to commit,
-        while that run is live - and records may arrive meanwhile. A failed step is retried up
-        to RETRIES times; then the run gives up (released: a later run adopts its txid). The
-        next run number."""
-        from tridentflow.errors import NotReadyError
-
+        tridentflow_airflow.dated_order); then their emits and commits interleave, each run in
+        a process of its own (its own runtime), in an order drawn from the seed. A step whose
+        turn has not come - an opaque txid's emit before the txid before it is staged, a
+        commit before the txid before it committed (``wait_turn``'s checks, as the operators
+        wait on them) - waits and is tried again later; records arrive in between; a third of
+        the time an operator clears the first run's emit after the second emitted from where
+        it stopped. A failed step is retried up to RETRIES times, a step that waits too long
+        fails; then the run gives up (released: a later run adopts its txid). One thread, so
+        the schedule stays fully determined by its seed. The next run number."""
         rt, rng = sched.rt, sched.parallel_rng
         run_ids = [f"run-{run_no + i}" for i in range(rng.randint(2, 3))]
         sched.result.events.append(f"parallel:{'+'.join(run_ids)}")
         live = set(run_ids)
         failures = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)
+        runtimes = {
+            r: self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1) for r in run_ids
+        }
 
         def run_state(run_id: str) -> str:
             return "running" if run_id in live else "failed"
@@ -530,67 +537,94 @@ class Chaos:
                     continue
             return False
 
-        def give_up(other: Runtime, run_id: str) -> None:
+        def give_up(run_id: str) -> None:
             with contextlib.suppress(*failures):
-                release_run(other, run_id)
+                release_run(runtimes[run_id], run_id)
             sched.result.events.append(f"gave-up:{run_id}")
             live.discard(run_id)
 
-        for run_id in run_ids:  # in date order
-            if not retried(lambda r=run_id: coordinate_run(rt, r, batch_size, 60_000, run_state)):
-                give_up(rt, run_id)
-
-        emitted: set[str] = set()
-        first, second = run_ids[0], run_ids[1]
-        # an operator clears the first run's emit after the second emitted from where the
-        # first's stopped - with records arriving in between, so its second try reads on
-        if (
-            first in live
-            and second in live
-            and rng.random() < 0.3
-            and retried(lambda: emit_run(rt, first, self.engine, lease_ms=60_000))
-        ):
-            sched.append(rng.randint(1, 8), during=f"parallel:{first}")
-            if retried(lambda: emit_run(rt, second, self.engine, lease_ms=60_000)):
-                emitted.update((first, second))
-                sched.result.events.append(f"cleared-emit:{first}@parallel")
-                if not retried(lambda: emit_run(rt, first, self.engine, lease_ms=60_000)):
-                    emitted.discard(first)
-
-        def emit_and_commit(run_id: str) -> None:
-            other = self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1)
-            try:
-
-                def emit() -> None:
-                    txid = other.ledger.txid_of_run(run_id)
-                    if txid is None:
-                        raise NotReadyError(f"{run_id} lost its txid")
-                    wait_emit_turn(other, txid, run_state, TURN_WAIT_S)
-                    emit_run(other, run_id, self.engine, lease_ms=60_000)
-
-                def commit() -> None:
-                    commit_run(other, run_id, 60_000, run_state, turn_wait=TURN_WAIT_S)
-
-                if not ((run_id in emitted or retried(emit)) and retried(commit)):
-                    give_up(other, run_id)
-            finally:
-                live.discard(run_id)
+        try:
+            for run_id in run_ids:  # in date order
+                if not retried(
+                    lambda r=run_id: coordinate_run(runtimes[r], r, batch_size, 60_000, run_state)
+                ):
+                    give_up(run_id)
+            todo = {r: ["emit", "commit"] for r in run_ids if r in live}
+            first, second = run_ids[0], run_ids[1]
+            if first in todo and second in todo and rng.random() < 0.3:
+                self._clear_emit_between(sched, runtimes, first, second, todo, retried)
+            tries = dict.fromkeys(todo, 0)
+            waits = dict.fromkeys(todo, 0)
+            while todo:
+                run_id = rng.choice(sorted(todo))
+                if rng.random() < 0.1:  # records arrive while the runs read (another producer)
+                    sched.append(rng.randint(1, 8), during=f"parallel:{run_id}")
+                outcome = self._turn_step(runtimes[run_id], run_id, todo[run_id][0], run_state)
+                if outcome == "ran":
+                    todo[run_id].pop(0)
+                    tries[run_id] = waits[run_id] = 0
+                elif outcome == "failed":
+                    tries[run_id] += 1
+                else:
+                    waits[run_id] += 1
+                if tries[run_id] >= RETRIES or waits[run_id] >= PARALLEL_WAITS:
+                    give_up(run_id)
+                    todo[run_id] = []
+                if not todo[run_id]:
+                    del todo[run_id]
+                    live.discard(run_id)
+        finally:
+            for other in runtimes.values():
                 other.client.close()
-
-        threads = [
-            threading.Thread(target=emit_and_commit, args=(r,)) for r in run_ids if r in live
-        ]
-        for thread in threads:
-            thread.start()
-        if rng.random() < 0.7:  # records arrive while the runs read (another producer)
-            time.sleep(rng.random() * 0.05)
-            sched.append(rng.randint(1, 8), during=f"parallel:{run_ids[0]}")
-        for thread in threads:
-            thread.join()
         for run_id in run_ids:
             sched.note_changes(rt.ledger.txid_of_run(run_id))
         self._maybe_export(sched, f"after-parallel:{run_ids[-1]}")
         return run_no + len(run_ids)
+
+    def _turn_step(self, rt: Runtime, run_id: str, step: str, run_state: RunState) -> str:
+        """Run ``run_id``'s ``step`` if its turn has come (the checks ``wait_turn`` waits
+        on, with no time to wait): "ran", "waited" (not its turn), or "failed"."""
+        try:
+            txid = rt.ledger.txid_of_run(run_id)
+            if txid is None:
+                raise NotReadyError(f"{run_id} lost its txid")
+            if step == "emit":
+                if not ready_to_emit(rt, txid):
+                    return "waited"
+                emit_run(rt, run_id, self.engine, lease_ms=60_000)
+            else:
+                if rt.ledger.committed_txid() < txid - 1:
+                    return "waited"
+                commit_run(rt, run_id, 60_000, run_state)
+            return "ran"
+        except (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError):
+            return "failed"
+
+    def _clear_emit_between(
+        self,
+        sched: _Schedule,
+        runtimes: dict[str, Runtime],
+        first: str,
+        second: str,
+        todo: dict[str, list[str]],
+        retried: Callable[[Callable[[], object]], bool],
+    ) -> None:
+        """An operator clears ``first``'s emit after ``second`` emitted from where ``first``'s
+        stopped - records arriving in between, so the second try of ``first`` reads on."""
+
+        def emit(run_id: str) -> bool:
+            return retried(lambda: emit_run(runtimes[run_id], run_id, self.engine, 60_000))
+
+        if not emit(first):
+            return
+        todo[first] = ["commit"]
+        sched.append(sched.parallel_rng.randint(1, 8), during=f"parallel:{first}")
+        if not emit(second):
+            return
+        todo[second] = ["commit"]
+        sched.result.events.append(f"cleared-emit:{first}@parallel")
+        if not emit(first):
+            todo[first] = ["emit", "commit"]
 
     def _failover_step(self, sched: _Schedule, step: int) -> bool:
         """Against a gated cluster: maybe hold a master's replication (a shard's, or the

@@ -303,12 +303,16 @@ def wait_emit_turn(
     nothing to wait for."""
     if rt.pipeline.source.mode is SourceMode.TRANSACTIONAL:
         return False
+    return wait_turn(rt, lambda: ready_to_emit(rt, txid), lambda: txid - 1, run_state, timeout)
 
-    def ready() -> bool:
-        ledger = rt.ledger
-        return ledger.committed_txid() >= txid - 1 or ledger.staged_attempt(txid - 1) is not None
 
-    return wait_turn(rt, ready, lambda: txid - 1, run_state, timeout)
+def ready_to_emit(rt: Runtime, txid: int) -> bool:
+    """Whether the emit of ``txid`` can start: a transactional txid's ranges are its own; any
+    other starts where txid-1's stops, so txid-1 must be staged or committed. Reads only."""
+    if rt.pipeline.source.mode is SourceMode.TRANSACTIONAL:
+        return True
+    ledger = rt.ledger
+    return ledger.committed_txid() >= txid - 1 or ledger.staged_attempt(txid - 1) is not None
 
 
 def commit_run(
