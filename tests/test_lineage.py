@@ -30,7 +30,7 @@ def run_txid(rt, run_id: str) -> dict[str, dict]:
 
 
 def test_each_step_reports_the_source_with_the_txids_ranges_and_the_commit_its_states(
-    redis_url, home
+    redis_url, redis_client, home
 ):
     rt = runtime("wordcount", redis_url, home)
     produce(rt, sentences(40, seed=1))
@@ -66,7 +66,9 @@ def test_each_step_reports_the_source_with_the_txids_ranges_and_the_commit_its_s
     assert step_lineage(rt, "coordinate", "never-bound", None).txid is None
 
 
-def test_an_opaque_txids_ranges_come_from_its_emit_then_its_commit_record(redis_url, home):
+def test_an_opaque_txids_ranges_come_from_its_emit_then_its_commit_record(
+    redis_url, redis_client, home
+):
     rt = runtime("wordcount-opaque", redis_url, home)
     produce(rt, sentences(25, seed=3))
     coordinated = coordinate_run(rt, "run-1")
@@ -79,7 +81,9 @@ def test_an_opaque_txids_ranges_come_from_its_emit_then_its_commit_record(redis_
     assert step_lineage(rt, "commit", "run-1", None).ranges == emitted  # the commit record
 
 
-def test_a_stream_source_is_one_dataset_per_partition_each_with_its_own_range(redis_url, home):
+def test_a_stream_source_is_one_dataset_per_partition_each_with_its_own_range(
+    redis_url, redis_client, home
+):
     rt = runtime("wordcount-stream", redis_url, home)
     produce(rt, sentences(30, seed=4))
     results = run_txid(rt, "run-1")
@@ -94,7 +98,7 @@ def test_a_stream_source_is_one_dataset_per_partition_each_with_its_own_range(re
 
 
 def test_the_export_reads_the_fed_states_and_writes_the_postgres_table(
-    redis_url, home, pg_dsn, monkeypatch
+    redis_url, redis_client, home, pg_dsn, monkeypatch
 ):
     monkeypatch.setenv("TRIDENTFLOW_POSTGRES_DSN", pg_dsn)
     rt = runtime("wordcount-postgres", redis_url, home)
@@ -112,7 +116,7 @@ def test_the_export_reads_the_fed_states_and_writes_the_postgres_table(
     assert step_lineage(rt, "export", "run-1", again).replayed  # nothing left to apply
 
 
-def test_an_unknown_step_is_refused_in_one_line(redis_url, home):
+def test_an_unknown_step_is_refused_in_one_line(redis_url, redis_client, home):
     rt = runtime("wordcount", redis_url, home)
     with pytest.raises(ValueError, match="step must be one of coordinate, emit, commit, export"):
         step_lineage(rt, "publish", "run-1")

@@ -25,7 +25,8 @@ from tridentflow_airflow import launcher
 from tridentflow_airflow.backfill_guard import backwards_refusal
 from tridentflow_airflow.rest import AirflowApi
 
-pytestmark = [pytest.mark.airflow, pytest.mark.spark]
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.xdist_group("connect-live")]
+"""One worker runs this module's tests, on one stack (two stacks at once crowd 2 cores)."""
 DAG = "tridentflow_wordcount"
 
 

@@ -36,7 +36,9 @@ def as_event(lineage, state: RunState = RunState.COMPLETE) -> dict:
     return Serde.to_dict(event)
 
 
-def test_every_steps_lineage_makes_a_valid_event_with_tridentflows_facets(redis_url, home):
+def test_every_steps_lineage_makes_a_valid_event_with_tridentflows_facets(
+    redis_url, redis_client, home
+):
     from tridentflow.engines.local import LocalEngine
     from tridentflow.steps.runs import emit_run, emit_summary
 
@@ -69,7 +71,7 @@ def test_every_steps_lineage_makes_a_valid_event_with_tridentflows_facets(redis_
     assert replay["run"]["facets"]["tridentflow"]["replayed"] is True
 
 
-def test_the_validator_refuses_a_facet_that_breaks_its_schema(redis_url, home):
+def test_the_validator_refuses_a_facet_that_breaks_its_schema(redis_url, redis_client, home):
     """The schema check can fail: a facet without replayed, a txid or an attempt of 0, an
     unknown step, a range without its end, a run id that is no UUID are each refused."""
     rt = runtime("wordcount", redis_url, home)
