@@ -115,3 +115,30 @@ def test_on_data_schedules_the_dag_on_the_watched_source_asset():
     assert (kwargs["pipeline"], kwargs["dag_id"]) == ("wordcount-opaque", "on_data_test")
     with pytest.raises(TridentflowError, match="watch_interval must be > 0 seconds"):
         pipeline_dag("wordcount", schedule="on-data", watch_interval=0)
+
+
+def test_fires_for_a_redis_stream_and_a_kafka_topic_as_for_the_file_log(
+    redis_url, redis_client, redis_conn, home, monkeypatch
+):
+    """The watcher reads a source's heads through its log, whatever the source: records
+    XADDed to a pipeline's streams, or produced to its Kafka topic (a real broker, Tansu),
+    fire it once; after a run commits them, nothing."""
+    from tridentflow.devtools.devkafka import LocalKafka
+    from tridentflow.sources.kafka import KafkaLog
+
+    with LocalKafka() as broker:
+        monkeypatch.setenv("TRIDENTFLOW_KAFKA_BOOTSTRAP", broker.bootstrap)
+        topic = KafkaLog("wordcount", {"bootstrap.servers": broker.bootstrap}, "wordcount-kafka")
+        topic.create(4)
+        for pipeline in ("wordcount-stream", "wordcount-kafka"):
+            rt = runtime(pipeline, redis_url, home)
+            trigger = SourceDataTrigger(pipeline, home=str(home), poll_interval=0.05)
+            assert asyncio.run(events_within(trigger, 0.6)) == [], pipeline
+            if pipeline == "wordcount-kafka":
+                topic.append_spread(sentences(7, seed=11))
+            else:
+                produce(rt, sentences(7, seed=11))
+            events = asyncio.run(events_within(trigger, 3, at_most=1))
+            assert [(e["pipeline"], e["records"]) for e in events] == [(pipeline, 7)], pipeline
+            run_batches(rt, LocalEngine())
+            assert asyncio.run(events_within(trigger, 0.6)) == [], pipeline
