@@ -847,7 +847,8 @@ def test_an_operator_rewinds_from_the_ui_and_the_next_run_recomputes(live):
     """Undo logs kept under Airflow (TRIDENTFLOW_RETAIN_TXIDS in the stack): the view shows
     the rewindable txids; Rewind, confirmed in the page, takes the last txid back (every
     count as it was before it), leaves an entry in Airflow's audit log and marks the run
-    that committed it rewound; the next run recomputes that txid and the audit is clean."""
+    that committed it rewound; the page offers to re-run that run (rewind + replay), which
+    binds it a fresh txid and recomputes what it read; the audit is clean."""
     from tests.airflow import browser
 
     api, redis_url, home = live
@@ -876,13 +877,25 @@ def test_an_operator_rewinds_from_the_ui_and_the_next_run_recomputes(live):
         shown = frame.locator("#committed-txid")
         browser.wait_until(lambda: shown.inner_text() == str(committed - 1), 60)
         assert "Rewound to txid" in browser.frame_text(page, ".rewound")
+        offer = browser.frame_text(page, "#rerun-offer")
+        assert "Recompute them under the runs that first read them" in offer, offer
+        assert counts(rt, words) == before
+        assert rt.ledger.rewound_txid(run_id) == (committed, committed - 1)
         browser.screenshot(page, "tridentflow-rewound")
-    assert counts(rt, words) == before
-    assert rt.ledger.rewound_txid(run_id) == (committed, committed - 1)
+        # rewind + replay, offered by the view: the run that read the txid, cleared from it
+        frame.locator("#rerun-rewound").click()
+        result = frame.locator("#rerun-result")
+        browser.wait_until(lambda: "Cleared" in result.inner_text(), 30)
+        assert (
+            result.inner_text().strip().startswith(f"Cleared: {run_id} - each binds a fresh txid")
+        )
     logged = api.call("GET", "/eventLogs?event=tridentflow.rewind")["event_logs"]
     assert [e["owner"] for e in logged] == ["admin"], logged
-    again = trigger(api)
-    assert api.wait_run(again) == "success"
-    assert api.xcom(again, "coordinate")["txid"] == committed
+    assert api.wait_run(run_id) == "success"  # the clear queued it again
+    assert api.tries(run_id, "coordinate")[-1]["try_number"] >= 2  # Airflow re-ran it
+    assert (api.xcom(run_id, "coordinate")["txid"], rt.ledger.txid_of_run(run_id)) == (
+        committed, committed,
+    )  # fmt: skip
     assert rt.ledger.committed_txid() == committed
+    assert counts(rt, words) == {w: (before[w] or 0) + word_counts(lines)[w] for w in words}
     assert audit(rt).ok
