@@ -327,14 +327,19 @@ def lineage_parent_conf(conf: dict[str, Any] | None, context: Any) -> dict[str, 
     """``conf`` with the Spark properties that make the emit's Spark application a child of
     this task in OpenLineage (``spark.openlineage.parentRunId``, ``parentJobName``, ...: what
     OpenLineage's Spark listener reads), when Airflow's OpenLineage provider is installed;
-    properties already set are kept. Without the provider: ``conf`` unchanged."""
+    properties already set are kept. Without the provider, or if it cannot tell (lineage
+    never fails an emit): ``conf`` unchanged."""
     try:
         from airflow.providers.openlineage.utils.spark import (
             inject_parent_job_information_into_spark_properties,
         )
+
+        return inject_parent_job_information_into_spark_properties(dict(conf or {}), context)
     except ImportError:
         return dict(conf or {})
-    return inject_parent_job_information_into_spark_properties(dict(conf or {}), context)
+    except Exception as exc:
+        log.warning("tridentflow: no OpenLineage parent for the Spark job: %s", one_line(exc))
+        return dict(conf or {})
 
 
 def spark_connect_url(conn_id: str) -> str | None:

@@ -102,3 +102,13 @@ def test_the_run_facet_names_its_schema_which_ships_with_the_distribution():
         pipeline="p", step="commit", txid=None, attempt=1, replayed=False, guarantee="refused"
     )
     assert facet._schemaURL.split("#")[0].endswith("/TridentflowRunFacet.json")
+
+
+def test_the_spark_jobs_parent_never_fails_an_emit():
+    """Without a task instance to name (the provider cannot tell), the emit's Spark conf is
+    left as it was: lineage never fails an emit."""
+    from tridentflow_airflow.operators import lineage_parent_conf
+
+    conf = {"spark.ui.enabled": "false"}
+    assert lineage_parent_conf(conf, {}) == conf
+    assert lineage_parent_conf(None, {}) == {}

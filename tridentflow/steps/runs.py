@@ -263,6 +263,9 @@ TURN_WAIT_S = 300.0
 """How long an Airflow task of a txid waits in its try for the txid before it (see the module
 doc) before it fails and is retried."""
 TURN_POLL_S = 0.2
+TURN_ASK_S = 2.0
+"""How often a waiting step asks the orchestrator again whether the run it waits for runs
+(Redis is read every TURN_POLL_S)."""
 
 
 def wait_turn(
@@ -277,14 +280,18 @@ def wait_turn(
     ready; False when no live run holds it or ``timeout`` passed (the caller's own check then
     says why, in one line). Reads only."""
     deadline = time.monotonic() + timeout
+    asked: tuple[str, float, str | None] | None = None  # (owner, when, its state)
     while not ready():
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return False
         info = rt.ledger.tx_info(awaited())
         owner = info.get("owner")
         if not owner:
             return False
-        state = run_state(owner) if run_state is not None else None
+        if asked is None or asked[0] != owner or now - asked[1] >= TURN_ASK_S:
+            asked = (owner, now, run_state(owner) if run_state is not None else None)
+        state = asked[2]
         if state is None:
             if int(info.get("lease_until") or 0) <= rt.redis_now_ms():
                 return False
