@@ -155,6 +155,8 @@ REWIND_CHANCE = 0.04
 """Per step: the operator rewinds the pipeline (at most twice a schedule)."""
 PARALLEL_CHANCE = 0.06
 """Per step between runs: several runs at once (a backfill with max_active_runs > 1)."""
+STEP_FAILURES = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)
+"""What a run's step may fail with in a schedule: retried, as Airflow retries a task."""
 PARALLEL_WAITS = 30
 """A parallel run's step found not its turn this often in a row gives up (the run before it
 is gone, or stuck)."""
@@ -488,7 +490,7 @@ class Chaos:
                         sched.operator_resets_reader(f"step{step}")
                         dark_failures, run_no, failures, step_index = 0, run_no + 1, 0, 0
                         run_id = f"run-{run_no}"
-            except (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError):
+            except STEP_FAILURES:
                 failures += 1
                 if rng.random() < 0.3:  # an outage starts while the txid is being retried
                     txid = rt.ledger.committed_txid() + 1
@@ -520,7 +522,6 @@ class Chaos:
         run_ids = [f"run-{run_no + i}" for i in range(rng.randint(2, 3))]
         sched.result.events.append(f"parallel:{'+'.join(run_ids)}")
         live = set(run_ids)
-        failures = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)
         runtimes = {
             r: self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1) for r in run_ids
         }
@@ -533,12 +534,12 @@ class Chaos:
                 try:
                     step()
                     return True
-                except failures:
+                except STEP_FAILURES:
                     continue
             return False
 
         def give_up(run_id: str) -> None:
-            with contextlib.suppress(*failures):
+            with contextlib.suppress(*STEP_FAILURES):
                 release_run(runtimes[run_id], run_id)
             sched.result.events.append(f"gave-up:{run_id}")
             live.discard(run_id)
@@ -597,7 +598,7 @@ class Chaos:
                     return "waited"
                 commit_run(rt, run_id, 60_000, run_state)
             return "ran"
-        except (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError):
+        except STEP_FAILURES:
             return "failed"
 
     def _clear_emit_between(
