@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import ROOT, SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import produce, runtime, sentences, word_counts
+from tridentflow.engines.batchops import StageReport
 from tridentflow.engines.local import LocalEngine
 from tridentflow.engines.spark import SparkEngine
 from tridentflow.engines.tasks import split_ranges
@@ -290,13 +291,20 @@ def test_spark_runs_every_operation_like_the_local_reference(spark, tmp_path):
         assert dict(on_spark.partials[name]) == dict(local.partials[name]), name
 
 
+@pytest.mark.parametrize("graph", ["rdd", "frames"])
 def test_every_batch_operation_matches_the_local_engine_exactly(
-    spark, redis_url, redis_client, home
+    spark, redis_url, redis_client, home, monkeypatch, graph
 ):
-    """Same staged values, in the same order, from Spark and the local reference: exchanges,
+    """Same staged values, in the same order, from Spark - its graph on RDDs (classic Spark's
+    default) and on DataFrames (what Spark Connect runs) - and the local reference: exchanges,
     partition/global/grouped/chained aggregates, merge, join, broadcast and a state query that
-    reads what txid 1 committed."""
-    from tridentflow.engines.base import ExecContext
+    reads what txid 1 committed; the same count reports, and a tuple lost in the first
+    exchange fails the batch's check."""
+    from tridentflow.engines.base import ExecContext, check_stages
+    from tridentflow.engines.spark import GRAPH_ENV
+    from tridentflow.errors import IncompleteBatchError
+
+    monkeypatch.setenv(GRAPH_ENV, graph)
 
     rt = runtime("tests.pipelines:everything", redis_url, home)
     rt.source_heads()
@@ -320,6 +328,34 @@ def test_every_batch_operation_matches_the_local_engine_exactly(
     answers = local_states["answers"][0][1]
     committed = word_counts(sentences(120, seed=3))  # what txid 1 committed, not txid 2
     assert answers and all(before == committed.get(w) for w, before in answers)
+    lossy = ExecContext(2, redis_url, lose_tuple=True)
+    lost = SparkEngine(spark).compute(rt.plan, str(rt.log.root), ranges, lossy)
+    with pytest.raises(IncompleteBatchError, match=r"stage 1:.* of \d+ announced tuples"):
+        check_stages(2, lost.stages)
+
+
+def test_a_target_that_never_reported_fails_the_batch(spark):
+    """On RDDs each target's count report travels in an accumulator: a target whose receive
+    never ran (no job computed it) counts as one that got no report, not as a clean one."""
+    from tridentflow.engines.base import check_stages
+    from tridentflow.engines.batchops import Exchange
+    from tridentflow.engines.rdds import RddBackend
+    from tridentflow.errors import IncompleteBatchError
+    from tridentflow.nodes import Repartition
+
+    backend = RddBackend(spark.sparkContext)
+    data = spark.sparkContext.parallelize([("a", 1), ("b", 2), ("c", 3)], 3)
+    exchange = Exchange("1:partition_by(w)", Repartition.PARTITION_BY, 2, key_idx=(0,))
+    moved = backend.exchange(data, exchange)
+    assert backend.reports() == [
+        StageReport("1:partition_by(w)", target, 3, 0, 0, 0) for target in (0, 1)
+    ]
+    with pytest.raises(IncompleteBatchError, match=r"0 of 3 sender reports"):
+        check_stages(1, backend.reports())
+    assert sorted(moved.collect()) == [("a", 1), ("b", 2), ("c", 3)]  # once computed: clean
+    reports = backend.reports()
+    assert [(r.partition, r.reports, r.ok) for r in reports] == [(0, 3, True), (1, 3, True)]
+    assert sum(r.received for r in reports) == 3
 
 
 def test_spark_connect_runs_every_pipeline_like_the_local_engine(connect_url, tf, cli_env):

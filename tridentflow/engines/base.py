@@ -9,7 +9,8 @@ deterministic: a replay of the same ranges stages the same values.
 * ``tridentflow.engines.graph`` + ``batchops``: the batch-operation graph over a three-method
   backend (map partitions, exchange, union), written once.
 * ``tridentflow.engines.local``: the plain-Python reference engine.
-* ``tridentflow.engines.spark`` + ``frames``: the same on Spark DataFrames (classic or Connect).
+* ``tridentflow.engines.spark``: the same on Spark; its graph on RDDs on classic Spark
+  (``rdds``), on DataFrames over Spark Connect (``frames``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,24 @@
-"""The Spark engine: the record stage and the batch-operation graph on DataFrames, so the same
-code runs on classic Spark (a master, spark-submit) and over Spark Connect (which has no RDDs).
+"""The Spark engine: the record stage and the batch-operation graph, on classic Spark (a
+master, spark-submit) and over Spark Connect (which has no RDDs).
 
 Every source range is split into read tasks (``tasks.split_ranges``); each task reads its
-range through the file log's index and runs ``read_task`` in a ``mapInArrow``: per-record
-plan, quarantine of bad records, the Combiner's partial aggregation within the task, and the
-tuples that batch operations consume. Only those task outputs are cached; the driver collects
-the record counts (Trident's completeness check) and the bad records.
+range through the source's log and runs ``read_task``: per-record plan, quarantine of bad
+records, the Combiner's partial aggregation within the task, and the tuples that batch
+operations consume. Only those task outputs are cached; the driver collects the record counts
+(Trident's completeness check) and the bad records.
 
 A plan whose states are all fed straight by the source (no batch operations: the word count,
 most counters) takes the direct path: one job whose read tasks return their partials, which
 the driver combines per key in task order - what the exchange would stage, without its
 shuffle and its further jobs. Over Connect its tasks run in a ``mapInArrow``; on classic Spark
-they are a plain ``parallelize(tasks).map`` (the one RDD left: a fresh spark-submit JVM would
-otherwise pay Spark SQL's first-query warm-up, several seconds, for nothing).
+they are a plain ``parallelize(tasks).map`` (a fresh spark-submit JVM would otherwise pay
+Spark SQL's first-query warm-up, several seconds, for nothing).
 
-Otherwise the graph (``graph``) runs with ``frames.FrameBackend``: every operation's
-Python function runs over Arrow batches of pickled tuple chunks, every exchange is
-a Spark shuffle with Trident's count reports and a deterministic order.
+Otherwise the graph (``graph``) runs: on classic Spark on RDDs (``rdds``: no Spark SQL
+planning, no Arrow runner to warm up in a fresh JVM; ``TRIDENTFLOW_SPARK_GRAPH=frames`` picks
+the DataFrames instead), over Connect on DataFrames (``frames.FrameBackend``: every
+operation's Python function over Arrow batches of pickled tuple chunks). Either way every
+exchange is a Spark shuffle with Trident's count reports and a deterministic order.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.engines.base import ComputeResult, ExecContext, Ranges, staged_json
+from tridentflow.engines import rdds
+from tridentflow.engines.base import ComputeResult, ExecContext, Ranges
 from tridentflow.engines.batchops import StageByKey
+from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.frames import (
     Frame,
     FrameBackend,
@@ -59,9 +63,8 @@ from tridentflow.engines.tasks import (
 )
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.plan import Plan
-from tridentflow.redisconn import connect
 from tridentflow.settings import env_int, env_seconds
-from tridentflow_state.staged import BlockRef, BlockSpace, BlockWriter, WrittenBlocks
+from tridentflow_state.staged import BlockRef, BlockSpace, WrittenBlocks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -140,6 +143,8 @@ class SparkEngine:
             direct = self._compute_direct(plan, log_root, ranges, tasks, limit)
             if direct is not None:
                 return direct
+        if not self.remote and graph_api() == "rdd":
+            return rdds.compute_graph(self.spark.sparkContext, plan, log_root, ranges, ctx, tasks)
         backend = FrameBackend(ctx.lose_tuple)
         with planned_as_written(self.spark, len(tasks)):
             return self._compute_graph(plan, log_root, ranges, ctx, tasks, backend)
@@ -258,6 +263,19 @@ class SparkEngine:
         return [pickle.loads(row["result"]) for row in sorted(outputs, key=lambda r: r["task"])]
 
 
+GRAPH_ENV = "TRIDENTFLOW_SPARK_GRAPH"
+"""How classic Spark runs a batch's graph: ``rdd`` (the default; ``tridentflow.engines.rdds``)
+or ``frames`` (DataFrames, as over Spark Connect, which has no RDDs)."""
+
+
+def graph_api() -> str:
+    """``rdd`` or ``frames`` (GRAPH_ENV); anything else is refused in one line."""
+    chosen = os.environ.get(GRAPH_ENV, "").strip().lower() or "rdd"
+    if chosen not in ("rdd", "frames"):
+        raise TridentflowError(f"{GRAPH_ENV}={chosen!r}: expected 'rdd' or 'frames'")
+    return chosen
+
+
 DIRECT_PAIRS = 2_000_000
 """At most this many (key, partial) pairs in all go from the read tasks straight to the driver
 (about 100 bytes each there); a batch whose tasks make more takes the exchange path, and its
@@ -321,9 +339,6 @@ DRIVER_STAGING_ENV = "TRIDENTFLOW_DRIVER_STAGING_RECORDS"
 """Staging in Redis: the most records a batch may have for the driver to stage it (direct path);
 bigger ones are staged by the executors (default EXECUTOR_STAGING_KEYS; 0: always them)."""
 
-_EXECUTOR_CLIENTS: dict[str, Any] = {}
-"""One Redis client per URL in each Python worker (Spark reuses workers between tasks)."""
-
 
 def _stage_on_executors(datasets: dict[str, Frame], ctx: ExecContext) -> dict[str, Any]:
     """Every state's (key, staged value) chunks written as blocks next to their state shards
@@ -351,34 +366,20 @@ def _write_blocks(
     redis_url: str, space: BlockSpace, names: list[str], batches: Iterator[Any]
 ) -> Iterator[Any]:
     """mapInArrow body on an executor: the task's chunks of (key, staged value) pairs of each
-    state as blocks (``tridentflow_state.staged.BlockWriter``); yields each state's refs,
-    pickled. Block names carry the state, the Spark partition and the task attempt: a retried
-    or speculative task never overwrites another attempt's blocks, and only the refs of the
-    attempt Spark kept reach the manifest."""
+    state as blocks (``write_state_blocks``); yields each state's refs, pickled."""
     import pyarrow as pa
-    from pyspark import TaskContext
 
-    task = TaskContext.get()
-    where = f"{task.partitionId()}.{task.attemptNumber()}" if task else "0.0"
-    client = _EXECUTOR_CLIENTS.get(redis_url)
-    if client is None:
-        client = _EXECUTOR_CLIENTS[redis_url] = connect(redis_url)
-    writers: dict[int, BlockWriter] = {}
-    for batch in batches:
-        states, chunks = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-        for index, data in zip(states, chunks, strict=True):
-            writer = writers.get(index)
-            if writer is None:
-                prefix = f"{names[index]}.{where}"
-                writer = writers[index] = BlockWriter(client, space, prefix)
-            what = f"state {names[index]}"
-            for key, value in pickle.loads(data):
-                writer.add(key, staged_json(value, what))
-    for index, writer in writers.items():
-        refs = [ref.to_json() for ref in writer.close()]
-        yield pa.RecordBatch.from_pydict(
-            {"state": pa.array([index], pa.int32()), "refs": [pickle.dumps(refs)]}
-        )
+    def pairs() -> Iterator[tuple[int, tuple[str, Any]]]:
+        for batch in batches:
+            states, chunks = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            for index, data in zip(states, chunks, strict=True):
+                for pair in pickle.loads(data):
+                    yield index, pair
+
+    for index, refs in write_state_blocks(redis_url, space, names, pairs()):
+        payload = pickle.dumps([ref.to_json() for ref in refs])
+        state = pa.array([index], pa.int32())
+        yield pa.RecordBatch.from_pydict({"state": state, "refs": [payload]})
 
 
 TASK_SCHEMA = "kind int, idx int, part int, seq int, n int, data binary"
