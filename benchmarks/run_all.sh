@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Every benchmark docs/benchmarks.md quotes, with the command that produced its figures, one
+# after the other (nothing else may run meanwhile: the figures are wall times on a shared VM).
+#
+#   bash benchmarks/run_all.sh [OUT_DIR] [NAME ...]
+#
+# Each command's output goes to OUT_DIR/NAME.txt (default /tmp/tf-benchmarks-TREE), with the
+# tree, the start time and the wall time in a header; a failed one is marked and the rest run.
+# With NAMEs, only those. Needs what the suite needs (scripts/bootstrap.sh, a PostgreSQL at
+# 127.0.0.1:5432 for postgres_sink); about 90 minutes on 2 cores.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/env.sh
+source "$ROOT/scripts/env.sh"
+cd "$ROOT"
+TREE="$(git rev-parse --short HEAD)"
+OUT="${1:-/tmp/tf-benchmarks-$TREE}"
+shift || true
+mkdir -p "$OUT"
+
+declare -a ORDER=(
+  user_scores user_scores_frames batch_operations batch_operations_frames per_exchange
+  per_exchange_frames vs_spark staging_scale commit_throughput produce commit_scaleout
+  undo_retention postgres_sink kafka_source wordcount_vs_pyspark pipelining
+  batch_operations_connect per_exchange_connect airflow_connect on_data
+)
+declare -A COMMAND=(
+  [user_scores]="python -m benchmarks.user_scores_vs_df --repeat 2"
+  [user_scores_frames]="env TRIDENTFLOW_SPARK_GRAPH=frames python -m benchmarks.user_scores_vs_df --repeat 2"
+  [batch_operations]="python -m benchmarks.batch_operations"
+  [batch_operations_frames]="env TRIDENTFLOW_SPARK_GRAPH=frames python -m benchmarks.batch_operations"
+  [per_exchange]="python -m benchmarks.batch_operations --per-exchange --repeat 3"
+  [per_exchange_frames]="env TRIDENTFLOW_SPARK_GRAPH=frames python -m benchmarks.batch_operations --per-exchange --repeat 3"
+  [vs_spark]="python benchmarks/vs_spark.py --only bare-df,tf-one,ss-foreach,tf-txids --repeat 2"
+  [staging_scale]="python -m benchmarks.staging_scale --keys 1000000,2000000"
+  [commit_throughput]="python benchmarks/commit_throughput.py"
+  [produce]="python benchmarks/produce.py"
+  [commit_scaleout]="python -m benchmarks.commit_scaleout"
+  [undo_retention]="python -m benchmarks.undo_retention --keys 200000 --repeat 5"
+  [postgres_sink]="python -m benchmarks.postgres_sink --keys 1000000 --export"
+  [kafka_source]="python -m benchmarks.kafka_source --records 2000000"
+  [wordcount_vs_pyspark]="python benchmarks/wordcount_vs_pyspark.py"
+  [pipelining]="python benchmarks/pipelining.py"
+  [batch_operations_connect]="python -m benchmarks.batch_operations --connect --repeat 3"
+  [per_exchange_connect]="python -m benchmarks.batch_operations --per-exchange --connect --repeat 3"
+  [airflow_connect]="python -m benchmarks.airflow_connect --runs 4 --idle-runs 0 --continuous-sentences 0"
+  [on_data]="python -m benchmarks.on_data --trickle 10 --backlog 1000000 --idle 60"
+)
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=("${ORDER[@]}")
+for name in "${names[@]}"; do
+  command="${COMMAND[$name]:-}"
+  if [ -z "$command" ]; then
+    echo "run_all.sh: no benchmark named $name (known: ${ORDER[*]})" >&2
+    exit 2
+  fi
+  started=$(date +%s)
+  {
+    echo "# $command"
+    echo "# tree $TREE, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores"
+  } > "$OUT/$name.txt"
+  # shellcheck disable=SC2086
+  $command >> "$OUT/$name.txt" 2>&1
+  status=$?
+  echo "# exit $status after $(( $(date +%s) - started )) s" >> "$OUT/$name.txt"
+  echo "$name: exit $status, $(( $(date +%s) - started )) s -> $OUT/$name.txt"
+done
