@@ -2,20 +2,19 @@
 # Every benchmark docs/benchmarks.md quotes, with the command that produced its figures, one
 # after the other (nothing else may run meanwhile: the figures are wall times on a shared VM).
 #
-#   bash benchmarks/run_all.sh [OUT_DIR] [NAME ...]
+#   bash benchmarks/run_all.sh [NAME ...]
 #
-# Each command's output goes to OUT_DIR/NAME.txt (default /tmp/tf-benchmarks-TREE), with the
-# tree, the start time and the wall time in a header; a failed one is marked and the rest run.
-# With NAMEs, only those. Needs what the suite needs (scripts/bootstrap.sh, a PostgreSQL at
-# 127.0.0.1:5432 for postgres_sink); about 90 minutes on 2 cores.
+# Each command's output goes to $TF_BENCH_OUT/NAME.txt (default /tmp/tf-benchmarks-TREE), with
+# the tree, the start time and the wall time in a header; a failed one is marked and the rest
+# run. With NAMEs, only those (an unknown name is refused before anything runs). Needs what the suite needs (scripts/bootstrap.sh, a PostgreSQL at
+# 127.0.0.1:5432 for postgres_sink); about two hours on 2 cores.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/env.sh
 source "$ROOT/scripts/env.sh"
 cd "$ROOT"
 TREE="$(git rev-parse --short HEAD)"
-OUT="${1:-/tmp/tf-benchmarks-$TREE}"
-shift || true
+OUT="${TF_BENCH_OUT:-/tmp/tf-benchmarks-$TREE}"
 mkdir -p "$OUT"
 
 declare -a ORDER=(
@@ -49,11 +48,13 @@ declare -A COMMAND=(
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${ORDER[@]}")
 for name in "${names[@]}"; do
-  command="${COMMAND[$name]:-}"
-  if [ -z "$command" ]; then
+  if [ -z "${COMMAND[$name]:-}" ]; then
     echo "run_all.sh: no benchmark named $name (known: ${ORDER[*]})" >&2
     exit 2
   fi
+done
+for name in "${names[@]}"; do
+  command="${COMMAND[$name]}"
   started=$(date +%s)
   {
     echo "# $command"
