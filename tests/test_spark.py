@@ -291,20 +291,16 @@ def test_spark_runs_every_operation_like_the_local_reference(spark, tmp_path):
         assert dict(on_spark.partials[name]) == dict(local.partials[name]), name
 
 
-@pytest.mark.parametrize("graph", ["rdd", "frames"])
 def test_every_batch_operation_matches_the_local_engine_exactly(
-    spark, redis_url, redis_client, home, monkeypatch, graph
+    spark, redis_url, redis_client, home
 ):
-    """Same staged values, in the same order, from Spark - its graph on RDDs (classic Spark's
-    default) and on DataFrames (what Spark Connect runs) - and the local reference: exchanges,
-    partition/global/grouped/chained aggregates, merge, join, broadcast and a state query that
-    reads what txid 1 committed; the same count reports, and (RDDs) a tuple lost in the first
-    exchange fails the batch's check."""
+    """Same staged values, in the same order, from Spark's graph on RDDs (classic Spark's) and
+    the local reference: exchanges, partition/global/grouped/chained aggregates, merge, join,
+    broadcast and a state query that reads what txid 1 committed; the same count reports, and
+    a tuple lost in the first exchange fails the batch's check. (The DataFrame graph: the same
+    pipeline over Spark Connect below, and the one-pass test.)"""
     from tridentflow.engines.base import ExecContext, check_stages
-    from tridentflow.engines.spark import GRAPH_ENV
     from tridentflow.errors import IncompleteBatchError
-
-    monkeypatch.setenv(GRAPH_ENV, graph)
 
     rt = runtime("tests.pipelines:everything", redis_url, home)
     rt.source_heads()
@@ -328,11 +324,10 @@ def test_every_batch_operation_matches_the_local_engine_exactly(
     answers = local_states["answers"][0][1]
     committed = word_counts(sentences(120, seed=3))  # what txid 1 committed, not txid 2
     assert answers and all(before == committed.get(w) for w, before in answers)
-    if graph == "rdd":  # the DataFrame graph's lost tuple: the one-pass test below
-        lossy = ExecContext(2, redis_url, lose_tuple=True)
-        lost = SparkEngine(spark).compute(rt.plan, str(rt.log.root), ranges, lossy)
-        with pytest.raises(IncompleteBatchError, match=r"stage 1:.* of \d+ announced tuples"):
-            check_stages(2, lost.stages)
+    lossy = ExecContext(2, redis_url, lose_tuple=True)
+    lost = SparkEngine(spark).compute(rt.plan, str(rt.log.root), ranges, lossy)
+    with pytest.raises(IncompleteBatchError, match=r"stage 1:.* of \d+ announced tuples"):
+        check_stages(2, lost.stages)
 
 
 def test_a_target_that_never_reported_fails_the_batch(spark):
