@@ -292,15 +292,19 @@ def test_spark_runs_every_operation_like_the_local_reference(spark, tmp_path):
 
 
 def test_every_batch_operation_matches_the_local_engine_exactly(
-    spark, redis_url, redis_client, home
+    spark, redis_url, redis_client, home, monkeypatch
 ):
     """Same staged values, in the same order, from Spark's graph on RDDs (classic Spark's) and
     the local reference: exchanges, partition/global/grouped/chained aggregates, merge, join,
     broadcast and a state query that reads what txid 1 committed; the same count reports, and
-    a tuple lost in the first exchange fails the batch's check. (The DataFrame graph: the same
+    a tuple lost in the first exchange fails the batch's check. Its states are read back as big
+    ones are (each on its own, streamed past COLLECT_KEYS). (The DataFrame graph: the same
     pipeline over Spark Connect below, and the one-pass test.)"""
+    from tridentflow.engines import rdds
     from tridentflow.engines.base import ExecContext, check_stages
     from tridentflow.errors import IncompleteBatchError
+
+    monkeypatch.setattr(rdds, "COLLECT_KEYS", 20)  # most states here are bigger
 
     rt = runtime("tests.pipelines:everything", redis_url, home)
     rt.source_heads()

@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 Ranges = Mapping[int, tuple[int, int]]
 """partition -> [start, end) offsets to read."""
 
+COLLECT_KEYS = 200_000
+"""A Spark batch whose states hold at most this many keys in all is collected in one job; past
+that, each state is read on its own, and one bigger than this is streamed partition by
+partition (toLocalIterator), so the driver never holds the collected rows and the keys at
+once."""
+
 
 @dataclass(frozen=True)
 class ExecContext:

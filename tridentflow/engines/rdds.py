@@ -12,13 +12,14 @@ A dataset is an RDD whose Spark partition ``i`` is logical partition ``i`` (the 
 ``PartitionFn`` gets). No operation keeps a partitioner, so a union is always the parts'
 partitions one after the other. An exchange routes every sender's tuples with
 ``batchops.Exchange.send``, shuffles them by target (``partitionBy``, one target per Spark
-partition) and runs ``batchops.receive`` per target: its tuples in (sender, send order) and
-its count report, kept in front of the tuples of the cached exchange.
+partition) and runs ``batchops.receive`` per target: its tuples in (sender, send order), and
+its count report added to an accumulator (``ReportsParam``) - nothing of an exchange is cached.
 
-The whole batch then runs in two jobs: the first materialises every state, the read tasks'
-record counts and bad records and every exchange's reports, tagged, cached, and counts them
-per tag; the second collects them (a state too big for one collect is streamed partition by
-partition). Staging in Redis, the executors write the states' blocks in the first job instead.
+The whole batch then runs in two jobs: the first materialises every state and the read tasks'
+record counts and bad records, tagged and cached (with the read tasks' outputs, the only other
+cache), and counts them per tag; the second collects them (past COLLECT_KEYS, each state on its
+own, a big one streamed partition by partition). Staging in Redis, one job: the executors write
+the states' blocks and return their refs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import functools
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.engines.base import ComputeResult, ExecContext, Ranges
+from tridentflow.engines.base import COLLECT_KEYS, ComputeResult, ExecContext, Ranges
 from tridentflow.engines.batchops import Exchange, StageReport, receive
 from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.graph import GraphBuilder, PartitionFn
@@ -37,10 +38,6 @@ from tridentflow_state.staged import BlockRef, BlockSpace, WrittenBlocks
 
 if TYPE_CHECKING:
     from pyspark import RDD, Accumulator, SparkContext
-
-COLLECT_KEYS = 200_000
-"""States with at most this many keys in all are collected in one job; past that, a state
-bigger than this is streamed partition by partition (toLocalIterator)."""
 
 SUMMARY = -1
 """The tag of a read task's (partition, count, bad records) in the tagged result; a state's

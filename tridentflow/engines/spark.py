@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tridentflow.engines import rdds
-from tridentflow.engines.base import ComputeResult, ExecContext, Ranges
+from tridentflow.engines.base import COLLECT_KEYS, ComputeResult, ExecContext, Ranges
 from tridentflow.engines.batchops import StageByKey
 from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.frames import (
@@ -321,12 +321,6 @@ def lost_server(exc: BaseException) -> bool:
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect client session."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-COLLECT_KEYS = 200_000
-"""States with at most this many keys in all are collected in one job; past that, each state
-is read on its own, and one bigger than this is streamed partition by partition
-(toLocalIterator), so the driver never holds it whole."""
 
 
 EXECUTOR_STAGING_KEYS = 200_000
