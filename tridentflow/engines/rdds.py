@@ -34,7 +34,7 @@ from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.graph import GraphBuilder, PartitionFn
 from tridentflow.engines.tasks import ReadTask, TaskOutput, build_states, merge_counts, read_task
 from tridentflow.plan import Plan
-from tridentflow_state.staged import BlockRef, BlockSpace, WrittenBlocks
+from tridentflow_state.staged import BlockRef, WrittenBlocks
 
 if TYPE_CHECKING:
     from pyspark import RDD, Accumulator, SparkContext
@@ -95,12 +95,6 @@ class ReportsParam:
     def addInPlace(self, into: dict, more: dict) -> dict:
         into.update(more)
         return into
-
-
-def _write_blocks(
-    redis_url: str, space: BlockSpace, names: list[str], items: Iterator[Any]
-) -> Iterator[tuple[int, list[BlockRef]]]:
-    return write_state_blocks(redis_url, space, names, items)
 
 
 def _tag(index: int, item: Any) -> tuple[int, Any]:
@@ -174,7 +168,12 @@ class RddBackend:
 
 
 def compute_graph(
-    sc: SparkContext, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext, tasks: list
+    sc: SparkContext,
+    plan: Plan,
+    log_root: str,
+    ranges: Ranges,
+    ctx: ExecContext,
+    tasks: list[ReadTask],
 ) -> ComputeResult:
     """The batch on RDDs: one Spark partition per read task, the graph, and every state's
     (key, staged value) pairs (or, staging in Redis, the blocks its executors wrote)."""
@@ -192,7 +191,7 @@ def compute_graph(
         names = list(datasets)
         states = [data.map(functools.partial(_tag, i)) for i, data in enumerate(datasets.values())]
         if ctx.blocks is not None:  # one job: the executors write every state's blocks
-            body = functools.partial(_write_blocks, ctx.redis_url, ctx.blocks, names)
+            body = functools.partial(write_state_blocks, ctx.redis_url, ctx.blocks, names)
             written = sc.union(states).mapPartitions(body)
             results = sc.union([outputs.map(_summary), written]).collect()
             summaries = [item for tag, item in results if tag == SUMMARY]
