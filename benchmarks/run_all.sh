@@ -7,7 +7,7 @@
 # Each command's output goes to $TF_BENCH_OUT/NAME.txt (default /tmp/tf-benchmarks-TREE), with
 # the tree, the start time and the wall time in a header; a failed one is marked and the rest
 # run. With NAMEs, only those (an unknown name is refused before anything runs). Needs what the suite needs (scripts/bootstrap.sh, a PostgreSQL at
-# 127.0.0.1:5432 for postgres_sink); about two hours on 2 cores.
+# 127.0.0.1:5432 for postgres_sink); about three hours on 2 cores.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/env.sh
@@ -19,9 +19,10 @@ mkdir -p "$OUT"
 
 declare -a ORDER=(
   user_scores user_scores_frames batch_operations batch_operations_frames per_exchange
-  per_exchange_frames vs_spark staging_scale commit_throughput produce commit_scaleout
-  undo_retention postgres_sink kafka_source wordcount_vs_pyspark pipelining
-  batch_operations_connect per_exchange_connect airflow_connect on_data
+  per_exchange_frames vs_spark staging_scale staging_scale_large staging_scale_cluster
+  commit_throughput produce commit_scaleout commit_scaleout_shards undo_retention postgres_sink
+  kafka_source wordcount_vs_pyspark pipelining batch_operations_connect per_exchange_connect
+  airflow_connect airflow_connect_redis on_data
 )
 declare -A COMMAND=(
   [user_scores]="python -m benchmarks.user_scores_vs_df --repeat 2"
@@ -32,9 +33,12 @@ declare -A COMMAND=(
   [per_exchange_frames]="env TRIDENTFLOW_SPARK_GRAPH=frames python -m benchmarks.batch_operations --per-exchange --repeat 3"
   [vs_spark]="python benchmarks/vs_spark.py --only bare-df,tf-one,ss-foreach,tf-txids --repeat 2"
   [staging_scale]="python -m benchmarks.staging_scale --keys 1000000,2000000"
+  [staging_scale_large]="python -m benchmarks.staging_scale --keys 4000000,8000000"
+  [staging_scale_cluster]="python -m benchmarks.staging_scale --cluster --only tf-redis,bare-foreach --keys 1000000,2000000,4000000,8000000"
   [commit_throughput]="python benchmarks/commit_throughput.py"
   [produce]="python benchmarks/produce.py"
   [commit_scaleout]="python -m benchmarks.commit_scaleout"
+  [commit_scaleout_shards]="python -m benchmarks.commit_scaleout --keys 1000000 --shards 1,2,3 --ops count --staging files,redis --repeat 1"
   [undo_retention]="python -m benchmarks.undo_retention --keys 200000 --repeat 5"
   [postgres_sink]="python -m benchmarks.postgres_sink --keys 1000000 --export"
   [kafka_source]="python -m benchmarks.kafka_source --records 2000000"
@@ -43,6 +47,7 @@ declare -A COMMAND=(
   [batch_operations_connect]="python -m benchmarks.batch_operations --connect --repeat 3"
   [per_exchange_connect]="python -m benchmarks.batch_operations --per-exchange --connect --repeat 3"
   [airflow_connect]="python -m benchmarks.airflow_connect --runs 4 --idle-runs 0 --continuous-sentences 0"
+  [airflow_connect_redis]="env TRIDENTFLOW_STAGING=redis python -m benchmarks.airflow_connect --runs 4 --idle-runs 0 --continuous-sentences 0"
   [on_data]="python -m benchmarks.on_data --trickle 10 --backlog 1000000 --idle 60"
 )
 names=("$@")
