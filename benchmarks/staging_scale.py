@@ -79,7 +79,7 @@ def job_bare(glob: str, redis_url: str, master: str = "local[*]") -> None:
     def write(rows) -> None:
         import redis
 
-        client = redis.Redis.from_url(redis_url)
+        client = redis.Redis.from_url(redis_url, socket_timeout=None)
         pipe = client.pipeline(transaction=False)
         for n, row in enumerate(rows, 1):
             pipe.hset(BARE_KEY, row["word"], row["count"])
@@ -169,7 +169,8 @@ def main() -> None:
     port = devredis.free_port()
     server = devredis.start(port, work / "redis", appendonly=False)
     redis_url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(redis_url)
+    # FLUSHALL of a 8M-key server takes longer than redis-py's default 5 s read timeout
+    client = redis.Redis.from_url(redis_url, socket_timeout=None)
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     rows = []
     cluster = None

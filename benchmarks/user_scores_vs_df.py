@@ -66,7 +66,7 @@ def job_df(glob: str, redis_url: str) -> None:
     )
     totals = rows.groupBy("user").agg(F.count("*").alias("n"), F.sum("score").alias("sum"))
     collected = totals.collect()
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url, socket_timeout=None)
     client.hset(DF_COUNTS, "1", json.dumps({r["user"]: r["n"] for r in collected}))
     pipe = client.pipeline(transaction=False)
     for i, row in enumerate(collected, 1):
@@ -106,7 +106,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-user-scores-"))
     try:
         with devredis.url_or_private(work / "redis") as redis_url:
-            client = redis.Redis.from_url(redis_url)
+            client = redis.Redis.from_url(redis_url, socket_timeout=None)
             home = work / "home"
             root = generate(home, args.records, args.users)
             glob = str(root / "p-*" / "seg-*.jsonl")

@@ -120,7 +120,7 @@ def job_ss_foreach(glob: str, redis_url: str, checkpoint: str) -> None:
     Redis hash with pipelined HINCRBY (a replayed micro-batch would add twice)."""
     import redis
 
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url, socket_timeout=None)
 
     def sink(batch, _epoch: int) -> None:
         rows = _words(batch).groupBy("word").count().collect()
@@ -263,7 +263,9 @@ def _run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
         for r in range(args.repeat):
             for name in only:
                 if name in TF_JOBS or name == "ss-foreach":  # never a previous run's state:
-                    redis.Redis.from_url(_db(base, name, r)).flushdb()  # it would read nothing
+                    redis.Redis.from_url(
+                        _db(base, name, r), socket_timeout=None
+                    ).flushdb()  # it would read nothing
                 times[name].append(timed_run(jobs[name](r), env))
                 print(f"  rep {r + 1} {name}: {times[name][-1]:.1f}s", flush=True)
     finally:
@@ -317,7 +319,7 @@ def _check(
         if name in jobs:
             results[name] = json.loads((work / output).read_text())
     if "ss-foreach" in jobs:
-        raw = redis.Redis.from_url(_db(base, "ss-foreach", 0)).hgetall(SS_KEY)
+        raw = redis.Redis.from_url(_db(base, "ss-foreach", 0), socket_timeout=None).hgetall(SS_KEY)
         results["ss-foreach"] = {k.decode(): int(v) for k, v in raw.items()}
     for name in TF_JOBS:
         if name in jobs:

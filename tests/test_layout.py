@@ -280,3 +280,52 @@ def test_the_architecture_page_lists_every_module():
         for path in (ROOT / "tridentflow").rglob("__init__.py")
     }
     assert packages <= set(LAYERS), packages - set(LAYERS)
+
+
+REDIS_CLIENTS = {"Redis", "RedisCluster", "StrictRedis"}
+
+
+def redis_clients_with_the_default_timeout(source: str) -> list[int]:
+    """The lines of ``source`` that make a redis-py client (``Redis(...)``,
+    ``Redis.from_url(...)``, the cluster's) without saying ``socket_timeout`` (nor passing
+    ``**options`` that may)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "from_url":
+            func = func.value
+        name = getattr(func, "attr", None) or getattr(func, "id", None)
+        if name not in REDIS_CLIENTS:
+            continue
+        said = {kw.arg for kw in node.keywords}
+        if "socket_timeout" not in said and None not in said:
+            found.append(node.lineno)
+    return found
+
+
+def test_every_redis_client_says_how_long_it_waits_for_a_reply():
+    """redis-py 8 gives up on a reply after 5 s by default, and a FLUSHALL, a SHUTDOWN that
+    saves, a commit script or a SCAN over millions of keys can take longer: the 8M-key staging
+    benchmark died on its own FLUSHALL (2026-11-26). Every client the project makes - shipped
+    code, dev tools and benchmarks - states its read timeout (or goes through
+    ``redisconn.CLIENT_OPTIONS``)."""
+    offenders = {
+        str(path.relative_to(ROOT)): lines
+        for folder in [*SHIPPED, "benchmarks", "dags"]
+        for path in (ROOT / folder).rglob("*.py")
+        if (lines := redis_clients_with_the_default_timeout(path.read_text()))
+    }
+    assert not offenders, offenders
+
+
+def test_the_timeout_check_finds_a_client_with_the_default():
+    planted = (
+        "import redis\n"
+        "a = redis.Redis.from_url(url)\n"
+        "b = redis.Redis(port=1, socket_connect_timeout=0.5)\n"
+        "c = RedisCluster.from_url(url, socket_timeout=None)\n"
+        "d = redis.Redis.from_url(url, **OPTIONS)\n"
+    )
+    assert redis_clients_with_the_default_timeout(planted) == [2, 3]

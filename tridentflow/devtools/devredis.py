@@ -58,7 +58,7 @@ def free_port() -> int:
 
 def ping(port: int, timeout: float = 0.5) -> bool:
     try:
-        return bool(redis.Redis(port=port, socket_connect_timeout=timeout).ping())
+        return bool(redis.Redis(port=port, socket_connect_timeout=timeout, socket_timeout=5).ping())
     except redis.RedisError:
         return False
 
@@ -103,7 +103,7 @@ class PortTaken(TridentflowError):
 def server_pid(port: int) -> int | None:
     """The process id of the redis-server answering on ``port`` (None if none answers)."""
     try:
-        info = redis.Redis(port=port, socket_connect_timeout=0.5).info("server")
+        info = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=5).info("server")
     except redis.RedisError:
         return None
     return int(info["process_id"])
@@ -139,7 +139,9 @@ def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Pop
 def data_dir(port: int) -> str | None:
     """The data directory of the redis-server on ``port`` (None if it will not say)."""
     try:
-        found = redis.Redis(port=port, socket_connect_timeout=0.5).config_get("dir")
+        found = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=5).config_get(
+            "dir"
+        )
     except redis.RedisError:
         return None
     value = found.get("dir") or found.get(b"dir")
@@ -186,7 +188,10 @@ def shutdown(port: int, directory: Path | None = None) -> bool:
     if directory is not None and ping(port):
         check_ours(port, directory)
     try:
-        redis.Redis(port=port, socket_connect_timeout=0.5).shutdown(nosave=False)
+        # no read timeout: SHUTDOWN saves first, for as long as the data takes
+        redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=None).shutdown(
+            nosave=False
+        )
     except redis.ConnectionError:
         return True  # SHUTDOWN closes the connection
     except redis.RedisError:
@@ -222,7 +227,7 @@ def emptied_databases(directory: Path, *dbs: int) -> Iterator[list[str]]:
         root = base_url.rsplit("/", 1)[0]
         urls = [f"{root}/{db}" for db in dbs]
         for url in urls:
-            client = redis.Redis.from_url(url)
+            client = redis.Redis.from_url(url, socket_timeout=None)  # FLUSHDB grows with the data
             client.flushdb()
             client.close()
         yield urls
