@@ -19,10 +19,10 @@ mkdir -p "$OUT"
 
 declare -a ORDER=(
   user_scores user_scores_frames batch_operations batch_operations_frames per_exchange
-  per_exchange_frames vs_spark staging_scale staging_scale_large staging_scale_cluster
+  per_exchange_frames vs_spark vs_spark_all staging_scale staging_scale_large staging_scale_cluster
   commit_throughput produce commit_scaleout commit_scaleout_shards undo_retention postgres_sink
   kafka_source wordcount_vs_pyspark pipelining batch_operations_connect per_exchange_connect
-  airflow_connect airflow_connect_redis on_data
+  airflow_connect airflow_connect_redis airflow_both_connect airflow_both_submit on_data
 )
 declare -A COMMAND=(
   [user_scores]="python -m benchmarks.user_scores_vs_df --repeat 2"
@@ -32,6 +32,7 @@ declare -A COMMAND=(
   [per_exchange]="python -m benchmarks.batch_operations --per-exchange --repeat 3"
   [per_exchange_frames]="env TRIDENTFLOW_SPARK_GRAPH=frames python -m benchmarks.batch_operations --per-exchange --repeat 3"
   [vs_spark]="python benchmarks/vs_spark.py --only bare-df,tf-one,ss-foreach,tf-txids --repeat 2"
+  [vs_spark_all]="python benchmarks/vs_spark.py --repeat 2"
   [staging_scale]="python -m benchmarks.staging_scale --keys 1000000,2000000"
   [staging_scale_large]="python -m benchmarks.staging_scale --keys 4000000,8000000"
   [staging_scale_cluster]="python -m benchmarks.staging_scale --cluster --only tf-redis,bare-foreach --keys 1000000,2000000,4000000,8000000"
@@ -48,6 +49,8 @@ declare -A COMMAND=(
   [per_exchange_connect]="python -m benchmarks.batch_operations --per-exchange --connect --repeat 3"
   [airflow_connect]="python -m benchmarks.airflow_connect --runs 4 --idle-runs 0 --continuous-sentences 0"
   [airflow_connect_redis]="env TRIDENTFLOW_STAGING=redis python -m benchmarks.airflow_connect --runs 4 --idle-runs 0 --continuous-sentences 0"
+  [airflow_both_connect]="python -m benchmarks.airflow_connect --emitter connect --runs 5 --idle-runs 2 --idle-cpu 60"
+  [airflow_both_submit]="python -m benchmarks.airflow_connect --emitter submit --runs 4 --idle-runs 1 --continuous-sentences 0"
   [on_data]="python -m benchmarks.on_data --trickle 10 --backlog 1000000 --idle 60"
 )
 names=("$@")
