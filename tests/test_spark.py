@@ -150,6 +150,48 @@ def test_the_direct_and_exchange_paths_stage_what_the_local_engine_does(
     assert any(w != round(w, 6) for w in weights.values())  # the float sums are inexact
 
 
+def test_a_read_one_state_consumes_is_not_cached_and_its_counts_still_arrive(
+    spark, tmp_path, monkeypatch
+):
+    """On the exchange path (RDDs) a read task's record count and bad records reach the driver
+    in an accumulator, so the word count's read output - one consumer, its one state - is
+    not cached (every partial would be pickled into Spark's block store and back once more):
+    the only cached RDD is the states'. A pipeline with several consumers (folds: four states)
+    still reads once, into one cached copy. Counts, bad records and partials equal the local
+    engine's either way."""
+    import tridentflow.engines.spark
+    import tridentflow.engines.tasks
+    from tridentflow.engines import rdds
+    from tridentflow.sources.filelog import FileLog
+
+    monkeypatch.setattr(tridentflow.engines.tasks, "FOLD_TASK_RECORDS", 97)  # several tasks each
+    monkeypatch.setattr(tridentflow.engines.spark, "DIRECT_PAIRS", 10)  # the exchange path
+    cached: list[str] = []
+    real_cache = rdds.RddBackend.cache
+
+    def spy(self, rdd):
+        cached.append(pipeline)
+        return real_cache(self, rdd)
+
+    monkeypatch.setattr(rdds.RddBackend, "cache", spy)
+    log = FileLog(tmp_path / "log", segment_records=300)
+    log.ensure(3)
+    for p in range(3):
+        log.append(p, sentences(400, seed=p))
+        log.append_lines(p, ["{undecodable"])
+        log.append(p, sentences(30, seed=p + 10))
+    ranges = {p: (7 * p, h) for p, h in log.heads().items()}
+    for pipeline in ("wordcount", "tests.pipelines:folds"):
+        plan = compile_pipeline(load_pipeline(pipeline))
+        local = LocalEngine().compute(plan, str(log.root), ranges)
+        on_spark = SparkEngine(spark).compute(plan, str(log.root), ranges)
+        assert on_spark.stages and on_spark.counts == local.counts
+        assert on_spark.bad == local.bad and len(local.bad) == 3
+        for state, items in local.partials.items():
+            assert dict(on_spark.partials[state]) == dict(items), state
+    assert cached == ["wordcount", "tests.pipelines:folds", "tests.pipelines:folds"]
+
+
 def test_staging_in_redis_the_executors_write_big_states_and_the_commit_is_exact(
     spark, redis_url, tmp_path, monkeypatch
 ):

@@ -15,11 +15,17 @@ partitions one after the other. An exchange routes every sender's tuples with
 partition) and runs ``batchops.receive`` per target: its tuples in (sender, send order), and
 its count report added to an accumulator (``ReportsParam``) - nothing of an exchange is cached.
 
-The whole batch then runs in two jobs: the first materialises every state and the read tasks'
-record counts and bad records, tagged and cached (with the read tasks' outputs, the only other
-cache), and counts them per tag; the second collects them (past COLLECT_KEYS, each state on its
-own, a big one streamed partition by partition). Staging in Redis, one job: the executors write
-the states' blocks and return their refs.
+A read task's record count and bad records go to the driver in an accumulator too
+(``TaskSummaries``, keyed by the task's index): its output then feeds the graph alone, and when
+one consumer reads it (a word count: one state fed by the source, no batch operations) it is
+not cached - every partial would otherwise be pickled into Spark's block store and back once
+more (at 8M keys, past the storage memory: spilled to disk). Two or more consumers share a
+cached copy.
+
+The whole batch then runs in two jobs: the first materialises every state, tagged and cached,
+and counts them per tag; the second collects them (past COLLECT_KEYS, each state on its own, a
+big one streamed partition by partition). Staging in Redis, one job: the executors write the
+states' blocks and return their refs.
 """
 
 from __future__ import annotations
@@ -33,19 +39,21 @@ from tridentflow.engines.batchops import Exchange, StageReport, receive
 from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.graph import GraphBuilder, PartitionFn
 from tridentflow.engines.tasks import ReadTask, TaskOutput, build_states, merge_counts, read_task
+from tridentflow.errors import IncompleteBatchError
 from tridentflow.plan import Plan
 from tridentflow_state.staged import BlockRef, WrittenBlocks
 
 if TYPE_CHECKING:
     from pyspark import RDD, Accumulator, SparkContext
 
-SUMMARY = -1
-"""The tag of a read task's (partition, count, bad records) in the tagged result; a state's
-items carry the state's index."""
 
-
-def _read(log_root: str, plan: Plan, task: ReadTask) -> TaskOutput:
-    return read_task(log_root, plan, *task)
+def _read(
+    log_root: str, plan: Plan, summaries: Accumulator, index: int, tasks: Iterable[ReadTask]
+) -> Iterator[TaskOutput]:
+    for task in tasks:
+        out = read_task(log_root, plan, *task)
+        summaries.add({index: (out.partition, out.count, out.bad)})
+        yield out
 
 
 def _edge(index: int, out: TaskOutput) -> list[Any]:
@@ -54,10 +62,6 @@ def _edge(index: int, out: TaskOutput) -> list[Any]:
 
 def _partials(index: int, out: TaskOutput) -> Iterable[tuple[str, Any]]:
     return out.partials[index].items()
-
-
-def _summary(out: TaskOutput) -> tuple[int, tuple[int, Any, list]]:
-    return SUMMARY, (out.partition, out.count, out.bad)
 
 
 def _listed(fn: PartitionFn, part: int, items: Iterable[Any]) -> Iterable[Any]:
@@ -87,7 +91,8 @@ def _receive(
 
 class ReportsParam:
     """Spark accumulator of count reports, keyed by (stage, target): a target recomputed (a
-    retried task, a dataset read twice) reports the same again, and counts once."""
+    retried task, a dataset read twice) reports the same again, and counts once. (The read
+    tasks' summaries use it too, keyed by the task's index.)"""
 
     def zero(self, _value: dict) -> dict:
         return {}
@@ -178,10 +183,13 @@ def compute_graph(
     """The batch on RDDs: one Spark partition per read task, the graph, and every state's
     (key, staged value) pairs (or, staging in Redis, the blocks its executors wrote)."""
     backend = RddBackend(sc, ctx.lose_tuple)
+    summaries_by_task = sc.accumulator({}, ReportsParam())
     try:
-        outputs = backend.cache(
-            sc.parallelize(tasks, len(tasks)).map(functools.partial(_read, log_root, plan))
+        outputs = sc.parallelize(tasks, len(tasks)).mapPartitionsWithIndex(
+            functools.partial(_read, log_root, plan, summaries_by_task)
         )
+        if len(plan.edges) + len(plan.persists) > 1:  # one consumer reads it once: no cache
+            outputs = backend.cache(outputs)
         edges = [outputs.flatMap(functools.partial(_edge, e)) for e in range(len(plan.edges))]
         task_partials = [
             outputs.flatMap(functools.partial(_partials, i)) for i in range(len(plan.persists))
@@ -192,21 +200,23 @@ def compute_graph(
         states = [data.map(functools.partial(_tag, i)) for i, data in enumerate(datasets.values())]
         if ctx.blocks is not None:  # one job: the executors write every state's blocks
             body = functools.partial(write_state_blocks, ctx.redis_url, ctx.blocks, names)
-            written = sc.union(states).mapPartitions(body)
-            results = sc.union([outputs.map(_summary), written]).collect()
-            summaries = [item for tag, item in results if tag == SUMMARY]
             refs: dict[str, list[BlockRef]] = {name: [] for name in names}
-            for tag, item in results:
-                if tag != SUMMARY:
-                    refs[names[tag]] += item
+            for tag, item in sc.union(states).mapPartitions(body).collect():
+                refs[names[tag]] += item
             streams: dict[str, Any] = {name: WrittenBlocks(refs[name]) for name in names}
         else:
-            tagged = backend.cache(sc.union([outputs.map(_summary), *states]))
+            tagged = backend.cache(sc.union(states))
             sizes = tagged.map(_tag_of).countByValue()  # one job materialises all of it
-            summaries, streams = _collected(tagged, names, sizes)
+            streams = _collected(tagged, names, sizes)
         reports = backend.reports()
+        summaries = [summary for _i, summary in sorted(summaries_by_task.value.items())]
     finally:
         backend.release()
+    if len(summaries) != len(tasks):  # every read task ran in the jobs above: never here
+        raise IncompleteBatchError(
+            f"txid {ctx.txid}: batch is incomplete, it must not commit: "
+            f"{len(tasks) - len(summaries)} of {len(tasks)} read tasks never reported a count"
+        )
     counts = merge_counts(ranges, ((p, count) for p, count, _bad in summaries))
     bad = sorted(
         (b for _p, _count, task_bad in summaries for b in task_bad),
@@ -215,15 +225,13 @@ def compute_graph(
     return ComputeResult(counts, streams, bad, reports)
 
 
-def _collected(tagged: RDD, names: list[str], sizes: dict[int, int]) -> tuple[list, dict[str, Any]]:
-    """(read task summaries, every state's items) from the cached tagged RDD."""
-    keys = sum(size for tag, size in sizes.items() if tag >= 0)
-    if keys <= COLLECT_KEYS:
-        by_tag: dict[int, list] = {tag: [] for tag in (SUMMARY, *range(len(names)))}
+def _collected(tagged: RDD, names: list[str], sizes: dict[int, int]) -> dict[str, Any]:
+    """Every state's items from the cached tagged RDD."""
+    if sum(sizes.values()) <= COLLECT_KEYS:
+        by_tag: dict[int, list] = {tag: [] for tag in range(len(names))}
         for tag, item in tagged.collect():
             by_tag[tag].append(item)
-        return by_tag[SUMMARY], {name: by_tag[i] for i, name in enumerate(names)}
-    summaries = tagged.filter(functools.partial(_is, SUMMARY)).map(_untag).collect()
+        return {name: by_tag[i] for i, name in enumerate(names)}
     streams: dict[str, Any] = {}
     for i, name in enumerate(names):
         selected = tagged.filter(functools.partial(_is, i)).map(_untag)
@@ -233,4 +241,4 @@ def _collected(tagged: RDD, names: list[str], sizes: dict[int, int]) -> tuple[li
             streams[name] = selected.collect()
         else:
             streams[name] = list(selected.toLocalIterator())
-    return summaries, streams
+    return streams
