@@ -15,12 +15,11 @@ partitions one after the other. An exchange routes every sender's tuples with
 partition) and runs ``batchops.receive`` per target: its tuples in (sender, send order), and
 its count report added to an accumulator (``ReportsParam``) - nothing of an exchange is cached.
 
-A read task's record count and bad records go to the driver in an accumulator too
-(``TaskSummaries``, keyed by the task's index): its output then feeds the graph alone, and when
+A read task's record count and bad records go to the driver in an accumulator too (a
+``ReportsParam`` keyed by the task's index): its output then feeds the graph alone, and when
 one consumer reads it (a word count: one state fed by the source, no batch operations) it is
 not cached - every partial would otherwise be pickled into Spark's block store and back once
-more (at 8M keys, past the storage memory: spilled to disk). Two or more consumers share a
-cached copy.
+more. Two or more consumers share a cached copy.
 
 The whole batch then runs in two jobs: the first materialises every state, tagged and cached,
 and counts them per tag; the second collects them (past COLLECT_KEYS, each state on its own, a
