@@ -220,6 +220,12 @@ class KeySpace:
         reads it."""
         return f"{self.base}:staged:{generation}:{int(txid)}"
 
+    def staged_index(self, generation: str, txid: int) -> str:
+        """Set: the key of every block any emit attempt of ``txid`` wrote in this keyspace's
+        slot (its writer adds it with the block), so that an abandoned attempt's blocks - ones
+        no manifest names - are found without a SCAN (tridentflow_state.staged)."""
+        return f"{self.base}:staged:{generation}:{int(txid)}:blocks"
+
     def staged_block(self, generation: str, txid: int, attempt: int, block: str) -> str:
         """String: one block of staged ``key TAB partial`` lines of an emit attempt, in this
         keyspace's slot (a shard's blocks sit next to the shard's state)."""

@@ -290,14 +290,13 @@ class Ledger:
         return bool(RENEW_LEASE(self.client, keys, [run_id, 0, self.generation]))
 
     # -- metadata and attempts ----------------------------------------------------------------
-    def store_metadata(self, txid: int, meta: Mapping[str, Any]) -> dict[str, Any]:
-        """Store ``meta`` for ``txid`` unless some is stored already; return what is stored."""
+    def store_metadata(self, txid: int, meta: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Store ``meta`` for ``txid`` unless some is stored already; return what is stored
+        (None: the txid was committed meanwhile and its metadata is gone - nothing written)."""
         encoded = check_json_round_trip(f"metadata of txid {txid}", dict(meta))
-        keys = [self.keys.tx(txid), self.keys.generation]
-        STORE_METADATA(self.client, keys, [encoded, self.generation])
-        stored = self.metadata(txid)
-        assert stored is not None
-        return stored
+        keys = [self.keys.tx(txid), self.keys.generation, self.keys.ledger]
+        STORE_METADATA(self.client, keys, [encoded, self.generation, int(txid)])
+        return self.metadata(txid)
 
     def metadata(self, txid: int) -> dict[str, Any] | None:
         raw = self.client.hget(self.keys.tx(txid), "meta")
@@ -312,9 +311,10 @@ class Ledger:
         return value
 
     def next_attempt(self, txid: int, step: str) -> int:
-        """Count one more attempt of ``step`` (coordinate/emit/...) for ``txid``; return it."""
-        keys = [self.keys.tx(txid), self.keys.generation]
-        return int(COUNT_ATTEMPT(self.client, keys, [step, self.generation]))
+        """Count one more attempt of ``step`` (coordinate/emit/...) for ``txid``; return it -
+        0 for a committed txid (nothing counted: its tx hash is never recreated)."""
+        keys = [self.keys.tx(txid), self.keys.generation, self.keys.ledger]
+        return int(COUNT_ATTEMPT(self.client, keys, [step, self.generation, int(txid)]))
 
     def record_task(
         self,
@@ -328,10 +328,10 @@ class Ledger:
         """What the orchestrator knows of ``step``'s task for ``txid`` (RECORD_TASK): try
         ``try_number`` of run ``run_id`` started at ``started_ms`` (and ended at ``ended_ms``).
         Tries are summed over runs, durations over tries. Idempotent per (run, try)."""
-        keys = [self.keys.tx(txid), self.keys.generation]
+        keys = [self.keys.tx(txid), self.keys.generation, self.keys.ledger]
         args = [step, self.generation, int(try_number), int(started_ms)]
         ended = "" if ended_ms is None else int(ended_ms)
-        RECORD_TASK(self.client, keys, [*args, ended, run_id])
+        RECORD_TASK(self.client, keys, [*args, ended, run_id, int(txid)])
 
     def settings(self) -> dict[str, str]:
         """The pipeline's recorded settings (RECORD_SETTINGS): name -> value. Read-only."""
@@ -351,9 +351,11 @@ class Ledger:
 
     def record_staged(self, txid: int, attempt: int) -> int:
         """Record that emit ``attempt`` of ``txid`` staged complete output; the newest attempt
-        wins (a zombie's older attempt finishing late is ignored). Returns the recorded one."""
-        keys = [self.keys.tx(txid), self.keys.generation]
-        return int(RECORD_STAGED(self.client, keys, [int(attempt), self.generation]))
+        wins (a zombie's older attempt finishing late is ignored). Returns the recorded one,
+        0 if ``txid`` is committed (nothing recorded: no commit will read the attempt)."""
+        keys = [self.keys.tx(txid), self.keys.generation, self.keys.ledger]
+        args = [int(attempt), self.generation, int(txid)]
+        return int(RECORD_STAGED(self.client, keys, args))
 
     def staged_attempt(self, txid: int) -> int | None:
         raw = self.client.hget(self.keys.tx(txid), "staged_attempt")

@@ -65,6 +65,15 @@ local function gen_check(genkey, expected)
 end
 """
 
+# Shared Lua helper: whether a txid is committed already. A step of a committed txid - a late
+# zombie, a task cleared long after - must not write its tx hash: the commit of the next txid
+# deleted it, and a write would recreate it with nothing to ever delete it again.
+_COMMITTED = """
+local function committed_already(ledger, txid)
+  return tonumber(redis.call('HGET', ledger, 'committed') or '0') >= tonumber(txid)
+end
+"""
+
 # Shared Lua helper: the server's clock in milliseconds (step timings in the ledger).
 _NOW_MS = """
 local function now_ms()
@@ -502,14 +511,17 @@ return 1
 RECORD_STAGED = LuaScript(
     "record_staged",
     _GEN_CHECK
+    + _COMMITTED
     + _NOW_MS
     + """
 -- Record that emit attempt ARGV[1] staged complete output, unless a newer attempt already did
 -- (the output of an attempt older than the newest seen is ignored, as Trident's workers do).
--- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] attempt  ARGV[2] generation.
--- Returns the staged attempt now recorded.
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
+-- ARGV[1] attempt  ARGV[2] generation  ARGV[3] txid
+-- Returns the staged attempt now recorded; 0 (nothing written) if the txid is committed.
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[3]) then return 0 end
 local current = tonumber(redis.call('HGET', KEYS[1], 'staged_attempt') or '0')
 local attempt = tonumber(ARGV[1])
 if attempt > current then
@@ -561,13 +573,17 @@ return {txid, how}
 STORE_METADATA = LuaScript(
     "store_metadata",
     _GEN_CHECK
+    + _COMMITTED
     + _NOW_MS
     + """
 -- Store a txid's batch metadata unless some is stored already (the first writer wins).
--- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] metadata JSON  ARGV[2] generation
--- Returns the stored metadata (this call's or the earlier one).
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
+-- ARGV[1] metadata JSON  ARGV[2] generation  ARGV[3] txid
+-- Returns the stored metadata (this call's or the earlier one); nothing is written for a
+-- committed txid (its metadata, or nil once the next commit deleted it).
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[3]) then return redis.call('HGET', KEYS[1], 'meta') end
 if redis.call('HSETNX', KEYS[1], 'meta', ARGV[1]) == 1 then
   redis.call('HSET', KEYS[1], 'coordinate_ended_ms', now_ms())
 end
@@ -578,14 +594,17 @@ return redis.call('HGET', KEYS[1], 'meta')
 COUNT_ATTEMPT = LuaScript(
     "count_attempt",
     _GEN_CHECK
+    + _COMMITTED
     + _NOW_MS
     + """
 -- Count one more attempt of a step of a txid, and note when its first attempt started (a
 -- step's time runs from its first attempt to its last end: never negative, retries included).
--- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] step  ARGV[2] generation
--- Returns the attempt number.
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
+-- ARGV[1] step  ARGV[2] generation  ARGV[3] txid
+-- Returns the attempt number; 0 (nothing written) if the txid is committed.
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[3]) then return 0 end
 redis.call('HSETNX', KEYS[1], ARGV[1] .. '_started_ms', now_ms())
 return redis.call('HINCRBY', KEYS[1], ARGV[1] .. '_attempts', 1)
 """,
@@ -594,20 +613,23 @@ return redis.call('HINCRBY', KEYS[1], ARGV[1] .. '_attempts', 1)
 RECORD_TASK = LuaScript(
     "record_task",
     _GEN_CHECK
+    + _COMMITTED
     + """
 -- What the orchestrator knows of a step's task: its tries (Airflow's try numbers, retries and
 -- clears included, which the step's own attempt counter misses when a try failed before it
 -- reached Redis), summed over the runs that worked on the txid (an adopted txid's first run
 -- and its adopter each count theirs), when the first try started, when the last one ended,
 -- and the sum of the tries' durations (each try's end counted once).
--- KEYS[1] tx hash  KEYS[2] generation key
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
 -- ARGV[1] step  ARGV[2] generation  ARGV[3] try number  ARGV[4] this try's start ms
--- ARGV[5] this try's end ms ('' = running)  ARGV[6] run id. Idempotent; returns 1.
+-- ARGV[5] this try's end ms ('' = running)  ARGV[6] run id  ARGV[7] txid
+-- Idempotent; returns 1, or 0 (nothing written) for a committed txid whose tx hash is gone.
 -- Fields: <step>_tries@<run> (the run's highest try), <step>_tries (their sum),
 -- <step>_task_started_ms, <step>_task_ended_ms, <step>_try_started_ms (the newest try's start),
 -- <step>_ended@<run> (the run's highest try whose end is counted), <step>_task_ms (the sum).
 local gerr = gen_check(KEYS[2], ARGV[2])
 if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[7]) and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local step, try, run = ARGV[1], tonumber(ARGV[3]), ARGV[6]
 local had = tonumber(redis.call('HGET', KEYS[1], step .. '_tries@' .. run) or '0')
 if try > had then

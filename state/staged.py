@@ -13,7 +13,10 @@ attempt's manifest count:
 * a retried or speculative writer of the same block writes it again whole; if its content
   differs from what the manifest recorded, the SHA-1 check refuses the batch (TFBLOCK ->
   StagedBlockError), as it refuses a block that is missing or was changed since;
-* every attempt writes under its own (generation, txid, attempt): attempts never mix.
+* every attempt writes under its own (generation, txid, attempt): attempts never mix;
+* every block's key goes into its slot's index of the txid (``KeySpace.staged_index``) with
+  the block, so ``discard_blocks`` finds an abandoned attempt's blocks - a refused batch, a
+  killed Spark task's, an emit that died part-way - without a SCAN, in ``shards + 1`` reads.
 
 Nothing here imports Spark or Airflow: executors use ``BlockWriter`` with a client of their
 own.
@@ -22,7 +25,7 @@ own.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,19 +84,31 @@ class BlockSpace:
     txid: int
     attempt: int
 
+    def slot(self, shard: int) -> KeySpace:
+        """The keyspace of shard ``shard``'s slot (-1: the pipeline's own slot)."""
+        return self.keyspace if shard < 0 else self.keyspace.shard(shard)
+
     def key(self, ref: BlockRef) -> str:
         """The block's Redis key: in its shard's slot (shard -1: the pipeline's own slot)."""
-        space = self.keyspace if ref.shard < 0 else self.keyspace.shard(ref.shard)
-        return space.staged_block(self.generation, self.txid, self.attempt, ref.name)
+        return self.slot(ref.shard).staged_block(self.generation, self.txid, self.attempt, ref.name)
+
+    def index(self, shard: int) -> str:
+        """The index of the txid's blocks in shard ``shard``'s slot."""
+        return self.slot(shard).staged_index(self.generation, self.txid)
 
 
 def write_block(
     pipe: Any, space: BlockSpace, shard: int, name: str, lines: Sequence[str]
 ) -> BlockRef:
-    """Queue one block's SET (with its TTL) on ``pipe`` (a pipeline or a client); its ref."""
+    """Queue one block's SET (with its TTL) on ``pipe`` (a pipeline or a client), its key
+    added to its slot's index first (an index entry without its block is harmless; a block
+    without one would be found by nobody); its ref."""
     text = "\n".join(lines).encode("utf-8", "surrogatepass")
     ref = BlockRef(shard, name, len(lines), hashlib.sha1(text).hexdigest())
-    pipe.set(space.key(ref), text, ex=BLOCK_TTL_S)
+    key, index = space.key(ref), space.index(shard)
+    pipe.sadd(index, key)
+    pipe.expire(index, BLOCK_TTL_S)
+    pipe.set(key, text, ex=BLOCK_TTL_S)
     return ref
 
 
@@ -178,6 +193,55 @@ def verify_blocks(client: redis.Redis, space: BlockSpace, refs: Iterable[BlockRe
                 args += [ref.sha1, ref.lines]
             checked += int(VERIFY_BLOCKS(client, [space.key(r) for r in part], args))
     return checked
+
+
+def slot_spaces(keyspace: KeySpace) -> list[KeySpace]:
+    """Every slot a pipeline's blocks may lie in: its own, then each state shard's."""
+    spaces = [keyspace]
+    if keyspace.sharded:
+        spaces += [keyspace.shard(i) for i in range(keyspace.shards)]
+    return spaces
+
+
+def _attempt_of(key: str, prefix: str) -> int | None:
+    """The emit attempt in a block key under ``prefix`` (``...:block:GEN:TXID:``), or None."""
+    if not key.startswith(prefix):
+        return None
+    head = key[len(prefix) :].partition(":")[0]
+    return int(head) if head.isdigit() else None
+
+
+def discard_blocks(
+    client: redis.Redis,
+    keyspace: KeySpace,
+    generation: str,
+    txid: int,
+    attempts: Collection[int] | None = None,
+    keep: Collection[str] = (),
+) -> int:
+    """Delete the blocks of ``txid`` its writers indexed - of the emit ``attempts`` only, or
+    (None) of every attempt, the indexes too - but the keys in ``keep``. Idempotent and best
+    effort (blocks expire anyway): one SSCAN walk per slot, deletes in pipelines of 1000.
+    Returns the blocks deleted."""
+    deleted = 0
+    for space in slot_spaces(keyspace):
+        index = space.staged_index(generation, txid)
+        prefix = space.staged_block(generation, txid, 0, "").rsplit(":", 2)[0] + ":"
+        doomed: list[str] = []
+        for raw in client.sscan_iter(index, count=1000):
+            key = raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw
+            if key in keep:
+                continue
+            if attempts is None or _attempt_of(key, prefix) in attempts:
+                doomed.append(key)
+        for i in range(0, len(doomed), 1000):  # one slot: multi-key commands are allowed
+            part = doomed[i : i + 1000]
+            deleted += int(client.delete(*part))
+            if attempts is not None:
+                client.srem(index, *part)
+        if attempts is None:
+            client.delete(index)
+    return deleted
 
 
 def delete_blocks(client: redis.Redis, space: BlockSpace, refs: Iterable[BlockRef]) -> None:

@@ -202,6 +202,7 @@ def test_staging_in_redis_the_executors_write_big_states_and_the_commit_is_exact
     and the driver stages it."""
     import tridentflow.engines.spark
     from tests.test_state_shards import _runtime, _states
+    from tridentflow.devtools.chaos import staging_left
 
     lines = [*sentences(900, seed=21), "a BOOM"]
     results = {}
@@ -226,6 +227,7 @@ def test_staging_in_redis_the_executors_write_big_states_and_the_commit_is_exact
         results[kind] = _states(rt)
         if kind == "redis":  # "d": staged by the driver; a Spark partition: by an executor
             assert "d" in prefixes and any(p.isdigit() for p in prefixes), prefixes
+        assert staging_left(rt) == []  # attempt 1 of txid 3 too, and any task attempt's
     assert results["redis"] == results["files"]
 
 

@@ -85,9 +85,9 @@ def test_a_fault_at_every_point_replays_exactly(name, action, redis_url, streams
     rt.faults = FaultPlan(tuple(faults))  # crash: nothing after the point runs (as SIGKILL)
     rt.ledger.reset(force=True)
     xadd(streams, name, lines[:45])
-    drain(rt)
+    drain(rt, batch_size=3)
     xadd(streams, name, lines[45:], start=45)
-    drain(rt)
+    drain(rt, batch_size=3)
     assert rt.ledger.committed_txid() >= 1 + len(POINTS)  # every fault's txid ran
     assert counts(rt) == word_counts(lines)
     assert audit(rt).ok

@@ -11,9 +11,13 @@ import pytest
 
 from tests.helpers import drain_retrying
 from tridentflow import Count, LogSource, Pipeline, SourceMode, StateSpec, Sum
-from tridentflow.errors import PipelineError
+from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import IncompleteBatchError, PipelineError
 from tridentflow.faults import Dark, Fault, FaultPlan
 from tridentflow.ops.audit import audit
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
 from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow.windows import Windows
@@ -43,6 +47,9 @@ def test_bad_windows_are_one_clear_error(size, slide):
 def test_a_value_that_is_not_a_number_fails_its_record(value):
     with pytest.raises(PipelineError, match="the window field must be"):
         list(Windows(10, 5)(value))
+
+
+ENGINE = LocalEngine()
 
 
 def windowed(mode: SourceMode) -> Pipeline:
@@ -113,3 +120,36 @@ def test_count_windows_stay_exact_when_an_opaque_partition_goes_dark(redis_url, 
     states = _run(redis_url, tmp_path / "c", SourceMode.OPAQUE, RECORDS, 6, faults)
     assert states["tumbling"] == {w: 10 for w in range(0, 200, 10)} | {200: 3}
     assert sum(states["sliding"].values()) == 2 * len(RECORDS)
+
+
+def test_a_pipelined_batch_after_a_replayed_one_never_reuses_positions(redis_url, tmp_path):
+    """Family: a pipelined opaque batch staged from where an attempt of the txid before it
+    stopped, that txid then replayed with more records, and the batch skipping (dark) the
+    partition that changed: its start on that partition is stale, so the positions it gives
+    records overlap the replay's - the commit must refuse it (found by the chaos harness:
+    a sliding window held 12)."""
+    faults = FaultPlan(darks=(Dark(1, 2, 2),))
+    rt = Runtime(windowed(SourceMode.OPAQUE), connect(redis_url), tmp_path, faults,
+                 namespace="pipelined")  # fmt: skip
+    rt.ledger.reset(force=True)
+    rt.log.ensure(3)
+    rt.log.append(0, RECORDS[0:2])
+    rt.log.append(1, RECORDS[2:3])
+    rt.log.append(2, RECORDS[3:5])
+    for txid, size in ((1, 2), (2, 4)):
+        rt.ledger.claim(txid, f"run-{txid}")
+        coordinate(rt, txid, batch_size=size)
+    emit(rt, 1, ENGINE)  # partition 0 [0, 2), 1 [0, 1), 2 [0, 2)
+    rt.log.append(0, RECORDS[5:8])
+    emit(rt, 2, ENGINE)  # from txid 1's attempt 1: partition 0 [2, 5); partition 1 dark
+    rt.log.append(1, RECORDS[8:9])
+    emit(rt, 1, ENGINE)  # replayed: partition 1 reads [0, 2) now (opaque), the rest as before
+    assert commit(rt, 1).status == "committed"
+    with pytest.raises(IncompleteBatchError, match="positions would be wrong"):
+        commit(rt, 2)
+    rt.faults = FaultPlan()
+    drain_retrying(rt, 4)
+    sliding = list_state(rt, rt.pipeline.states["sliding"], limit=10_000)
+    per_window = {k[0]: v for k, v in sliding.items}
+    assert max(per_window.values()) <= 10
+    assert sum(per_window.values()) == 2 * 9

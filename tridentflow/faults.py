@@ -5,11 +5,12 @@ Syntax (``TRIDENTFLOW_FAULTS`` or ``--faults``), a comma-separated list of:
 * ``POINT@TXID[#ATTEMPT][=raise|kill]`` - POINT is one of ``after-coordinate`` (metadata
   stored), ``in-emit`` (inside the emit job, half of the staged output written), ``mid-commit``
   (about half the keys written), ``before-ledger`` (all keys written, txid not yet marked
-  committed), ``mid-export`` (a sink part-way through applying the txid: PostgreSQL inside
-  its transaction, a stream after its first chunk). The fault fires only on that step's
-  attempt ATTEMPT (default 1) of txid TXID, so resuming gets past it. ``raise`` (default)
-  fails the step with InjectedFault; ``kill`` ends the process at once with SIGKILL (exit code
-  137). ``lose-tuple`` is a data fault instead: in that emit attempt the first exchange between
+  committed), ``after-mark`` (txid marked committed, its staging not yet deleted),
+  ``mid-export`` (a sink part-way through applying the txid: PostgreSQL inside its
+  transaction, a stream after its first chunk). The fault fires only on that step's attempt
+  ATTEMPT (default 1) of txid TXID, so resuming gets past it. ``raise`` (default) fails the
+  step with InjectedFault; ``kill`` ends the process at once with SIGKILL (exit code 137).
+  ``lose-tuple`` is a data fault instead: in that emit attempt the first exchange between
   stages loses one tuple in transit, and the completeness check must fail the batch.
 * ``dark:P@TXID`` or ``dark:P@FIRST-LAST`` - partition P is unreadable while those txids emit
   (every attempt).
@@ -30,6 +31,7 @@ POINTS = (
     "in-emit",
     "mid-commit",
     "before-ledger",
+    "after-mark",
     "mid-export",
     "lose-tuple",
     "mid-rewind",

@@ -41,6 +41,8 @@ COMMANDS = (
     "sadd",
     "scard",
     "smembers",  # a replay's rollback of keys an earlier attempt wrote
+    "sscan",  # staging in Redis: the blocks of an abandoned attempt, found in its txid's index
+    "srem",
     "lpush",
     "rpush",  # a rewind rewrites the history without the rewound txids
     "ltrim",

@@ -45,6 +45,8 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
             )
     before = rt.keyspace  # its shards' keys are deleted too, on their own masters
     deleted = rt.ledger.reset(force=force)
+    for cached in ("staging", "file_staging", "redis_staging"):  # the old generation's
+        rt.__dict__.pop(cached, None)
     rt.require_replicated(
         f"the reset of pipeline {rt.pipeline.name}",
         "staging and the source were left as they were; run the reset again",

@@ -19,12 +19,14 @@ staging is deleted.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError
 from tridentflow.steps.runtime import Runtime
-from tridentflow_state.rewind import RewindResult, rewind, rewinding_to
+from tridentflow.steps.staging import RedisStagingArea
+from tridentflow_state.rewind import REWIND_PREFIX, RewindResult, rewind, rewinding_to
 from tridentflow_state.undo import offsets_after, retained
 
 
@@ -119,7 +121,7 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     if isinstance(target, bool) or not isinstance(target, int) or target < 0:
         raise TridentflowError(f"rewind --to takes a txid (a whole number >= 0), got {target!r}")
     reload = check_rewindable(rt, target)
-    old_generation = rt.ledger.current_generation()
+    old_generation = _generation_before(rt)
     result = rewind(
         rt.client,
         rt.keyspace,
@@ -134,9 +136,29 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
         f"run the rewind again (rewind --to {target}) once the replicas are back",
         shards=True,
     )
-    if old_generation and not old_generation.startswith("rewind:"):
-        shutil.rmtree(rt.staging_root / f"g-{old_generation}", ignore_errors=True)
-    for cached in ("ledger", "staging", "file_staging", "redis_staging"):  # old generation's
-        rt.__dict__.pop(cached, None)
+    if old_generation and not old_generation.startswith(REWIND_PREFIX):
+        # the rewound txids', and the newest committed one's (a commit cut after its mark)
+        first = max(1, min(target + 1, result.committed))
+        discard_generation_staging(rt, old_generation, range(first, result.last + 1))
+    rt.follow_generation()
     _ = rt.ledger.generation  # this runtime goes on in the rewound pipeline's generation
     return RewindReport(result, reload)
+
+
+def _generation_before(rt: Runtime) -> str | None:
+    """The generation the pipeline had before the rewind: now, or - resuming a rewind that
+    was cut short - the one the rewind recorded when it began."""
+    current = rt.ledger.current_generation()
+    if current and current.startswith(REWIND_PREFIX):
+        raw = rt.client.hget(rt.keyspace.undo_meta, "rewinding_generation")
+        return raw.decode() if isinstance(raw, bytes) else raw
+    return current
+
+
+def discard_generation_staging(rt: Runtime, generation: str, txids: Iterable[int]) -> None:
+    """Delete what a generation staged for ``txids`` (pending attempts, what a commit cut
+    short after its mark left), in Redis and under the home. Best effort."""
+    shutil.rmtree(rt.staging_root / f"g-{generation}", ignore_errors=True)
+    area = RedisStagingArea(rt.client, rt.keyspace, generation)
+    for txid in txids:
+        area.discard(txid)

@@ -25,6 +25,9 @@
    ``--wait-replicas``, the ledger's replicas must acknowledge the mark. Then the shards
    are settled, the source told the new positions, and the keys the txid removed dropped
    (all best effort).
+6. Staging goes: every attempt of the txid (and of txid-1, if its commit was cut short after
+   its mark); a retry that finds the txid committed deletes it too, and an attempt that cannot
+   commit (torn, expired, read from the wrong offsets) is deleted when the commit refuses it.
 """
 
 from __future__ import annotations
@@ -259,13 +262,33 @@ def drop_tombstones(rt: Runtime, txid: int, removed: dict[str, list[str]], gener
     return dropped
 
 
-def check_continuity(staged: StagedBatch, committed_offsets: dict[int, int]) -> None:
+def check_continuity(
+    staged: StagedBatch, committed_offsets: dict[int, int], positions: bool = False
+) -> None:
+    """IncompleteBatchError unless the batch starts where the committed offsets stand: every
+    partition it read - and, with ``positions`` (a source whose records carry their position,
+    which counts every partition's records before the batch), every partition it knew of,
+    skipped ones included: a pipelined batch staged after an attempt of the txid before it
+    that was later replayed would otherwise give records positions already taken."""
     for partition, (start, _end) in staged.ranges.items():
         committed = committed_offsets.get(partition, 0)
         if start != committed:
             raise IncompleteBatchError(
                 f"txid {staged.txid} attempt {staged.attempt} read partition {partition} from "
                 f"offset {start}, but its committed position is {committed}: emit it again"
+            )
+    if not positions:
+        return
+    known = {int(p): int(v) for p, v in staged.manifest.get("next_positions", {}).items()}
+    for partition in sorted(set(known) | set(committed_offsets)):
+        if partition in staged.ranges:
+            continue
+        start, committed = known.get(partition, 0), committed_offsets.get(partition, 0)
+        if start != committed:
+            raise IncompleteBatchError(
+                f"txid {staged.txid} attempt {staged.attempt} counted partition {partition}'s "
+                f"records before it as {start}, but its committed position is {committed}: "
+                "its records' positions would be wrong; emit it again"
             )
 
 
@@ -345,12 +368,18 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     ticket = ledger.begin_commit(txid)
     if ticket is None:
         confirm_replicated(rt, txid)  # a retry after a commit whose WAIT fell short
+        rt.discard_staged(txid)  # a commit cut short after its mark left it
         return CommitResult(txid, "already-committed")
     attempt = ledger.staged_attempt(txid)
     if attempt is None:
         raise NotReadyError(f"txid {txid} has no staged output: run its emitter first")
-    staged = rt.staging_of(txid, attempt).load(txid, attempt)
-    check_continuity(staged, ledger.committed_offsets())
+    try:
+        staged = rt.staging_of(txid, attempt).load(txid, attempt)
+        positions = rt.pipeline.source.position_field is not None
+        check_continuity(staged, ledger.committed_offsets(), positions)
+    except IncompleteBatchError:  # torn, expired or read from elsewhere: never committable
+        rt.discard_attempts(txid, [attempt])
+        raise
     rt.require_replicated(  # txid-1's mark: what every write of this txid builds on
         f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
     )
@@ -426,6 +455,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     }
     marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats, retain)
     confirm_replicated(rt, txid)  # before the staged batch is discarded: a retry can redo it
+    rt.faults.fire("after-mark", txid, ticket.token)
     if marked:
         settle_shards(rt.client, rt.keyspace, maps.keys(), txid)
         rt.log.acknowledge(offsets)  # a shared stream keeps what this reader still needs
@@ -438,6 +468,8 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
             trim_changes(rt.client, rt.keyspace, name, txid, rt.pipeline.change_log_limit)
         trim_undo(rt.client, rt.keyspace, maps.keys())  # what fell out of retain_txids
     rt.discard_staged(txid)
+    if marked:  # and what a commit of txid-1 cut short after its mark left, if any
+        rt.discard_staged(txid - 1)
     if not marked:  # a concurrent attempt finished first; ours wrote nothing after it
         return CommitResult(txid, "already-committed")
     return CommitResult(

@@ -35,6 +35,8 @@ def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[st
         if txid <= committed:
             return {"txid": txid, "already_committed": True}
         meta = ledger.store_metadata(txid, new_metadata(rt, txid, committed, batch_size))
+        if meta is None:  # committed meanwhile: a replay of a txid that needs nothing more
+            return {"txid": txid, "already_committed": True}
     rt.require_replicated(
         f"txid {txid}'s batch metadata", "not emitted yet; retry the coordinator (it waits again)"
     )

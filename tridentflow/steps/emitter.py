@@ -135,7 +135,15 @@ def check_bad_records(rt: Runtime, txid: int, records: int, bad: int) -> None:
 
 
 def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
-    """Stage txid's batch as a new attempt; None if the txid is already committed."""
+    """Stage txid's batch as a new attempt; None if the txid is already committed.
+
+    What an attempt leaves behind when it is abandoned goes with it (``rt.discard_attempts``):
+    an attempt that fails (a refused batch, a Spark job that failed) deletes its staging,
+    blocks its executors wrote before the checks included; an attempt that stages deletes the
+    blocks of its killed Spark tasks (``prune``) and the staging of earlier attempts of the
+    txid that died part-way (all but the recorded one, which a commit may be reading); an
+    attempt that finds its txid committed meanwhile (a zombie) deletes its own. The commit
+    deletes the rest (committer.commit)."""
     ledger = rt.ledger
     ledger.check_generation()
     if txid <= ledger.committed_txid():
@@ -145,6 +153,10 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         raise NotReadyError(f"txid {txid} has no batch metadata: run its coordinator first")
     ranges, skipped, next_positions = emit_ranges(rt, txid, meta)
     attempt = ledger.next_attempt(txid, "emit")  # only attempts that get to read count
+    if attempt == 0:  # committed meanwhile
+        return None
+    staged_before = ledger.staged_attempt(txid)
+    rt.discard_attempts(txid, (a for a in range(1, attempt) if a != staged_before))
     header = {
         "pipeline": rt.pipeline.name,
         "txid": txid,
@@ -155,6 +167,29 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         "skipped": sorted(skipped),
         "next_positions": {str(p): v for p, v in sorted(next_positions.items())},
     }
+    try:
+        staged = _compute_and_stage(rt, txid, attempt, engine, ranges, next_positions, header)
+    except Exception:
+        rt.discard_attempts(txid, [attempt])
+        raise
+    if ledger.record_staged(txid, attempt) == 0:  # committed meanwhile: nobody will read it
+        rt.discard_attempts(txid, [attempt])
+        return None
+    rt.staging.prune(staged)
+    return staged
+
+
+def _compute_and_stage(
+    rt: Runtime,
+    txid: int,
+    attempt: int,
+    engine: Engine,
+    ranges: dict[int, tuple[int, int]],
+    next_positions: dict[int, int],
+    header: dict[str, Any],
+) -> StagedBatch:
+    """Run the engine over ``ranges``, check the batch (exchanges, bad records) and stage it
+    under (txid, attempt), the manifest last."""
     lose = rt.faults.armed("lose-tuple", txid, attempt) is not None
     # the records before this batch: every known partition's start, skipped ones included
     base = sum(next_positions.values()) - sum(end - start for start, end in ranges.values())
@@ -171,12 +206,10 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     check_stages(txid, result.stages)
     check_bad_records(rt, txid, sum(c.n for c in result.counts.values()), len(result.bad))
     header["stages"] = [r.to_json() for r in result.stages]
-    staged = area.write(
+    return area.write(
         header,
         result.counts,
         result.partials,
         result.bad,
         before_manifest=lambda: rt.faults.fire("in-emit", txid, attempt),
     )
-    ledger.record_staged(txid, attempt)
-    return staged

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -42,6 +44,7 @@ from tridentflow_state.redis_backing import RedisBackingMap
 from tridentflow_state.replication import wait_for_replicas_of
 from tridentflow_state.shards import ShardedRedisBackingMap, check_layout, stored_shards
 
+log = logging.getLogger(__name__)
 HOME_ENV = "TRIDENTFLOW_HOME"
 NAMESPACE_ENV = "TRIDENTFLOW_NAMESPACE"
 SHARDS_ENV = "TRIDENTFLOW_STATE_SHARDS"
@@ -260,6 +263,13 @@ class Runtime:
     def redis_staging(self) -> RedisStagingArea:
         return RedisStagingArea(self.client, self.keyspace, self.ledger.generation)
 
+    def follow_generation(self) -> None:
+        """After this runtime reset or rewound its pipeline: what it cached of the generation
+        before (its staging areas, the ledger's pin) goes, so its next steps stage and read in
+        the pipeline's new generation."""
+        for cached in ("ledger", "staging", "file_staging", "redis_staging"):
+            self.__dict__.pop(cached, None)
+
     def staging_of(self, txid: int, attempt: int) -> StagingArea | RedisStagingArea:
         """Where emit ``attempt`` of ``txid`` staged: Redis if its manifest is there, else the
         files - so a commit reads what an emit staged whatever this process's setting."""
@@ -269,9 +279,22 @@ class Runtime:
         return self.file_staging
 
     def discard_staged(self, txid: int) -> None:
-        """Delete every staged attempt of a committed ``txid``, files and Redis."""
+        """Delete every staged attempt of a committed ``txid``, files and Redis (idempotent)."""
         self.file_staging.discard(txid)
         self.redis_staging.discard(txid)
+
+    def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
+        """Delete abandoned emit ``attempts`` of ``txid`` wherever they staged, files and
+        Redis (idempotent). Best effort: a failure is logged - the attempt's commit or its
+        txid's next emit deletes it - and never hides the error the step fails with."""
+        wanted = sorted(set(attempts))
+        if not wanted:
+            return
+        try:
+            self.file_staging.discard_attempts(txid, wanted)
+            self.redis_staging.discard_attempts(txid, wanted)
+        except Exception as exc:
+            log.warning("txid %s: staging of abandoned attempt(s) %s left: %s", txid, wanted, exc)
 
     def source_scan(self) -> LogScan:
         """Every partition's head, or why it cannot be read; creates the log (or grows it to

@@ -19,6 +19,7 @@ batch (IncompleteBatchError) instead of committing part of it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from tridentflow_state.staged import (
     BlockWriter,
     WrittenBlocks,
     delete_blocks,
+    discard_blocks,
     iter_lines,
     verify_blocks,
     write_block,
@@ -277,7 +279,19 @@ class StagingArea:
         return manifest
 
     def discard(self, txid: int) -> None:
+        """Delete every staged attempt of ``txid`` (idempotent)."""
         shutil.rmtree(self.tx_dir(txid), ignore_errors=True)
+
+    def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
+        """Delete the named attempts of ``txid`` - abandoned ones: refused, died part-way,
+        superseded - and the txid's directory once it is empty (idempotent)."""
+        for attempt in attempts:
+            shutil.rmtree(self.attempt_dir(txid, attempt), ignore_errors=True)
+        with contextlib.suppress(OSError):  # not empty (another attempt), or gone
+            self.tx_dir(txid).rmdir()
+
+    def prune(self, batch: StagedBatch) -> None:
+        """Nothing to do: an attempt's directory holds only what its manifest names."""
 
 
 STAGING_ENV = "TRIDENTFLOW_STAGING"
@@ -444,12 +458,41 @@ class RedisStagingArea:
         return manifest
 
     def discard(self, txid: int) -> None:
-        """Delete every staged attempt of ``txid`` (best effort: blocks expire anyway)."""
+        """Delete every staged attempt of ``txid``: every block its writers indexed (those no
+        manifest names too) and the manifests. Idempotent, best effort (blocks expire anyway)."""
+        self._delete_listed(txid, None)
+        discard_blocks(self.client, self.keyspace, self.generation, txid)
+        self.client.delete(self.manifests_key(txid))
+
+    def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
+        """Delete the named attempts of ``txid`` - abandoned ones: refused, died part-way,
+        superseded - blocks and manifests (idempotent, best effort)."""
+        wanted = {int(a) for a in attempts}
+        if not wanted:
+            return
+        self._delete_listed(txid, wanted)
+        discard_blocks(self.client, self.keyspace, self.generation, txid, wanted)
+        self.client.hdel(self.manifests_key(txid), *map(str, sorted(wanted)))
+
+    def prune(self, batch: StagedBatch) -> None:
+        """Delete the blocks of ``batch``'s attempt that its manifest does not name: those of
+        Spark task attempts that were killed or lost the race to another (best effort)."""
+        listed = {
+            self.space(batch.txid, batch.attempt).key(r) for r in manifest_blocks(batch.manifest)
+        }
+        discard_blocks(
+            self.client, self.keyspace, self.generation, batch.txid, {batch.attempt}, listed
+        )
+
+    def _delete_listed(self, txid: int, attempts: set[int] | None) -> None:
+        """The blocks the manifests of ``attempts`` (None: all) of ``txid`` list - staged
+        before blocks were indexed, they are found only there."""
         key = self.manifests_key(txid)
         for attempt, raw in (self.client.hgetall(key) or {}).items():
+            if attempts is not None and int(attempt) not in attempts:
+                continue
             try:
                 manifest = json.loads(raw)
             except ValueError:
                 continue
             delete_blocks(self.client, self.space(txid, int(attempt)), manifest_blocks(manifest))
-        self.client.delete(key)

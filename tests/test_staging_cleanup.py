@@ -1,0 +1,250 @@
+"""Every path that abandons an emit attempt deletes its staging (issue: staging garbage that
+grew without bound): a refused batch whose blocks executors wrote before the checks, the
+blocks of killed Spark task attempts, an emit killed part-way, a commit killed after its mark,
+a batch the commit refuses, a rewind over pending txids, and a zombie step of a committed txid
+(which must not recreate the txid's ledger hash either). Each path, for both staging kinds,
+ends with nothing staged: ``staging_left`` is what the chaos harness checks after every
+schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import produce, sentences
+from tests.pipelines import POISON
+from tests.test_state_shards import _runtime
+from tridentflow.devtools.chaos import staging_left
+from tridentflow.engines.base import ComputeResult, ExecContext, Ranges
+from tridentflow.engines.blocks import write_state_blocks
+from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import IncompleteBatchError, TooManyBadRecords
+from tridentflow.faults import Fault, FaultPlan, SimulatedCrash
+from tridentflow.ops.reset import reset_pipeline
+from tridentflow.ops.rewind import rewind_pipeline
+from tridentflow.plan import Plan
+from tridentflow.redisconn import connect
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runs import note_task
+from tridentflow_state.staged import BlockWriter, WrittenBlocks
+
+KINDS = ("files", "redis")
+
+
+class ExecutorsStage(LocalEngine):
+    """The local engine, staging as Spark's executors do with TRIDENTFLOW_STAGING=redis: each
+    state's blocks written by ``write_state_blocks`` (what executors run) before the emit's
+    checks, and one more task attempt of each state - killed, or beaten by a speculative
+    copy - whose blocks no manifest names."""
+
+    def compute(self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext):
+        result = super().compute(plan, log_root, ranges, ctx)
+        if ctx.blocks is None:
+            return result
+        client = connect(ctx.redis_url)
+        partials: dict = {}
+        names = sorted(result.partials)
+        for index, name in enumerate(names):
+            pairs = list(result.partials[name])
+            killed = BlockWriter(client, ctx.blocks, f"{name}.0.1")  # the lost task attempt
+            for key, _value in pairs:
+                killed.add(key, "0")
+            killed.close()
+            refs = dict(
+                write_state_blocks(ctx.redis_url, ctx.blocks, names, ((index, p) for p in pairs))
+            )
+            partials[name] = WrittenBlocks(refs.get(index, []))
+        client.close()
+        return ComputeResult(result.counts, partials, result.bad, result.stages)
+
+
+ENGINE = ExecutorsStage()
+
+
+def _fresh(pipeline: str, kind: str, redis_url: str, tmp_path, monkeypatch, shards: int = 2):
+    monkeypatch.setenv("TRIDENTFLOW_STAGING", kind)
+    rt = _runtime(pipeline, redis_url, tmp_path / kind, shards, f"clean-{kind}")
+    rt.ledger.reset(force=True)
+    return rt
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_batch_leaves_nothing_staged(kind, redis_url, tmp_path, monkeypatch):
+    """Too many bad records: the executors had written every block before the check."""
+    rt = _fresh("tests.pipelines:strict_poison", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, [*sentences(40, seed=3), POISON, f"a {POISON}", "b c"])
+    coordinate(rt, 1, batch_size=100)
+    with pytest.raises(TooManyBadRecords):
+        emit(rt, 1, ENGINE)
+    assert rt.ledger.attempts(1, "emit") == 1
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_incomplete_batch_leaves_nothing_staged(kind, redis_url, tmp_path, monkeypatch):
+    """A tuple lost in an exchange (lose-tuple): refused by the completeness check."""
+    rt = _fresh("user-scores", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, [[f"u{i % 7}", i] for i in range(60)])
+    rt.faults = FaultPlan.parse("lose-tuple@1")
+    coordinate(rt, 1, batch_size=100)
+    with pytest.raises(IncompleteBatchError):
+        emit(rt, 1, ENGINE)
+    assert staging_left(rt) == []
+    emit(rt, 1, ENGINE)
+    assert commit(rt, 1).status == "committed"
+    assert staging_left(rt) == []
+
+
+def test_blocks_of_killed_task_attempts_go_once_the_attempt_stages(
+    redis_url, tmp_path, monkeypatch
+):
+    rt = _fresh("wordcount", "redis", redis_url, tmp_path, monkeypatch, shards=3)
+    produce(rt, sentences(200, seed=4))
+    coordinate(rt, 1, batch_size=1000)
+    staged = emit(rt, 1, ENGINE)
+    listed = {staged.space.key(r) for name in rt.pipeline.states for r in staged.blocks(name)}
+    left = {k for k in staging_left(rt) if ":block:" in k}
+    assert left == listed and listed  # the killed attempt's blocks are gone, the kept ones not
+    assert commit(rt, 1).status == "committed"
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_emit_killed_part_way_is_cleaned_by_the_next_attempt(
+    kind, redis_url, tmp_path, monkeypatch
+):
+    """Killed after its blocks and files, before its manifest: nothing can delete them then;
+    the txid's next emit attempt does (all attempts but the recorded one)."""
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(100, seed=6))
+    rt.faults = FaultPlan((Fault("in-emit", 1, 1, "crash"),))
+    coordinate(rt, 1, batch_size=1000)
+    with pytest.raises(SimulatedCrash):
+        emit(rt, 1, ENGINE)
+    assert staging_left(rt)  # what the killed attempt wrote
+    staged = emit(rt, 1, ENGINE)
+    assert staged.attempt == 2
+    assert all(f":{1}:2:" in k or "attempt-2" in k or k.endswith(":blocks") or k.endswith(":1")
+               for k in staging_left(rt)), staging_left(rt)  # fmt: skip
+    assert commit(rt, 1).status == "committed"
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_commit_killed_after_its_mark_leaves_nothing_once_retried(
+    kind, redis_url, tmp_path, monkeypatch
+):
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(60, seed=7))
+    rt.faults = FaultPlan((Fault("after-mark", 1, 1, "crash"), Fault("after-mark", 2, 1, "crash")))
+    coordinate(rt, 1, batch_size=20)
+    emit(rt, 1, ENGINE)
+    with pytest.raises(SimulatedCrash):
+        commit(rt, 1)
+    assert rt.ledger.committed_txid() == 1 and staging_left(rt)
+    assert commit(rt, 1).status == "already-committed"  # the task's retry
+    assert staging_left(rt) == []
+    # never retried: the next txid's commit deletes it
+    coordinate(rt, 2, batch_size=20)
+    emit(rt, 2, ENGINE)
+    with pytest.raises(SimulatedCrash):
+        commit(rt, 2)
+    coordinate(rt, 3, batch_size=20)
+    emit(rt, 3, ENGINE)
+    assert commit(rt, 3).status == "committed"
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_batch_the_commit_refuses_is_deleted(kind, redis_url, tmp_path, monkeypatch):
+    """Staged from offsets the ledger does not stand at (here moved by hand, as a replayed
+    txid before it would move them): it can never commit, and goes when refused."""
+    rt = _fresh("wordcount-opaque", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(30, seed=8))
+    coordinate(rt, 1, batch_size=5)
+    staged = emit(rt, 1, ENGINE)
+    partition = min(staged.ranges)
+    rt.client.hset(rt.keyspace.offsets, partition, 1)
+    with pytest.raises(IncompleteBatchError, match="emit it again"):
+        commit(rt, 1)
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rewind_deletes_what_pending_txids_staged(kind, redis_url, tmp_path, monkeypatch):
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    rt.retain = 5
+    produce(rt, sentences(60, seed=9))
+    for txid in (1, 2):
+        coordinate(rt, txid, batch_size=10)
+        emit(rt, txid, ENGINE)
+        assert commit(rt, txid).status == "committed"
+    rt.ledger.claim(3, "run-3")
+    coordinate(rt, 3, batch_size=10)
+    emit(rt, 3, ENGINE)  # pending: staged, never committed
+    assert staging_left(rt)
+    rewind_pipeline(rt, 1, force=True)
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zombie_steps_of_a_committed_txid_recreate_nothing(kind, redis_url, tmp_path, monkeypatch):
+    """A late emit, a cleared coordinator and a task's try record for txid 1 after txid 2
+    committed (which deleted txid 1's ledger hash): nothing is written, nothing staged."""
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(40, seed=10))
+    for txid in (1, 2):
+        coordinate(rt, txid, batch_size=10)
+        emit(rt, txid, ENGINE)
+        commit(rt, txid)
+    assert not rt.client.exists(rt.keyspace.tx(1))
+    assert emit(rt, 1, ENGINE) is None
+    assert coordinate(rt, 1, batch_size=10) == {"txid": 1, "already_committed": True}
+    note_task(rt, 1, "emit", 3, 1, True, "late-run")
+    assert rt.ledger.next_attempt(1, "emit") == 0
+    assert rt.ledger.record_staged(1, 7) == 0
+    assert rt.ledger.store_metadata(1, {"mode": "transactional"}) is None
+    assert not rt.client.exists(rt.keyspace.tx(1))
+    assert staging_left(rt) == []
+
+
+def test_a_zombie_emit_that_stages_after_the_commit_deletes_its_attempt(
+    redis_url, tmp_path, monkeypatch
+):
+    """The emit passed its committed check, then the txid committed (another attempt) while
+    it computed: its manifest is written, the ledger refuses to record it, it deletes it."""
+    rt = _fresh("wordcount", "redis", redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(40, seed=11))
+    coordinate(rt, 1, batch_size=100)
+    emit(rt, 1, ENGINE)
+    zombie_rt = _runtime("wordcount", redis_url, tmp_path / "redis", 2, "clean-redis")
+
+    class CommitsMeanwhile(ExecutorsStage):
+        def compute(self, plan, log_root, ranges, ctx):
+            assert commit(rt, 1).status == "committed"
+            return super().compute(plan, log_root, ranges, ctx)
+
+    assert emit(zombie_rt, 1, CommitsMeanwhile()) is None
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_runtime_that_reset_its_pipeline_stages_in_the_new_generation(
+    kind, redis_url, tmp_path, monkeypatch
+):
+    """The family 'an operator acting mid-run' through the operator's own process: after
+    ``reset_pipeline(rt)`` the same runtime's emits stage under the new generation (they
+    staged under the old one, whose keys nothing deletes)."""
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(20, seed=12))
+    coordinate(rt, 1, batch_size=100)
+    emit(rt, 1, ENGINE)
+    reset_pipeline(rt, force=True)
+    generation = rt.ledger.current_generation()
+    produce(rt, sentences(20, seed=13))
+    coordinate(rt, 1, batch_size=100)
+    emit(rt, 1, ENGINE)
+    assert staging_left(rt) and all(generation in k for k in staging_left(rt))
+    assert commit(rt, 1).status == "committed"
+    assert staging_left(rt) == []
