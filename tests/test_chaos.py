@@ -173,7 +173,7 @@ def test_the_harness_catches_an_edge_triggered_watcher(monkeypatch):
         def __init__(self, refire_after: float) -> None:
             self.seen: dict | None = None
 
-        def poll(self, rt, now, run_state=None):
+        def poll(self, rt, now, run_state=None, active_runs=None):
             heads = rt.log.scan().heads
             moved, self.seen = heads != self.seen, heads
             return work_waiting(rt, run_state) if moved else None
@@ -182,6 +182,19 @@ def test_the_harness_catches_an_edge_triggered_watcher(monkeypatch):
     results = run_chaos(50, seed=0, redis_restarts=False)
     assert not results[-1].ok, "50 schedules did not expose an edge-triggered watcher"
     assert "never committed" in (results[-1].difference or ""), results[-1].difference
+
+
+def test_the_harness_catches_a_watcher_that_refires_while_its_run_is_coming(monkeypatch):
+    """The family "one fire, two runs": the drain models Airflow's asset queue (a run created
+    from a fire waits for its turn, its coordinator may be slow to bind); a watcher that
+    repeats an unanswered fire while that run is queued or binding makes a second run that
+    commits a new txid with nothing to read."""
+    from tridentflow.steps.watch import Watch
+
+    monkeypatch.setattr(Watch, "_run_coming", staticmethod(lambda held, active: False))
+    results = run_chaos(20, seed=0, redis_restarts=False)
+    assert not results[-1].ok, "20 schedules did not expose a watcher refiring too soon"
+    assert "with nothing to read" in (results[-1].difference or ""), results[-1].difference
 
 
 def test_the_harness_catches_a_commit_that_trusts_where_a_pipelined_txid_starts(monkeypatch):

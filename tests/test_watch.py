@@ -207,3 +207,68 @@ def test_merged_doubled_and_failed_runs_never_lose_or_double_a_record(
     expected = word_counts(produced)
     assert counts(rt, sorted(expected)) == expected
     assert audit(rt).ok
+
+
+def test_a_run_that_read_while_as_many_records_arrived_answered_its_fire(
+    redis_url, redis_client, home
+):
+    """Judged by offsets, not counts: the run read every waiting record while the same
+    number arrived in each partition; after its commit the new ones fire at once (counted,
+    they looked like the same records left unread, and waited for the back-off)."""
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(8))
+    watch = Watch(refire_after=10)
+    first = watch.poll(rt, 0.0)
+    assert first is not None
+    coordinate_run(rt, "run-a")
+    produce(rt, sentences(8, seed=2))  # the same count in every partition, during the run
+    emit_run(rt, "run-a", ENGINE)
+    commit_run(rt, "run-a")
+    again = watch.poll(rt, 1.0)
+    assert again is not None and again.partitions == first.partitions
+    assert again.since != first.since
+
+
+def test_a_reset_or_a_rewind_answers_a_fire_that_waited_on_the_old_ledger(
+    redis_url, redis_client, home
+):
+    """A look-ahead fire (records beyond a held txid 3) waits for a txid after 3 to bind;
+    a reset starts the ledger from nothing: the next records fire at once, not when the new
+    ledger passes txid 3 (at the back-off, until the triggerer restarts)."""
+    from tridentflow.ops.reset import reset_pipeline
+
+    rt = runtime("wordcount-opaque", redis_url, home)
+    produce(rt, sentences(20))
+    for n in (1, 2):
+        coordinate_run(rt, f"run-{n}", batch_size=1)
+        emit_run(rt, f"run-{n}", ENGINE)
+        commit_run(rt, f"run-{n}")
+    watch = Watch(refire_after=10)
+    coordinate_run(rt, "run-3", batch_size=1)
+    assert watch.poll(rt, 0.0).beyond == 3  # the look-ahead fire for the run queued behind
+    reset_pipeline(rt, force=True, source=True)
+    produce(rt, sentences(4, seed=5))
+    assert watch.poll(rt, 0.5) is not None  # answered by the reset: at once
+
+
+def test_a_fire_is_not_repeated_while_its_run_is_queued_or_slow_to_bind(
+    redis_url, redis_client, home
+):
+    """The coordinator of the run a fire started is slow to bind (7.8 s seen): the re-fire
+    at 10 s would queue a second run that commits an empty txid. While the orchestrator has
+    a run queued or running that holds no txid, the fire waits; once the run is gone
+    without binding (it failed), the fire is repeated."""
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, sentences(6))
+    watch = Watch(refire_after=10)
+    active = {"runs": 1}
+    assert watch.poll(rt, 0.0, active_runs=lambda: active["runs"]) is not None
+    assert watch.poll(rt, 10.0, active_runs=lambda: active["runs"]) is None  # queued: waits
+    assert watch.poll(rt, 25.0, active_runs=lambda: None) is not None  # cannot tell: back-off
+    assert watch.poll(rt, 60.0, active_runs=lambda: active["runs"]) is None
+    active["runs"] = 0  # the run failed before it bound
+    assert watch.poll(rt, 61.0, active_runs=lambda: active["runs"]) is not None
+    coordinate_run(rt, "run-a")  # a run holding its txid: beyond it, one more run may queue
+    emit_run(rt, "run-a", ENGINE)
+    commit_run(rt, "run-a")
+    assert work_waiting(rt) is None

@@ -12,7 +12,8 @@ The trigger only reads (the ledger, the source's heads); it never writes to Redi
 source out of reach is logged and polled again (with a back-off): the watcher itself never fails.
 A txid held under a live lease by a run Airflow says has finished (``dag_id``'s run, asked
 through the triggerer's Task SDK channel, as the coordinator asks) is work: the next run's
-coordinator releases and adopts it.
+coordinator releases and adopts it. An unanswered fire is not repeated while ``dag_id`` has a
+run queued or running that has not bound a txid yet (the same channel counts them).
 """
 
 from __future__ import annotations
@@ -86,6 +87,20 @@ class SourceDataTrigger(BaseEventTrigger):
             return None
         return str(getattr(found, "value", found)).lower()
 
+    def active_runs(self) -> int | None:
+        """How many runs of ``dag_id`` are queued or running (None if it cannot tell): while
+        one has not bound its txid yet, an unanswered fire is not repeated."""
+        if not self.dag_id:
+            return None
+        try:
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+            return int(
+                RuntimeTaskInstance.get_dr_count(self.dag_id, states=["queued", "running"])
+            )
+        except Exception:  # not in a triggerer, API unreachable: do not guess
+            return None
+
     def open_runtime(self) -> Any:
         """The pipeline's runtime, as its tasks open it (blocking: call it in a thread)."""
         from tridentflow.registry import load_pipeline
@@ -108,7 +123,9 @@ class SourceDataTrigger(BaseEventTrigger):
                 if rt is None:
                     rt = await asyncio.to_thread(self.open_runtime)
                 now = time.monotonic()
-                waiting = await asyncio.to_thread(watch.poll, rt, now, self.run_state)
+                waiting = await asyncio.to_thread(
+                    watch.poll, rt, now, self.run_state, self.active_runs
+                )
                 backoff = self.poll_interval
             except Exception as exc:  # Redis, the source or a connection out of reach
                 log.warning("tridentflow watcher of %s: %s", self.pipeline, one_line(exc))

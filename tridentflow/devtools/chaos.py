@@ -358,13 +358,16 @@ class Chaos:
         return result
 
     def _drain_on_events(self, sched: _Schedule, batch_size: int) -> None:
-        """Drain as ``schedule="on-data"`` runs a pipeline: a run only when the watcher fires
-        (Airflow's side as it behaves: fires merged into the one queued run, some delivered
-        twice, queued runs started late); every run of the faulty phase has finished; half the
-        schedules cap a txid at ``batch_size`` (the DAG's param), so the rest of a backlog
-        needs the watcher to fire again. Stops once nothing is queued, nothing fires and
-        nothing waits - or after DRAIN_POLLS polls: what is left then is the schedule's
-        difference (``_check``)."""
+        """Drain as ``schedule="on-data"`` runs a pipeline, Airflow's side as it behaves: a
+        fire is an asset event, queued until the scheduler creates a run from it (events
+        queued meanwhile merge into that one; some are delivered twice); a created run waits
+        for its turn (max_active_runs=1), and its coordinator may be slow to bind (several
+        polls, while the watcher asks how many runs are queued or running); every run of the
+        faulty phase has finished; half the schedules cap a txid at ``batch_size`` (the DAG's
+        param), so the rest of a backlog needs the watcher to fire again. Stops once nothing
+        is queued, nothing fires and nothing waits - or after DRAIN_POLLS polls: what is left
+        then is the schedule's difference (``_check``), as is a run that found nothing to
+        read (the family "one fire, two runs": a fire repeated while its run was coming)."""
         rt, rng = sched.rt, random.Random(f"drain-{sched.seed}")
         cap = batch_size if rng.random() < 0.5 else None
         watch = Watch(refire_after=DRAIN_REFIRE_S)
@@ -373,23 +376,40 @@ class Chaos:
         def run_state(run_id: str) -> str:
             return "running" if run_id in live else "failed"
 
-        clock, queued, runs = 0.0, False, 0
+        clock, event_queued, created, runs = 0.0, False, 0, 0
+        binding_in = -1  # polls until the running run's coordinator binds (-1: none runs)
         for _ in range(DRAIN_POLLS):
-            fired = watch.poll(rt, clock, run_state)
+            active = created + (binding_in >= 0)
+            fired = watch.poll(rt, clock, run_state, lambda a=active: a)
             if fired is not None:
-                if queued or rng.random() < 0.2:  # merged into the queued run, or doubled
+                if event_queued or rng.random() < 0.2:  # merged into the queued event, or doubled
                     sched.result.events.append(f"merged-event@drain{runs}")
-                queued = True
-            if queued and rng.random() < 0.7:  # else the scheduler starts it later
-                queued, runs = False, runs + 1
+                event_queued = True
+            if event_queued and rng.random() < 0.6:  # the scheduler creates a run from it
+                event_queued, created = False, created + 1
+            if binding_in < 0 and created and rng.random() < 0.7:  # its turn (else later)
+                created -= 1
+                binding_in = rng.choice((0, 0, 1, 3, 8))  # a slow coordinator: polls to bind
+            if binding_in == 0:
+                binding_in, runs = -1, runs + 1
                 run_id = f"drain-{runs}"
                 live.add(run_id)
-                coordinate_run(rt, run_id, cap, run_state=run_state)
+                bound = coordinate_run(rt, run_id, cap, run_state=run_state)
                 emit_run(rt, run_id, self.engine)
-                commit_run(rt, run_id)
+                done = commit_run(rt, run_id)
                 live.discard(run_id)
                 sched.note_changes(rt.ledger.txid_of_run(run_id))
-            elif not queued and fired is None and work_waiting(rt, run_state) is None:
+                fresh = bound["binding"] == "new" and done["status"] == "committed"
+                if fresh and not done["records"] and not sched.result.difference:
+                    sched.result.difference = (
+                        f"{run_id} committed a new txid {done['txid']} with nothing to read: "
+                        "a fire was repeated while its run was queued or binding"
+                    )
+            elif binding_in > 0:
+                binding_in -= 1
+            elif (
+                not (event_queued or created) and fired is None and not work_waiting(rt, run_state)
+            ):
                 break
             clock += rng.choice((0.5, 1.0, 5.0, DRAIN_REFIRE_S))
         left = rt.ledger.pending_txids()

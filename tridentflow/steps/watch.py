@@ -21,7 +21,16 @@ watcher sent before, and it holds these rules:
   lost) is repeated after ``refire_after`` seconds, doubling up to ``REFIRE_CAP_S``.
 * **No hot loop**: a commit that moved no committed offset while the same records waited (a
   run that could read none of them) does not answer the fire either, so a source whose head
-  says more than a run can read costs a run per back-off step, not a run per poll.
+  says more than a run can read costs a run per back-off step, not a run per poll. "The same
+  records" is judged by offsets - where the committed offsets and the heads stand - never by
+  how many: a run that read some while as many new ones arrived answered its fire.
+* **No second run for one fire**: an unanswered fire is not repeated while the orchestrator
+  has a run of the pipeline's DAG queued or starting that has not bound a txid yet
+  (``active_runs``: its queued and running runs, beyond those holding a txid) - a coordinator
+  slow to bind would otherwise get a second run that commits an empty txid.
+* **A reset or a rewind answers every fire**: the ledger a fire waited on is gone (another
+  generation, or fewer txids than the fire waited for), so the watcher forgets it and judges
+  the new ledger afresh - never waits for an old txid the new ledger may take long to pass.
 
 Hence every record lands in a run: a burst merged into one run leaves its rest waiting, and the
 next poll after that run's commit fires again; a watcher that fires twice makes at most one run
@@ -30,7 +39,8 @@ that finds nothing (an empty txid, no Spark job). Reads only: a watcher never wr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from tridentflow.steps.runs import FINISHED, RunState
@@ -43,6 +53,9 @@ waiting gets its first run within this back-off; while it stays paused, one asse
 minute at most."""
 REFIRE_CAP_S = 60.0
 
+ActiveRuns = Callable[[], "int | None"]
+"""How many runs of the pipeline's DAG are queued or running now (None: cannot tell)."""
+
 
 @dataclass(frozen=True)
 class Waiting:
@@ -54,6 +67,9 @@ class Waiting:
     adopt: int | None = None
     beyond: int | None = None
     """Set: the records are beyond what held txid ``beyond`` can read (its run is live)."""
+    since: dict[int, int] = field(default_factory=dict)
+    """Where each partition's waiting records start (committed offsets, or a held txid's
+    reach): with ``partitions``, which records wait - compared by offsets, not counts."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,10 +112,10 @@ def held_txid(rt: Runtime, pending: list[int], run_state: RunState | None = None
 
 
 def _unheld_work(rt: Runtime, pending: list[int]) -> Waiting | None:
-    behind = _records_behind(rt)
+    behind, since = _records_behind(rt)
     if pending:
-        return Waiting(sum(behind.values()), behind, adopt=pending[0])
-    return Waiting(sum(behind.values()), behind) if behind else None
+        return Waiting(sum(behind.values()), behind, adopt=pending[0], since=since)
+    return Waiting(sum(behind.values()), behind, since=since) if behind else None
 
 
 def _beyond_held(rt: Runtime, held: int, pending: list[int]) -> Waiting | None:
@@ -121,17 +137,20 @@ def _beyond_held(rt: Runtime, held: int, pending: list[int]) -> Waiting | None:
     else:
         return None
     beyond = {p: head - reach[p] for p, head in heads.items() if p in reach and head > reach[p]}
-    return Waiting(sum(beyond.values()), beyond, beyond=held) if beyond else None
+    since = {p: reach[p] for p in beyond}
+    return Waiting(sum(beyond.values()), beyond, beyond=held, since=since) if beyond else None
 
 
-def _records_behind(rt: Runtime) -> dict[int, int]:
-    """Per readable partition, its records past the committed offsets (only those with any)."""
+def _records_behind(rt: Runtime) -> tuple[dict[int, int], dict[int, int]]:
+    """Per readable partition with any, its records past the committed offsets, and where
+    they start (its committed offset)."""
     if not rt.log.exists():
-        return {}
+        return {}, {}
     offsets = rt.ledger.committed_offsets()
     heads = rt.log.scan(offsets).heads  # an unavailable partition is not in heads
     behind = {p: head - offsets.get(p, 0) for p, head in heads.items()}
-    return {p: n for p, n in behind.items() if n > 0}
+    waiting = {p: n for p, n in behind.items() if n > 0}
+    return waiting, {p: offsets.get(p, 0) for p in waiting}
 
 
 class Watch:
@@ -144,13 +163,20 @@ class Watch:
             raise ValueError(f"refire_after must be > 0 seconds, got {refire_after!r}")
         self.refire_after = refire_after
         self._fired_at: float | None = None
-        self._fired_mark: tuple[int, int] | None = None
+        self._fired_mark: tuple[str, int, int] | None = None
         self._fired_for: Waiting | None = None
         self._awaiting_bind_after: int | None = None  # a fire for records beyond a held txid
         self._delay = refire_after
 
-    def poll(self, rt: Runtime, now: float, run_state: RunState | None = None) -> Waiting | None:
-        """What to fire for now (``now``: a monotonic clock, seconds), or None."""
+    def poll(
+        self,
+        rt: Runtime,
+        now: float,
+        run_state: RunState | None = None,
+        active_runs: ActiveRuns | None = None,
+    ) -> Waiting | None:
+        """What to fire for now (``now``: a monotonic clock, seconds), or None.
+        ``active_runs``: the orchestrator's count of the DAG's queued and running runs."""
         pending = rt.ledger.pending_txids()
         held = held_txid(rt, pending, run_state)
         if held is not None:  # a run is on it: only what it cannot read may be asked for
@@ -160,12 +186,15 @@ class Watch:
         else:
             waiting = _unheld_work(rt, pending)
         if waiting is None:
-            self._fired_at = self._fired_mark = self._fired_for = None
-            self._awaiting_bind_after = None
-            self._delay = self.refire_after
+            self._forget()
             return None
-        mark = (rt.ledger.committed_txid(), rt.ledger.last_txid())
-        if self._awaiting_bind_after is not None and mark[1] > self._awaiting_bind_after:
+        ledger = rt.ledger
+        mark = (ledger.current_generation() or "", ledger.committed_txid(), ledger.last_txid())
+        if self._fired_mark is not None and (
+            mark[0] != self._fired_mark[0] or mark[2] < self._fired_mark[2]
+        ):  # reset or rewound since the fire: the ledger it waited on is gone
+            self._forget()
+        if self._awaiting_bind_after is not None and mark[2] > self._awaiting_bind_after:
             self._awaiting_bind_after = None  # the run queued behind it has bound its txid
         answered = self._fired_at is None or (
             self._awaiting_bind_after is None  # a look-ahead fire: answered by its run's bind
@@ -176,9 +205,29 @@ class Watch:
             self._delay = self.refire_after
         elif now - self._fired_at < self._delay:
             return None
+        elif self._run_coming(held, active_runs):
+            return None  # a run queued or starting answers it: no second run for one fire
         else:
             self._delay = min(self._delay * 2, REFIRE_CAP_S)  # unanswered: back off
         self._fired_at, self._fired_mark, self._fired_for = now, mark, waiting
         if waiting.beyond is not None:
             self._awaiting_bind_after = waiting.beyond
         return waiting
+
+    def _forget(self) -> None:
+        """No fire waits for an answer any more."""
+        self._fired_at = self._fired_mark = self._fired_for = None
+        self._awaiting_bind_after = None
+        self._delay = self.refire_after
+
+    @staticmethod
+    def _run_coming(held: int | None, active_runs: ActiveRuns | None) -> bool:
+        """Whether the orchestrator has a run queued or running beyond the one holding
+        ``held`` (if any): that run has not bound a txid yet, and will."""
+        if active_runs is None:
+            return False
+        try:
+            active = active_runs()
+        except Exception:  # cannot tell: the back-off decides
+            return False
+        return active is not None and active > (0 if held is None else 1)
