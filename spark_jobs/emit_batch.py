@@ -61,19 +61,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             spark.stop()
     except Exception as exc:  # every failure is one line naming its cause
-        report_error(one_line(exc))
+        report_error(one_line(exc), getattr(exc, "retry_helps", True))
         return 1
     print(json.dumps(emit_summary(rt, txid, staged)))
     return 0
 
 
-def report_error(line: str) -> None:
+def report_error(line: str, retry_helps: bool = True) -> None:
+    """The failure on stderr, and as JSON ``{"line", "retry_helps"}`` in the file
+    TRIDENTFLOW_ERROR_FILE names (the operator fails without retrying what a retry cannot
+    fix: tridentflow.errors.TridentflowError.retry_helps)."""
     sys.stderr.write(f"emit_batch: error: {line}\n")
     sys.stderr.flush()
     path = os.environ.get("TRIDENTFLOW_ERROR_FILE")
     if path:
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+            fh.write(json.dumps({"line": line, "retry_helps": retry_helps}) + "\n")
 
 
 if __name__ == "__main__":

@@ -60,10 +60,41 @@ def test_each_step_reports_the_source_with_the_txids_ranges_and_the_commit_its_s
     for step, result in replay.items():
         got = step_lineage(rt, step, "run-1", result)
         assert (got.txid, got.replayed, got.ranges) == (1, True, ranges), step
-    # before a step finished (the start of a task) or after it failed: no result to go by
-    started = step_lineage(rt, "commit", "run-2", None)
-    assert (started.txid, started.replayed) == (2, False)
+        assert got.records == 40, step  # what the txid committed, not the replay's nothing
+    # before a step finished (the start of a task) or after it failed, no result to go by:
+    # the ledger says whether it replays a committed txid, as its COMPLETE will
+    for step in ("coordinate", "emit", "commit"):
+        started = step_lineage(rt, step, "run-2", None)
+        assert (started.txid, started.replayed) == (2, True), step
+    produce(rt, sentences(5, seed=3))
+    coordinate_run(rt, "run-3")
+    started = step_lineage(rt, "commit", "run-3", None)
+    assert (started.txid, started.replayed, started.records) == (3, False, None)
     assert step_lineage(rt, "coordinate", "never-bound", None).txid is None
+
+
+def test_a_sharded_states_datasets_are_its_shards_hashes(redis_url, redis_client, home):
+    """Each dataset a commit reports names a key that exists (a sharded state has no hash of
+    its own: each shard holds one)."""
+    rt = runtime("wordcount", redis_url, home)
+    rt.shards = 3
+    rt.ledger.reset(force=True)
+    produce(rt, sentences(30, seed=4))
+    results = run_txid(rt, "run-1")
+    outputs = step_lineage(rt, "commit", "run-1", results["commit"]).outputs
+    assert len(outputs) == 3
+    assert all(redis_client.exists(d.name) for d in outputs), outputs
+
+
+def test_an_opaque_commits_start_names_the_ranges_its_emit_read(redis_url, redis_client, home):
+    rt = runtime("wordcount-opaque", redis_url, home)
+    produce(rt, sentences(12, seed=5))
+    coordinate_run(rt, "run-1")
+    staged = emit_summary(rt, 1, emit_run(rt, "run-1", LocalEngine()))
+    started = step_lineage(rt, "commit", "run-1", None)  # the commit task's START, and FAIL
+    assert started.ranges and started.ranges == {
+        int(p): tuple(r) for p, r in staged["ranges"].items()
+    }
 
 
 def test_an_opaque_txids_ranges_come_from_its_emit_then_its_commit_record(

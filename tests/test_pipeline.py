@@ -140,7 +140,10 @@ def test_registry_finds_examples_and_module_attributes():
     assert load_pipeline("wordcount").name == "wordcount"
     ref = "tridentflow.examples.wordcount:wordcount_opaque"
     assert load_pipeline(ref).name == "wordcount-opaque"
-    with pytest.raises(PipelineError, match="unknown pipeline"):
+    with pytest.raises(PipelineError, match="unknown pipeline") as exc:
         load_pipeline("nope")
+    assert "did you mean" not in str(exc.value)
+    with pytest.raises(PipelineError, match="'wordcout': did you mean 'wordcount'"):
+        load_pipeline("wordcout")
     with pytest.raises(PipelineError, match="cannot import"):
         load_pipeline("no_such_module:x")

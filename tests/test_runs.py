@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -89,10 +90,24 @@ def test_the_emit_job_reports_an_unreachable_redis_in_one_line(tmp_path, home):
         timeout=60,
     )
     assert out.returncode == 1
-    assert out.stderr.strip().splitlines() == [
-        f"emit_batch: error: {error_file.read_text().strip()}"
-    ]
+    reported = json.loads(error_file.read_text())
+    assert out.stderr.strip().splitlines() == [f"emit_batch: error: {reported['line']}"]
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in out.stderr
+    assert reported["retry_helps"] is True  # an outage: the task's retries ride it out
+
+
+def test_the_emit_job_says_a_retry_cannot_import_a_missing_pipeline(tmp_path, home):
+    error_file = tmp_path / "error"
+    env = {"PATH": "/usr/bin:/bin", "TRIDENTFLOW_ERROR_FILE": str(error_file)}
+    job = str(ROOT / "spark_jobs" / "emit_batch.py")
+    out = subprocess.run(
+        [sys.executable, job, "--pipeline", "my_pipeline:build", "--run-id", "r"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1
+    reported = json.loads(error_file.read_text())
+    assert "cannot import my_pipeline" in reported["line"]
+    assert reported["retry_helps"] is False  # the operator fails the task at once
 
 
 class FakeSparkError(Exception):

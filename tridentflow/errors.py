@@ -14,9 +14,16 @@ NON_FINITE = (
 class TridentflowError(Exception):
     """Base class of errors the CLI reports as a single line."""
 
+    retry_helps = True
+    """Whether running the step again, unchanged, may succeed (an outage, a race). False for
+    what only a person can fix - a pipeline that does not import, a setting that is missing:
+    an orchestrator fails the task at once instead of retrying it for minutes."""
+
 
 class PipelineError(TridentflowError):
     """The pipeline definition is invalid or its semantics are refused."""
+
+    retry_helps = False
 
 
 class InvalidNameError(PipelineError, ValueError):
@@ -32,6 +39,8 @@ class NotConfigured(SourceError):
     """The pipeline lacks a setting it needs (its message says which, and where to give it):
     it is not configured, which is not a failure - the view shows it as such, and the metrics
     report ``tridentflow_configured`` 0 instead of ``tridentflow_up`` 0."""
+
+    retry_helps = False
 
 
 class PartitionUnavailable(SourceError):

@@ -6,6 +6,7 @@ load gets a fresh pipeline object).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 
 from tridentflow.errors import PipelineError, TridentflowError
@@ -33,9 +34,11 @@ EXAMPLES = {
 def load_pipeline(ref: str) -> Pipeline:
     target = EXAMPLES.get(ref, ref)
     if ":" not in target:
+        close = difflib.get_close_matches(ref, EXAMPLES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise PipelineError(
-            f"unknown pipeline {ref!r}: use a bundled example ({', '.join(sorted(EXAMPLES))}) "
-            "or module:attribute"
+            f"unknown pipeline {ref!r}: {hint}use a bundled example "
+            f"({', '.join(sorted(EXAMPLES))}) or module:attribute"
         )
     module_name, _, attr = target.partition(":")
     try:

@@ -50,6 +50,28 @@ def is_tridentflow_dag(dag_id: str) -> bool:
         return any(getattr(task, "_task_module", "") == OPERATOR_MODULE for task in found.dag.tasks)
 
 
+def runs_backwards(request: dict[str, Any]) -> bool:
+    """Whether Airflow reads the backfill request as running backwards: its own field's
+    parsing decides (``"true"``, ``1``, ``"yes"`` are true there, as JSON's ``true``); a
+    value it refuses is left to Airflow, which answers 422 itself."""
+    value = request.get("run_backwards", False)
+    try:
+        from pydantic import TypeAdapter, ValidationError
+    except ImportError:  # pragma: no cover - Airflow's API server always has pydantic
+        return value is True
+    try:
+        from airflow.api_fastapi.core_api.datamodels.backfills import BackfillPostBody
+
+        field = BackfillPostBody.model_fields["run_backwards"]
+        adapter: Any = TypeAdapter(field.annotation)
+    except Exception:  # another Airflow: its field is a plain bool
+        adapter = TypeAdapter(bool)
+    try:
+        return bool(adapter.validate_python(value))
+    except ValidationError:
+        return False
+
+
 async def authenticated(scope: Scope) -> bool:
     """Whether Airflow's auth manager accepts the request's token (``Authorization: Bearer``
     or the UI's cookie), as its own routes check."""
@@ -74,7 +96,7 @@ async def refusal(scope: Scope, body: bytes) -> str | None:
         request = json.loads(body or b"{}")
     except ValueError:
         return None  # Airflow answers a malformed body itself
-    if not isinstance(request, dict) or request.get("run_backwards") is not True:
+    if not isinstance(request, dict) or not runs_backwards(request):
         return None
     dag_id = request.get("dag_id")
     if not isinstance(dag_id, str) or not await authenticated(scope):

@@ -11,11 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 try:  # Airflow >= 3.2
-    from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 except ImportError:  # Airflow 3.1
-    from airflow.exceptions import AirflowNotFoundException  # type: ignore[no-redef]
+    from airflow.exceptions import (  # type: ignore[no-redef]
+        AirflowFailException,
+        AirflowNotFoundException,
+    )
 
 __all__ = [
+    "AirflowFailException",
     "AirflowNotFoundException",
     "airflow_stats",
     "doubling_backoff",

@@ -48,6 +48,20 @@ class TridentflowRedisHook(BaseHook):
         super().__init__()
         self.redis_conn_id = redis_conn_id
 
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """How the UI's connection form shows a Redis connection."""
+        return {
+            "hidden_fields": [],
+            "relabeling": {"schema": "Database number", "login": "ACL user (optional)"},
+            "placeholders": {
+                "host": "redis.example.com",
+                "port": "6379",
+                "schema": "1",
+                "extra": '{"ssl": true, "ssl_ca_certs": "/etc/ssl/redis-ca.pem"}',
+            },
+        }
+
     def get_url(self) -> str:
         """The Redis URL of the connection, looked up through the Task SDK (in a task)."""
         return redis_url_of(

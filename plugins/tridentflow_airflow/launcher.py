@@ -174,12 +174,90 @@ def _reaped_or_alive(pid: int) -> bool:
     return _alive(pid, group=True)
 
 
-def running(home: Path) -> dict[str, int]:
+def _started_at(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), None if there is none."""
+    import psutil
+
     try:
-        pids = json.loads(_pids_file(home).read_text())
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _recorded(home: Path) -> dict[str, tuple[int, float | None]]:
+    """What ``pids.json`` says ``up`` started: name -> (pid, its start time). A file of an
+    older version holds pids only (start time None)."""
+    try:
+        raw = json.loads(_pids_file(home).read_text())
     except (FileNotFoundError, ValueError):
         return {}
-    return {name: pid for name, pid in pids.items() if _alive(pid)}
+    found: dict[str, tuple[int, float | None]] = {}
+    for name, entry in raw.items() if isinstance(raw, dict) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("pid"), int):
+            found[name] = (entry["pid"], entry.get("started"))
+        elif isinstance(entry, int):
+            found[name] = (entry, None)
+    return found
+
+
+def _record(home: Path, pids: dict[str, int]) -> None:
+    """``pids.json``: each component's pid and its process's start time (what proves, later,
+    that a pid is still that component and not a stranger that reused it)."""
+    entries = {name: {"pid": pid, "started": _started_at(pid)} for name, pid in pids.items()}
+    _pids_file(home).write_text(json.dumps(entries))
+
+
+START_SLACK_S = 1.0
+"""How far a process's start time may differ from the recorded one and still be the same
+process (psutil derives it from clock ticks since boot)."""
+
+
+def _is_component(pid: int, started: float | None, name: str) -> bool:
+    """Whether ``pid`` is still the component ``up`` started as ``name``: alive and started
+    when recorded - after a reboot or a pid's reuse, a stranger never is. Without a recorded
+    start time (an older ``pids.json``), its command line must run ``airflow NAME``."""
+    now = _started_at(pid)
+    if now is None:
+        return False
+    if started is not None:
+        return abs(now - started) <= START_SLACK_S
+    import psutil
+
+    try:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return "airflow" in cmdline and name in cmdline
+
+
+def _orphans(pgid: int, started: float | None) -> list[int]:
+    """The processes left in component group ``pgid`` after its leader exited: they started
+    after the component did and run Airflow (a reused group id holds none of them)."""
+    import psutil
+
+    if started is None:
+        return []
+    found = []
+    for proc in psutil.process_iter(["pid", "create_time", "cmdline"]):
+        try:
+            if os.getpgid(proc.info["pid"]) != pgid:
+                continue
+        except (ProcessLookupError, PermissionError):
+            continue
+        line = " ".join(proc.info.get("cmdline") or [])
+        if (proc.info.get("create_time") or 0) + START_SLACK_S >= started and "airflow" in line:
+            found.append(proc.info["pid"])
+    return found
+
+
+def running(home: Path) -> dict[str, int]:
+    """The components ``up`` started that still run (a recorded pid a stranger reuses now -
+    after a reboot, say - is not one of them)."""
+    return {
+        name: pid
+        for name, (pid, started) in _recorded(home).items()
+        if _is_component(pid, started, name)
+    }
 
 
 def api_healthy(port: int, timeout: float = 5) -> bool:
@@ -296,7 +374,7 @@ def up(
 
     def start(name: str) -> None:
         pids[name] = _start_component(home, name, env)
-        _pids_file(home).write_text(json.dumps(pids))
+        _record(home, pids)
 
     start(COMPONENTS[0])
     deadline = time.monotonic() + timeout
@@ -374,7 +452,7 @@ def restart(home: Path, name: str, grace: float = 20) -> int:
     env = component_env(home)
     _stop_group(pids[name], grace)
     pids[name] = _start_component(home, name, env)
-    _pids_file(home).write_text(json.dumps(pids))
+    _record(home, pids)
     return pids[name]
 
 
@@ -477,15 +555,26 @@ SIGTERM, or multiprocessing's resource tracker (which ignores SIGTERM and waits 
 def down(home: Path, grace: float = 20) -> list[str]:
     """Stop every component in reverse start order (the scheduler and the tasks it runs
     first, the api-server they report to last): SIGTERM to its process group, SIGKILL after
-    ``grace`` seconds, or ``ORPHAN_GRACE_S`` after the component itself has exited."""
-    try:
-        pids = json.loads(_pids_file(home).read_text())
-    except (FileNotFoundError, ValueError):
+    ``grace`` seconds, or ``ORPHAN_GRACE_S`` after the component itself has exited. Only
+    what ``up`` started is signalled: a recorded pid whose process is not that component any
+    more (a reboot, a pid reused) is left alone, and of a group whose leader exited only the
+    Airflow processes started after it (its orphans)."""
+    recorded = _recorded(home)
+    if not recorded and not _pids_file(home).exists():
         return []
-    order = [n for n in reversed(COMPONENTS) if n in pids]
-    order += [n for n in pids if n not in COMPONENTS]
+    order = [n for n in reversed(COMPONENTS) if n in recorded]
+    order += [n for n in recorded if n not in COMPONENTS]
+    stopped = []
     for name in order:
-        _stop_group(pids[name], grace)
+        pid, started = recorded[name]
+        if _is_component(pid, started, name):
+            _stop_group(pid, grace)
+            stopped.append(name)
+            continue
+        for orphan in _orphans(pid, started):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, signal.SIGKILL)
+    order = stopped
     _pids_file(home).unlink(missing_ok=True)
     _env_file(home).unlink(missing_ok=True)
     connect_port = airflow_home(home) / "spark-connect.port"

@@ -12,6 +12,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,9 @@ from tridentflow.steps.runs import (
     wait_emit_turn,
 )
 from tridentflow.steps.runtime import Runtime, resolve_home
+from tridentflow.user_code import shippable
 from tridentflow_airflow.assets import emit_commit_events
+from tridentflow_airflow.compat import AirflowFailException, AirflowNotFoundException
 from tridentflow_airflow.dated_order import bind_in_date_order
 from tridentflow_airflow.hooks import (
     TridentflowRedisHook,
@@ -61,6 +65,27 @@ FORWARDED_ENV = (
     "SPARK_LOCAL_IP",
 )
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def fail_fast() -> Iterator[None]:
+    """What a retry cannot fix fails the task at once (AirflowFailException, one line), not
+    after minutes of retries: a pipeline that does not import or lacks a setting
+    (``TridentflowError.retry_helps`` False), a connection that is not defined. Everything
+    else - an outage, a race - is raised as it is, and Airflow retries the task."""
+    try:
+        yield
+    except TridentflowError as exc:
+        if exc.retry_helps:
+            raise
+        raise AirflowFailException(
+            f"{one_line(exc)} (not retried: fix it, then clear the task)"
+        ) from exc
+    except AirflowNotFoundException as exc:
+        raise AirflowFailException(
+            f"{one_line(exc)}: define it (Admin > Connections, or AIRFLOW_CONN_<ID>), then clear "
+            "the task (not retried)"
+        ) from exc
 
 
 class TridentflowTask:
@@ -183,7 +208,9 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
     (tridentflow_airflow.dated_order): a backfill or a catch-up keeps its txids in date
     order, and a backfill that runs backwards is refused."""
 
-    template_fields = ("batch_size",)
+    template_fields = ("batch_size", "pipeline")
+    """``pipeline`` among them so the serialized DAG keeps it: the view learns from it which
+    pipeline this DAG runs (tridentflow_airflow.catalog) instead of guessing from the DAG id."""
     ui_color = "#e8f0fe"
     lineage_step = "coordinate"
     operator_extra_links = (TridentflowRunLink(),)
@@ -193,6 +220,10 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
         self.batch_size = batch_size
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with fail_fast():
+            return self._coordinate(context)
+
+    def _coordinate(self, context: Any) -> dict[str, Any]:
         size = int(self.batch_size) if self.batch_size not in (None, "", "None") else None
         rt = self.runtime()
         bind_in_date_order(context, rt)  # runs with a logical date bind in date order
@@ -272,6 +303,10 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
         return env
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        with fail_fast():
+            return self._emit(context)
+
+    def _emit(self, context: Any) -> dict[str, Any] | None:
         check_spark_connection(self._conn_id)
         rt = self.runtime()
         txid, plan = emit_plan(rt, context["run_id"], self.lease_ms)
@@ -301,26 +336,84 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
                 **(self.env_vars or {}),
                 "TRIDENTFLOW_ERROR_FILE": str(error_file),
             }
+            self.py_files = shipped_py_files(self.py_files, self.pipeline, Path(scratch))
             try:
                 super().execute(context)
             except Exception as exc:
-                cause = error_file.read_text().strip() if error_file.exists() else ""
+                cause, retry_helps = read_emit_error(error_file)
                 if not cause:
                     raise
                 self.log.error("emit failed: %s", cause)
-                raise EmitFailed(cause) from exc
-        return None
+                failure = EmitFailed(cause)
+                failure.retry_helps = retry_helps
+                raise failure from exc
+        return staged_summary(rt, txid)
 
     def execute_over_connect(self, context: Any, remote: str) -> dict[str, Any]:
         """The emit as a client of the Spark Connect server at ``remote``, in this task's
-        process: no spark-submit, no JVM here; the server's executors run the read tasks."""
+        process: no spark-submit, no JVM here; the server's executors run the read tasks (the
+        pipeline's module shipped to them as an artifact when it lives outside the installed
+        packages)."""
         try:
-            result = emit_run_remote(self.runtime(), context["run_id"], remote, self.lease_ms)
+            with tempfile.TemporaryDirectory(prefix="tridentflow-emit-") as scratch:
+                code = shippable(self.pipeline)
+                ship = [code.archive(Path(scratch))] if code is not None else []
+                result = emit_run_remote(
+                    self.runtime(), context["run_id"], remote, self.lease_ms, ship
+                )
         except Exception as exc:
             self.log.error("emit failed: %s", one_line(exc))
-            raise EmitFailed(one_line(exc)) from exc
+            failure = EmitFailed(one_line(exc))
+            failure.retry_helps = getattr(exc, "retry_helps", True)
+            raise failure from exc
         self.log.info("emit over Spark Connect: %s", result)
         return result
+
+
+def shipped_py_files(py_files: str | None, pipeline: str, scratch: Path) -> str | None:
+    """``py_files`` (spark-submit's ``--py-files``) with the pipeline's module added when it
+    lives outside the installed packages (the dags folder, say: tridentflow.user_code), so
+    the emit's driver and executors import it as this worker does."""
+    code = shippable(pipeline)
+    if code is None:
+        return py_files
+    return ",".join(f for f in (py_files, str(code.archive(scratch))) if f)
+
+
+def read_emit_error(path: Path) -> tuple[str, bool]:
+    """What the emit job reported (spark_jobs/emit_batch.report_error): its line and whether
+    a retry may help; ("", True) if it reported nothing."""
+    try:
+        raw = path.read_text().strip()
+    except FileNotFoundError:
+        return "", True
+    try:
+        reported = json.loads(raw)
+        return str(reported["line"]), bool(reported.get("retry_helps", True))
+    except (ValueError, KeyError, TypeError):
+        return raw, True
+
+
+def staged_summary(rt: Runtime, txid: int) -> dict[str, Any] | None:
+    """What the spark-submit emit staged, read back from the ledger (the job runs in another
+    process): what the lineage of its completion reports - its ranges and records."""
+    try:
+        attempt = rt.ledger.staged_attempt(txid)
+        if attempt is None:
+            return None
+        manifest = rt.staging_of(txid, attempt).manifest(txid, attempt)
+    except Exception as exc:  # the emit succeeded: a summary never fails it
+        log.warning("tridentflow: no summary of the staged emit: %s", one_line(exc))
+        return None
+    return {
+        "pipeline": rt.pipeline.name,
+        "txid": txid,
+        "status": "staged",
+        "attempt": attempt,
+        "records": sum(int(c[0]) for c in manifest.get("counts", {}).values()),
+        "ranges": manifest.get("ranges", {}),
+        "skipped": manifest.get("skipped", []),
+    }
 
 
 def lineage_parent_conf(conf: dict[str, Any] | None, context: Any) -> dict[str, Any]:
@@ -368,6 +461,10 @@ class CommitOperator(TridentflowTask, BaseOperator):
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with fail_fast():
+            return self._commit(context)
+
+    def _commit(self, context: Any) -> dict[str, Any]:
         rt = self.runtime()
         txid = owned_txid(rt, context["run_id"], self.lease_ms)
         record(rt, context, txid, "commit", done=False)
@@ -406,6 +503,10 @@ class ExportOperator(TridentflowTask, BaseOperator):
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with fail_fast():
+            return self._export(context)
+
+    def _export(self, context: Any) -> dict[str, Any]:
         from tridentflow.steps.export import export
 
         rt = self.runtime()

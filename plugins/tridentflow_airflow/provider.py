@@ -51,4 +51,12 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "extra-links": ["tridentflow_airflow.links.TridentflowRunLink"],
+        # the UI's Add Connection offers it, `airflow providers hooks` lists it (Airflow keeps
+        # the first provider's hook where apache-airflow-providers-redis declares one too)
+        "connection-types": [
+            {
+                "hook-class-name": "tridentflow_airflow.hooks.TridentflowRedisHook",
+                "connection-type": "redis",
+            }
+        ],
     }

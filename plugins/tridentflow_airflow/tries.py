@@ -84,13 +84,14 @@ def _ms(moment: Any) -> int | None:
     return None if moment is None else int(moment.timestamp() * 1000)
 
 
-def airflow_tries(dag_id: str, run_ids: Iterable[str]) -> list[TaskTry] | None:
-    """Every try that ran of the steps' tasks in ``run_ids`` of ``dag_id``: the task
-    instances' earlier tries (Airflow's task instance history) and their current one (not a
-    task Airflow marked without running it: NEVER_RAN). None if Airflow's metadata DB cannot
-    be read here."""
+def airflow_tries(dag_ids: str | Iterable[str], run_ids: Iterable[str]) -> list[TaskTry] | None:
+    """Every try that ran of the steps' tasks in ``run_ids`` of the DAGs ``dag_ids`` (those
+    that run the pipeline): the task instances' earlier tries (Airflow's task instance
+    history) and their current one (not a task Airflow marked without running it:
+    NEVER_RAN). None if Airflow's metadata DB cannot be read here."""
     runs = sorted(set(run_ids))
-    if not runs:
+    dags = sorted({dag_ids} if isinstance(dag_ids, str) else set(dag_ids))
+    if not runs or not dags:
         return []
     try:
         from airflow.models.taskinstance import TaskInstance
@@ -106,7 +107,7 @@ def airflow_tries(dag_id: str, run_ids: Iterable[str]) -> list[TaskTry] | None:
                         model.run_id, model.task_id, model.try_number,
                         model.start_date, model.end_date, model.state,
                     ).where(
-                        model.dag_id == dag_id, model.run_id.in_(runs),
+                        model.dag_id.in_(dags), model.run_id.in_(runs),
                         model.task_id.in_(STEPS), model.map_index == -1,
                     )
                 )  # fmt: skip

@@ -31,8 +31,11 @@ now") and ``/tridentflow/run?dag_id=...&run_id=...`` (the tab on every DAG run).
 Airflow does not authenticate plugin apps: every route here depends on the api-server's auth
 manager (``authenticated``: a JWT or the UI's session, as ``requires_authenticated``): no or a
 bad token is 401/403. Responses never hold the
-Redis password. Pipelines are the bundled examples and ``TRIDENTFLOW_PIPELINES`` (comma-
-separated ``module:attribute`` refs). Errors are JSON ``{"detail": one line}``.
+Redis password. Pipelines are those the deployed DAGs run, as each DAG declares it
+(tridentflow_airflow.catalog: never guessed from a DAG id), and ``TRIDENTFLOW_PIPELINES``
+(comma-separated ``module:attribute`` refs, for pipelines no DAG runs); a DAG whose pipeline
+does not load in the api-server is listed as not configured, with why. Errors are JSON
+``{"detail": one line}``.
 """
 
 from __future__ import annotations
@@ -61,16 +64,16 @@ from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
 from tridentflow.ops.status import pending_txid, replays_after_commit, status
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import REDIS_URL_ENV, redacted, scrubbed
-from tridentflow.registry import EXAMPLES, load_pipeline
 from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
+from tridentflow_airflow.catalog import PIPELINES_ENV, catalog, dags_of_runs
 from tridentflow_airflow.dag_factory import default_dag_id
 from tridentflow_airflow.hooks import airflow_connections, server_redis_url
 from tridentflow_airflow.tries import TaskTry, airflow_tries, replays_after, step_figures
 from tridentflow_state.errors import StateError
 
 log = logging.getLogger(__name__)
-PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
+__all__ = ["PIPELINES_ENV", "app"]
 PAGE = Path(__file__).with_name("static") / "tridentflow.html"
 METRICS_TOKEN_ENV = "TRIDENTFLOW_METRICS_TOKEN"
 """A scrape token: ``Authorization: Bearer <it>`` is accepted on ``/metrics`` (only there)
@@ -144,17 +147,24 @@ def redoc_docs(request: Request) -> HTMLResponse:
 
 
 def known_pipelines() -> dict[str, Pipeline]:
-    """The pipelines the view shows, by name (each ref is loaded once per request; a ref that
-    does not load is left out)."""
-    extra = [r.strip() for r in os.environ.get(PIPELINES_ENV, "").split(",") if r.strip()]
-    found: dict[str, Pipeline] = {}
-    for ref in [*EXAMPLES, *extra]:
-        try:
-            pipeline = load_pipeline(ref)
-        except TridentflowError:
-            continue
-        found.setdefault(pipeline.name, pipeline)
-    return found
+    """The pipelines the view shows, by name (tridentflow_airflow.catalog)."""
+    return catalog().pipelines
+
+
+def dags_of(pipeline: str) -> list[str]:
+    """The DAGs that run ``pipeline``, as they declare it. Without Airflow's metadata DB (the
+    view's unit tests), the DAG id ``pipeline_dag`` gives it by default."""
+    cat = catalog()
+    if not cat.from_airflow:
+        return [default_dag_id(pipeline)]
+    return cat.dags.get(pipeline, [])
+
+
+def single_dag(pipeline: str) -> str | None:
+    """The one DAG that runs ``pipeline`` (None: none, or several - then each run names its
+    own)."""
+    found = dags_of(pipeline)
+    return found[0] if len(found) == 1 else None
 
 
 class NotConfiguredError(HTTPException):
@@ -223,9 +233,11 @@ def _safe(text: str) -> str:
     return scrubbed(text.replace(url, redacted(url)), url)
 
 
-def airflow_run_state(dag_id: str, run_id: str) -> str | None:
-    """A DAG run's state from Airflow's metadata DB (the api-server's own session); None if
-    unknown or unreadable."""
+def airflow_run_state(dag_ids: list[str], run_id: str) -> str | None:
+    """A DAG run's state from Airflow's metadata DB (the api-server's own session), the run
+    of any of ``dag_ids``; None if unknown or unreadable."""
+    if not dag_ids:
+        return None
     try:
         from airflow.models.dagrun import DagRun
         from airflow.utils.session import create_session
@@ -233,7 +245,7 @@ def airflow_run_state(dag_id: str, run_id: str) -> str | None:
 
         with create_session() as session:
             found = session.scalar(
-                select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+                select(DagRun.state).where(DagRun.dag_id.in_(dag_ids), DagRun.run_id == run_id)
             )
     except Exception:  # no metadata DB here: do not guess
         return None
@@ -241,8 +253,15 @@ def airflow_run_state(dag_id: str, run_id: str) -> str | None:
 
 
 def run_states(pipeline: Pipeline) -> Callable[[str], str | None]:
-    """``run_id`` -> its Airflow state, for the pipeline's DAG."""
-    return partial(airflow_run_state, default_dag_id(pipeline.name))
+    """``run_id`` -> its Airflow state, among the runs of the DAGs that run the pipeline."""
+    return partial(airflow_run_state, dags_of(pipeline.name))
+
+
+def with_dags(pipeline: str, run_ids: list[str]) -> dict[str, str | None]:
+    """run id -> the DAG it is a run of (None where Airflow cannot tell)."""
+    dags = dags_of(pipeline)
+    found = dags_of_runs(dags, run_ids)
+    return {run: found.get(run, single_dag(pipeline)) for run in run_ids}
 
 
 def blocked_with_owner_state(rt: Runtime) -> dict[str, Any] | None:
@@ -289,6 +308,8 @@ def list_pipelines() -> dict[str, Any]:
     reason. 503 (JSON, the same fields and a ``detail``) when none can be read: Redis is
     unreachable or refuses this view."""
     out, unreadable, not_configured = [], [], []
+    for dag_id, why in sorted(catalog().not_configured.items()):  # its pipeline did not load
+        not_configured.append({"pipeline": None, "dag_id": dag_id, "needs": why})
     pipelines = list(known_pipelines().values())
     reads = {f"summary:{p.name}": partial(_summary_of, p) for p in pipelines}
     results = READER.read_all(reads, read_deadline_s())  # concurrently, within the bound
@@ -321,7 +342,7 @@ def tries_by_txid(rt: Runtime, txids: list[int]) -> dict[int, list[TaskTry]]:
     runs = rt.ledger.runs_by_txid()
     wanted = {txid: runs.get(txid, []) for txid in txids}
     run_ids = [run for runs_of in wanted.values() for run in runs_of]
-    every = airflow_tries(default_dag_id(rt.pipeline.name), run_ids)
+    every = airflow_tries(dags_of(rt.pipeline.name), run_ids)
     if not every:
         return {}
     return {txid: [t for t in every if t.run_id in set(of)] for txid, of in wanted.items()}
@@ -348,7 +369,15 @@ def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) 
         info = status(rt)
         info["history"] = rt.ledger.history(history)
         info["blocked"] = blocked_with_owner_state(rt)
-        info["dag_id"] = default_dag_id(rt.pipeline.name)
+        info["dag_id"] = single_dag(rt.pipeline.name)
+        info["dag_ids"] = dags_of(rt.pipeline.name)
+        owners = [e.get("run_id") for e in info["history"]] + [
+            p.get("owner") for p in info["pending"]
+        ]
+        run_dags = with_dags(rt.pipeline.name, [r for r in owners if r])
+        for row in (*info["history"], *info["pending"]):
+            run = row.get("run_id") or row.get("owner")
+            row["dag_id"] = run_dags.get(run) if run else info["dag_id"]
         pending = [p["txid"] for p in info["pending"]]
         tries = tries_by_txid(rt, [e["txid"] for e in info["history"]] + pending)
         now_ms = int(time.time() * 1000)
@@ -367,14 +396,23 @@ def get_txid(name: str, txid: int) -> dict[str, Any]:
     with runtime(name) as rt:
         if txid < 1 or txid > rt.ledger.last_txid():
             raise HTTPException(status_code=404, detail=f"txid {txid} is not known yet")
-        dag_id = default_dag_id(rt.pipeline.name)
         states = run_states(rt.pipeline)
+        bound = sorted(rt.ledger.runs_of_txid(txid).items())
+        run_dags = with_dags(rt.pipeline.name, [run for run, _ in bound])
+        dag_id = single_dag(rt.pipeline.name)
+        if dag_id is None and len(set(run_dags.values()) - {None}) == 1:
+            dag_id = next(iter(set(run_dags.values()) - {None}))
         out: dict[str, Any] = {"txid": txid, "pipeline": rt.pipeline.name, "dag_id": dag_id}
         metadata = rt.ledger.metadata(txid)
         out["partitions"] = _partitions((metadata or {}).get("ranges") or {})
         out["runs"] = [
-            {"run_id": run, "state": states(run), "adopted_by": adopter}
-            for run, adopter in sorted(rt.ledger.runs_of_txid(txid).items())
+            {
+                "run_id": run,
+                "dag_id": run_dags.get(run),
+                "state": states(run),
+                "adopted_by": adopter,
+            }
+            for run, adopter in bound
         ]
         tries = tries_by_txid(rt, [txid]).get(txid)
         now_ms = int(time.time() * 1000)
@@ -417,8 +455,9 @@ async def current_user(
     return await get_user(request, None, credentials)
 
 
-def may_edit_runs(user: Any, dag_id: str) -> bool:
-    """Whether Airflow's auth manager lets ``user`` edit ``dag_id``'s runs (None: tests)."""
+def may_edit_runs(user: Any, dag_id: str | None) -> bool:
+    """Whether Airflow's auth manager lets ``user`` edit ``dag_id``'s runs - or, for None
+    (a pipeline no DAG declares), every DAG's runs. None user: tests."""
     if user is None:
         return True
     from airflow.api_fastapi.app import get_auth_manager
@@ -427,13 +466,14 @@ def may_edit_runs(user: Any, dag_id: str) -> bool:
         DagDetails,
     )
 
+    details = DagDetails(id=dag_id) if dag_id is not None else None
     return get_auth_manager().is_authorized_dag(
-        method="PUT", access_entity=DagAccessEntity.RUN, details=DagDetails(id=dag_id), user=user
+        method="PUT", access_entity=DagAccessEntity.RUN, details=details, user=user
     )
 
 
 def audit_log(
-    dag_id: str,
+    dag_id: str | None,
     run_id: str | None,
     user: Any,
     extra: dict[str, Any],
@@ -454,18 +494,19 @@ def audit_log(
         log.warning("tridentflow: no audit-log entry for %s: %s", extra, one_line(exc))
 
 
-def editable(name: str, user: Any, action: str) -> tuple[Pipeline, str]:
-    """(the pipeline, its DAG id) if ``user`` may edit its DAG's runs: 404 for an unknown
-    pipeline, 403 (naming ``action``) without the rights."""
+def editable(name: str, user: Any, action: str) -> tuple[Pipeline, str | None]:
+    """(the pipeline, its one DAG id or None) if ``user`` may edit the runs of every DAG that
+    runs it (of every DAG, for a pipeline no DAG declares): 404 for an unknown pipeline, 403
+    (naming ``action`` and the DAG) without the rights."""
     pipeline = known_pipelines().get(name)
     if pipeline is None:
         raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
-    dag_id = default_dag_id(pipeline.name)
-    if not may_edit_runs(user, dag_id):
-        raise HTTPException(
-            status_code=403, detail=f"{action} needs edit rights on {dag_id}'s runs"
-        )
-    return pipeline, dag_id
+    dags = dags_of(pipeline.name)
+    for dag_id in dags or [None]:
+        if not may_edit_runs(user, dag_id):
+            whose = f"{dag_id}'s runs" if dag_id else "every DAG's runs (no DAG runs it)"
+            raise HTTPException(status_code=403, detail=f"{action} needs edit rights on {whose}")
+    return pipeline, dags[0] if len(dags) == 1 else None
 
 
 @app.post("/api/pipelines/{name}/txids/{txid}/release")
@@ -479,7 +520,9 @@ async def post_release(
     pipeline, dag_id = editable(name, user, "releasing a txid")
     with runtime(pipeline) as rt:
         result = release_finished_owner(rt, txid, run_states(pipeline))
-    audit_log(dag_id, result["owner"], user, {"pipeline": name, **result})
+    owner = result["owner"]
+    dag_id = (with_dags(name, [owner]).get(owner) if owner else None) or dag_id
+    audit_log(dag_id, owner, user, {"pipeline": name, **result})
     return {**result, "dag_id": dag_id}
 
 
@@ -572,15 +615,37 @@ def post_audit(name: str) -> dict[str, Any]:
         }
 
 
+def pipeline_of_dag(dag_id: str) -> Pipeline:
+    """The pipeline ``dag_id`` runs, as it declares it: 409 (one line, not configured) if it
+    does not load here, 404 if the DAG runs no tridentflow pipeline."""
+    cat = catalog()
+    if dag_id in cat.not_configured:
+        raise NotConfiguredError(
+            status_code=409,
+            detail=f"DAG {dag_id} runs a tridentflow pipeline the api-server cannot load: "
+            f"{cat.not_configured[dag_id]}",
+        )
+    name = cat.pipeline_of.get(dag_id)
+    if name is None and not cat.from_airflow:  # no metadata DB: the default DAG ids
+        name = next((n for n in cat.pipelines if default_dag_id(n) == dag_id), None)
+    if name is None:
+        raise HTTPException(status_code=404, detail=f"DAG {dag_id!r} runs no tridentflow pipeline")
+    return cat.pipelines[name]
+
+
+def run_id_of(raw: str) -> str:
+    """A run id as the tab's URL brought it: Airflow 3.1 puts it there unencoded, so the ``+``
+    of ``+00:00`` arrives as a space - and a run id never holds a space (Airflow's
+    ``allowed_run_id_pattern``)."""
+    return raw.replace(" ", "+")
+
+
 @app.get("/api/runs/{dag_id}/{run_id}")
 def get_run(dag_id: str, run_id: str) -> dict[str, Any]:
     """What the run of ``dag_id`` bound and committed, from the ledger (a cleared task's
     XCom is gone; this is not)."""
-    pipeline = next(
-        (p for p in known_pipelines().values() if default_dag_id(p.name) == dag_id), None
-    )
-    if pipeline is None:
-        raise HTTPException(status_code=404, detail=f"DAG {dag_id!r} runs no tridentflow pipeline")
+    pipeline = pipeline_of_dag(dag_id)
+    run_id = run_id_of(run_id)
     with runtime(pipeline) as rt:
         out: dict[str, Any] = {"dag_id": dag_id, "run_id": run_id, "pipeline": pipeline.name}
         lost = rt.ledger.lost_txid(run_id)

@@ -95,9 +95,7 @@ class SourceDataTrigger(BaseEventTrigger):
         try:
             from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-            return int(
-                RuntimeTaskInstance.get_dr_count(self.dag_id, states=["queued", "running"])
-            )
+            return int(RuntimeTaskInstance.get_dr_count(self.dag_id, states=["queued", "running"]))
         except Exception:  # not in a triggerer, API unreachable: do not guess
             return None
 

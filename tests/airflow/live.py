@@ -49,3 +49,15 @@ def wait_task_running(api: AirflowApi, run_id: str, task_id: str, timeout: float
     while api.task(run_id, task_id)["state"] != "running":
         assert time.monotonic() < deadline, api.task(run_id, task_id)
         time.sleep(0.2)
+
+
+def view_json(api: AirflowApi, path: str) -> Any:
+    """An answer of the tridentflow view's JSON API, with the REST client's token."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{api.base}/tridentflow/api/{path}", headers={"Authorization": f"Bearer {api.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.airflow import live as live_stack
+from tests.airflow.live import view_json
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tests.helpers import runtime, sentences, word_counts
 from tests.lineage_schema import read_events, task_events, validate_event
@@ -707,15 +708,6 @@ def test_after_a_redis_outage_through_every_retry_the_next_runs_commit_everythin
     assert api.wait_run(healed) == "success"
     again = api.xcom(healed, "emit")
     assert again["status"] == "already-committed", again
-
-
-def view_json(api: AirflowApi, path: str) -> Any:
-    """An answer of the tridentflow view's JSON API, with the REST client's token."""
-    request = urllib.request.Request(
-        f"{api.base}/tridentflow/api/{path}", headers={"Authorization": f"Bearer {api.token}"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def _ms(iso: str) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.airflow import live
+from tests.airflow.live import view_json
 from tests.helpers import runtime, sentences, word_counts
 from tridentflow.devtools import connect_server, devredis
 from tridentflow.ops.audit import audit
@@ -155,6 +156,17 @@ def test_on_data_runs_when_records_arrive_through_a_triggerer_crash_and_merged_b
     runs = api.call("GET", f"/dags/{ON_DATA}/dagRuns?limit=100")["dag_runs"]
     assert runs and {r["run_type"] for r in runs} == {"asset_triggered"}, runs
     assert all(r["state"] in ("success", "running", "queued") for r in runs), runs
+    # the view knows the DAG from its declaration (its id is not tridentflow_<pipeline>, and
+    # the continuous DAG runs the same pipeline): the run tab, the txid page's runs
+    done = next(r["dag_run_id"] for r in runs if r["state"] == "success")
+    tab = view_json(api, f"runs/{ON_DATA}/{urllib.parse.quote(done, safe='')}")
+    assert (tab["pipeline"], tab["status"]) == ("wordcount-opaque", "committed"), tab
+    page = view_json(api, f"pipelines/wordcount-opaque/txids/{tab['txid']}")
+    assert page["dag_id"] == ON_DATA and page["runs"][0]["state"] == "success", page
+    assert set(view_json(api, "pipelines/wordcount-opaque")["dag_ids"]) >= {
+        ON_DATA,
+        "tridentflow_wordcount_continuous",
+    }
     expected = word_counts(produced)
     assert counts(rt, sorted(expected)) == expected
     assert audit(rt).ok
@@ -236,8 +248,9 @@ def test_a_backfill_from_the_rest_api_binds_txids_in_date_order_and_replays_comp
         "dag_run_conf": {"batch_size": 5},  # 80 records a txid: each run has work
     }
     for route in ("/backfills", "/backfills/dry_run"):
-        status, detail = refused(api, route, {**window, "run_backwards": True})
-        assert (status, detail) == (422, backwards_refusal(SCHEDULED)), route
+        for backwards in (True, "true", 1, "yes"):  # whatever Airflow itself reads as true
+            status, detail = refused(api, route, {**window, "run_backwards": backwards})
+            assert (status, detail) == (422, backwards_refusal(SCHEDULED)), (route, backwards)
     assert api.call("GET", f"/backfills?dag_id={SCHEDULED}")["total_entries"] == 0
     anonymous = AirflowApi.__new__(AirflowApi)  # no token: Airflow's own answer, not ours
     anonymous.base, anonymous.token = api.base, "not-a-token"

@@ -25,7 +25,7 @@ def test_down_in_the_process_that_started_the_components_does_not_wait_out_the_g
         for name in ("api-server", "scheduler")
     }
     launcher.airflow_home(tmp_path).mkdir(parents=True)
-    launcher._pids_file(tmp_path).write_text(json.dumps({n: p.pid for n, p in procs.items()}))
+    launcher._record(tmp_path, {n: p.pid for n, p in procs.items()})
     started = time.monotonic()
     stopped = launcher.down(tmp_path, grace=20)
     took = time.monotonic() - started
@@ -56,7 +56,7 @@ def test_down_kills_what_a_stopped_component_left_in_its_group_without_the_grace
     )
     orphan = int(leader.stdout.readline())
     launcher.airflow_home(tmp_path).mkdir(parents=True)
-    launcher._pids_file(tmp_path).write_text(json.dumps({"scheduler": leader.pid}))
+    launcher._record(tmp_path, {"scheduler": leader.pid})
     started = time.monotonic()
     assert launcher.down(tmp_path, grace=20) == ["scheduler"]
     took = time.monotonic() - started
@@ -73,3 +73,32 @@ def _zombie(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return False
+
+
+def test_down_never_signals_a_stranger_that_reused_a_recorded_pid(tmp_path):
+    """After a reboot or a pid's reuse, ``pids.json`` names processes ``up`` never started:
+    ``down`` (and ``up``, which calls it first) must leave them alone - a recorded start time
+    that differs, or (an older ``pids.json``, pids only) a command line that is not
+    ``airflow NAME``."""
+    strangers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         start_new_session=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    try:
+        launcher.airflow_home(tmp_path).mkdir(parents=True)
+        reused, old_format = strangers
+        entries = {
+            "scheduler": {"pid": reused.pid, "started": launcher._started_at(reused.pid) - 3600},
+            "triggerer": old_format.pid,
+        }
+        launcher._pids_file(tmp_path).write_text(json.dumps(entries))
+        assert launcher.running(tmp_path) == {}
+        assert launcher.down(tmp_path, grace=1) == []
+        time.sleep(0.3)
+        assert all(p.poll() is None for p in strangers)  # both still alive
+        assert not launcher._pids_file(tmp_path).exists()  # the stale record is gone
+    finally:
+        for p in strangers:
+            p.kill()
+            p.wait()

@@ -468,9 +468,10 @@ def test_a_txids_page_has_its_ranges_runs_adoptions_and_steps(client, redis_url,
     assert [(p["partition"], p["from"], p["to"], p["records"]) for p in page["partitions"]] == [
         (p, 0, 2, 2) for p in range(4)
     ]  # the metadata frozen on the first attempt, reused by the adopting run
+    dag = "tridentflow_wordcount"
     assert page["runs"] == [
-        {"run_id": "manual__1", "state": None, "adopted_by": "manual__2"},
-        {"run_id": "manual__2", "state": None, "adopted_by": None},
+        {"run_id": "manual__1", "dag_id": dag, "state": None, "adopted_by": "manual__2"},
+        {"run_id": "manual__2", "dag_id": dag, "state": None, "adopted_by": None},
     ]
     assert page["commit"]["run_id"] == "manual__2" and page["commit"]["records"] == 8
     assert page["replays"] == []

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -633,6 +633,27 @@ def shared_session_url(remote: str, key: str, now: float | None = None) -> str:
     if "/;" in remote:
         return f"{remote};session_id={sid}"
     return f"{remote.rstrip('/')}/;session_id={sid}"
+
+
+def ship_python(spark: SparkSession, files: Iterable[Path]) -> None:
+    """Make ``files`` (``.py`` modules, ``.zip`` packages: tridentflow.user_code) importable by
+    the session's Python workers - a Spark Connect session's artifacts, or a classic session's
+    ``addPyFile``. Idempotent for unchanged files. A module changed since a shared Connect
+    session took it is refused in one line (its workers keep what they imported)."""
+    for path in files:
+        if not is_connect(spark):
+            spark.sparkContext.addPyFile(str(path))
+            continue
+        try:
+            spark.addArtifacts(str(path), pyfile=True)
+        except Exception as exc:
+            if "exist" not in str(exc).lower():
+                raise
+            raise TridentflowError(
+                f"Spark Connect already has another {path.name} in this pipeline's session: "
+                "the pipeline's code changed since; restart the Spark Connect server (or give "
+                "the pipeline's new code a new module name) and clear the emit"
+            ) from None
 
 
 def spark_session(

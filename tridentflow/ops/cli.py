@@ -37,6 +37,7 @@ import redis
 
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.ops.deployment import cli_redis_url
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
@@ -376,6 +377,9 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runtime:
+    if not getattr(args, "redis_url_said", False):  # which Redis, said once per command
+        args.redis_url = cli_redis_url(args.redis_url)
+        args.redis_url_said = True
     rt = Runtime.open(
         pipeline or load_pipeline(args.pipeline),
         redis_url=args.redis_url,

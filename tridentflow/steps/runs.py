@@ -35,8 +35,9 @@ emit then starts no Spark job at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from tridentflow.engines.base import Engine
@@ -195,16 +196,22 @@ def note_task(
 
 
 def emit_run_remote(
-    rt: Runtime, run_id: str, remote: str, lease_ms: int = DEFAULT_LEASE_MS
+    rt: Runtime,
+    run_id: str,
+    remote: str,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    ship: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """``emit_run`` on the Spark engine as a client of the Spark Connect server at ``remote``
-    (sc://HOST:PORT); the emit's summary."""
-    from tridentflow.engines.spark import SparkEngine, spark_session
+    (sc://HOST:PORT); the emit's summary. ``ship``: Python files the server's workers must
+    import (the pipeline's module: tridentflow.user_code), added to the session first."""
+    from tridentflow.engines.spark import SparkEngine, ship_python, spark_session
 
     txid = owned_txid(rt, run_id, lease_ms)
     spark = spark_session(
         f"tridentflow-emit-{rt.pipeline.name}", remote=remote, share=session_key(rt)
     )  # not stopped: the pipeline's next emit attaches to the same server-side session
+    ship_python(spark, ship)
     return emit_summary(rt, txid, emit(rt, txid, SparkEngine(spark)))
 
 
