@@ -275,6 +275,7 @@ def main() -> None:
         raise
     finally:
         launcher.down(home)
+        launcher.drop_metadata_db(home)
         from tridentflow.devtools import connect_server
 
         if args.emitter == "connect":

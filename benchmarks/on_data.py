@@ -167,6 +167,7 @@ def main() -> None:
                 print(f"backlog: on-data / @continuous = {ratio:.2f} (goal >= 0.9)")
     finally:
         launcher.down(home)
+        launcher.drop_metadata_db(home)
         connect_server.stop(home, connect_port)
         os.environ.clear()
         os.environ.update(saved)

@@ -351,8 +351,8 @@ def test_the_harness_catches_a_broker_watermark_taken_on_trust(monkeypatch, kafk
     from tridentflow.sources.kafka import KafkaLog
 
     monkeypatch.setattr(KafkaLog, "_ends", lambda self, stable: dict(stable))
-    results = run_chaos(3, seed=0, pipelines=KAFKA_PIPELINES, kafka=kafka_broker)
-    assert not results[-1].ok, "3 Kafka schedules did not expose a stale watermark"
+    results = run_chaos(8, seed=0, pipelines=KAFKA_PIPELINES, kafka=kafka_broker)
+    assert not results[-1].ok, "8 Kafka schedules did not expose a stale watermark"
 
 
 def test_the_harness_catches_an_export_that_lets_a_foreign_error_through(monkeypatch):

@@ -104,6 +104,7 @@ def test_opaque_replay_with_a_smaller_batch_rolls_back_the_first_attempt(
 
 def test_a_torn_staged_batch_fails_instead_of_committing(redis_url, redis_client, home):
     rt = runtime("wordcount", redis_url, home)
+    rt.staging_kind = "files"  # a torn file (Redis blocks: tests/test_redis_staging.py)
     produce(rt, sentences(12))
     coordinate(rt, 1)
     staged = emit(rt, 1, ENGINE)
@@ -118,6 +119,7 @@ def test_a_torn_staged_batch_fails_instead_of_committing(redis_url, redis_client
 
 def test_a_batch_whose_counts_disagree_with_its_ranges_fails(redis_url, redis_client, home):
     rt = runtime("wordcount", redis_url, home)
+    rt.staging_kind = "files"  # the manifest doctored on disk
     produce(rt, sentences(12))
     coordinate(rt, 1)
     staged = emit(rt, 1, ENGINE)

@@ -37,6 +37,30 @@ DAG_FILE = """from tridentflow_airflow import pipeline_dag
 
 dag = pipeline_dag("wordcount", schedule=None)
 """
+MY_DAG = "my_counts"
+MY_DAG_FILE = """from tridentflow_airflow import pipeline_dag
+
+dag = pipeline_dag("my_pipeline:build", dag_id="my_counts", schedule=None)
+"""
+MY_PIPELINE = """from tridentflow import Count, LogSource, Pipeline, SourceMode
+from tridentflow import StateKind, StateSpec
+
+
+def split(sentence):
+    for word in sentence.split():
+        yield (word,)
+
+
+def build():
+    p = Pipeline("my-counts", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE))
+    p.stream.each("sentence", split, "word").group_by("word").persistent_aggregate(
+        StateSpec("counts", StateKind.OPAQUE), Count()
+    )
+    return p
+"""
+"""A newcomer's own pipeline: its module next to its DAG file in the dags folder, its DAG
+under an id of its own - the emit must ship the module to Spark, the view must learn the DAG
+from its declaration."""
 MORE = ["you say goodbye", "and i say hello", "hello hello"]
 AIRFLOW_LINES = [
     pytest.param(
@@ -111,16 +135,20 @@ def get(base: str, path: str, token: str | None) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def wait_replayed(api: AirflowApi, run_id: str, task_id: str, tries: int) -> None:
+def wait_replayed(
+    api: AirflowApi, run_id: str, task_id: str, tries: int, dag_id: str | None = None
+) -> None:
     """Until ``task_id`` of ``run_id`` reached try ``tries`` and the run finished again."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        ti = api.task(run_id, task_id)
+        ti = api.task(run_id, task_id, dag_id=dag_id)
         finished = ti["state"] in ("success", "failed") and ti["try_number"] >= tries
-        if finished and api.run(run_id)["state"] in ("success", "failed"):
+        if finished and api.run(run_id, dag_id=dag_id)["state"] in ("success", "failed"):
             return
         time.sleep(2)
-    raise AssertionError(f"{task_id} of {run_id} did not replay: {api.task(run_id, task_id)}")
+    raise AssertionError(
+        f"{task_id} of {run_id} did not replay: {api.task(run_id, task_id, dag_id=dag_id)}"
+    )
 
 
 @pytest.fixture
@@ -139,12 +167,15 @@ def test_a_vanilla_airflow_runs_the_word_count(
     venv = make_venv(
         tmp_path / "venv",
         f"apache-airflow=={version}",
-        f"{wheel}[airflow]",
+        f"{wheel}[airflow,lineage]",
         constraints=CONSTRAINTS / constraints,
     )
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "my_wordcount.py").write_text(DAG_FILE)
+    (dags / "my_counts_dag.py").write_text(MY_DAG_FILE)
+    (dags / "my_pipeline.py").write_text(MY_PIPELINE)
+    events = tmp_path / "openlineage.jsonl"
     port = devredis.free_port()
     base = f"http://127.0.0.1:{port}"
     home = tmp_path / "tridentflow"
@@ -162,16 +193,19 @@ def test_a_vanilla_airflow_runs_the_word_count(
         AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": "local[2]"}),
         TRIDENTFLOW_HOME=str(home),
         SPARK_LOCAL_IP="127.0.0.1",
+        AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps(
+            {"type": "file", "log_file_path": str(events), "append": True}
+        ),
     )
     cli_env = {**env, "TRIDENTFLOW_REDIS_URL": vanilla_redis}
     installed = run(venv / "bin" / "pip", "list", cwd=tmp_path, env=env).stdout
     assert f"apache-airflow {version}".replace(" ", "") in installed.replace(" ", "")
     assert "pyspark-client" not in installed  # nothing overwrites pyspark's files
 
-    def tf(*args: str, stdin: str | None = None) -> str:
+    def tf(*args: str, stdin: str | None = None, cwd: Path = tmp_path) -> str:
         proc = subprocess.run(
             [venv / "bin" / "tridentflow", *args],
-            input=stdin, env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            input=stdin, env=cli_env, cwd=cwd, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
@@ -240,8 +274,63 @@ def test_a_vanilla_airflow_runs_the_word_count(
         provider = run(venv / "bin" / "airflow", "providers", "get", "tridentflow", "-o",
                        "plain", cwd=tmp_path, env=env)  # fmt: skip
         assert "tridentflow" in provider.stdout and "0.1.0" in provider.stdout, provider.stdout
+
+        newcomers_own_pipeline(api, base, tmp_path, tf, dags, events)
     finally:
         stack.stop()
+
+
+def newcomers_own_pipeline(api, base, tmp_path, tf, dags: Path, events: Path) -> None:
+    """Their pipeline module in the dags folder, their DAG id: the emit (spark-submit) ships
+    the module, the run tab and the txid page read in Chromium name the run, its txid and its
+    Airflow state (on 3.1 too, whose tab URL carries the run id unencoded), and the
+    OpenLineage events carry the txid's offsets, its records and whether a step replayed."""
+    from tests.airflow import browser
+    from tests.lineage_schema import read_events, task_events
+
+    tf("produce", "my_pipeline:build", "-", stdin="\n".join(SEED_SENTENCES) + "\n", cwd=dags)
+    api.wait_for_dag(MY_DAG, timeout=180)
+    api.pause(MY_DAG, paused=False)
+    run_id = api.trigger(MY_DAG)
+    assert api.wait_run(run_id, timeout=420, dag_id=MY_DAG) == "success", api.task(
+        run_id, "emit", dag_id=MY_DAG
+    )
+    committed = api.xcom(run_id, "commit", dag_id=MY_DAG)
+    assert (committed["txid"], committed["status"]) == (1, "committed"), committed
+
+    password = json.loads(
+        (tmp_path / "airflow" / "simple_auth_manager_passwords.json.generated").read_text()
+    )["admin"]
+    with browser.logged_in(base, password) as page:
+        tab = browser.run_tab(page, base, MY_DAG, run_id, encoded=None)
+        assert (tab["txid"], tab["status"]) == ("1", "committed"), tab
+        assert tab["records"] == str(len(SEED_SENTENCES)), tab
+        page.goto(f"{base}/plugin/tridentflow/tridentflow/txid?pipeline=my-counts&txid=1")
+        browser.frame_locator_text(page, "h1", "txid 1 of my-counts")
+        runs = browser.frame_text(page, "table:first-of-type")
+        assert run_id in runs and "success" in runs and "(unknown)" not in runs, runs
+        href = page.frame_locator("iframe").locator("table:first-of-type a").first
+        assert f"/dags/{MY_DAG}/runs/" in (href.get_attribute("href") or "")
+
+    # the emit and what follows, cleared: txid 1 replays, and its events say so from START
+    clear = {"dry_run": False, "dag_run_id": run_id, "task_ids": ["emit"],
+             "include_downstream": True, "only_failed": False, "reset_dag_runs": True}  # fmt: skip
+    api.call("POST", f"/dags/{MY_DAG}/clearTaskInstances", clear)
+    wait_replayed(api, run_id, "commit", tries=2, dag_id=MY_DAG)
+    every = read_events(events)
+    emits = task_events(every, MY_DAG, "emit")
+    first_complete = next(e for e in emits if e["eventType"] == "COMPLETE")
+    (source,) = first_complete["inputs"]
+    offsets = source["inputFacets"]["tridentflowOffsets"]
+    assert sum(r["end"] - r["start"] for r in offsets["ranges"]) == len(SEED_SENTENCES)
+    assert source["inputFacets"]["inputStatistics"]["rowCount"] == len(SEED_SENTENCES)
+    commits = task_events(every, MY_DAG, "commit")
+    assert "tridentflowOffsets" in commits[0]["inputs"][0]["inputFacets"]  # its START too
+    replays = [e for e in emits + commits if e["run"]["facets"]["tridentflow"]["replayed"]]
+    assert {e["eventType"] for e in replays} >= {"START", "COMPLETE"}, replays
+    replayed_commit = [e for e in replays if e["job"]["name"].endswith(".commit")][-1]
+    stats = replayed_commit["inputs"][0]["inputFacets"]["inputStatistics"]
+    assert stats["rowCount"] == len(SEED_SENTENCES)  # what the txid committed, not 0
 
 
 @pytest.mark.spark

@@ -17,7 +17,6 @@ Read-only; cached for ``CATALOG_TTL_S`` (a deployed or removed DAG shows after t
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import Any
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.pipeline import Pipeline
 from tridentflow.registry import EXAMPLES, load_pipeline
+from tridentflow.settings import explicit_setting
 
 PIPELINES_ENV = "TRIDENTFLOW_PIPELINES"
 TAG = "tridentflow"
@@ -171,7 +171,7 @@ _cache: dict[str, tuple[float, Catalog]] = {}
 def catalog() -> Catalog:
     """The current catalog (rebuilt at most every CATALOG_TTL_S, and at once when
     TRIDENTFLOW_PIPELINES changes)."""
-    raw = os.environ.get(PIPELINES_ENV, "")
+    raw = explicit_setting(PIPELINES_ENV) or ""
     known = _cache.get(raw)
     if known is not None and time.monotonic() - known[0] < CATALOG_TTL_S:
         return known[1]

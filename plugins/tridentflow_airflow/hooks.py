@@ -16,7 +16,9 @@ from tridentflow.connections import Connections
 from tridentflow.errors import TridentflowError
 from tridentflow.redisconn import CA_PARAM, with_ca
 from tridentflow_airflow.compat import AirflowNotFoundException
+from tridentflow_airflow.config import use_airflow_config
 
+use_airflow_config()  # tridentflow's settings: TRIDENTFLOW_*, then Airflow's [tridentflow]
 TRUE = ("1", "true", "yes")
 
 

@@ -1,8 +1,13 @@
 """Run Airflow for real on this machine: api-server, dag-processor, triggerer and scheduler on
-127.0.0.1, SQLite metadata DB, LocalExecutor, SimpleAuthManager with a seeded admin login; the
-Spark and Redis connections are stored in the metadata DB (Admin -> Connections) as well.
+127.0.0.1, LocalExecutor, SimpleAuthManager with a seeded admin login; the Spark and Redis
+connections are stored in the metadata DB (Admin -> Connections) as well.
 
-    tridentflow-airflow up [--port 8080] [--spark-connect [PORT]]
+The metadata DB is PostgreSQL whenever one is there: ``--metadata-db URL`` (or
+AIRFLOW__DATABASE__SQL_ALCHEMY_CONN), else a database of this home's own on the PostgreSQL at
+127.0.0.1:5432 when it answers (created if missing), else SQLite - whose single writer makes
+Airflow answer 500 to a trigger while a component writes. ``up`` says which, and why.
+
+    tridentflow-airflow up [--port 8080] [--spark-connect [PORT]] [--metadata-db URL]
                                              start (idempotent); returns once every component
                                              reports healthy and the DAGs are listed, then
                                              prints the URL and login; with --spark-connect,
@@ -86,11 +91,19 @@ def airflow_env(
     port: int = 8080,
     base: dict[str, str] | None = None,
     idle_sleep: float = DEFAULT_IDLE_SLEEP_S,
+    metadata: str | None = None,
 ) -> dict[str, str]:
     """The environment every Airflow component (and `airflow dags test`) runs with."""
     ahome = airflow_home(home)
     ahome.mkdir(parents=True, exist_ok=True)
     admin_password(home)
+    db, _why = metadata_db(home, metadata)
+    # the api-server's async engine: psycopg 3 is async too (Airflow would ask for asyncpg)
+    db_async = (
+        db
+        if db.startswith("postgresql+psycopg")
+        else db.replace("sqlite:///", "sqlite+aiosqlite:///", 1)
+    )
     venv_bin = str(Path(sys.executable).parent)
     env = dict(os.environ if base is None else base)
     env.update(
@@ -108,7 +121,8 @@ def airflow_env(
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{ahome / 'airflow.db'}",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": db_async,
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(
                 ahome / "simple_auth_manager_passwords.json"
@@ -139,8 +153,88 @@ def resolve_redis(home: Path) -> str:
     return os.environ.get(REDIS_URL_ENV) or devredis.ensure_daemon(DEV_REDIS_PORT, home / "redis")
 
 
+LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432"
+"""Where ``up`` looks for a PostgreSQL of this machine's (trust auth, user postgres)."""
+
+
+def _db_file(home: Path) -> Path:
+    return airflow_home(home) / "metadata-db.json"
+
+
+def metadata_db(home: Path, explicit: str | None = None) -> tuple[str, str]:
+    """(the metadata DB's SQLAlchemy URL, which one it is and why - one line). Chosen once per
+    home and kept (a later ``up`` reuses it): ``explicit``, else
+    a database of this home's on the local PostgreSQL when it answers, else SQLite (the
+    command line passes AIRFLOW__DATABASE__SQL_ALCHEMY_CONN as ``explicit``)."""
+    if explicit:
+        kind = "PostgreSQL" if explicit.startswith("postgresql") else "the given database"
+        return explicit, f"{kind} given ({_shown(explicit)})"
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+        kept = json.loads(_db_file(home).read_text())
+        return kept["url"], kept["why"]
+    url, why = _local_postgres(home)
+    if url is None:
+        url = f"sqlite:///{airflow_home(home) / 'airflow.db'}"
+        why = (
+            f"SQLite ({why}): one writer at a time - a trigger may be refused (HTTP 500) while "
+            "a component writes; give --metadata-db postgresql+psycopg://... to avoid it"
+        )
+    airflow_home(home).mkdir(parents=True, exist_ok=True)
+    _db_file(home).write_text(json.dumps({"url": url, "why": why}))
+    return url, why
+
+
+def _local_postgres(home: Path) -> tuple[str | None, str]:
+    """(a database of ``home``'s own on the local PostgreSQL, created if missing, and why);
+    (None, why not) when none can be had."""
+    import hashlib
+
+    try:
+        import psycopg
+    except ImportError:
+        return None, "psycopg is not installed: pip install 'tridentflow[postgres]'"
+    name = "tridentflow_airflow_" + hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    server = LOCAL_POSTGRES.replace("+psycopg", "")
+    try:
+        with psycopg.connect(f"{server}/postgres", connect_timeout=3, autocommit=True) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if found is None:
+                conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        return None, f"no PostgreSQL at {server}: {str(exc).strip().splitlines()[0]}"
+    return f"{LOCAL_POSTGRES}/{name}", f"PostgreSQL at {server}, database {name}"
+
+
+def drop_metadata_db(home: Path) -> None:
+    """Drop the database ``up`` created for ``home`` on the local PostgreSQL (tests, a home
+    thrown away); a given or SQLite one is left. Best effort."""
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+        url = json.loads(_db_file(home).read_text())["url"]
+        if url.startswith(LOCAL_POSTGRES + "/tridentflow_airflow_"):
+            import psycopg
+
+            name = url.rsplit("/", 1)[1]
+            server = LOCAL_POSTGRES.replace("+psycopg", "")
+            with (
+                contextlib.suppress(psycopg.Error),
+                psycopg.connect(f"{server}/postgres", connect_timeout=3, autocommit=True) as conn,
+            ):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _db_file(home).unlink(missing_ok=True)
+
+
+def _shown(url: str) -> str:
+    """``url`` without its password."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
+
+
 def migrate(env: dict[str, str]) -> None:
-    """Create or upgrade the SQLite metadata DB (quick when up to date)."""
+    """Create or upgrade the metadata DB (quick when up to date)."""
     subprocess.run(
         ["airflow", "db", "migrate"],
         env=env,
@@ -343,6 +437,7 @@ def up(
     timeout: float = 180,
     spark_connect: int | None = None,
     idle_sleep: float = DEFAULT_IDLE_SLEEP_S,
+    metadata: str | None = None,
 ) -> dict:
     """Start the components (each in its own process group); wait for the API. Idempotent.
     ``spark_connect``: also start a local Spark Connect server on that port and make
@@ -360,7 +455,7 @@ def up(
         airflow_home(home).mkdir(parents=True, exist_ok=True)  # a new home has none yet
         (airflow_home(home) / "spark-connect.port").write_text(str(spark_connect))
         base["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(spark_connect_connection(spark_connect))
-    env = airflow_env(home, redis_url or resolve_redis(home), port, base, idle_sleep)
+    env = airflow_env(home, redis_url or resolve_redis(home), port, base, idle_sleep, metadata)
     alive = running(home)
     if len(alive) == len(COMPONENTS):
         wait_ready(home, port, alive, timeout)
@@ -615,6 +710,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="up: start a local Spark Connect server (default port 15002) and emit through it",
     )
     parser.add_argument(
+        "--metadata-db",
+        metavar="URL",
+        help="up: Airflow's metadata DB (a SQLAlchemy URL); default: a database of this home's "
+        "on the PostgreSQL at 127.0.0.1:5432 if it answers, else SQLite",
+    )
+    parser.add_argument(
         "--scheduler-idle-sleep",
         type=float,
         default=DEFAULT_IDLE_SLEEP_S,
@@ -624,13 +725,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     home = resolve_home(args.home)
+    metadata = args.metadata_db or os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
     try:
         if args.command == "up":
             info = up(
                 home, args.port, spark_connect=args.spark_connect,
-                idle_sleep=args.scheduler_idle_sleep,
+                idle_sleep=args.scheduler_idle_sleep, metadata=metadata,
             )  # fmt: skip
             print(f"Airflow UI: {info['url']}  (login: {ADMIN_USER} / {admin_password(home)})")
+            print(f"metadata DB: {metadata_db(home, metadata)[1]}")
             print(f"components: {info['pids']}  logs: {airflow_home(home) / 'logs'}")
             print("stop with: tridentflow-airflow down")
         elif args.command == "restart":
@@ -647,7 +750,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "password":  # the admin login, e.g. for a REST token
             print(admin_password(home))
         elif args.command == "env":
-            for key, value in sorted(airflow_env(home, resolve_redis(home), args.port, {}).items()):
+            found = airflow_env(home, resolve_redis(home), args.port, {}, metadata=metadata)
+            for key, value in sorted(found.items()):
                 if key.startswith(("AIRFLOW", "TRIDENTFLOW", "SPARK", "PYSPARK")):
                     print(f"export {key}='{value}'")
         else:

@@ -27,6 +27,7 @@ from tridentflow.engines.spark import quiet_java_options
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.ops import metrics
 from tridentflow.registry import load_pipeline
+from tridentflow.settings import SETTINGS, explicit_setting
 from tridentflow.steps.runs import (
     TURN_WAIT_S,
     RunState,
@@ -295,6 +296,12 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             "TRIDENTFLOW_HOME": str(resolve_home(self.home)),
         }
         env.update({k: os.environ[k] for k in FORWARDED_ENV if k in os.environ})
+        # tridentflow's settings as this worker resolved them (Airflow's [tridentflow] too):
+        # the job imports no Airflow, it reads the variables
+        for setting in SETTINGS:
+            value = explicit_setting(setting.env)
+            if value is not None and not setting.sensitive:
+                env[setting.env] = value
         kafka = kafka_config()
         if kafka is not None:  # a KafkaSource without brokers of its own reads these
             env["TRIDENTFLOW_KAFKA_CONFIG"] = json.dumps(kafka)

@@ -1,7 +1,8 @@
 """Provider metadata: what Airflow's ProvidersManager learns of tridentflow from the installed
 distribution (its ``apache_airflow_provider`` entry point) - the operators, hooks and
-triggers (the on-data asset watcher), the operator extra link, the version - with no
-configuration in Airflow."""
+triggers (the on-data asset watcher), the operator extra link, the Redis connection type, the
+``tridentflow://`` asset URIs, the ``[tridentflow]`` configuration section, the version. It
+imports no Airflow (Airflow reads it while its own configuration is loading)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ def distribution_version() -> str:
 
 def get_provider_info() -> dict[str, Any]:
     """The provider info Airflow validates against its provider_info schema."""
+    from tridentflow_airflow.config import config_section
+
     return {
         "package-name": "tridentflow",
         "name": "tridentflow",
@@ -59,4 +62,14 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "redis",
             }
         ],
+        # tridentflow://CONN/PIPELINE/STATE (a state) and tridentflow://CONN/PIPELINE (a
+        # pipeline's source data, the on-data watcher's asset)
+        "asset-uris": [
+            {
+                "schemes": ["tridentflow"],
+                "handler": "tridentflow_airflow.assets.normalize_uri",
+                "to_openlineage_converter": "tridentflow_airflow.assets.to_openlineage",
+            }
+        ],
+        "config": config_section(),
     }

@@ -64,6 +64,7 @@ from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
 from tridentflow.ops.status import pending_txid, replays_after_commit, status
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import REDIS_URL_ENV, redacted, scrubbed
+from tridentflow.settings import env_seconds, explicit_setting
 from tridentflow.steps.runs import blocked, release_finished_owner
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow.catalog import PIPELINES_ENV, catalog, dags_of_runs
@@ -89,7 +90,7 @@ async def authenticated(
     """Every route's guard: Airflow's auth manager decides (a JWT in ``Authorization``, or the
     UI's session cookie), as ``requires_authenticated`` does; on ``/metrics`` the scrape token
     (TRIDENTFLOW_METRICS_TOKEN) is accepted too. 401/403 otherwise."""
-    token = os.environ.get(METRICS_TOKEN_ENV, "")
+    token = explicit_setting(METRICS_TOKEN_ENV) or ""
     if (
         token
         and credentials is not None
@@ -288,12 +289,10 @@ def summary(rt: Runtime) -> dict[str, Any]:
 def read_deadline_s() -> float:
     """The bound on the listing and the scrape (TRIDENTFLOW_READ_DEADLINE_S, default 4 s):
     a pipeline not read within it is shown as unreadable, saying so, and the rest answer."""
-    raw = os.environ.get(READ_DEADLINE_ENV, "")
     try:
-        return float(raw) if raw else DEFAULT_DEADLINE_S
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds: using %s", READ_DEADLINE_ENV, raw,
-                    DEFAULT_DEADLINE_S)  # fmt: skip
+        return env_seconds(READ_DEADLINE_ENV, DEFAULT_DEADLINE_S)
+    except TridentflowError as exc:
+        log.warning("%s: using %s s", one_line(exc), DEFAULT_DEADLINE_S)
         return DEFAULT_DEADLINE_S
 
 

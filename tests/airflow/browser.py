@@ -82,14 +82,19 @@ RUN_TAB_FIELDS = """() => {
 }"""
 
 
-def run_tab(page: Any, base: str, dag: str, run_id: str) -> dict[str, str]:
+def run_tab(
+    page: Any, base: str, dag: str, run_id: str, encoded: bool | None = True
+) -> dict[str, str]:
     """Open a DAG run's tridentflow tab; its fields (txid, status, records, keys...). Read
     through the frame's document (same origin): Playwright does not track the frame Airflow
-    gives a DAG-run view (its frame_locator never sees the content)."""
+    gives a DAG-run view (its frame_locator never sees the content). ``encoded``: whether
+    Airflow puts the run id into the frame's URL encoded (3.3) or as it is (3.1); None:
+    either."""
     quoted = urllib.parse.quote(run_id, safe="")
     page.goto(f"{base}/dags/{dag}/runs/{quoted}/plugin/tridentflow-run")
     src = page.locator("iframe").get_attribute("src")
-    assert src == f"tridentflow/run?dag_id={dag}&run_id={quoted}", src
+    allowed = {True: [quoted], False: [run_id], None: [quoted, run_id]}[encoded]
+    assert src in [f"tridentflow/run?dag_id={dag}&run_id={r}" for r in allowed], src
     return page.wait_for_function(RUN_TAB_FIELDS).json_value()
 
 

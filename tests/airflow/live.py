@@ -41,6 +41,7 @@ def stack(home: Path, redis_url: str, env: dict[str, str], **up: Any) -> Iterato
         yield api
     finally:
         launcher.down(home)
+        launcher.drop_metadata_db(home)
 
 
 def wait_task_running(api: AirflowApi, run_id: str, task_id: str, timeout: float = 240) -> None:

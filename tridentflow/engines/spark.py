@@ -63,7 +63,7 @@ from tridentflow.engines.tasks import (
 )
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.plan import Plan
-from tridentflow.settings import env_int, env_seconds
+from tridentflow.settings import env_int, env_seconds, raw_setting
 from tridentflow_state.staged import BlockRef, BlockSpace, WrittenBlocks
 
 if TYPE_CHECKING:
@@ -270,7 +270,7 @@ or ``frames`` (DataFrames, as over Spark Connect, which has no RDDs)."""
 
 def graph_api() -> str:
     """``rdd`` or ``frames`` (GRAPH_ENV); anything else is refused in one line."""
-    chosen = os.environ.get(GRAPH_ENV, "").strip().lower() or "rdd"
+    chosen = (raw_setting(GRAPH_ENV) or "rdd").strip().lower()
     if chosen not in ("rdd", "frames"):
         raise TridentflowError(f"{GRAPH_ENV}={chosen!r}: expected 'rdd' or 'frames'")
     return chosen

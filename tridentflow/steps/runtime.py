@@ -30,9 +30,10 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     resolve_redis_url,
     url_of,
 )
-from tridentflow.settings import env_int
+from tridentflow.settings import env_int, explicit_setting, raw_setting, source_of
 from tridentflow.sources.base import LogScan, SourceContext, SourceLog
 from tridentflow.steps.staging import (
+    DEFAULT_STAGING,
     STAGING_ENV,
     STAGING_KINDS,
     RedisStagingArea,
@@ -59,7 +60,7 @@ RETAIN_ENV = "TRIDENTFLOW_RETAIN_TXIDS"
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The home (source logs, staging): ``explicit``, else TRIDENTFLOW_HOME, else
     ~/.tridentflow. TridentflowError (one line) if it exists and is not a directory."""
-    raw = explicit or os.environ.get(HOME_ENV) or Path.home() / ".tridentflow"
+    raw = explicit or explicit_setting(HOME_ENV) or Path.home() / ".tridentflow"
     home = Path(raw).expanduser().resolve()
     if home.exists() and not home.is_dir():
         raise TridentflowError(
@@ -72,7 +73,7 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
 def resolve_namespace(explicit: str | None = None) -> str:
     """The deployment's key namespace: ``explicit``, else TRIDENTFLOW_NAMESPACE, else none.
     TridentflowError (one line) if it is not a valid name."""
-    namespace = explicit if explicit is not None else os.environ.get(NAMESPACE_ENV, "")
+    namespace = explicit if explicit is not None else explicit_setting(NAMESPACE_ENV) or ""
     if namespace:
         try:
             check_name("namespace", namespace)
@@ -123,8 +124,9 @@ class Runtime:
     """Whether the commit applies the built-in numeric combiners inside Redis (committer
     ``IN_REDIS_OPS``); benchmarks turn it off to compare with the Python path."""
     staging_kind: str | None = None
-    """Where this process's emits stage (``files`` | ``redis``); None: TRIDENTFLOW_STAGING,
-    else ``files``. A commit reads an attempt wherever it was staged (``staging_of``)."""
+    """Where this process's emits stage (``files`` | ``redis``); None: the ``staging``
+    setting (TRIDENTFLOW_STAGING, or ``[tridentflow] staging``), else ``redis``. A commit reads
+    an attempt wherever it was staged (``staging_of``)."""
 
     @classmethod
     def open(
@@ -183,8 +185,8 @@ class Runtime:
             return self.retain, FROM_COMMAND_LINE
         if self.pipeline.retain_txids is not None:
             return self.pipeline.retain_txids, FROM_CODE
-        if os.environ.get(RETAIN_ENV, "").strip():
-            return env_int(RETAIN_ENV, 0), RETAIN_ENV
+        if explicit_setting(RETAIN_ENV):
+            return env_int(RETAIN_ENV, 0), source_of(RETAIN_ENV)
         return 0, FROM_DEFAULT
 
     @property
@@ -243,17 +245,21 @@ class Runtime:
 
     @cached_property
     def staging(self) -> StagingArea | RedisStagingArea:
-        """Where this process's emits stage (TRIDENTFLOW_STAGING: ``files`` under the home, the
-        default, or ``redis``), in this runtime's generation: an emit still running from
+        """Where this process's emits stage (the ``staging`` setting: ``redis``, the default,
+        or ``files`` under the home), in this runtime's generation: an emit still running from
         before a reset can never write over (or be read as) a new generation's attempt."""
-        kind = self.staging_kind or os.environ.get(STAGING_ENV, "files").strip().lower()
-        kind = kind or "files"
+        return self.redis_staging if self.staging_choice() == "redis" else self.file_staging
+
+    def staging_choice(self) -> str:
+        """``redis`` or ``files``: this runtime's ``staging_kind``, else the ``staging``
+        setting (TridentflowError, one line, for anything else)."""
+        kind = (self.staging_kind or raw_setting(STAGING_ENV) or DEFAULT_STAGING).lower()
         if kind not in STAGING_KINDS:
             raise TridentflowError(
-                f"{STAGING_ENV}={kind!r} is not a staging kind: use one of "
+                f"{source_of(STAGING_ENV)}={kind!r} is not a staging kind: use one of "
                 + ", ".join(STAGING_KINDS)
             )
-        return self.redis_staging if kind == "redis" else self.file_staging
+        return kind
 
     @cached_property
     def file_staging(self) -> StagingArea:

@@ -1,6 +1,7 @@
-"""Durable staging of a batch's emitted output, keyed by txid and emit attempt: files under
-the home (``StagingArea``, the default) or Redis (``RedisStagingArea``, TRIDENTFLOW_STAGING=redis:
-nothing shared between the hosts that emit and commit but Redis itself).
+"""Durable staging of a batch's emitted output, keyed by txid and emit attempt: Redis
+(``RedisStagingArea``, the default: nothing shared between the hosts that emit and commit but
+Redis itself) or files under the home (``StagingArea``, TRIDENTFLOW_STAGING=files: emit and
+commit must share the home).
 
     {root}/tx-000000000007/attempt-2/state-counts.tsv   encoded key TAB partial (JSON), per line
     {root}/tx-000000000007/attempt-2/bad.jsonl          records to quarantine, one per line
@@ -295,9 +296,10 @@ class StagingArea:
 
 
 STAGING_ENV = "TRIDENTFLOW_STAGING"
-"""Where emits stage their output: ``files`` (default: under the home, which emit and commit
-must share) or ``redis`` (next to each state shard: any two hosts that reach Redis)."""
+"""Where emits stage their output: ``redis`` (the default: next to each state shard, any two
+hosts that reach Redis) or ``files`` (under the home, which emit and commit must share)."""
 STAGING_KINDS = ("files", "redis")
+DEFAULT_STAGING = "redis"
 
 
 @dataclass(frozen=True)
