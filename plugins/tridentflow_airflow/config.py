@@ -9,14 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from tridentflow.settings import SECTION, SETTINGS, use_platform_config
+from tridentflow.settings import BY_KEY, SECTION, SETTINGS, use_platform_config
 from tridentflow_airflow.provider import distribution_version
 
 
 def _get(key: str) -> str | None:
+    """``[tridentflow] key`` as the deployment changed it, else None. A value equal to the
+    default the provider declares is not a setting of the deployment's: Airflow writes every
+    declared default into the airflow.cfg it creates, so such a value cannot tell a choice from
+    a copy - and must not be taken to disagree with a ``TRIDENTFLOW_*`` variable."""
     from airflow.configuration import conf
 
-    return conf.get(SECTION, key, fallback=None)
+    value = conf.get(SECTION, key, fallback=None)
+    if value is None:
+        return None
+    setting = BY_KEY.get(key)
+    if setting is not None and value.strip() == (setting.default or ""):
+        return None
+    return value
 
 
 def use_airflow_config() -> None:

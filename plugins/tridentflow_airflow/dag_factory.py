@@ -7,7 +7,7 @@ Each DAG run is one txid (see tridentflow.steps.runs). Parse-time work is only t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
@@ -115,6 +115,7 @@ def pipeline_dag(
     tags: Sequence[str] = (),
     watch_interval: float = WATCH_INTERVAL_S,
     catchup: bool = False,
+    queues: Mapping[str, str] | None = None,
 ) -> DAG:
     """A DAG for ``pipeline`` (a bundled name or module:attribute).
 
@@ -129,6 +130,9 @@ def pipeline_dag(
     txids would only wait for earlier ones. ``catchup`` (off by default) creates a run for
     every missed interval of a time-based schedule; runs with a logical date - those, and a
     backfill's - bind their txids in date order (tridentflow_airflow.dated_order).
+    ``queues``: the executor queue of a step's task (``{"emit": "spark"}``: the emit on the
+    Celery workers that run Spark); the others go to the default queue. Steps share nothing
+    but Redis (staging in Redis, the default), so any step may run on any worker.
     """
     if retries is None:
         retries = env_int(RETRIES_ENV, DEFAULT_RETRIES)
@@ -141,6 +145,13 @@ def pipeline_dag(
             seconds=env_seconds(MAX_RETRY_DELAY_ENV, DEFAULT_MAX_RETRY_DELAY_S, allow_zero=True)
         )
     check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay, watch_interval)
+    queues = dict(queues or {})
+    unknown = sorted(set(queues) - {"coordinate", "emit", "commit", "export"})
+    if unknown:
+        raise TridentflowError(
+            f"pipeline_dag: queues names no step {unknown}: use coordinate, emit, commit, export"
+        )
+    on = {step: {"queue": queue} for step, queue in queues.items()}
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}
     dag_id = dag_id or default_dag_id(definition.name)
@@ -185,11 +196,19 @@ def pipeline_dag(
         ),
     ) as dag:
         coordinate = CoordinateOperator(
-            task_id="coordinate", batch_size="{{ params.batch_size }}", **common
+            task_id="coordinate",
+            batch_size="{{ params.batch_size }}",
+            **common,
+            **on.get("coordinate", {}),
         )
-        emit = EmitOperator(task_id="emit", conn_id=spark_conn_id, **common)
-        commit = CommitOperator(task_id="commit", outlets=[commit_alias(definition.name)], **common)
+        emit = EmitOperator(task_id="emit", conn_id=spark_conn_id, **common, **on.get("emit", {}))
+        commit = CommitOperator(
+            task_id="commit",
+            outlets=[commit_alias(definition.name)],
+            **common,
+            **on.get("commit", {}),
+        )
         coordinate >> emit >> commit
         if definition.feeds:  # the sinks follow the commits: their own task, their own retries
-            commit >> ExportOperator(task_id="export", **common)
+            commit >> ExportOperator(task_id="export", **common, **on.get("export", {}))
     return dag

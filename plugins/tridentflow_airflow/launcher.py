@@ -115,10 +115,13 @@ def airflow_env(
             "SPARK_LOCAL_IP": env.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
             "PYSPARK_DRIVER_PYTHON": env.get("PYSPARK_DRIVER_PYTHON", sys.executable),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+            # a base environment may name its own dags folder and executor (a test's Celery)
+            "AIRFLOW__CORE__DAGS_FOLDER": env.get(
+                "AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags")
+            ),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": env.get("AIRFLOW__CORE__EXECUTOR", "LocalExecutor"),
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
@@ -401,16 +404,20 @@ def dag_count(port: int, home: Path, timeout: float = 10) -> int:
         return 0
 
 
-def expected_dags() -> int:
-    """The DAG files in dags/ (each defines one tridentflow DAG)."""
-    return len([p for p in (PROJECT_ROOT / "dags").glob("*.py") if not p.name.startswith("_")])
+def expected_dags(dags: Path | None = None) -> int:
+    """The DAG files in the dags folder (each defines one tridentflow DAG)."""
+    folder = dags or PROJECT_ROOT / "dags"
+    return len([p for p in folder.glob("*.py") if not p.name.startswith("_")])
 
 
 def wait_ready(home: Path, port: int, pids: dict[str, int], timeout: float) -> None:
     """Until every component reports healthy and every DAG is listed; TridentflowError naming
     what is not, with the logs, when a component exits or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
-    want = expected_dags()
+    folder = None
+    with contextlib.suppress(TridentflowError):  # the dags folder `up` gave the components
+        folder = component_env(home).get("AIRFLOW__CORE__DAGS_FOLDER")
+    want = expected_dags(Path(folder) if folder else None)
     while True:
         sick = unhealthy(monitor_health(port))
         listed = dag_count(port, home) if not sick else 0

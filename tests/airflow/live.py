@@ -24,9 +24,11 @@ QUIET_DAGS = (
 
 
 @contextmanager
-def stack(home: Path, redis_url: str, env: dict[str, str], **up: Any) -> Iterator[AirflowApi]:
-    """The stack up (its components see ``env`` too), the word count's DAG listed and the
-    scheduled DAGs paused; down (Connect server included) afterwards."""
+def stack(
+    home: Path, redis_url: str, env: dict[str, str], dag: str = DAG, **up: Any
+) -> Iterator[AirflowApi]:
+    """The stack up (its components see ``env`` too), ``dag`` (the word count's) listed and
+    the scheduled DAGs paused; down (Connect server included) afterwards."""
     saved = dict(os.environ)
     os.environ.update(env)
     try:
@@ -35,7 +37,7 @@ def stack(home: Path, redis_url: str, env: dict[str, str], **up: Any) -> Iterato
         os.environ.clear()
         os.environ.update(saved)
     try:
-        api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
+        api = AirflowApi(info["url"], launcher.admin_password(home), dag)
         api.wait_for_dag(timeout=180)
         api.pause(*QUIET_DAGS)
         yield api
@@ -44,11 +46,13 @@ def stack(home: Path, redis_url: str, env: dict[str, str], **up: Any) -> Iterato
         launcher.drop_metadata_db(home)
 
 
-def wait_task_running(api: AirflowApi, run_id: str, task_id: str, timeout: float = 240) -> None:
+def wait_task_running(
+    api: AirflowApi, run_id: str, task_id: str, timeout: float = 240, dag_id: str | None = None
+) -> None:
     """Until ``task_id`` of ``run_id`` runs (AssertionError with its state past ``timeout``)."""
     deadline = time.monotonic() + timeout
-    while api.task(run_id, task_id)["state"] != "running":
-        assert time.monotonic() < deadline, api.task(run_id, task_id)
+    while api.task(run_id, task_id, dag_id=dag_id)["state"] != "running":
+        assert time.monotonic() < deadline, api.task(run_id, task_id, dag_id=dag_id)
         time.sleep(0.2)
 
 

@@ -84,6 +84,10 @@ def test_airflow_cfg_reaches_the_tasks_settings_and_a_conflict_is_one_line(tmp_p
     conflict = staging(TRIDENTFLOW_STAGING="redis")
     assert conflict.startswith("ERROR TRIDENTFLOW_STAGING and [tridentflow] staging"), conflict
     assert "'redis' and 'files'" in conflict
+    # the default the provider declares is no setting of the deployment's (Airflow writes the
+    # declared defaults into the airflow.cfg it creates): no conflict with a variable
+    (tmp_path / "airflow.cfg").write_text("[tridentflow]\nstaging = redis\nretries = 6\n")
+    assert staging(TRIDENTFLOW_STAGING="files") == "files"
 
 
 @pytest.mark.parametrize(
