@@ -453,3 +453,49 @@ def summed(name: str, sink, transform=None) -> Pipeline:
         changes = changes.map(transform)
     changes.sink(sink)
     return pipeline
+
+
+def lakehoused() -> Pipeline:
+    """``sinked``'s states (word counts; a key/value state with removals) exported to Delta
+    Lake and Iceberg tables, upserted and appended, under the directory TF_TEST_LAKE names
+    (an Iceberg SQL catalog on SQLite there)."""
+    import os
+
+    from tridentflow import DeltaSink, IcebergSink
+
+    lake = os.environ["TF_TEST_LAKE"]
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{lake}/catalog.db",
+        "warehouse": f"file://{lake}/wh",
+    }
+    pipeline = Pipeline(
+        "lakehoused",
+        LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=2, batch_size=1),
+        change_log_limit=3,
+        retain_txids=20,
+    )
+    counts = (
+        pipeline.stream.filter("line", lambda line: not line.startswith(("set ", "del ")))
+        .each("line", lambda line: ((w,) for w in line.split()), "word")
+        .group_by("word")
+        .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+    )
+    kv = (
+        pipeline.stream.filter("line", lambda line: line.startswith(("set ", "del ")))
+        .each("line", parse_op, ["op", "key", "value"])
+        .partition_persist(StateSpec("kv", StateKind.OPAQUE), apply_ops, "key", ["op", "value"])
+    )
+    counts.new_values_stream().sink(DeltaSink(f"{lake}/delta-counts", name="delta-counts"))
+    kv.new_values_stream().sink(DeltaSink(f"{lake}/delta-kv", name="delta-kv"))
+    kv.new_values_stream().sink(
+        DeltaSink(f"{lake}/delta-kv-log", mode="append", name="delta-kv-log")
+    )
+    counts.new_values_stream().sink(
+        IcebergSink("lake.counts", catalog=catalog, name="iceberg-counts")
+    )
+    kv.new_values_stream().sink(IcebergSink("lake.kv", catalog=catalog, name="iceberg-kv"))
+    kv.new_values_stream().sink(
+        IcebergSink("lake.kv_log", catalog=catalog, mode="append", name="iceberg-kv-log")
+    )
+    return pipeline

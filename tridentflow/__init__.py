@@ -18,7 +18,7 @@ from tridentflow.aggregators import (
 )
 from tridentflow.nodes import StateSpec
 from tridentflow.pipeline import GUARANTEES, Guarantee, Pipeline, guarantee_of
-from tridentflow.sinks import PostgresSink, RedisStreamSink
+from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink
 from tridentflow.sources.specs import (
     CustomSource,
     KafkaSource,
@@ -37,9 +37,11 @@ __all__ = [
     "Combiner",
     "Count",
     "CustomSource",
+    "DeltaSink",
     "FileLookup",
     "First",
     "Guarantee",
+    "IcebergSink",
     "KafkaSource",
     "LogSource",
     "Max",

@@ -25,6 +25,7 @@ EXAMPLES = {
     "wordcount-stream": "tridentflow.examples.wordcount_stream:wordcount_stream",
     "wordcount-stream-tx": "tridentflow.examples.wordcount_stream:wordcount_stream_tx",
     "wordcount-postgres": "tridentflow.examples.wordcount_postgres:wordcount_postgres",
+    "wordcount-delta": "tridentflow.examples.wordcount_delta:wordcount_delta",
     "wordcount-kafka": "tridentflow.examples.wordcount_kafka:wordcount_kafka",
     "wordcount-kafka-opaque": "tridentflow.examples.wordcount_kafka:wordcount_kafka_opaque",
     "wordcount-sqlite": "tridentflow.examples.sqlite_source:wordcount_sqlite",

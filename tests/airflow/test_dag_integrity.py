@@ -31,8 +31,9 @@ EXPECTED_DAGS = {
     "tridentflow_wordcount_stream": None,
     "tridentflow_wordcount_postgres": None,
     "tridentflow_wordcount_kafka": None,
+    "tridentflow_wordcount_delta": None,
 }
-WITH_SINKS = {"tridentflow_wordcount_postgres"}
+WITH_SINKS = {"tridentflow_wordcount_postgres", "tridentflow_wordcount_delta"}
 CONSUMER_DAG = "tridentflow_wordcount_consumer"
 
 

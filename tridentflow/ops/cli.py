@@ -6,6 +6,8 @@
     tridentflow query PIPELINE KEY... [--state NAME] [--json]
     tridentflow query PIPELINE --all [--state NAME] [--json] [--limit N] [--after CURSOR]
     tridentflow status PIPELINE [--json]
+    tridentflow export PIPELINE [--sink S] [--resync] [--json]
+    tridentflow tables vacuum|compact PIPELINE [--sink S] [--retention-hours H] [--yes]
     tridentflow audit PIPELINE [--json]
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
@@ -173,6 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--resync", action="store_true", help="reload the sink from the whole state first"
     )
     p.add_argument("--json", action="store_true")
+    _common(p)
+
+    p = sub.add_parser(
+        "tables",
+        help="a lakehouse sink's housekeeping: vacuum (list or remove the files no version "
+        "references, a killed writer's too) or compact (rewrite small files into few)",
+    )
+    p.add_argument("action", choices=("vacuum", "compact"))
+    p.add_argument("pipeline")
+    p.add_argument("--sink", action="append", help="only this sink (repeatable)")
+    p.add_argument(
+        "--retention-hours", type=float, default=168.0,
+        help="vacuum: keep files of versions younger than this (default 168; the versions of "
+        "the txids a rewind may reach are always kept)",
+    )  # fmt: skip
+    p.add_argument("--yes", action="store_true", help="vacuum: delete (default: list only)")
     _common(p)
 
     for name, text in (
@@ -509,6 +527,32 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
+    """Vacuum or compact each lakehouse sink's table (tridentflow.sinks.delta / .iceberg)."""
+    from tridentflow.steps.export import close_sink, pick_feeds, table_versions
+
+    rt = _runtime(args)
+    feeds = [f for f in pick_feeds(rt, args.sink) if hasattr(f.sink, "vacuum")]
+    if not feeds:
+        raise TridentflowError(
+            f"pipeline {rt.pipeline.name} has no lakehouse sink (DeltaSink, IcebergSink)"
+        )
+    for feed in feeds:
+        try:
+            if args.action == "compact":
+                out.write(f"sink {feed.name}: compacted {feed.sink.compact()}\n")
+                continue
+            keep = [int(v) for v in table_versions(rt, feed).values() if v.isdigit()]
+            files = feed.sink.vacuum(args.retention_hours, dry_run=not args.yes, keep_versions=keep)
+            verb = "removed" if args.yes else "would remove (--yes to delete)"
+            out.write(f"sink {feed.name}: {verb} {len(files)} file(s)\n")
+            for name in files:
+                out.write(f"  {name}\n")
+        finally:
+            close_sink(feed)
+    return 0
+
+
 def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
     from tridentflow.steps.query import parse_key, pick_state, query, query_as_of
 
@@ -834,6 +878,7 @@ COMMANDS = {
     "status": cmd_status,
     "settings": cmd_settings,
     "export": cmd_export,
+    "tables": cmd_tables,
     "audit": cmd_audit,
     "quarantine": cmd_quarantine,
     "reset": cmd_reset,

@@ -12,8 +12,11 @@ Before anything changes it checks what a rewind cannot undo:
   not be past N - refused, naming it. A PostgreSQL sink converges: the next export, in the
   rewind's new generation, reloads its table from the state in one transaction.
 
-Afterwards: the replicas must acknowledge (``--wait-replicas``), and the old generation's
-staging is deleted.
+Afterwards: the replicas must acknowledge (``--wait-replicas``), each lakehouse table (Delta,
+Iceberg) is carried back to its content as of N as a new table version stamped with the
+rewind's generation (``rewind_to``: later exports continue from N+1; a table whose version
+of N is gone reloads at the next export instead), and the old generation's staging is
+deleted. Run again with the same target, a rewind cut short finishes all of it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError
+from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError, one_line
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import RedisStagingArea
 from tridentflow_state.rewind import REWIND_PREFIX, RewindResult, rewind, rewinding_to
@@ -38,6 +41,8 @@ class RewindRefused(TridentflowError):
 class RewindReport:
     result: RewindResult
     sinks_to_reload: tuple[str, ...]
+    tables_rewound: tuple[str, ...] = ()
+    """Lakehouse sinks whose table was carried back to the target (a new version)."""
 
     def to_json(self, pipeline: str) -> dict[str, Any]:
         r = self.result
@@ -49,6 +54,7 @@ class RewindReport:
             "restored_keys": r.restored,
             "runs_rewound": list(r.runs),
             "sinks_to_reload": list(self.sinks_to_reload),
+            "tables_rewound": list(self.tables_rewound),
             "line": self.line(pipeline),
         }
 
@@ -56,11 +62,10 @@ class RewindReport:
         r = self.result
         txids = r.last - r.target
         runs = f"; {len(r.runs)} run(s) bound to them are refused at their next step" * bool(r.runs)
-        sinks = (
-            f"; sink(s) {', '.join(self.sinks_to_reload)} reload at the next export"
-            if self.sinks_to_reload
-            else ""
-        )
+        reload = [s for s in self.sinks_to_reload if s not in self.tables_rewound]
+        sinks = f"; sink(s) {', '.join(reload)} reload at the next export" if reload else ""
+        if self.tables_rewound:
+            sinks += f"; table(s) of {', '.join(self.tables_rewound)} back at txid {r.target}"
         return (
             f"rewound {pipeline} to txid {r.target}: {txids} txid(s) taken back "
             f"({r.committed - r.target} committed), {r.restored} key(s) restored{runs}{sinks}"
@@ -142,7 +147,34 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
         discard_generation_staging(rt, old_generation, range(first, result.last + 1))
     rt.follow_generation()
     _ = rt.ledger.generation  # this runtime goes on in the rewound pipeline's generation
-    return RewindReport(result, reload)
+    tables = rewind_tables(rt, old_generation, target) if old_generation else ()
+    return RewindReport(result, reload, tables)
+
+
+def rewind_tables(rt: Runtime, old_generation: str, target: int) -> tuple[str, ...]:
+    """Each lakehouse sink's table carried back to ``target`` (``rewind_to``, in ``rt``'s new
+    generation); the sinks done. One that cannot (its version of ``target`` is gone) reloads
+    at the next export; one that fails is one RewindError line - run the rewind again."""
+    from tridentflow.steps.export import close_sink, context
+
+    done = []
+    for feed in rt.pipeline.feeds:
+        rewind = getattr(feed.sink, "rewind_to", None)
+        if rewind is None:
+            continue
+        rt.faults.fire("mid-rewind", target, 1)
+        try:
+            if rewind(context(rt, feed), old_generation, target) is not None:
+                done.append(feed.name)
+        except Exception as exc:
+            raise TridentflowError(
+                f"rewind of {rt.pipeline.name} to txid {target}: the table of sink {feed.name} "
+                f"({feed.sink.describe()}) was not carried back: {one_line(exc)}; run the "
+                f"rewind again (rewind --to {target})"
+            ) from None
+        finally:
+            close_sink(feed)
+    return tuple(done)
 
 
 def _generation_before(rt: Runtime) -> str | None:

@@ -189,6 +189,14 @@ def format_status(info: dict[str, Any]) -> str:
         )
         if sink.get("error"):
             lines.append(f"  FAILING      {sink['error']}")
+        versions = sink.get("table_versions") or {}
+        if versions:  # time travel: the table version / snapshot of each retained txid
+            shown = list(versions.items())[-5:]
+            lines.append(
+                "  versions     "
+                + ", ".join(f"txid {t} = {v}" for t, v in shown)
+                + (f" (and {len(versions) - 5} older)" if len(versions) > 5 else "")
+            )
     for entry in info["history"][:5]:
         lines.append(f"committed      {describe_commit(entry)}")
     lines.append("partition  committed       head        lag")

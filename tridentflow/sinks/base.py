@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,16 @@ class ExportContext:
     connections: Connections = NONE
     """The deployment's named connections, for a sink that names none of its own (under
     Airflow: Airflow's; tridentflow.connections)."""
+    exclusive: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+    """One exporter of this sink at a time (a Redis lock, expiring): a sink whose store
+    cannot tell two creators of its table apart holds it around its writes."""
+    resync: bool = False
+    """The operator asked for a reload (``export --resync``): a sink replaces its content
+    even if it stands at the txid already. Otherwise a reload a racing exporter already did
+    (the sink at or past the txid) is not done twice."""
+    note_version: Callable[[int, Any], None] = lambda txid, version: None
+    """A table-format sink tells which version of its table holds txid (a Delta version, an
+    Iceberg snapshot id): mirrored in the pipeline's Redis for ``status`` and time travel."""
 
 
 @dataclass(frozen=True)

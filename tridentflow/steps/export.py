@@ -85,6 +85,10 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
         lineage=rt.ledger.lineage(),
         generation_now=rt.ledger.current_generation,
         connections=rt.connections,
+        note_version=(lambda txid, version: note_table_version(rt, feed, txid, version))
+        if feed is not None
+        else lambda txid, version: None,
+        exclusive=(lambda: sink_lock(rt, feed)) if feed is not None else contextlib.nullcontext,
     )
     if not rt.faults.faults and hook is None:
         return base
@@ -98,6 +102,50 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
             rt.faults.fire(point, txid, attempt)
 
     return replace(base, fire=fire)
+
+
+SINK_LOCK_S = 120
+"""How long one exporter may hold a sink's lock before another may take it (an exporter
+killed while holding it stops no export for longer)."""
+
+
+def sink_lock(rt: Runtime, feed: Feed) -> Any:
+    """redis-py's Lock on the sink, expiring after SINK_LOCK_S: one exporter writes it at a
+    time; one that waits for longer fails (SinkError names the sink), the next export retries."""
+    return rt.client.lock(
+        f"{rt.keyspace.sinks}:lock:{feed.name}",
+        timeout=SINK_LOCK_S,
+        blocking_timeout=SINK_LOCK_S,
+        thread_local=False,
+    )
+
+
+TABLE_VERSIONS_KEPT = 50
+"""Txids whose table version a lakehouse sink's mirror keeps (at least: retain_txids more)."""
+
+
+def table_versions_key(rt: Runtime, feed: Feed) -> str:
+    """The hash txid -> table version (Delta) or snapshot id (Iceberg) of a sink."""
+    return f"{rt.keyspace.sinks}:versions:{feed.name}"
+
+
+def note_table_version(rt: Runtime, feed: Feed, txid: int, version: Any) -> None:
+    """Mirror which table version holds ``txid`` (best effort: the table is the truth); the
+    oldest beyond what ``status`` shows and a rewind may need are dropped."""
+    key = table_versions_key(rt, feed)
+    with contextlib.suppress(Exception):
+        rt.client.hset(key, str(int(txid)), str(version))
+        keep = max(TABLE_VERSIONS_KEPT, rt.retain_txids)
+        old = [f for f in rt.client.hkeys(key) if int(f) <= int(txid) - keep]
+        if old:
+            rt.client.hdel(key, *old)
+
+
+def table_versions(rt: Runtime, feed: Feed) -> dict[int, str]:
+    """txid -> table version or snapshot id, as mirrored (newest last)."""
+    raw = rt.client.hgetall(table_versions_key(rt, feed))
+    found = {int(k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()}
+    return dict(sorted(found.items()))
 
 
 def pick_feeds(rt: Runtime, names: Sequence[str] | None) -> list[Feed]:
@@ -267,7 +315,7 @@ def _export_feed(
     hook: FireHook | None,
     attempt: _Attempt,
 ) -> ExportResult:
-    ctx = context(rt, feed, hook)
+    ctx = replace(context(rt, feed, hook), resync=resync)
     sink = feed.sink
     committed = rt.ledger.committed_txid()
     rt.require_replicated(  # never export a commit a failover could still take back
@@ -391,6 +439,11 @@ def sink_status(rt: Runtime) -> list[dict[str, Any]]:
                 "oldest_change_log": logs[0] if logs else None,
                 "error": failure.get("error"),
                 "error_at_ms": failure.get("at_ms"),
+                **(
+                    {"table_versions": table_versions(rt, feed)}
+                    if hasattr(feed.sink, "rewind_to")
+                    else {}
+                ),
             }
         )
     return out

@@ -1,0 +1,319 @@
+"""DeltaSink: a new-values stream written to a Delta Lake table, exactly once per txid, with
+delta-rs (``deltalake``: no JVM; local paths and object stores through ``storage_options``).
+
+Each exported txid is **exactly one Delta commit** carrying one ``txn`` action (Delta's
+SetTransaction) whose ``appId`` is ``tridentflow:PIPELINE:SINK:GENERATION`` and whose
+``version`` is the txid - Delta's own idempotency protocol, as Spark's ``txnAppId`` /
+``txnVersion``: any Delta reader or writer sees how far the table is
+(``DeltaTable.transaction_version(app_id)``), a replayed export finds ``version >= txid`` and
+writes nothing, and two exporters of one txid at once conflict inside Delta's commit (the
+loser finds the txid applied). ``upsert`` is one MERGE (matched keys updated, new ones
+inserted, removed keys deleted); ``append`` one append (a change log); the first txid of a
+generation - a reset - or a reload replaces the table's content in one overwrite commit.
+
+``rewind_to`` restores the table to the version whose ``txn`` is the target txid, as a new
+version whose commit carries the rewound generation's ``txn`` (one commit: a reader never
+sees half a rewind; later exports continue from the target). ``vacuum`` lists and removes
+files no version references any more - those of a writer killed before its commit included.
+
+Needs ``pip install 'tridentflow[delta]'``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from tridentflow.datasets import LineageDataset
+from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
+from tridentflow.sinks.lakehouse import TXID_COLUMN, LakehouseRows, app_id, check_mode
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError:
+        raise SinkError("DeltaSink needs deltalake: pip install 'tridentflow[delta]'") from None
+    return deltalake
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class DeltaSink(Sink):
+    """A Delta table at ``table_uri`` (a path, ``s3://bucket/path``, ...) - see the module
+    doc. ``partition_by``: columns to partition the table by (fields of the stream);
+    ``storage_options``: delta-rs's object store settings (S3 endpoint, credentials)."""
+
+    resyncable = True
+
+    def __init__(
+        self,
+        table_uri: str | os.PathLike[str],
+        mode: str = "upsert",
+        partition_by: Sequence[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.table_uri = str(table_uri)
+        self.name = name or f"delta-{os.path.basename(self.table_uri.rstrip('/')) or 'table'}"
+        self.mode = check_mode(self.name, mode)
+        self.partition_by = list(partition_by or [])
+        self.storage_options = dict(storage_options or {})
+        self.rows: LakehouseRows | None = None
+
+    # -- the sink contract ------------------------------------------------------------------
+    def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> DeltaSink:
+        rows = LakehouseRows(self.name, fields, key_fields)
+        unknown = [c for c in self.partition_by if c not in rows.columns]
+        if unknown:
+            raise ValueError(
+                f"sink {self.name}: partition_by {unknown} are not columns of {fields}"
+            )
+        if self.mode == "upsert" and not key_fields:
+            raise ValueError(
+                f"sink {self.name}: mode 'upsert' needs a keyed state (a group_by); use "
+                "mode='append' for a global one"
+            )
+        bound = DeltaSink(self.table_uri, self.mode, self.partition_by, self.storage_options,
+                          self.name)  # fmt: skip
+        bound.rows = rows
+        return bound
+
+    def _table(self, version: int | None = None) -> Any | None:
+        """The Delta table (at ``version``), None if there is none yet."""
+        deltalake = _deltalake()
+        try:
+            return deltalake.DeltaTable(
+                self.table_uri, version=version, storage_options=self.storage_options or None
+            )
+        except deltalake.exceptions.TableNotFoundError:
+            return None
+        except Exception as exc:
+            raise SinkError(
+                f"sink {self.name}: cannot open {self.describe()}: {_line(exc)}"
+            ) from None
+
+    def position(self, ctx: ExportContext) -> int:
+        table = self._table()
+        if table is None:
+            return 0
+        return int(table.transaction_version(app_id(ctx, self.name)) or 0)
+
+    def apply(
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
+    ) -> bool:
+        assert self.rows is not None, "bind() first"
+        with ctx.exclusive():  # one exporter at a time: a table's creation is not fenced
+            try:
+                return self._apply(ctx, txid, rows, replace_all)
+            except SinkError as exc:  # one line: the sink, its table, the txid, the cause
+                raise SinkError(
+                    f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
+                ) from None
+
+    def _apply(self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool) -> bool:
+        assert self.rows is not None
+        deltalake = _deltalake()
+        table = self._table()
+        app = app_id(ctx, self.name)
+        position = int(table.transaction_version(app) or 0) if table is not None else 0
+        if replace_all and not ctx.resync and position >= txid:
+            return False  # a racing exporter got it there already
+        if not replace_all:
+            if txid <= position:
+                return False
+            if txid != position + 1:
+                raise SinkError(
+                    f"the table is at txid {position}, refusing txid {txid} out of order"
+                )
+        schema = _arrow_schema(table) if table is not None else None
+        live, removed = self.rows.split(rows)
+        replace = replace_all or (position == 0 and table is not None)  # a new generation
+        data = self.rows.arrow(live if self.mode == "upsert" or replace else rows, txid, schema)
+        commit = deltalake.CommitProperties(
+            app_transactions=[deltalake.Transaction(app, txid)],
+            custom_metadata={"tridentflow.txid": str(txid), "tridentflow.pipeline": ctx.pipeline,
+                             "tridentflow.sink": self.name,
+                             **({"tridentflow.reload": "true"} if replace_all else {})},
+        )  # fmt: skip
+        ctx.fire("mid-export", txid)
+        try:
+            nothing = not live and not removed  # a txid that changed no key: its txn alone
+            if table is None or replace or self.mode == "append" or nothing:
+                mode = "error" if table is None else "overwrite" if replace else "append"
+                self._write(table, data, mode, commit, schema)
+            else:
+                self._merge(table, data, self.rows.arrow(removed, txid, schema), commit)
+        except (deltalake.exceptions.CommitFailedError, deltalake.exceptions.DeltaError) as exc:
+            again = self._table()
+            if again is not None and int(again.transaction_version(app) or 0) >= txid:
+                return False  # another exporter committed this txid first
+            raise SinkError(_line(exc)) from None
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise SinkError(_line(exc)) from None
+        written = self._table()
+        if written is not None:
+            ctx.note_version(txid, written.version())
+        return True
+
+    def _write(self, table: Any | None, data: Any, mode: str, commit: Any, schema: Any) -> None:
+        """One write commit against ``table`` as loaded (so that Delta's conflict check sees
+        a racing exporter's commit since), or creating the table (``mode`` "error": a racing
+        creator wins, this one fails and finds the txid)."""
+        deltalake = _deltalake()
+        deltalake.write_deltalake(
+            table if table is not None else self.table_uri,
+            data,
+            mode=mode,
+            partition_by=self.partition_by or None,
+            storage_options=None if table is not None else self.storage_options or None,
+            commit_properties=commit,
+            schema_mode=None,
+        )
+
+    def _merge(self, table: Any, live: Any, removed: Any, commit: Any) -> None:
+        """One MERGE: the txid's live rows upserted, its removed keys' rows deleted."""
+        pa = __import__("pyarrow")
+        assert self.rows is not None
+        flag = "_tridentflow_removed"
+        source = pa.concat_tables(
+            [
+                live.append_column(flag, pa.array([False] * live.num_rows, pa.bool_())),
+                removed.append_column(flag, pa.array([True] * removed.num_rows, pa.bool_())),
+            ]
+        )
+        on = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in self.rows.key_fields)
+        columns = {c: f"s.{_quoted(c)}" for c in self.rows.columns}
+        (
+            table.merge(source, on, source_alias="s", target_alias="t", commit_properties=commit)
+            .when_matched_delete(f"s.{flag}")
+            .when_matched_update(columns, f"NOT s.{flag}")
+            .when_not_matched_insert(columns, f"NOT s.{flag}")
+            .execute()
+        )
+
+    def written_through(self, ctx: ExportContext) -> int:
+        return self.position(ctx)
+
+    def claims(self) -> tuple[str, ...]:
+        return (f"delta:{self.table_uri.rstrip('/')}",)
+
+    def describe(self) -> str:
+        return f"Delta table {self.table_uri} ({self.mode})"
+
+    def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
+        """As the OpenLineage naming spec names a table on a file system or an object store:
+        the scheme and authority as namespace, the path as name."""
+        parts = urlsplit(self.table_uri)
+        if parts.scheme and parts.scheme != "file":
+            return [LineageDataset(f"{parts.scheme}://{parts.netloc}", parts.path or "/")]
+        return [LineageDataset("file", os.path.abspath(parts.path or self.table_uri))]
+
+    # -- rewind, time travel, housekeeping ---------------------------------------------------
+    def version_of(self, stamp: str, txid: int) -> int | None:
+        """The table version whose commit brought ``stamp``'s txn to ``txid`` (None: not in
+        the log any more, or never): found by bisection over the versions (the txn only
+        grows along them)."""
+        latest = self._table()
+        if latest is None or int(latest.transaction_version(stamp) or 0) < txid:
+            return None
+        low, high = 0, latest.version()
+        while low < high:
+            middle = (low + high) // 2
+            table = self._table(middle)
+            reached = int(table.transaction_version(stamp) or 0) if table is not None else 0
+            if reached >= txid:
+                high = middle
+            else:
+                low = middle + 1
+        table = self._table(low)
+        found = int(table.transaction_version(stamp) or 0) if table is not None else 0
+        return low if found == txid else None
+
+    def rewind_to(self, ctx: ExportContext, old_generation: str, target: int) -> int | None:
+        """Bring the table back to its content as of txid ``target`` of ``old_generation``
+        (the pipeline was rewound there; ``ctx`` is in the rewind's new generation): one
+        RESTORE commit that carries the new generation's txn at ``target``. Idempotent (a
+        second call finds the txn); None if ``target``'s version is gone from the log - the
+        next export then reloads the table from the state. The new version."""
+        deltalake = _deltalake()
+        app = app_id(ctx, self.name)
+        table = self._table()
+        if table is None:
+            return None
+        if int(table.transaction_version(app) or 0) >= target:
+            return table.version()  # done already (a rewind run again)
+        old = f"{app.rsplit(':', 1)[0]}:{old_generation}"
+        version = 0 if target == 0 else self.version_of(old, target)
+        if version is None:
+            return None
+        commit = deltalake.CommitProperties(
+            app_transactions=[deltalake.Transaction(app, target)],
+            custom_metadata={
+                "tridentflow.txid": str(target),
+                "tridentflow.rewound_to": str(target),
+            },
+        )
+        if version == table.version():  # its content is the target's: the stamp alone
+            empty = _arrow_schema(table).empty_table()
+            self._write(table, empty, "append", commit, None)
+        else:
+            table.restore(version, commit_properties=commit)
+        restored = self._table()
+        if restored is not None:
+            ctx.note_version(target, restored.version())
+        return restored.version() if restored is not None else None
+
+    def vacuum(
+        self,
+        retention_hours: float = 168,
+        dry_run: bool = True,
+        keep_versions: Sequence[int] = (),
+    ) -> list[str]:
+        """Files the table's log does not reference - a killed writer's data files - and
+        those of versions older than ``retention_hours`` but ``keep_versions`` (the versions
+        of the txids a rewind may still reach), listed, and deleted unless ``dry_run``
+        (delta-rs's full VACUUM)."""
+        table = self._table()
+        if table is None:
+            return []
+        return list(
+            table.vacuum(
+                retention_hours=int(retention_hours),
+                dry_run=dry_run,
+                enforce_retention_duration=False,
+                full=True,
+                keep_versions=list(keep_versions) or None,
+            )
+        )
+
+    def compact(self) -> dict[str, Any]:
+        """Small files rewritten into few (delta-rs OPTIMIZE compact: a new version of the
+        same rows; the txid stamps are untouched); its metrics."""
+        table = self._table()
+        return {} if table is None else dict(table.optimize.compact())
+
+
+def _arrow_schema(table: Any) -> Any:
+    """The table's schema as a pyarrow schema (delta-rs gives an arro3 one: converted through
+    the Arrow C interface)."""
+    import pyarrow as pa
+
+    schema = table.schema()
+    to_arrow = getattr(schema, "to_arrow", None) or schema.to_pyarrow
+    arrow = to_arrow()
+    return arrow if isinstance(arrow, pa.Schema) else pa.schema(arrow)
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+__all__ = ["TXID_COLUMN", "DeltaSink"]

@@ -1,0 +1,450 @@
+"""IcebergSink: a new-values stream written to an Apache Iceberg table, exactly once per txid,
+with pyiceberg (no JVM; any catalog pyiceberg loads: SQL on SQLite for one host, on PostgreSQL
+for many, REST, Glue...).
+
+Each exported txid is **exactly one snapshot** whose summary holds ``tridentflow.txid``,
+``tridentflow.pipeline``, ``tridentflow.sink`` and ``tridentflow.app`` (the pipeline, the sink
+and its generation), as Spark's and Flink's Iceberg committers stamp theirs: a replayed
+export finds its txid in the current snapshot's ancestry and writes nothing, and two
+exporters of one txid at once conflict in the catalog's commit (the loser finds the txid
+there). ``append`` is a fast append (a change log); ``upsert`` one overwrite snapshot that
+rewrites the data files holding the txid's keys (copy-on-write: those files' other rows kept,
+the keys' new rows added, removed keys gone); the first txid of a generation - a reset - or a
+reload replaces every data file, in one snapshot too. Data files are written before the
+snapshot is committed: a writer killed in between leaves files no snapshot references, which
+``vacuum`` lists and removes.
+
+``rewind_to`` replaces the table's files with those of the snapshot stamped with the target
+txid, as a new snapshot stamped with the rewound generation (a reader never sees half a
+rewind; later exports continue from the target).
+
+Needs ``pip install 'tridentflow[iceberg]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from tridentflow.datasets import LineageDataset
+from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
+from tridentflow.sinks.lakehouse import STAMP, LakehouseRows, app_id, check_mode
+
+TXID = f"{STAMP}.txid"
+APP = f"{STAMP}.app"
+RELOAD = f"{STAMP}.reload"
+KEYS_FOR_A_FILTER = 10_000
+"""A txid changing more keys rewrites every data file (a filter of more keys costs more than
+it saves)."""
+
+
+def _pyiceberg() -> Any:
+    try:
+        import pyiceberg.catalog
+    except ImportError:
+        raise SinkError("IcebergSink needs pyiceberg: pip install 'tridentflow[iceberg]'") from None
+    return pyiceberg
+
+
+class IcebergSink(Sink):
+    """An Iceberg table ``identifier`` ("namespace.table") of the catalog pyiceberg's
+    ``load_catalog(**catalog)`` opens - see the module doc."""
+
+    resyncable = True
+
+    def __init__(
+        self,
+        identifier: str,
+        catalog: dict[str, str] | None = None,
+        mode: str = "upsert",
+        name: str | None = None,
+    ) -> None:
+        if identifier.count(".") < 1:
+            raise ValueError(f"IcebergSink: the table is 'namespace.table', got {identifier!r}")
+        self.identifier = identifier
+        self.catalog_properties = dict(catalog or {})
+        self.name = name or f"iceberg-{identifier}"
+        self.mode = check_mode(self.name, mode)
+        self.rows: LakehouseRows | None = None
+        self._catalog: Any = None
+
+    def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> IcebergSink:
+        rows = LakehouseRows(self.name, fields, key_fields)
+        if self.mode == "upsert" and not key_fields:
+            raise ValueError(
+                f"sink {self.name}: mode 'upsert' needs a keyed state (a group_by); use "
+                "mode='append' for a global one"
+            )
+        bound = IcebergSink(self.identifier, self.catalog_properties, self.mode, self.name)
+        bound.rows = rows
+        return bound
+
+    # -- the catalog and the table -----------------------------------------------------------
+    def catalog(self) -> Any:
+        if self._catalog is None:
+            pyiceberg = _pyiceberg()
+            props = dict(self.catalog_properties)
+            name = props.pop("name", "tridentflow")
+            try:
+                self._catalog = pyiceberg.catalog.load_catalog(name, **props)
+            except Exception as exc:
+                raise SinkError(
+                    f"sink {self.name}: cannot open its catalog: {_line(exc)}"
+                ) from None
+        return self._catalog
+
+    def _table(self) -> Any | None:
+        """The table (None if there is none yet), its commits never retried by pyiceberg: a
+        retry re-applies a snapshot on a base that may hold the same txid from a racing
+        exporter; the loser must look at the stamps instead (``apply``)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return _no_retries(self.catalog().load_table(self.identifier))
+        except NoSuchTableError:
+            return None
+        except Exception as exc:
+            raise SinkError(
+                f"sink {self.name}: cannot load {self.describe()}: {_line(exc)}"
+            ) from None
+
+    def _create(self, schema: Any) -> Any:
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+
+        namespace = self.identifier.rsplit(".", 1)[0]
+        catalog = self.catalog()
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            catalog.create_namespace(namespace)
+        try:
+            return _no_retries(catalog.create_table(self.identifier, schema=schema))
+        except TableAlreadyExistsError:  # another exporter created it meanwhile
+            return _no_retries(catalog.load_table(self.identifier))
+
+    def position(self, ctx: ExportContext) -> int:
+        table = self._table()
+        if table is None:
+            return 0
+        return stamped(table, app_id(ctx, self.name))
+
+    def apply(
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
+    ) -> bool:
+        assert self.rows is not None, "bind() first"
+        with ctx.exclusive():  # one exporter at a time (the catalog fences the rest)
+            try:
+                return self._apply(ctx, txid, rows, replace_all)
+            except SinkError as exc:  # one line: the sink, its table, the txid, the cause
+                raise SinkError(
+                    f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
+                ) from None
+
+    def _apply(self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool) -> bool:
+        assert self.rows is not None
+        from pyiceberg.exceptions import CommitFailedException
+
+        app = app_id(ctx, self.name)
+        table = self._table()
+        position = stamped(table, app) if table is not None else 0
+        if replace_all and not ctx.resync and position >= txid:
+            return False  # a racing exporter got it there already
+        if not replace_all:
+            if txid <= position:
+                return False
+            if txid != position + 1:
+                raise SinkError(
+                    f"the table is at txid {position}, refusing txid {txid} out of order"
+                )
+        replace = replace_all or (position == 0 and table is not None and has_data(table))
+        schema = table.schema().as_arrow() if table is not None else None
+        live, removed = self.rows.split(rows)
+        data = self.rows.arrow(live if self.mode == "upsert" or replace else rows, txid, schema)
+        if table is None:
+            table = self._create(data.schema)
+        props = {TXID: str(txid), APP: app, f"{STAMP}.pipeline": ctx.pipeline,
+                 f"{STAMP}.sink": self.name,
+                 **({RELOAD: "true"} if replace_all else {})}  # fmt: skip
+        try:
+            if self.mode == "append" and not replace and data.num_rows:
+                with table.transaction() as tx:
+                    ctx.fire("mid-export", txid)
+                    tx.append(data, snapshot_properties=props)
+            else:
+                # an upsert, a replacement - or an append that changed nothing: its stamp
+                touched = None if replace else [*live, *removed] if self.mode == "upsert" else []
+                self._overwrite(ctx, table, data, touched, props, txid)
+        except CommitFailedException as exc:
+            again = self._table()
+            if again is not None and stamped(again, app) >= txid:
+                return False  # another exporter committed this txid first
+            raise SinkError(_line(exc)) from None
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise SinkError(_line(exc)) from None
+        latest = self._table()
+        if latest is not None and latest.current_snapshot() is not None:
+            ctx.note_version(txid, latest.current_snapshot().snapshot_id)
+        return True
+
+    def _overwrite(
+        self,
+        ctx: ExportContext,
+        table: Any,
+        data: Any,
+        touched: list[Row] | None,
+        props: dict[str, str],
+        txid: int,
+    ) -> None:
+        """One overwrite snapshot: the data files that may hold ``touched`` rows' keys (None:
+        every file) rewritten without those keys, ``data`` added."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+        assert self.rows is not None
+        keys = self.rows.key_fields
+        files = list(self._files_holding(table, touched))
+        kept = []
+        if touched is not None and files:
+            changed = self.rows.arrow(touched, 0).select(list(keys))
+            for data_file in files:
+                old = _read(table, data_file.file_path)
+                if not keys:
+                    continue
+                hit = _membership(old, changed, keys)
+                rest = old.filter(pc.invert(hit))
+                if rest.num_rows:
+                    kept.append(rest.cast(data.schema) if rest.schema != data.schema else rest)
+        new = pa.concat_tables([*kept, data]) if kept else data
+        with table.transaction() as tx:
+            written = (
+                list(_dataframe_to_data_files(tx.table_metadata, new, table.io, uuid.uuid4()))
+                if new.num_rows
+                else []
+            )
+            ctx.fire("mid-export", txid)  # files written, the snapshot not committed yet
+            with tx.update_snapshot(snapshot_properties=props).overwrite() as snapshot:
+                for data_file in files:
+                    snapshot.delete_data_file(data_file)
+                for data_file in written:
+                    snapshot.append_data_file(data_file)
+
+    def _files_holding(self, table: Any, touched: list[Row] | None) -> Iterator[Any]:
+        """The current data files that may hold a row of ``touched``'s keys (their column
+        statistics cannot rule it out); every file for None or too many keys."""
+        from pyiceberg.expressions import AlwaysTrue, In
+
+        if table.current_snapshot() is None:
+            return
+        assert self.rows is not None
+        row_filter: Any = AlwaysTrue()
+        if (
+            touched is not None
+            and len(self.rows.key_fields) == 1
+            and len(touched) <= KEYS_FOR_A_FILTER
+        ):
+            at = self.rows.fields.index(self.rows.key_fields[0])
+            values = {row[at] for row in touched}
+            if not values:
+                return
+            if None not in values and all(isinstance(v, str | int) for v in values):
+                row_filter = In(self.rows.key_fields[0], values)
+        for task in table.scan(row_filter=row_filter).plan_files():
+            yield task.file
+
+    def written_through(self, ctx: ExportContext) -> int:
+        return self.position(ctx)
+
+    def claims(self) -> tuple[str, ...]:
+        uri = self.catalog_properties.get("uri", "")
+        return (f"iceberg:{uri}:{self.identifier}",)
+
+    def describe(self) -> str:
+        kind = self.catalog_properties.get("type", "catalog")
+        return f"Iceberg table {self.identifier} ({kind} catalog, {self.mode})"
+
+    def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
+        """The table's physical location, as the OpenLineage naming spec names an Iceberg
+        table: the warehouse's scheme and authority, the table's path (no I/O: pyiceberg's
+        default location under the warehouse)."""
+        warehouse = self.catalog_properties.get("warehouse", "")
+        namespace, table = self.identifier.rsplit(".", 1)
+        parts = urlsplit(warehouse)
+        path = f"{parts.path.rstrip('/')}/{namespace}.db/{table}"
+        if parts.scheme in ("", "file"):
+            return [LineageDataset("file", path)]
+        return [LineageDataset(f"{parts.scheme}://{parts.netloc}", path)]
+
+    def close(self) -> None:
+        self._catalog = None
+
+    # -- rewind, time travel, housekeeping ---------------------------------------------------
+    def snapshot_of(self, stamp: str, txid: int) -> Any | None:
+        """The snapshot ``stamp`` stamped with ``txid`` (None: expired, or never)."""
+        table = self._table()
+        if table is None:
+            return None
+        found = [
+            s for s in table.snapshots()
+            if _props(s).get(APP) == stamp and _props(s).get(TXID) == str(txid)
+        ]  # fmt: skip
+        return found[-1] if found else None
+
+    def rewind_to(self, ctx: ExportContext, old_generation: str, target: int) -> int | None:
+        """The table's files replaced by those of the snapshot ``old_generation`` stamped with
+        ``target``, as one snapshot stamped with ``ctx``'s (the rewind's) generation at
+        ``target``. Idempotent; None if that snapshot expired - the next export then reloads
+        the table from the state. The new snapshot's id."""
+        table = self._table()
+        if table is None:
+            return None
+        app = app_id(ctx, self.name)
+        if stamped(table, app) >= target and table.current_snapshot() is not None:
+            return table.current_snapshot().snapshot_id
+        old = f"{app.rsplit(':', 1)[0]}:{old_generation}"
+        files: list[Any] = []
+        if target > 0:
+            source = self.snapshot_of(old, target)
+            if source is None:
+                return None
+            files = [t.file for t in table.scan(snapshot_id=source.snapshot_id).plan_files()]
+        props = {TXID: str(target), APP: app, f"{STAMP}.rewound_to": str(target)}
+        current = list(self._files_holding(table, None))
+        with (
+            table.transaction() as tx,
+            tx.update_snapshot(snapshot_properties=props).overwrite() as snapshot,
+        ):
+            for data_file in current:
+                snapshot.delete_data_file(data_file)
+            for data_file in files:
+                snapshot.append_data_file(data_file)
+        latest = self._table()
+        snapshot_id = latest.current_snapshot().snapshot_id if latest is not None else None
+        if snapshot_id is not None:
+            ctx.note_version(target, snapshot_id)
+        return snapshot_id
+
+    def vacuum(
+        self, retention_hours: float = 168, dry_run: bool = True, keep_versions: Any = ()
+    ) -> list[str]:
+        """Data files under the table's location that no snapshot references and older than
+        ``retention_hours`` - those of a writer killed before its snapshot's commit -
+        listed, and deleted unless ``dry_run`` (pyiceberg has no orphan-file removal). Every
+        snapshot's files are kept (``keep_versions`` is moot: expire snapshots to let go)."""
+        from pyarrow import fs
+
+        table = self._table()
+        if table is None:
+            return []
+        referenced = set()
+        for snapshot in table.snapshots():
+            for manifest in snapshot.manifests(table.io):
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                    referenced.add(_path(entry.data_file.file_path))
+        filesystem, root = fs.FileSystem.from_uri(f"{table.location().rstrip('/')}/data")
+        try:
+            infos = filesystem.get_file_info(fs.FileSelector(root, recursive=True))
+        except FileNotFoundError:
+            return []
+        cutoff = time.time() - retention_hours * 3600
+        orphans = [
+            i.path for i in infos
+            if i.type == fs.FileType.File and _path(i.path) not in referenced
+            and (i.mtime is None or i.mtime.timestamp() <= cutoff)
+        ]  # fmt: skip
+        if not dry_run:
+            for path in orphans:
+                filesystem.delete_file(path)
+        return sorted(orphans)
+
+    def compact(self) -> dict[str, Any]:
+        """Every data file rewritten into as few as the writer makes, in one overwrite
+        snapshot that keeps the current stamp (the txid a reader and a replay see stays); the
+        files before and after."""
+        table = self._table()
+        if table is None or table.current_snapshot() is None:
+            return {"files_before": 0, "files_after": 0}
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+        files = list(self._files_holding(table, None))
+        data = table.scan().to_arrow()
+        props = {k: v for k, v in _props(table.current_snapshot()).items() if k.startswith(STAMP)}
+        with table.transaction() as tx:
+            written = list(_dataframe_to_data_files(tx.table_metadata, data, table.io))
+            with tx.update_snapshot(snapshot_properties=props).overwrite() as snapshot:
+                for data_file in files:
+                    snapshot.delete_data_file(data_file)
+                for data_file in written:
+                    snapshot.append_data_file(data_file)
+        return {"files_before": len(files), "files_after": len(written)}
+
+
+def _no_retries(table: Any) -> Any:
+    """``table`` whose commits pyiceberg does not retry (``commit.retry.num-retries`` 0 in
+    this process's copy of its metadata; nothing is written to the table's properties)."""
+    from pyiceberg.table import Table, TableProperties
+
+    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    metadata = table.metadata.model_copy(update={"properties": properties})
+    return Table(table._identifier, metadata, table.metadata_location, table.io, table.catalog)
+
+
+def stamped(table: Any, stamp: str) -> int:
+    """The txid of the newest snapshot in the table's current ancestry stamped ``stamp``."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        props = _props(snapshot)
+        if props.get(APP) == stamp:
+            return int(props.get(TXID, 0))
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return 0
+
+
+def has_data(table: Any) -> bool:
+    snapshot = table.current_snapshot()
+    return snapshot is not None and int(_props(snapshot).get("total-records", "0") or 0) > 0
+
+
+def _props(snapshot: Any) -> dict[str, str]:
+    summary = getattr(snapshot, "summary", None)
+    return dict(summary.additional_properties) if summary is not None else {}
+
+
+def _read(table: Any, location: str) -> Any:
+    import pyarrow.parquet as pq
+
+    with table.io.new_input(location).open() as stream:
+        return pq.read_table(stream)
+
+
+def _membership(old: Any, changed: Any, keys: tuple[str, ...]) -> Any:
+    """A boolean mask of ``old``'s rows whose key is among ``changed``'s."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(keys) == 1:
+        return pc.fill_null(pc.is_in(old[keys[0]], value_set=changed[keys[0]]), False)
+    marker = "_tridentflow_hit"
+    joined = old.select(list(keys)).append_column(
+        "_tridentflow_row", pa.array(range(old.num_rows), pa.int64())
+    ).join(
+        changed.append_column(marker, pa.array([True] * changed.num_rows)),
+        keys=list(keys), join_type="left outer",
+    ).sort_by("_tridentflow_row")  # fmt: skip
+    return pc.fill_null(joined[marker], False)
+
+
+def _path(location: str) -> str:
+    """A file's path without its scheme (the filesystem lists them so)."""
+    parts = urlsplit(location)
+    return f"{parts.netloc}{parts.path}" if parts.scheme not in ("", "file") else parts.path
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
