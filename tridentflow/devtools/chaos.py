@@ -107,7 +107,7 @@ from tridentflow.ops.audit import audit
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.status import status
 from tridentflow.registry import load_pipeline
-from tridentflow.sinks import PostgresSink, RedisStreamSink, SinkError
+from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink, SinkError
 from tridentflow.sinks.redisstream import companion_key
 from tridentflow.sources.filelog import encode_record
 from tridentflow.steps.driver import backlog
@@ -879,9 +879,26 @@ class Chaos:
                     PostgresSink(table, dsn=self.postgres_dsn, key=["key"],
                                  name=f"postgres-{state}", columns=CHAOS_COLUMNS)
                 )  # fmt: skip
+            if lakehouse_schedule(seed):
+                lake = self.workdir / f"lake-{seed}"
+                lake.mkdir(parents=True, exist_ok=True)  # the SQLite catalog's directory
+                as_json = (
+                    pipeline.state(state).new_values_stream().map(_canonical_json, ["key", "value"])
+                )
+                as_json.sink(DeltaSink(lake / f"delta-{state}", name=f"delta-{state}", key=["key"]))
+                catalog = {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db",
+                           "warehouse": f"file://{lake}/warehouse"}  # fmt: skip
+                name = state.replace("-", "_")
+                as_json.sink(
+                    IcebergSink(f"chaos.s{seed}_{name}", catalog, name=f"iceberg-{state}",
+                                key=["key"])
+                )  # fmt: skip
         return pipeline
 
     def _drop_sink_targets(self, rt: Runtime, seed: int) -> None:
+        shutil.rmtree(self.workdir / f"lake-{seed}", ignore_errors=True)
+        if lakehouse_schedule(seed):  # the SQLite catalog's directory, for the next tables
+            (self.workdir / f"lake-{seed}").mkdir(parents=True)
         for feed in rt.pipeline.feeds:
             if isinstance(feed.sink, RedisStreamSink):
                 for stream in feed.sink.streams():
@@ -1001,6 +1018,8 @@ class Chaos:
             want = {encode_key(k): _jsonish(v) for k, v in page.items}
             if isinstance(feed.sink, PostgresSink):
                 got = _table(self.postgres_dsn, feed.sink.table)
+            elif isinstance(feed.sink, DeltaSink | IcebergSink):
+                got = _lake_table(feed.sink)
             else:
                 got, problem = _stream_view(
                     rt, feed.sink, rt.ledger.lineage(), committed_changes.get(feed.name, {})
@@ -1114,6 +1133,29 @@ def _canonical(*row):
     """A new-values tuple as (the key's canonical encoding, the value): keys that are equal
     in Python but not in tridentflow (1, 1.0, true) stay apart in every sink."""
     return (encode_key(row[:-1]), row[-1])
+
+
+def _canonical_json(*row):
+    """A new-values tuple as (the key's canonical encoding, the value as JSON text; None for
+    a removed key): one column type whatever values the state holds (a lakehouse table)."""
+    return (encode_key(row[:-1]), None if row[-1] is None else _jsonish(row[-1]))
+
+
+def lakehouse_schedule(seed: int) -> bool:
+    """Whether schedule ``seed`` exports its states to Delta and Iceberg tables too (three in
+    ten: each table write costs)."""
+    return random.Random(f"lakehouse-{seed}").random() < 0.3
+
+
+def _lake_table(sink: DeltaSink | IcebergSink) -> dict[str, str]:
+    """A lakehouse sink's table as {key: value}; {} if it does not exist yet."""
+    if isinstance(sink, DeltaSink):
+        table = sink._table()
+        rows = [] if table is None else table.to_pyarrow_table().to_pylist()
+    else:
+        found = sink._table()
+        rows = [] if found is None else found.scan().to_arrow().to_pylist()
+    return {r["key"]: r["value"] for r in rows}
 
 
 def _jsonish(value) -> str:

@@ -28,7 +28,13 @@ from urllib.parse import urlsplit
 
 from tridentflow.datasets import LineageDataset
 from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
-from tridentflow.sinks.lakehouse import TXID_COLUMN, LakehouseRows, app_id, check_mode
+from tridentflow.sinks.lakehouse import (
+    TXID_COLUMN,
+    LakehouseRows,
+    app_id,
+    check_mode,
+    untyped,
+)
 
 
 def _deltalake() -> Any:
@@ -46,7 +52,8 @@ def _quoted(name: str) -> str:
 class DeltaSink(Sink):
     """A Delta table at ``table_uri`` (a path, ``s3://bucket/path``, ...) - see the module
     doc. ``partition_by``: columns to partition the table by (fields of the stream);
-    ``storage_options``: delta-rs's object store settings (S3 endpoint, credentials)."""
+    ``storage_options``: delta-rs's object store settings (S3 endpoint, credentials);
+    ``key``: the stream's fields that key a row (default: the state's key fields)."""
 
     resyncable = True
 
@@ -57,8 +64,10 @@ class DeltaSink(Sink):
         partition_by: Sequence[str] | None = None,
         storage_options: dict[str, str] | None = None,
         name: str | None = None,
+        key: Sequence[str] | None = None,
     ) -> None:
         self.table_uri = str(table_uri)
+        self.key = tuple(key) if key is not None else None
         self.name = name or f"delta-{os.path.basename(self.table_uri.rstrip('/')) or 'table'}"
         self.mode = check_mode(self.name, mode)
         self.partition_by = list(partition_by or [])
@@ -67,6 +76,7 @@ class DeltaSink(Sink):
 
     # -- the sink contract ------------------------------------------------------------------
     def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> DeltaSink:
+        key_fields = self.key if self.key is not None else key_fields
         rows = LakehouseRows(self.name, fields, key_fields)
         unknown = [c for c in self.partition_by if c not in rows.columns]
         if unknown:
@@ -79,7 +89,7 @@ class DeltaSink(Sink):
                 "mode='append' for a global one"
             )
         bound = DeltaSink(self.table_uri, self.mode, self.partition_by, self.storage_options,
-                          self.name)  # fmt: skip
+                          self.name, self.key)  # fmt: skip
         bound.rows = rows
         return bound
 
@@ -126,14 +136,16 @@ class DeltaSink(Sink):
         if not replace_all:
             if txid <= position:
                 return False
-            if txid != position + 1:
+            if table is not None and txid != position + 1:
                 raise SinkError(
                     f"the table is at txid {position}, refusing txid {txid} out of order"
                 )
         schema = _arrow_schema(table) if table is not None else None
-        live, removed = self.rows.split(rows)
         replace = replace_all or (position == 0 and table is not None)  # a new generation
-        data = self.rows.arrow(live if self.mode == "upsert" or replace else rows, txid, schema)
+        batch = self.rows.batch(rows, txid, schema)
+        data = batch.live if self.mode == "upsert" or replace else batch.every
+        if table is None and untyped(data):
+            return True  # nothing to write yet, and no table to stamp: the next rows create it
         commit = deltalake.CommitProperties(
             app_transactions=[deltalake.Transaction(app, txid)],
             custom_metadata={"tridentflow.txid": str(txid), "tridentflow.pipeline": ctx.pipeline,
@@ -142,12 +154,12 @@ class DeltaSink(Sink):
         )  # fmt: skip
         ctx.fire("mid-export", txid)
         try:
-            nothing = not live and not removed  # a txid that changed no key: its txn alone
+            nothing = batch.every.num_rows == 0  # a txid that changed no key: its txn alone
             if table is None or replace or self.mode == "append" or nothing:
                 mode = "error" if table is None else "overwrite" if replace else "append"
                 self._write(table, data, mode, commit, schema)
             else:
-                self._merge(table, data, self.rows.arrow(removed, txid, schema), commit)
+                self._merge(table, batch.live, batch.removed, commit)
         except (deltalake.exceptions.CommitFailedError, deltalake.exceptions.DeltaError) as exc:
             again = self._table()
             if again is not None and int(again.transaction_version(app) or 0) >= txid:

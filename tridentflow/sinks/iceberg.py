@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from tridentflow.datasets import LineageDataset
 from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
-from tridentflow.sinks.lakehouse import STAMP, LakehouseRows, app_id, check_mode
+from tridentflow.sinks.lakehouse import STAMP, LakehouseRows, app_id, check_mode, untyped
 
 TXID = f"{STAMP}.txid"
 APP = f"{STAMP}.app"
@@ -52,7 +52,8 @@ def _pyiceberg() -> Any:
 
 class IcebergSink(Sink):
     """An Iceberg table ``identifier`` ("namespace.table") of the catalog pyiceberg's
-    ``load_catalog(**catalog)`` opens - see the module doc."""
+    ``load_catalog(**catalog)`` opens - see the module doc. ``key``: the stream's fields
+    that key a row (default: the state's key fields)."""
 
     resyncable = True
 
@@ -62,6 +63,7 @@ class IcebergSink(Sink):
         catalog: dict[str, str] | None = None,
         mode: str = "upsert",
         name: str | None = None,
+        key: Sequence[str] | None = None,
     ) -> None:
         if identifier.count(".") < 1:
             raise ValueError(f"IcebergSink: the table is 'namespace.table', got {identifier!r}")
@@ -69,17 +71,21 @@ class IcebergSink(Sink):
         self.catalog_properties = dict(catalog or {})
         self.name = name or f"iceberg-{identifier}"
         self.mode = check_mode(self.name, mode)
+        self.key = tuple(key) if key is not None else None
         self.rows: LakehouseRows | None = None
         self._catalog: Any = None
 
     def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> IcebergSink:
+        key_fields = self.key if self.key is not None else key_fields
         rows = LakehouseRows(self.name, fields, key_fields)
         if self.mode == "upsert" and not key_fields:
             raise ValueError(
                 f"sink {self.name}: mode 'upsert' needs a keyed state (a group_by); use "
                 "mode='append' for a global one"
             )
-        bound = IcebergSink(self.identifier, self.catalog_properties, self.mode, self.name)
+        bound = IcebergSink(
+            self.identifier, self.catalog_properties, self.mode, self.name, self.key
+        )
         bound.rows = rows
         return bound
 
@@ -154,14 +160,16 @@ class IcebergSink(Sink):
         if not replace_all:
             if txid <= position:
                 return False
-            if txid != position + 1:
+            if table is not None and txid != position + 1:
                 raise SinkError(
                     f"the table is at txid {position}, refusing txid {txid} out of order"
                 )
         replace = replace_all or (position == 0 and table is not None and has_data(table))
         schema = table.schema().as_arrow() if table is not None else None
-        live, removed = self.rows.split(rows)
-        data = self.rows.arrow(live if self.mode == "upsert" or replace else rows, txid, schema)
+        batch = self.rows.batch(rows, txid, schema)
+        data = batch.live if self.mode == "upsert" or replace else batch.every
+        if table is None and untyped(data):
+            return True  # nothing to write yet, and no table to stamp: the next rows create it
         if table is None:
             table = self._create(data.schema)
         props = {TXID: str(txid), APP: app, f"{STAMP}.pipeline": ctx.pipeline,
@@ -174,7 +182,14 @@ class IcebergSink(Sink):
                     tx.append(data, snapshot_properties=props)
             else:
                 # an upsert, a replacement - or an append that changed nothing: its stamp
-                touched = None if replace else [*live, *removed] if self.mode == "upsert" else []
+                keys = list(self.rows.key_fields)
+                touched = (
+                    None
+                    if replace
+                    else batch.every.select(keys)
+                    if self.mode == "upsert"
+                    else batch.every.slice(0, 0).select(keys)
+                )
                 self._overwrite(ctx, table, data, touched, props, txid)
         except CommitFailedException as exc:
             again = self._table()
@@ -195,12 +210,13 @@ class IcebergSink(Sink):
         ctx: ExportContext,
         table: Any,
         data: Any,
-        touched: list[Row] | None,
+        touched: Any,
         props: dict[str, str],
         txid: int,
     ) -> None:
-        """One overwrite snapshot: the data files that may hold ``touched`` rows' keys (None:
-        every file) rewritten without those keys, ``data`` added."""
+        """One overwrite snapshot: the data files that may hold ``touched``'s keys (an Arrow
+        table of the key columns; None: every file) rewritten without those keys, ``data``
+        added."""
         import pyarrow as pa
         import pyarrow.compute as pc
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
@@ -210,7 +226,7 @@ class IcebergSink(Sink):
         files = list(self._files_holding(table, touched))
         kept = []
         if touched is not None and files:
-            changed = self.rows.arrow(touched, 0).select(list(keys))
+            changed = touched
             for data_file in files:
                 old = _read(table, data_file.file_path)
                 if not keys:
@@ -233,9 +249,10 @@ class IcebergSink(Sink):
                 for data_file in written:
                     snapshot.append_data_file(data_file)
 
-    def _files_holding(self, table: Any, touched: list[Row] | None) -> Iterator[Any]:
-        """The current data files that may hold a row of ``touched``'s keys (their column
-        statistics cannot rule it out); every file for None or too many keys."""
+    def _files_holding(self, table: Any, touched: Any) -> Iterator[Any]:
+        """The current data files that may hold a row of ``touched``'s keys (an Arrow table
+        of the key columns; their statistics cannot rule it out); every file for None or
+        too many keys."""
         from pyiceberg.expressions import AlwaysTrue, In
 
         if table.current_snapshot() is None:
@@ -245,10 +262,9 @@ class IcebergSink(Sink):
         if (
             touched is not None
             and len(self.rows.key_fields) == 1
-            and len(touched) <= KEYS_FOR_A_FILTER
+            and touched.num_rows <= KEYS_FOR_A_FILTER
         ):
-            at = self.rows.fields.index(self.rows.key_fields[0])
-            values = {row[at] for row in touched}
+            values = set(touched[self.rows.key_fields[0]].to_pylist())
             if not values:
                 return
             if None not in values and all(isinstance(v, str | int) for v in values):
