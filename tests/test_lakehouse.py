@@ -234,8 +234,9 @@ def test_a_rewind_carries_each_table_back_as_a_new_version_and_exports_go_on(rt)
     for name in (*UPSERT, *APPEND):  # one new version stamped 4, the history kept
         assert stamps(rt, name) == [*range(1, committed + 1), 4], name
     # time travel: the version the mirror names for txid 2 holds the state as of txid 2
-    old = versions["delta-counts"][2]
-    assert keyed(table_rows(rt, "delta-counts", old), "word", "count") == state_of(rt, "counts", 2)
+    for name in ("delta-counts", "iceberg-counts"):
+        old = versions[name][2]
+        assert keyed(table_rows(rt, name, old), "word", "count") == state_of(rt, "counts", 2), name
     drain(rt)  # the rewound txids again, exported from 5 on
     check_upserts(rt)
     assert rewind_pipeline(rt, rt.ledger.committed_txid(), force=True).result  # idempotent

@@ -200,9 +200,9 @@ class IcebergSink(Sink):
             raise
         except Exception as exc:
             raise SinkError(_line(exc)) from None
-        latest = self._table()
-        if latest is not None and latest.current_snapshot() is not None:
-            ctx.note_version(txid, latest.current_snapshot().snapshot_id)
+        snapshot = table.current_snapshot()  # the commit refreshed the table in place
+        if snapshot is not None:
+            ctx.note_version(txid, snapshot.snapshot_id)
         return True
 
     def _overwrite(
