@@ -245,6 +245,19 @@ def test_the_harness_catches_a_rewind_that_restores_oldest_first(monkeypatch):
 
 
 @pytest.mark.soak
+def test_the_harness_catches_a_rewind_that_forgets_its_tables_when_cut_short(monkeypatch):
+    """The same class through the lakehouse: a rewind killed after the states and before the
+    first table, run again, must still carry each table back from the generation it left
+    (a table holding a version of the target is carried back, not left for a reload)."""
+    import tridentflow.ops.rewind
+
+    monkeypatch.setattr(tridentflow.ops.rewind, "_tables_owed", lambda rt: None)
+    results = run_chaos(100, seed=6000, redis_restarts=False)  # 6017, 6020, 6054, 6098 do
+    assert not results[-1].ok, "100 schedules did not expose a rewind forgetting its tables"
+    assert "did not carry back the tables" in (results[-1].difference or ""), results[-1].line()
+
+
+@pytest.mark.soak
 def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     """A sharded commit whose stray-key rollback reads the written-set of one shard only
     (every schedule with 3 shards): an opaque replay leaves a lost record's count behind."""
@@ -286,19 +299,22 @@ def test_the_harness_catches_positions_that_forget_a_skipped_partition(monkeypat
     assert not results[-1].ok, "50 schedules did not expose positions reused across batches"
 
 
+STREAM_SCHEDULES = 50  # seed 45 is the first to trim what was read, 52 the next
+
+
 @pytest.mark.soak
 def test_stream_schedules_with_external_mutations_are_exact():
     """The Redis Streams family: XDEL and trims of what was read, entries removed before they
     were read, streams deleted and recreated, bytes that are not UTF-8 - among every other
     fault; the operator resets the reader where status names a stream that lost entries."""
-    results = run_chaos(40, seed=0, pipelines=STREAM_PIPELINES)
+    results = run_chaos(STREAM_SCHEDULES, seed=0, pipelines=STREAM_PIPELINES)
     failures = [r.line() for r in results if not r.ok]
     assert not failures, failures[0]
     events = " ".join(e for r in results for e in r.events)
     for kind in ("stream-xdel-read", "stream-trim-read", "stream-xdel-unread",
                  "stream-maxlen-unread", "stream-delete", "stream-recreate", "bad-entry",
                  "reader-reset"):  # fmt: skip
-        assert kind in events, f"no {kind} event in 40 stream schedules"
+        assert kind in events, f"no {kind} event in {STREAM_SCHEDULES} stream schedules"
 
 
 @pytest.mark.soak

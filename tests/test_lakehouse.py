@@ -228,6 +228,8 @@ def test_a_rewind_carries_each_table_back_as_a_new_version_and_exports_go_on(rt)
     assert set(versions["delta-kv"]) == set(range(1, committed + 1))
     report = rewind_pipeline(rt, 4, force=True)
     assert set(report.tables_rewound) == {*UPSERT, *APPEND}
+    for status in sink_status(rt):  # the rewound txids' versions are forgotten
+        assert set(status["table_versions"]) == {1, 2, 3, 4}, status["sink"]
     for name, state in UPSERT.items():  # as of txid 4, at once: no export needed
         key, value = ("word", "count") if state == "counts" else ("key", "value")
         assert keyed(table_rows(rt, name), key, value) == state_of(rt, state), name
@@ -240,6 +242,38 @@ def test_a_rewind_carries_each_table_back_as_a_new_version_and_exports_go_on(rt)
     drain(rt)  # the rewound txids again, exported from 5 on
     check_upserts(rt)
     assert rewind_pipeline(rt, rt.ledger.committed_txid(), force=True).result  # idempotent
+
+
+def test_a_rewind_killed_between_tables_finishes_when_run_again(rt, monkeypatch):
+    """Killed before the first table (the fault point) and, run again, killed right after a
+    table's own rewind commit, before the next table: run again, every table is as of the
+    target with exactly one rewind version - none carried back twice - and exports go on."""
+    drain(rt)
+    committed = rt.ledger.committed_txid()
+    rt.faults = FaultPlan((Fault("mid-rewind", 4, 1, "crash"),))
+    with pytest.raises(SimulatedCrash):
+        rewind_pipeline(rt, 4, force=True)
+    rt.faults = FaultPlan()
+    victim = feed(rt, "iceberg-counts").sink
+    original = type(victim).rewind_to
+
+    def rewound_then_killed(self, ctx, old_generation, target):
+        version = original(self, ctx, old_generation, target)
+        raise SimulatedCrash(f"killed after {self.name}'s rewind commit")
+
+    monkeypatch.setattr(type(victim), "rewind_to", rewound_then_killed)
+    with pytest.raises(SimulatedCrash):
+        rewind_pipeline(rt, 4, force=True)
+    monkeypatch.setattr(type(victim), "rewind_to", original)
+    report = rewind_pipeline(rt, 4, force=True)
+    assert set(report.tables_rewound) == {*UPSERT, *APPEND}
+    for name, state in UPSERT.items():
+        key, value = ("word", "count") if state == "counts" else ("key", "value")
+        assert keyed(table_rows(rt, name), key, value) == state_of(rt, state), name
+    for name in (*UPSERT, *APPEND):
+        assert stamps(rt, name) == [*range(1, committed + 1), 4], name
+    drain(rt)
+    check_upserts(rt)
 
 
 def test_a_reset_replaces_what_the_old_generation_wrote(rt):

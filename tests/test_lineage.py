@@ -176,3 +176,33 @@ def test_kafka_and_postgres_names_follow_openlineages_naming():
     kv = postgres_dataset("host=pg.example dbname=sales user=u", ("marts", "wc"))
     assert (kv.namespace, kv.name) == ("postgres://pg.example:5432", "sales.marts.wc")
     assert DEFAULT_NAMESPACE == "tridentflow"
+
+
+def test_the_export_names_lakehouse_tables_where_they_are(
+    redis_url, redis_client, home, tmp_path, monkeypatch
+):
+    """Delta's and Iceberg's outputs are the tables' real locations (Iceberg's as the catalog
+    placed it), each as OpenLineage names a file-system table."""
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyiceberg")
+    from tridentflow import DeltaSink, IcebergSink
+
+    monkeypatch.setenv("TF_TEST_LAKE", str(tmp_path))
+    rt = runtime("tests.pipelines:lakehoused", redis_url, home)
+    produce(rt, ["a b", "set k 1", "b c"])
+    run_txid(rt, "run-1")
+    result = {"txid": 1, "sinks": [r.to_json() for r in export(rt, upto=1)]}
+    assert all(s["applied"] for s in result["sinks"]), result
+    got = step_lineage(rt, "export", "run-1", result)
+    expected = []
+    for feed in rt.pipeline.feeds:
+        sink = feed.sink
+        if isinstance(sink, DeltaSink):
+            table = str(tmp_path / sink.table_uri.rsplit("/", 1)[-1])
+            expected.append(LineageDataset("file", table))
+        elif isinstance(sink, IcebergSink):
+            location = sink.catalog().load_table(sink.identifier).location()
+            expected.append(LineageDataset("file", location.removeprefix("file://")))
+    assert len(expected) == 6 and got.outputs == tuple(expected)
+    fresh = runtime("tests.pipelines:lakehoused", redis_url, home)  # has loaded no table
+    assert step_lineage(fresh, "export", "run-1", result).outputs == tuple(expected)

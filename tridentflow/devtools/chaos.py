@@ -326,6 +326,7 @@ class Chaos:
         sched.sink_edge_rng = random.Random(f"sink-edges-{seed}")
         sched.rewind_rng = random.Random(f"rewind-{seed}")
         sched.seed = seed
+        sched.lake = lakehouse_schedule(seed)
         sched.parallel_rng = random.Random(f"parallel-{seed}")
         self._drop_sink_targets(rt, seed)
         sched.append(rng.randint(5, 60))
@@ -450,7 +451,8 @@ class Chaos:
                 return
             torn = sched.torn_since_rewind()  # an exporter died between a sink's parts
             soon = torn and random.Random(f"torn-{sched.seed}-{step}-go").random() < 0.3
-            if sched.rewinds < 2 and (sched.rewind_rng.random() < REWIND_CHANCE or soon):
+            chance = REWIND_CHANCE * (3 if sched.lake else 1)  # and the tables go back too
+            if sched.rewinds < 2 and (sched.rewind_rng.random() < chance or soon):
                 self._rewind_in_flight(sched, run_id, steps[step_index], step)
                 run_no, failures, step_index = run_no + 1, 0, 0
                 run_id = f"run-{run_no}"
@@ -749,18 +751,21 @@ class Chaos:
         if below and random.Random(f"torn-{sched.seed}-{step}").random() < 0.7:
             target = max(below)
 
+        carried: list[tuple[str, ...]] = []  # the tables each finished rewind carried back
+
         def rewind(to: int, faults: FaultPlan | None = None) -> Runtime:
             fresh = self._runtime(old.pipeline, old.home, faults, old.shards or 1)
             try:
-                rewind_pipeline(fresh, to, force=True)
+                report = rewind_pipeline(fresh, to, force=True)
             except ReplicationError:  # not on a replica: the operator waits, runs it again
                 assert self.cluster is not None and sched.lagging is not None
                 self.cluster.release_replication(sched.lagging[0])
                 sched.lagging = None
                 fresh.client.close()
                 fresh = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
-                rewind_pipeline(fresh, to, force=True)
+                report = rewind_pipeline(fresh, to, force=True)
                 events.append(f"rewind-after-replication-wait@step{step}")
+            carried.append(report.tables_rewound)
             return fresh
 
         bound = old.ledger.txid_of_run(run_id)
@@ -773,8 +778,13 @@ class Chaos:
             self._expect_refused(sched, rt, run_id, next_step, what, refusals)
 
         last = old.ledger.last_txid()
+        lake = [f for f in old.pipeline.feeds if isinstance(f.sink, (DeltaSink, IcebergSink))]
         faults = FaultPlan()
-        if last > target and rng.random() < 0.5:
+        if lake and rng.random() < 0.5:  # after the states, before the first table, or in them
+            action = rng.choice(("raise", "crash"))
+            at = target if last == target or rng.random() < 0.5 else rng.randint(target + 1, last)
+            faults = FaultPlan((Fault("mid-rewind", at, 1, action),))
+        elif not lake and last > target and rng.random() < 0.5:
             action = rng.choice(("raise", "crash"))
             faults = FaultPlan((Fault("mid-rewind", rng.randint(target + 1, last), 1, action),))
         killed = f"({faults.faults[0]})" if faults.faults else ""
@@ -791,6 +801,15 @@ class Chaos:
             target = committed
             fresh = rewind(committed)
         sched.forget_changes_after(target)  # taken back: the replay commits them anew
+        if lake:  # a table holding a version of the target is carried back, not reloaded
+            from tridentflow.steps.export import table_versions
+
+            had = {f.name for f in lake if target in table_versions(old, f)}
+            if had - set(carried[-1]) and not sched.result.difference:
+                sched.result.difference = (
+                    f"the rewind to txid {target} did not carry back the tables of "
+                    f"{sorted(had - set(carried[-1]))} (they have a version of it)"
+                )
         refused(old, "after a rewind")
         if next_step != "coordinate":
             other = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
@@ -1288,6 +1307,8 @@ class _Schedule:
         were before sinks existed."""
         self.sink_edge_rng = random.Random(0)
         """Foreign errors and deaths between parts inside sinks: the other draws stay."""
+        self.lake = False
+        """Whether the schedule exports to Delta and Iceberg tables (``lakehouse_schedule``)."""
         self.committed_changes: dict[str, dict[int, dict[str, str]]] = {}
         """Stream sink -> txid -> key -> value text: what each commit wrote to the change
         log (read right after it), which every stream entry of that txid must hold."""

@@ -32,6 +32,9 @@ from tridentflow.steps.staging import RedisStagingArea
 from tridentflow_state.rewind import REWIND_PREFIX, RewindResult, rewind, rewinding_to
 from tridentflow_state.undo import offsets_after, retained
 
+TABLES_OWED = "tables_owed"
+"""Undo meta field: ``GENERATION|TARGET`` while a rewind's tables are not all carried back."""
+
 
 class RewindRefused(TridentflowError):
     """A rewind that would lose or duplicate something outside Redis: nothing was changed."""
@@ -126,7 +129,27 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     if isinstance(target, bool) or not isinstance(target, int) or target < 0:
         raise TridentflowError(f"rewind --to takes a txid (a whole number >= 0), got {target!r}")
     reload = check_rewindable(rt, target)
+    carried = _tables_owed(rt)
+    if carried is not None and _states_rewound(rt, carried[0]):
+        if rt.ledger.committed_txid() > carried[1]:
+            # the pipeline went on since: its exports reloaded what was not carried back
+            rt.client.hdel(rt.keyspace.undo_meta, TABLES_OWED)
+            carried = None
+        elif target == carried[1]:
+            # cut short between the tables: the states, the ledger and the offsets are back
+            # at ``target`` already (rewinding them again would start one more generation)
+            result = RewindResult(target, target, target, 0, (), rt.ledger.generation)
+            return RewindReport(result, reload, rewind_tables(rt, carried[0], target))
+    if carried is not None and carried[1] != target:
+        raise TridentflowError(
+            f"a rewind of {rt.pipeline.name} to txid {carried[1]} has not carried every table "
+            f"back yet: run rewind --to {carried[1]} again first"
+        )
     old_generation = _generation_before(rt)
+    if old_generation and any(_carries_back(feed.sink) for feed in rt.pipeline.feeds):
+        # owed until every table is back: a rewind cut short after the states finished
+        # must still know which generation's versions the tables go back to
+        rt.client.hset(rt.keyspace.undo_meta, TABLES_OWED, f"{old_generation}|{target}")
     result = rewind(
         rt.client,
         rt.keyspace,
@@ -136,6 +159,7 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
         hook=lambda point, txid: rt.faults.fire(point, txid, 1),
     )
     rt.client.delete(rt.keyspace.sinks)  # positions of the old generation: each export notes anew
+    _forget_table_versions_after(rt, target)
     rt.require_replicated(
         f"the rewind of pipeline {rt.pipeline.name}",
         f"run the rewind again (rewind --to {target}) once the replicas are back",
@@ -149,6 +173,43 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     _ = rt.ledger.generation  # this runtime goes on in the rewound pipeline's generation
     tables = rewind_tables(rt, old_generation, target) if old_generation else ()
     return RewindReport(result, reload, tables)
+
+
+def _forget_table_versions_after(rt: Runtime, target: int) -> None:
+    """The txid -> table version mirror forgets the rewound txids: their versions hold what
+    the replay recomputes (an export of the new generation notes each anew). Idempotent."""
+    from tridentflow.steps.export import table_versions, table_versions_key
+
+    for feed in rt.pipeline.feeds:
+        if _carries_back(feed.sink):
+            gone = [str(t) for t in table_versions(rt, feed) if t > target]
+            if gone:
+                rt.client.hdel(table_versions_key(rt, feed), *gone)
+
+
+def _carries_back(sink: object) -> bool:
+    return getattr(sink, "rewind_to", None) is not None
+
+
+def _tables_owed(rt: Runtime) -> tuple[str, int] | None:
+    """(the generation the tables go back from, the target) of a rewind whose tables are not
+    all carried back yet; None if there is none."""
+    raw = rt.client.hget(rt.keyspace.undo_meta, TABLES_OWED)
+    if raw is None:
+        return None
+    generation, _, target = (raw.decode() if isinstance(raw, bytes) else raw).rpartition("|")
+    return generation, int(target)
+
+
+def _states_rewound(rt: Runtime, old_generation: str) -> bool:
+    """Whether the rewind from ``old_generation`` finished its Redis part (the pipeline is
+    in a newer generation and no rewind of the states is under way)."""
+    current = rt.ledger.current_generation()
+    return (
+        rewinding_to(rt.client, rt.keyspace) is None
+        and current is not None
+        and current != old_generation
+    )
 
 
 def rewind_tables(rt: Runtime, old_generation: str, target: int) -> tuple[str, ...]:
@@ -174,6 +235,7 @@ def rewind_tables(rt: Runtime, old_generation: str, target: int) -> tuple[str, .
             ) from None
         finally:
             close_sink(feed)
+    rt.client.hdel(rt.keyspace.undo_meta, TABLES_OWED)
     return tuple(done)
 
 

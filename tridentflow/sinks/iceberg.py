@@ -74,6 +74,7 @@ class IcebergSink(Sink):
         self.key = tuple(key) if key is not None else None
         self.rows: LakehouseRows | None = None
         self._catalog: Any = None
+        self._location: str | None = None  # the table's location, once loaded or created
 
     def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> IcebergSink:
         key_fields = self.key if self.key is not None else key_fields
@@ -110,7 +111,7 @@ class IcebergSink(Sink):
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
-            return _no_retries(self.catalog().load_table(self.identifier))
+            return self._seen(self.catalog().load_table(self.identifier))
         except NoSuchTableError:
             return None
         except Exception as exc:
@@ -126,9 +127,14 @@ class IcebergSink(Sink):
         with contextlib.suppress(NamespaceAlreadyExistsError):
             catalog.create_namespace(namespace)
         try:
-            return _no_retries(catalog.create_table(self.identifier, schema=schema))
+            return self._seen(catalog.create_table(self.identifier, schema=schema))
         except TableAlreadyExistsError:  # another exporter created it meanwhile
-            return _no_retries(catalog.load_table(self.identifier))
+            return self._seen(catalog.load_table(self.identifier))
+
+    def _seen(self, table: Any) -> Any:
+        """``table`` with pyiceberg's commit retries off; its location remembered (lineage)."""
+        self._location = table.location()
+        return _no_retries(table)
 
     def position(self, ctx: ExportContext) -> int:
         table = self._table()
@@ -285,15 +291,18 @@ class IcebergSink(Sink):
 
     def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
         """The table's physical location, as the OpenLineage naming spec names an Iceberg
-        table: the warehouse's scheme and authority, the table's path (no I/O: pyiceberg's
-        default location under the warehouse)."""
-        warehouse = self.catalog_properties.get("warehouse", "")
-        namespace, table = self.identifier.rsplit(".", 1)
-        parts = urlsplit(warehouse)
-        path = f"{parts.path.rstrip('/')}/{namespace}.db/{table}"
+        table: its scheme and authority as namespace, its path as name. No I/O: the location
+        this sink last loaded or created the table at, else where pyiceberg's catalogs put a
+        new table (``warehouse/namespace/table``)."""
+        location = self._location
+        if location is None:
+            warehouse = self.catalog_properties.get("warehouse", "").rstrip("/")
+            namespace, table = self.identifier.rsplit(".", 1)
+            location = f"{warehouse}/{namespace}/{table}"
+        parts = urlsplit(location)
         if parts.scheme in ("", "file"):
-            return [LineageDataset("file", path)]
-        return [LineageDataset(f"{parts.scheme}://{parts.netloc}", path)]
+            return [LineageDataset("file", parts.path)]
+        return [LineageDataset(f"{parts.scheme}://{parts.netloc}", parts.path)]
 
     def close(self) -> None:
         self._catalog = None

@@ -421,9 +421,9 @@ class KafkaLog:
         for p, end in self._ends(stable).items():
             if isinstance(end, int):
                 end = max(end, stable[p])
-                if end < committed.get(p, 0):
+                if end < (done := committed.get(p, 0)):
                     unavailable[p] = (
-                        f"at offset {end}, behind the committed offset {committed[p]} (the "
+                        f"at offset {end}, behind the committed offset {done} (the "
                         f"topic recreated, or an unclean leader election?): `tridentflow reset "
                         f"{self.pipeline}` reads it from what it holds"
                     )
