@@ -5,9 +5,10 @@ write of the same rows, side by side in one process (issue 52).
 
 * **append**: one txid of K changed keys (word, count) into a table that holds the first
   txid's row (the steady state) as the sink applies it - from the export's Python rows to
-  one Delta commit with its ``txn`` / one Iceberg snapshot stamped with the txid - against ``write_deltalake(mode="append")`` / ``table.append`` of the same
-  rows already in an Arrow table (what a user writing by hand would call). Goal: >= 0.8x
-  their throughput.
+  one Delta commit with its ``txn`` / one Iceberg snapshot stamped with the txid - against
+  ``write_deltalake(mode="append")`` / ``load_table`` + ``table.append`` of the same rows
+  already in an Arrow table (what a user writing by hand would call). Goal: >= 0.8x their
+  throughput.
 * **upsert**: the same K keys again with new counts into the table that holds them (every row
   updated): the sink's MERGE / copy-on-write overwrite snapshot against delta-rs's plain
   ``merge`` (update all, insert all) / pyiceberg's ``upsert`` of the same Arrow table.

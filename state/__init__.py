@@ -2,8 +2,9 @@
 
 This package talks to Redis only (no Airflow, no Spark). Layering follows Trident:
 ``backing`` is a small key/value interface (multi_get / multi_put), ``maps`` writes the
-non-transactional / transactional / opaque update rules once on top of it, ``redis_backing``
-and ``memory`` are the two stores, ``ledger`` orders commits per pipeline.
+non-transactional / transactional / opaque update rules on top of it (the built-in numeric
+combiners' fast path applies the same rules inside Redis: ``numeric``), ``redis_backing``
+and ``backing.MemoryBackingMap`` are the two stores, ``ledger`` orders commits per pipeline.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Trident's three map states, written once over a BackingMap.
+"""Trident's three map states over a BackingMap: the txid rules, for every aggregator.
+
+(The built-in numeric combiners' commit fast path applies the same rules inside Redis -
+``APPLY_NUMERIC``, tridentflow_state.numeric - kept equal to these by a property test.)
 
 Every stored value has the layout ``[txid, curr, prev]`` (JSON):
 

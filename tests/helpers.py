@@ -33,3 +33,14 @@ def drain_retrying(rt: Runtime, batch_size: int, tries: int = 40) -> None:
         except (InjectedFault, SimulatedCrash, IncompleteBatchError):
             continue
     raise AssertionError(f"did not drain in {tries} tries")
+
+
+def assert_caught(results, pattern: str) -> None:
+    """A planted bug's run of the chaos harness: its last schedule failed (the harness stops
+    at the first), and with the difference the bug makes (``pattern``, a regex) - not some
+    unrelated failure."""
+    import re
+
+    last = results[-1]
+    assert not last.ok, f"{len(results)} schedules did not expose it"
+    assert re.search(pattern, last.difference or ""), last.line()

@@ -257,8 +257,8 @@ def test_a_rewind_killed_between_tables_finishes_when_run_again(rt, monkeypatch)
     victim = feed(rt, "iceberg-counts").sink
     original = type(victim).rewind_to
 
-    def rewound_then_killed(self, ctx, old_generation, target):
-        version = original(self, ctx, old_generation, target)
+    def rewound_then_killed(self, ctx, old_generation, target, known=None):
+        original(self, ctx, old_generation, target, known)
         raise SimulatedCrash(f"killed after {self.name}'s rewind commit")
 
     monkeypatch.setattr(type(victim), "rewind_to", rewound_then_killed)
@@ -272,6 +272,21 @@ def test_a_rewind_killed_between_tables_finishes_when_run_again(rt, monkeypatch)
         assert keyed(table_rows(rt, name), key, value) == state_of(rt, state), name
     for name in (*UPSERT, *APPEND):
         assert stamps(rt, name) == [*range(1, committed + 1), 4], name
+    drain(rt)
+    check_upserts(rt)
+
+
+def test_a_second_rewind_below_the_first_carries_the_tables_back_too(rt):
+    """After a rewind to 4 (the tables stamped 4 in its generation), a rewind to 2 finds
+    txid 2's version through the txid -> version mirror (the new generation's stamps start
+    at 4) and carries every table back again - none is left for a reload."""
+    drain(rt)
+    assert set(rewind_pipeline(rt, 4, force=True).tables_rewound) == {*UPSERT, *APPEND}
+    report = rewind_pipeline(rt, 2, force=True)
+    assert set(report.tables_rewound) == {*UPSERT, *APPEND}
+    for name, state in UPSERT.items():
+        key, value = ("word", "count") if state == "counts" else ("key", "value")
+        assert keyed(table_rows(rt, name), key, value) == state_of(rt, state), name
     drain(rt)
     check_upserts(rt)
 

@@ -6,6 +6,8 @@ killed replays exactly on the promoted replica."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import redis
 
@@ -176,3 +178,6 @@ def test_the_harness_catches_a_commit_waiting_on_the_ledgers_master_only(gated_m
     monkeypatch.setattr(committer, "confirm_shards_replicated", lambda rt, txid: None)
     results = run_chaos(10, seed=0, cluster=gated_module)
     assert not results[-1].ok, "10 schedules did not expose a shard failover losing a txid"
+    assert re.search(r": produced \d+, stored \d+", results[-1].difference or ""), results[
+        -1
+    ].line()

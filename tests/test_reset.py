@@ -90,8 +90,13 @@ def test_a_released_txid_does_not_block_a_reset(redis_url, redis_client, home):
     rt = runtime("wordcount", redis_url, home)
     produce(rt, sentences(4))
     coordinate_run(rt, "gave-up", lease_ms=60_000)
+    with pytest.raises(PipelineBusyError):  # a live lease holds a reset back...
+        runtime("wordcount", redis_url, home).ledger.reset()
     rt.ledger.release(1, "gave-up")
-    runtime("wordcount", redis_url, home).ledger.reset()
+    before = rt.ledger.current_generation()
+    assert runtime("wordcount", redis_url, home).ledger.reset() > 0  # ...a released one not
+    assert rt.ledger.current_generation() != before
+    assert rt.ledger.committed_txid() == 0 and rt.ledger.pending_txids() == []
 
 
 def test_a_fenced_write_of_an_old_generation_is_refused_inside_redis(redis_url, redis_client, home):

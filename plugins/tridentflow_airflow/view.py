@@ -11,6 +11,8 @@ JSON endpoints over what the Redis ledger knows (never XCom, which a cleared tas
   state
 * ``GET  /tridentflow/api/pipelines/{name}/state/{state}?key=K``  committed values (Trident's
   stateQuery; ``key`` repeats; a JSON array for compound keys)
+* ``GET  /tridentflow/api/pipelines/{name}/state/{state}/keys?limit=N&after=C&as_of=T``
+  every key of a state, a page at a time (``as_of``: as of a retained txid, one page)
 * ``GET  /tridentflow/api/pipelines/{name}/quarantine?limit=N``
 * ``POST /tridentflow/api/pipelines/{name}/audit``           lost / doubled / mismatched
 * ``GET  /tridentflow/api/runs/{dag_id}/{run_id}``           what an Airflow run bound and
@@ -18,6 +20,10 @@ JSON endpoints over what the Redis ledger knows (never XCom, which a cleared tas
 * ``POST /tridentflow/api/pipelines/{name}/txids/{txid}/release``  release a txid whose owner
   run has finished in Airflow (refused while it is alive); needs edit rights on the DAG's runs
   and leaves an entry in Airflow's audit log
+* ``POST /tridentflow/api/pipelines/{name}/rewind?to=N&force=B``  rewind (as ``tridentflow
+  rewind``); needs edit rights on the DAG's runs; an entry in Airflow's audit log
+* ``GET  /tridentflow/openapi.json``, ``/tridentflow/docs``, ``/tridentflow/redoc``  the API's
+  schema, Swagger UI and ReDoc (authenticated like the rest)
 * ``GET  /tridentflow/metrics``                              every pipeline's figures in
   Prometheus text format (tridentflow.ops.metrics); a scraper may instead send
   ``Authorization: Bearer $TRIDENTFLOW_METRICS_TOKEN`` (this route only)

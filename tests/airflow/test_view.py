@@ -596,3 +596,24 @@ def test_settings_that_disagree_with_the_recorded_ones_are_shown_in_one_line(
     (line,) = info["settings"]["disagreements"]
     assert line.startswith("TRIDENTFLOW_RETAIN_TXIDS=1 in this process, but wordcount's commits")
     assert info["retain_txids"] == 4 and info["rewindable"]["retain_txids"] == 4
+
+
+def test_the_views_docstring_lists_every_route_and_no_other():
+    """The module docstring is the view's inventory: every route the app serves, and only
+    those (methods included)."""
+    from fastapi.routing import APIRoute
+
+    served = {
+        (method, f"/tridentflow{route.path}")
+        for route in view.app.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+    }
+    doc = view.__doc__ or ""
+    listed = {
+        (method, path) for method, path in re.findall(r"``(GET|POST)\s+(/tridentflow[^`?]*)", doc)
+    }
+    listed |= {("GET", path) for path in re.findall(r"``(/tridentflow/[a-z./]+)``", doc)}
+    pages = re.findall(r"``/tridentflow/(\w+)\?", doc)  # a page with its query string
+    listed |= {("GET", f"/tridentflow/{page}") for page in pages}
+    assert served == listed, (served - listed, listed - served)

@@ -15,7 +15,7 @@ deterministic: a replay of the same ranges stages the same values.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,6 +55,13 @@ class ExecContext:
     """Where this emit attempt's blocks go when it stages in Redis (TRIDENTFLOW_STAGING=redis):
     an engine whose workers reach Redis may write a big state's partials there itself and
     return ``WrittenBlocks`` for it (the Spark engine does); None: staged as files."""
+    read_state: StateReader | None = None
+    """Where a stateQuery reads committed values instead of Redis (the local engine only:
+    ``tridentflow.testing`` runs a pipeline's states in memory)."""
+
+
+StateReader = Callable[[str, str, list[str]], list[Any]]
+"""(pipeline, state, encoded keys) -> each key's committed stored value (None: absent)."""
 
 
 @dataclass(frozen=True)

@@ -338,16 +338,30 @@ class StateQuery:
     state_name: str
     persisted: Persistable
     key_idx: tuple[int, ...]
+    read_state: Callable[[str, str, list[str]], list[Any]] | None = None
+    """Read committed values here instead of Redis (ExecContext.read_state)."""
 
     def __call__(self, partition: int, rows: Iterable[Row]) -> list[Row]:
-        from tridentflow.redisconn import connect
-        from tridentflow_state.shards import query_state, with_stored_layout
-
         rows = list(rows)
         if not rows:
             return []
         keys = [encode_key(tuple([row[i] for i in self.key_idx])) for row in rows]
         distinct = list(dict.fromkeys(keys))
+        if self.read_state is not None:
+            values = self.read_state(self.keyspace.pipeline, self.state_name, distinct)
+            found = dict(zip(distinct, values, strict=True))
+        else:
+            found = self._from_redis(distinct)
+        present = self.persisted.present
+        return [
+            (*row, None if found[key] is None else present(found[key]))
+            for row, key in zip(rows, keys, strict=True)
+        ]
+
+    def _from_redis(self, distinct: list[str]) -> dict[str, Any]:
+        from tridentflow.redisconn import connect
+        from tridentflow_state.shards import query_state, with_stored_layout
+
         client = connect(self.redis_url)
         found: dict[str, Any] = {}
         try:
@@ -358,11 +372,7 @@ class StateQuery:
                 found.update(zip(chunk, values, strict=True))
         finally:
             client.close()
-        present = self.persisted.present
-        return [
-            (*row, None if found[key] is None else present(found[key]))
-            for row, key in zip(rows, keys, strict=True)
-        ]
+        return found
 
 
 # -- feeding a persisted state ------------------------------------------------------------------

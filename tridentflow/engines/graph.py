@@ -122,6 +122,7 @@ class GraphBuilder(Generic[D]):
                 node.state_name,
                 node.persisted,
                 tuple(node.parent.fields.index(f) for f in node.key_fields),
+                self.ctx.read_state,
             )
             return backend.map_partitions(self.dataset(node.parent), query)
         raise PipelineError(f"internal: no record stage feeds {node!r}")

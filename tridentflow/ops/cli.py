@@ -5,11 +5,14 @@
                     [--master M | --remote sc://HOST:PORT]
     tridentflow query PIPELINE KEY... [--state NAME] [--json]
     tridentflow query PIPELINE --all [--state NAME] [--json] [--limit N] [--after CURSOR]
+    tridentflow query PIPELINE KEY... --as-of TXID / --all --as-of TXID
     tridentflow status PIPELINE [--json]
+    tridentflow settings PIPELINE [--record] [--retain-txids R] [--json]
     tridentflow export PIPELINE [--sink S] [--resync] [--json]
     tridentflow tables vacuum|compact PIPELINE [--sink S] [--retention-hours H] [--yes]
     tridentflow audit PIPELINE [--json]
     tridentflow quarantine PIPELINE [--limit N] [--json]
+    tridentflow rewind PIPELINE --to N --yes [--force] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]

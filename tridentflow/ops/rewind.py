@@ -33,7 +33,8 @@ from tridentflow_state.rewind import REWIND_PREFIX, RewindResult, rewind, rewind
 from tridentflow_state.undo import offsets_after, retained
 
 TABLES_OWED = "tables_owed"
-"""Undo meta field: ``GENERATION|TARGET`` while a rewind's tables are not all carried back."""
+"""Undo meta field: ``GENERATION|TARGET|LAST`` while a rewind's tables are not all carried
+back (the generation they go back from, the target, the last txid before the rewind)."""
 
 
 class RewindRefused(TridentflowError):
@@ -129,27 +130,30 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     if isinstance(target, bool) or not isinstance(target, int) or target < 0:
         raise TridentflowError(f"rewind --to takes a txid (a whole number >= 0), got {target!r}")
     reload = check_rewindable(rt, target)
-    carried = _tables_owed(rt)
-    if carried is not None and _states_rewound(rt, carried[0]):
-        if rt.ledger.committed_txid() > carried[1]:
+    owed = _tables_owed(rt)
+    if owed is not None and _states_rewound(rt, owed.generation):
+        if rt.ledger.committed_txid() > owed.target:
             # the pipeline went on since: its exports reloaded what was not carried back
             rt.client.hdel(rt.keyspace.undo_meta, TABLES_OWED)
-            carried = None
-        elif target == carried[1]:
-            # cut short between the tables: the states, the ledger and the offsets are back
-            # at ``target`` already (rewinding them again would start one more generation)
+            owed = None
+        elif target == owed.target:
+            # cut short after the states: the states, the ledger and the offsets are back at
+            # ``target`` already (rewinding them again would start one more generation)
             result = RewindResult(target, target, target, 0, (), rt.ledger.generation)
-            return RewindReport(result, reload, rewind_tables(rt, carried[0], target))
-    if carried is not None and carried[1] != target:
+            tables = _after_states(rt, owed.generation, target, max(1, target), owed.last)
+            return RewindReport(result, reload, tables)
+    if owed is not None and owed.target != target:
         raise TridentflowError(
-            f"a rewind of {rt.pipeline.name} to txid {carried[1]} has not carried every table "
-            f"back yet: run rewind --to {carried[1]} again first"
+            f"a rewind of {rt.pipeline.name} to txid {owed.target} has not carried every "
+            f"table back yet: run rewind --to {owed.target} again first"
         )
     old_generation = _generation_before(rt)
     if old_generation and any(_carries_back(feed.sink) for feed in rt.pipeline.feeds):
         # owed until every table is back: a rewind cut short after the states finished
         # must still know which generation's versions the tables go back to
-        rt.client.hset(rt.keyspace.undo_meta, TABLES_OWED, f"{old_generation}|{target}")
+        last = max(rt.ledger.last_txid(), rt.ledger.committed_txid())
+        record = f"{old_generation}|{target}|{last}"
+        rt.client.hsetnx(rt.keyspace.undo_meta, TABLES_OWED, record)
     result = rewind(
         rt.client,
         rt.keyspace,
@@ -158,6 +162,18 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
         force=force,
         hook=lambda point, txid: rt.faults.fire(point, txid, 1),
     )
+    first = max(1, min(target + 1, result.committed))
+    tables = _after_states(rt, old_generation, target, first, result.last)
+    return RewindReport(result, reload, tables)
+
+
+def _after_states(
+    rt: Runtime, old_generation: str | None, target: int, first: int, last: int
+) -> tuple[str, ...]:
+    """What follows the states' rewind (idempotent, so a rewind run again after being cut
+    short does it again): the sinks' noted positions and the table versions of the rewound
+    txids forgotten, the replicas waited for, the old generation's staging of txids
+    ``first``..``last`` deleted, ``rt`` moved to the new generation, the tables carried back."""
     rt.client.delete(rt.keyspace.sinks)  # positions of the old generation: each export notes anew
     _forget_table_versions_after(rt, target)
     rt.require_replicated(
@@ -167,12 +183,10 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     )
     if old_generation and not old_generation.startswith(REWIND_PREFIX):
         # the rewound txids', and the newest committed one's (a commit cut after its mark)
-        first = max(1, min(target + 1, result.committed))
-        discard_generation_staging(rt, old_generation, range(first, result.last + 1))
+        discard_generation_staging(rt, old_generation, range(first, last + 1))
     rt.follow_generation()
     _ = rt.ledger.generation  # this runtime goes on in the rewound pipeline's generation
-    tables = rewind_tables(rt, old_generation, target) if old_generation else ()
-    return RewindReport(result, reload, tables)
+    return rewind_tables(rt, old_generation, target) if old_generation else ()
 
 
 def _forget_table_versions_after(rt: Runtime, target: int) -> None:
@@ -191,14 +205,23 @@ def _carries_back(sink: object) -> bool:
     return getattr(sink, "rewind_to", None) is not None
 
 
-def _tables_owed(rt: Runtime) -> tuple[str, int] | None:
-    """(the generation the tables go back from, the target) of a rewind whose tables are not
-    all carried back yet; None if there is none."""
+@dataclass(frozen=True)
+class _Owed:
+    """A rewind whose tables are not all carried back yet (``TABLES_OWED``)."""
+
+    generation: str
+    """The generation the tables go back from."""
+    target: int
+    last: int
+    """The last txid before the rewind (the old generation's staging to delete)."""
+
+
+def _tables_owed(rt: Runtime) -> _Owed | None:
     raw = rt.client.hget(rt.keyspace.undo_meta, TABLES_OWED)
     if raw is None:
         return None
-    generation, _, target = (raw.decode() if isinstance(raw, bytes) else raw).rpartition("|")
-    return generation, int(target)
+    generation, target, last = (raw.decode() if isinstance(raw, bytes) else raw).rsplit("|", 2)
+    return _Owed(generation, int(target), int(last))
 
 
 def _states_rewound(rt: Runtime, old_generation: str) -> bool:
@@ -216,7 +239,7 @@ def rewind_tables(rt: Runtime, old_generation: str, target: int) -> tuple[str, .
     """Each lakehouse sink's table carried back to ``target`` (``rewind_to``, in ``rt``'s new
     generation); the sinks done. One that cannot (its version of ``target`` is gone) reloads
     at the next export; one that fails is one RewindError line - run the rewind again."""
-    from tridentflow.steps.export import close_sink, context
+    from tridentflow.steps.export import close_sink, context, table_versions
 
     done = []
     for feed in rt.pipeline.feeds:
@@ -225,7 +248,8 @@ def rewind_tables(rt: Runtime, old_generation: str, target: int) -> tuple[str, .
             continue
         rt.faults.fire("mid-rewind", target, 1)
         try:
-            if rewind(context(rt, feed), old_generation, target) is not None:
+            known = table_versions(rt, feed).get(target)  # an earlier rewind's version
+            if rewind(context(rt, feed), old_generation, target, known) is not None:
                 done.append(feed.name)
         except Exception as exc:
             raise TridentflowError(

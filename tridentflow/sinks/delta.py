@@ -248,12 +248,17 @@ class DeltaSink(Sink):
         found = int(table.transaction_version(stamp) or 0) if table is not None else 0
         return low if found == txid else None
 
-    def rewind_to(self, ctx: ExportContext, old_generation: str, target: int) -> int | None:
+    def rewind_to(
+        self, ctx: ExportContext, old_generation: str, target: int, known: Any = None
+    ) -> int | None:
         """Bring the table back to its content as of txid ``target`` of ``old_generation``
         (the pipeline was rewound there; ``ctx`` is in the rewind's new generation): one
-        RESTORE commit that carries the new generation's txn at ``target``. Idempotent (a
-        second call finds the txn); None if ``target``'s version is gone from the log - the
-        next export then reloads the table from the state. The new version."""
+        RESTORE commit that carries the new generation's txn at ``target``. ``known``: the
+        version the txid -> version mirror names for ``target``, used when
+        ``old_generation``'s stamps do not reach back to it (an earlier rewind carried the
+        table to a later txid). Idempotent (a second call finds the txn); None if
+        ``target``'s version is gone from the log - the next export then reloads the table
+        from the state. The new version."""
         deltalake = _deltalake()
         app = app_id(ctx, self.name)
         table = self._table()
@@ -263,6 +268,8 @@ class DeltaSink(Sink):
             return table.version()  # done already (a rewind run again)
         old = f"{app.rsplit(':', 1)[0]}:{old_generation}"
         version = 0 if target == 0 else self.version_of(old, target)
+        if version is None and known is not None:
+            version = self._readable_version(int(known), table.version())
         if version is None:
             return None
         commit = deltalake.CommitProperties(
@@ -281,6 +288,19 @@ class DeltaSink(Sink):
         if restored is not None:
             ctx.note_version(target, restored.version())
         return restored.version() if restored is not None else None
+
+    def _readable_version(self, version: int, latest: int) -> int | None:
+        """``version`` if the table's log still holds it (not vacuumed, not checkpointed
+        away), else None."""
+        if not 0 <= version <= latest:
+            return None
+        try:
+            _deltalake().DeltaTable(
+                self.table_uri, version=version, storage_options=self.storage_options or None
+            )
+        except Exception:
+            return None
+        return version
 
     def vacuum(
         self,

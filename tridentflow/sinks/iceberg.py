@@ -319,11 +319,15 @@ class IcebergSink(Sink):
         ]  # fmt: skip
         return found[-1] if found else None
 
-    def rewind_to(self, ctx: ExportContext, old_generation: str, target: int) -> int | None:
+    def rewind_to(
+        self, ctx: ExportContext, old_generation: str, target: int, known: Any = None
+    ) -> int | None:
         """The table's files replaced by those of the snapshot ``old_generation`` stamped with
         ``target``, as one snapshot stamped with ``ctx``'s (the rewind's) generation at
-        ``target``. Idempotent; None if that snapshot expired - the next export then reloads
-        the table from the state. The new snapshot's id."""
+        ``target``. ``known``: the snapshot id the txid -> version mirror names for
+        ``target``, used when ``old_generation``'s stamps do not reach back to it (an earlier
+        rewind carried the table to a later txid). Idempotent; None if that snapshot expired -
+        the next export then reloads the table from the state. The new snapshot's id."""
         table = self._table()
         if table is None:
             return None
@@ -334,6 +338,8 @@ class IcebergSink(Sink):
         files: list[Any] = []
         if target > 0:
             source = self.snapshot_of(old, target)
+            if source is None and known is not None and str(known).isdigit():
+                source = table.snapshot_by_id(int(known))  # None if expired
             if source is None:
                 return None
             files = [t.file for t in table.scan(snapshot_id=source.snapshot_id).plan_files()]

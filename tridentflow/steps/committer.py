@@ -120,7 +120,9 @@ def in_redis_op(persisted: Persistable, enabled: bool = True) -> str | None:
     return IN_REDIS_OPS.get(type(persisted)) if enabled else None
 
 
-def _apply_python(state: MapState, name: str, persisted: Persistable, chunk: Sequence) -> None:
+def apply_in_python(state: MapState, name: str, persisted: Persistable, chunk: Sequence) -> None:
+    """Apply staged ``(key, partial)`` pairs to ``state`` with the aggregator, in Python (one
+    read and one write round trip); StateUpdateError (one line) if the aggregator fails."""
     view = StateView(state) if getattr(persisted, "reads_state", False) else None
     try:
         state.multi_update(
@@ -183,7 +185,7 @@ def _finish_in_redis(staged: StagedBatch, chunk: _InFlight) -> None:
             key, _tab, partial = line.rstrip("\n").partition("\t")
             if key in left_keys:
                 rest.append((key, json.loads(partial)))
-        _apply_python(state, name, chunk.persisted, rest)
+        apply_in_python(state, name, chunk.persisted, rest)
 
 
 def _apply_blocks(
@@ -223,7 +225,7 @@ def _apply_blocks(
                 key, _tab, partial = line.partition("\t")
                 if key in wanted:
                     rest.append((key, json.loads(partial)))
-            _apply_python(state, name, persisted, rest)
+            apply_in_python(state, name, persisted, rest)
         at_half(ref.lines)
 
     in_flight: deque[Future] = deque()
@@ -425,7 +427,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
                         _finish_in_redis(staged, in_flight)
                     in_flight = _InFlight(state, persisted, chunk, futures)
                 else:
-                    _apply_python(state, name, persisted, chunk)
+                    apply_in_python(state, name, persisted, chunk)
                 before, written = written, written + len(chunk)
                 if before < half <= written:
                     if in_flight is not None:  # half of the keys really written first

@@ -165,7 +165,7 @@ Change = tuple[bytes | str, tuple[Any, ...], Any]
 """(encoded key: the fixed order, key fields, presented value or None for a removed key)."""
 
 
-def _rows(items: list[Change], expand: Expander) -> list[Row]:
+def stream_rows(items: list[Change], expand: Expander) -> list[Row]:
     """The stream's tuples for changes, in encoded-key order (a fixed order: a stream sink
     derives entry IDs from it): each new-values tuple through the stream's operations."""
     items.sort(key=lambda item: item[0])
@@ -349,7 +349,7 @@ def _export_feed(
                 )
             at, snapshot = snapshot_of(rt, feed)
             attempt.txid = at
-            rows = _rows(snapshot, expand)
+            rows = stream_rows(snapshot, expand)
             sink.apply(ctx, at, rows, replace_all=True)
             must_reload = False
             rows_total += len(rows)
@@ -357,7 +357,7 @@ def _export_feed(
             applied.append(at)
             _note(rt, feed, at, ctx.generation)
             continue
-        rows = _rows(items, expand)
+        rows = stream_rows(items, expand)
         if sink.apply(ctx, txid, rows):
             applied.append(txid)
             rows_total += len(rows)

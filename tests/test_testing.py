@@ -1,0 +1,203 @@
+"""tridentflow.testing: the harness a user tests a pipeline with, no server. It must give what
+the real engine and the Redis commit give on the seed pipelines (the same batches, txid by
+txid), keep the txid rules under replays and half-done commits, and fail where a pipeline is
+not replay-safe - otherwise it proves nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import runtime, sentences
+from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec, Sum
+from tridentflow.aggregators import StateUpdater
+from tridentflow.engines.local import LocalEngine
+from tridentflow.registry import load_pipeline
+from tridentflow.steps.driver import run_batches as run_for_real
+from tridentflow.steps.query import list_state
+from tridentflow.testing import ABORT, CollectSink, TestingError, run_batches
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _lines(n: int, seed: int) -> list[str]:
+    return sentences(n, seed=seed)
+
+
+SEED_PIPELINES = {  # the seeds' pipelines and records of the shape each reads
+    "wordcount": _lines(60, 1),  # seed 000
+    "wordcount-opaque": _lines(60, 2),
+    "partitioned-count": _lines(80, 3),  # seed 003: a global count over 16 partitions
+    "user-scores": [[f"nickt{i % 3 + 1}", i % 5] for i in range(40)],  # seed 002
+    "wordcount-batched": _lines(50, 4),
+    "wordcount-drpc": [
+        {"kind": "query" if i % 4 == 3 else "sentence", "text": line}
+        for i, line in enumerate(_lines(40, 5))
+    ],
+    "mutating": _lines(50, 6),
+    "mutating-opaque": _lines(50, 7),
+    "wordcount-windowed": _lines(50, 8),
+}
+
+
+def _committed_batches(rt) -> list[dict[int, list]]:
+    """Each committed txid's records per partition, from its commit record's ranges."""
+    batches = []
+    for entry in reversed(rt.ledger.history(1000)):
+        ranges = entry["ranges"]
+        batches.append({
+            int(p): [json.loads(raw) for _o, raw in rt.log.read_raw(int(p), start, end)]
+            for p, (start, end) in ranges.items()
+        })  # fmt: skip
+    return batches
+
+
+def _real_states(rt) -> dict[str, dict]:
+    out = {}
+    for name, persist in rt.pipeline.states.items():
+        items, page = {}, list_state(rt, persist, 10_000)
+        items.update(page.items)
+        out[name] = {k[0] if len(k) == 1 else k: v for k, v in items.items()}
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SEED_PIPELINES))
+def test_the_harness_gives_what_the_engine_and_redis_give(name, redis_url, redis_client, home):
+    rt = runtime(name, redis_url, home)
+    rt.source_heads()
+    rt.log.append_spread(SEED_PIPELINES[name])
+    run_for_real(rt, LocalEngine(), batch_size=1 if rt.pipeline.source.partitions > 4 else 3)
+    batches = _committed_batches(rt)
+    assert len(batches) == rt.ledger.committed_txid() > 2
+    expected = _real_states(rt)
+    got = run_batches(load_pipeline(name), batches)
+    assert got == expected
+    assert got.committed == len(batches)
+    # every txid replayed, every other commit cut half-way: the same, for these states
+    replayed = run_batches(
+        load_pipeline(name),
+        batches,
+        replay=range(1, len(batches) + 1),
+        crash_mid_commit=range(1, len(batches) + 1, 2),
+    )
+    assert replayed == expected
+
+
+def _summing(kind: StateKind, source: SourceMode = SourceMode.OPAQUE) -> Pipeline:
+    p = Pipeline("sums", LogSource(fields=("k", "n"), mode=source))
+    p.stream.group_by("k").persistent_aggregate(StateSpec("total", kind), Sum(), "n", "total")
+    return p
+
+
+@pytest.mark.parametrize(
+    "kind, source",
+    [(StateKind.TRANSACTIONAL, SourceMode.TRANSACTIONAL), (StateKind.OPAQUE, SourceMode.OPAQUE)],
+)
+def test_replays_and_half_done_commits_keep_a_replay_safe_state_exact(kind, source):
+    pipeline = _summing(kind, source)
+    batches = [[["a", 1], ["b", 2]], [["a", 10]], [["b", 5], ["c", 1]]]
+    exact = {"total": {"a": 11, "b": 7, "c": 1}}
+    assert run_batches(pipeline, batches) == exact
+    assert run_batches(pipeline, batches, replay=[1, 2, 3]) == exact
+    assert run_batches(pipeline, batches, crash_mid_commit=[1, 3], replay=[3]) == exact
+    assert run_batches(pipeline, [[["a", 1], ABORT, ["b", 2]], *batches[1:]]) == exact
+
+
+def test_an_opaque_replay_that_reads_other_records_counts_only_the_replay():
+    """Trident's opaque rule: the replay's batch replaces the first attempt's."""
+    pipeline = _summing(StateKind.OPAQUE)
+    got = run_batches(pipeline, [[["a", 1]], [["a", 5], ["b", 1]]], replay={2: [["a", 7]]})
+    assert got == {"total": {"a": 8}}  # b was in the first attempt only: rolled back
+
+
+def test_a_non_transactional_state_counts_a_replay_twice():
+    """At-least-once, as the guarantee table says: the harness shows it."""
+    source = LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL)
+    p = Pipeline("nt", source, allow_at_least_once=True)
+    p.stream.group_by("line").persistent_aggregate(
+        StateSpec("seen", StateKind.NON_TRANSACTIONAL), Count(), out_field="n"
+    )
+    assert run_batches(p, [["x"], ["x"]]) == {"seen": {"x": 2}}
+    assert run_batches(p, [["x"], ["x"]], replay=[2]) == {"seen": {"x": 3}}
+
+
+class LastSeen(StateUpdater):
+    """Not replay-safe: it reads a module-level counter, so a replay writes another value."""
+
+    calls = 0
+
+    def update(self, current, tuples):
+        LastSeen.calls += 1
+        return LastSeen.calls
+
+
+def test_the_harness_exposes_an_updater_that_is_not_replay_safe():
+    p = Pipeline("bad", LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL))
+    p.stream.partition_persist(StateSpec("last", StateKind.OPAQUE), LastSeen(), "line", [])
+    LastSeen.calls = 0
+    once = run_batches(p, [["x"]])
+    LastSeen.calls = 0
+    assert run_batches(p, [["x"]], replay=[1]) != once
+
+
+def test_a_collect_sink_gets_each_txids_new_values_and_removals():
+    from tests.pipelines import apply_ops, parse_op
+
+    sink = CollectSink()
+    p = Pipeline("kv", LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL))
+    kv = p.stream.each("line", parse_op, ["op", "key", "value"]).partition_persist(
+        StateSpec("kv", StateKind.OPAQUE), apply_ops, "key", ["op", "value"]
+    )
+    kv.new_values_stream().sink(sink)
+    states = run_batches(p, [["set a 1", "set b 2"], ["del a"], ["set b 3"]], replay=[2])
+    assert states == {"kv": {"b": 3}}
+    assert sink.batches == {1: [("a", 1), ("b", 2)], 2: [("a", None)], 3: [("b", 3)]}
+    assert sink.latest() == {"a": ("a", None), "b": ("b", 3)}
+
+
+def test_a_global_aggregate_has_the_key_of_no_fields():
+    p = Pipeline("g", LogSource(fields=("n",), mode=SourceMode.TRANSACTIONAL))
+    p.stream.persistent_aggregate(StateSpec("sum", StateKind.OPAQUE), Sum(), "n", "s")
+    assert run_batches(p, [[1, 2], [3]], replay=[2]) == {"sum": {(): 6}}
+
+
+def test_bad_input_and_bad_records_are_one_line():
+    p = load_pipeline("user-scores")
+    with pytest.raises(TestingError, match=r"name txid\(s\) \[3\], but the batches are txids 1..2"):
+        run_batches(p, [[], []], replay=[3])
+    with pytest.raises(TestingError, match=r"partition\(s\) \[5\] out of the source's 0..1"):
+        run_batches(p, [{5: [["u", 1]]}])
+    with pytest.raises(TestingError, match="a batch is a list of records"):
+        run_batches(p, ["not a list"])
+    with pytest.raises(TestingError, match="needs an opaque source"):
+        run_batches(load_pipeline("wordcount"), [["a"]], replay={1: ["b"]})
+    with pytest.raises(TestingError, match=r"record .* failed: .*on_bad='quarantine'"):
+        run_batches(p, [[["u", "not a number"]]])
+    states = run_batches(p, [[["u", "not a number"], ["u", 2]]], on_bad="quarantine")
+    assert states["score_sum"] == {"u": 2} and len(states.quarantined) == 1
+    assert states.quarantined[0]["txid"] == 1
+
+
+def test_a_users_pytest_file_runs_with_no_redis_and_no_java(tmp_path):
+    """The docs' example (docs/pipelines.md shows this file) under pytest, with Redis's URL at
+    a closed port and no java on PATH."""
+    example = ROOT / "docs" / "examples" / "test_my_pipeline.py"
+    assert example.read_text() in (ROOT / "docs" / "pipelines.md").read_text()
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "TRIDENTFLOW_REDIS_URL": "redis://127.0.0.1:1/0",
+        "PATH": str(bin_dir),  # the venv only: no java
+        "JAVA_HOME": str(tmp_path / "no-java"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(example)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout, done.stdout

@@ -1,0 +1,353 @@
+"""Test a pipeline under pytest with no server: no Redis, no JVM, no Airflow.
+
+``run_batches(pipeline, batches, replay=[...])`` runs consecutive txids of a pipeline on the
+local engine (the same plan, operations and aggregators the Spark engine runs) and commits them
+to in-memory states with the same txid rules as Redis (``tridentflow_state.maps``: a
+transactional state skips a key its txid already wrote, an opaque one recomputes from
+``prev``, a non-transactional one applies everything again). It returns each state's values,
+as ``tridentflow query`` shows them::
+
+    from tridentflow.testing import ABORT, CollectSink, run_batches
+
+    def test_counts_stay_exact_when_a_txid_is_replayed():
+        states = run_batches(my_pipeline(), [["a b", "b"], ["b c"]], replay=[1, 2])
+        assert states["counts"] == {"a": 1, "b": 3, "c": 1}
+
+What a run can go through, as in production:
+
+* ``replay=[T, ...]``: txid T's commit runs again after one that wrote every key and died
+  before marking T committed (a retried or cleared commit task). ``replay={T: records}``: the
+  replay reads other records (an opaque source's replay may differ; a transactional source's
+  never does, so that is refused for one).
+* ``crash_mid_commit=[T, ...]``: T's first commit attempt dies with half of its keys written;
+  the retry commits the whole batch (keys only the first attempt wrote are rolled back).
+* ``ABORT`` inside a batch (Bytewax's sentinel): T's first emit attempt dies there, after the
+  records before it went through your functions; the retry emits the whole batch.
+
+Keys: a one-field group key is its value (``"you"``), a key of several fields a tuple, a state
+with no group fields (a global aggregate) has the one key ``()``. Removed keys are absent.
+
+Sinks: a ``CollectSink`` in a ``new_values_stream().sink(...)`` collects what the export would
+write after each commit (``sink.batches``: txid -> rows). Other sinks are not called (they
+need their store). A static state in Redis (``RedisHashLookup``) cannot run here: use a
+``FileLookup`` in tests. A record one of your functions fails on is raised, naming the record
+(``on_bad="quarantine"`` sets it aside as production does, in ``states.quarantined``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tridentflow.engines.base import ExecContext
+from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import PipelineError, TridentflowError
+from tridentflow.nodes import QueryNode, parents_of
+from tridentflow.pipeline import Pipeline
+from tridentflow.plan import compile_chain, compile_pipeline
+from tridentflow.sinks.base import ExportContext, Row, Sink
+from tridentflow.sources.filelog import FileLog
+from tridentflow.steps.committer import apply_in_python
+from tridentflow.steps.export import stream_rows
+from tridentflow_state.backing import Fence, MemoryBackingMap
+from tridentflow_state.codec import decode_key
+from tridentflow_state.maps import StoredValue, make_map_state
+
+__all__ = ["ABORT", "CollectSink", "States", "TestingError", "run_batches"]
+
+
+class _Abort:
+    def __repr__(self) -> str:
+        return "ABORT"
+
+
+ABORT: Any = _Abort()
+"""Put in a batch: that txid's first emit attempt dies here; its retry emits the whole batch."""
+
+
+class TestingError(TridentflowError):
+    """A run of ``run_batches`` cannot go on: bad input, or a record your code fails on."""
+
+    __test__ = False  # not a pytest test class
+
+
+class States(dict[str, dict[Any, Any]]):
+    """State name -> {key: value}, as ``tridentflow query`` presents values."""
+
+    __test__ = False
+
+    def __init__(self, values: dict[str, dict[Any, Any]], committed: int, quarantined: list):
+        super().__init__(values)
+        self.committed = committed
+        """The last txid committed."""
+        self.quarantined: list[dict[str, Any]] = quarantined
+        """Records set aside (``on_bad="quarantine"``): txid, partition, offset, error, record."""
+
+
+@dataclass
+class CollectSink(Sink):
+    """A sink that keeps what each export wrote: ``batches`` (txid -> the new-values stream's
+    rows, one per changed key, a removed key's values None) and ``fields``. ``latest()``
+    is every key's last row. Keep the instance you pass to ``sink()``: it is the one that
+    collects."""
+
+    name: str = "collect"
+    batches: dict[int, list[Row]] = field(default_factory=dict)
+    fields: tuple[str, ...] = ()
+    key_fields: tuple[str, ...] = ()
+
+    def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> CollectSink:
+        self.fields, self.key_fields = tuple(fields), tuple(key_fields)
+        return self
+
+    def position(self, ctx: ExportContext) -> int:
+        return max(self.batches, default=0)
+
+    def apply(
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
+    ) -> bool:
+        if txid in self.batches:
+            return False
+        self.batches[txid] = list(rows)
+        return True
+
+    def rows(self) -> list[Row]:
+        """Every row exported, in txid order."""
+        return [row for txid in sorted(self.batches) for row in self.batches[txid]]
+
+    def latest(self) -> dict[Any, Row]:
+        """Each key's last exported row (key: as ``run_batches`` presents keys)."""
+        n = len(self.key_fields)
+        return {_present_key(tuple(row[:n])): row for row in self.rows()}
+
+
+Batch = Sequence[Any] | Mapping[int, Sequence[Any]]
+"""A txid's records: a list (all in partition 0), or {partition: records}."""
+
+
+def run_batches(
+    pipeline: Pipeline,
+    batches: Iterable[Batch],
+    replay: Iterable[int] | Mapping[int, Batch] = (),
+    crash_mid_commit: Iterable[int] = (),
+    on_bad: str = "raise",
+) -> States:
+    """Run ``batches`` as txids 1, 2, ... of ``pipeline`` (coordinate, emit on the local
+    engine, commit to in-memory states), with the replays and crashes asked for; each
+    state's values after the last commit. Deterministic; nothing outside the process."""
+    if on_bad not in ("raise", "quarantine"):
+        raise TestingError(f"on_bad is 'raise' or 'quarantine', got {on_bad!r}")
+    _refuse_redis_lookups(pipeline)
+    run = _Run(pipeline, on_bad)
+    replays = dict(replay) if isinstance(replay, Mapping) else {t: _SAME for t in replay}
+    crashes = set(crash_mid_commit)
+    batches = list(batches)
+    unknown = sorted(t for t in (*replays, *crashes) if not 1 <= t <= len(batches))
+    if unknown:
+        raise TestingError(
+            f"replay/crash_mid_commit name txid(s) {unknown}, but the batches are txids "
+            f"1..{len(batches)}"
+        )
+    if any(r is not _SAME for r in replays.values()) and pipeline.source.mode.value == (
+        "transactional"
+    ):
+        raise TestingError(
+            "a transactional source replays exactly the records it read: replay={T: records} "
+            "needs an opaque source (replay=[T] replays the same records)"
+        )
+    with tempfile.TemporaryDirectory(prefix="tridentflow-testing-") as root:
+        run.open(root)
+        for txid, batch in enumerate(batches, start=1):
+            run.txid(txid, batch, replays.get(txid), txid in crashes)
+    return run.result()
+
+
+_SAME: Any = object()
+"""A replay of the same records (``replay=[T]``)."""
+
+
+class _Run:
+    """One ``run_batches``: the log the batches are appended to, the in-memory states."""
+
+    def __init__(self, pipeline: Pipeline, on_bad: str) -> None:
+        self.pipeline = pipeline
+        self.plan = compile_pipeline(pipeline)
+        self.on_bad = on_bad
+        self.engine = LocalEngine()
+        self.partitions = pipeline.source.partitions
+        self.backings = {name: MemoryBackingMap() for name in pipeline.states}
+        self.committed = 0
+        self.quarantined: list[dict[str, Any]] = []
+        self.root = ""
+        self.log: FileLog | None = None
+        self.read = 0  # records appended before this txid, every partition counted
+
+    def open(self, root: str) -> None:
+        self.root = root
+        self.log = FileLog(root)
+        self.log.ensure(self.partitions)
+
+    # -- a txid --------------------------------------------------------------------------------
+    def txid(self, txid: int, batch: Batch, replay: Any, crash: bool) -> None:
+        parts = self._parts(batch, txid)
+        base = self.read
+        ranges = self._append({p: [r for r in rs if r is not ABORT] for p, rs in parts.items()})
+        aborted_at = {p: records.index(ABORT) for p, records in parts.items() if ABORT in records}
+        if aborted_at:  # the first attempt: your functions ran up to ABORT, then it died
+            cut = {p: (start, start + aborted_at.get(p, end - start))
+                   for p, (start, end) in ranges.items()}  # fmt: skip
+            self._compute(txid, cut, base)
+        partials, bad = self._compute(txid, ranges, base)
+        attempts = [partials]
+        if crash:  # the first attempt wrote half of the keys
+            self._commit(txid, 1, partials, half=True)
+        if replay is not None and replay is not _SAME:
+            ranges = self._append(self._parts(replay, txid))
+            staged, bad = self._compute(txid, ranges, base)
+            attempts.append(staged)
+        elif replay is not None:
+            attempts.append(partials)
+        self._quarantine(txid, bad)
+        removed: dict[str, list[str]] = {}
+        for number, staged in enumerate(attempts, start=2 if crash else 1):
+            removed = self._commit(txid, number, staged)
+        for name, keys in removed.items():  # once the txid is marked: no replay needs them
+            self.backings[name].drop_tombstones(txid, keys)
+        self.read = base + sum(end - start for start, end in ranges.values())
+        self.committed = txid
+        self._export(txid, attempts[-1])
+
+    def _parts(self, batch: Batch, txid: int) -> dict[int, list[Any]]:
+        if isinstance(batch, (str, bytes)) or not isinstance(batch, (Sequence, Mapping)):
+            raise TestingError(
+                f"txid {txid}: a batch is a list of records or {{partition: records}}, got "
+                f"{type(batch).__name__}"
+            )
+        parts = dict(batch) if isinstance(batch, Mapping) else {0: list(batch)}
+        wrong = sorted(p for p in parts if not (isinstance(p, int) and 0 <= p < self.partitions))
+        if wrong:
+            raise TestingError(
+                f"txid {txid}: partition(s) {wrong} out of the source's 0..{self.partitions - 1}"
+            )
+        return {p: list(records) for p, records in parts.items()}
+
+    def _append(self, parts: dict[int, list[Any]]) -> dict[int, tuple[int, int]]:
+        """Each partition's records appended to the log: the offset range they got."""
+        assert self.log is not None
+        try:
+            return {p: self.log.append(p, parts.get(p, [])) for p in range(self.partitions)}
+        except TridentflowError as exc:
+            raise TestingError(f"a batch holds a record the log refuses: {exc}") from None
+
+    def _compute(
+        self, txid: int, ranges: dict[int, tuple[int, int]], base: int
+    ) -> tuple[dict[str, list[tuple[str, Any]]], list[Any]]:
+        """The per-key partials and the bad records of the records in ``ranges``."""
+        ctx = ExecContext(txid, "", position_base=base, read_state=self._read_state)
+        result = self.engine.compute(self.plan, self.root, ranges, ctx)
+        partials = {name: list(pairs) for name, pairs in result.partials.items()}  # type: ignore[arg-type]
+        return partials, list(result.bad)
+
+    def _read_state(self, pipeline: str, state: str, keys: list[str]) -> list[Any]:
+        if pipeline != self.pipeline.name or state not in self.backings:
+            raise TestingError(
+                f"a stateQuery of {pipeline}/{state}: run_batches holds only the states of "
+                f"pipeline {self.pipeline.name}"
+            )
+        committed = self.committed
+        stored = make_map_state(
+            self.pipeline.states[state].state.kind, self.backings[state], state
+        ).read(keys)
+        return [None if s is None else s.committed_view(committed) for s in stored]
+
+    def _quarantine(self, txid: int, bad: list[Any]) -> None:
+        if not bad:
+            return
+        if self.on_bad == "raise":
+            first = bad[0]
+            raise TestingError(
+                f"txid {txid}: record {first.record} failed: {first.error} (production "
+                "quarantines it and goes on: on_bad='quarantine' does the same here)"
+            )
+        self.quarantined += [{"txid": txid, **b.to_json()} for b in bad]
+
+    def _commit(
+        self, txid: int, attempt: int, partials: dict[str, list[tuple[str, Any]]], half=False
+    ) -> dict[str, list[str]]:
+        """One commit attempt of ``txid``, as the committer's: every state's keys (the first
+        half only with ``half``: an attempt that died there), then the keys earlier attempts
+        wrote and this batch lacks rolled back. The keys it removed (tombstones)."""
+        fence = Fence(txid, attempt)
+        removed: dict[str, list[str]] = {}
+        for name, persist in self.pipeline.states.items():
+            state = make_map_state(persist.state.kind, self.backings[name], name)
+            state.begin_commit(txid, fence)
+            items = sorted(partials.get(name, ()), key=lambda kv: kv[0])
+            if half:
+                items = items[: len(items) // 2]
+            if items:
+                apply_in_python(state, name, persist.aggregator, items)
+            if not half:
+                state.rollback_stray_keys()
+            removed[name] = state.tombstones()
+            state.commit()
+        return removed
+
+    # -- exports and results -------------------------------------------------------------------
+    def _export(self, txid: int, partials: dict[str, list[tuple[str, Any]]]) -> None:
+        for feed in self.pipeline.feeds:
+            if not isinstance(feed.sink, CollectSink):
+                continue
+            persist = self.pipeline.states[feed.state]
+            keys = sorted({k for k, _ in partials.get(feed.state, ())})
+            stored = make_map_state(persist.state.kind, self.backings[feed.state]).read(keys)
+            items = [
+                (k, decode_key(k), None if s is None or s.curr is None else
+                 persist.aggregator.present(s.curr))
+                for k, s in zip(keys, stored, strict=True)
+            ]  # fmt: skip
+            feed.sink.apply(_EXPORT_CONTEXT, txid, stream_rows(items, compile_chain(feed.node)))
+
+    def result(self) -> States:
+        values: dict[str, dict[Any, Any]] = {}
+        for name, persist in self.pipeline.states.items():
+            present = persist.aggregator.present
+            out: dict[Any, Any] = {}
+            for key, raw in sorted(self.backings[name].scan_items()):
+                stored = StoredValue.from_json(raw, key, name)
+                if stored.curr is not None:
+                    out[_present_key(decode_key(key))] = present(stored.curr)
+            values[name] = out
+        return States(values, self.committed, self.quarantined)
+
+
+_EXPORT_CONTEXT = ExportContext("testing", "", client=None, redis_url="")  # type: ignore[arg-type]
+
+
+def _present_key(key: tuple[Any, ...]) -> Any:
+    return key[0] if len(key) == 1 else key
+
+
+def _before_abort(records: list[Any]) -> list[Any]:
+    return records[: records.index(ABORT)] if ABORT in records else records
+
+
+def _refuse_redis_lookups(pipeline: Pipeline) -> None:
+    """TestingError (one line) for a static state kept in Redis: nothing here has Redis."""
+    from tridentflow.static_state import RedisHashLookup
+
+    seen: set[int] = set()
+    todo = [p.node for p in pipeline.persists] + [f.node for f in pipeline.feeds]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, QueryNode) and isinstance(node.static, RedisHashLookup):
+            raise PipelineError(
+                f"static state in Redis hash {node.static.key!r}: run_batches has no Redis; "
+                "build the pipeline with a FileLookup (a JSON file) for tests"
+            )
+        todo.extend(parents_of(node))
