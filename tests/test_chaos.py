@@ -178,7 +178,7 @@ def test_the_harness_catches_an_edge_triggered_watcher(monkeypatch):
     """The family "an orchestrator merging, doubling and delaying events", in the drain every
     schedule ends with: a watcher that fires only when the source's heads moved since its
     last poll (a lost wake-up) leaves what one merged run did not read waiting for ever."""
-    import tridentflow.devtools.chaos
+    import tridentflow.devtools.chaos.drive
     from tridentflow.steps.watch import work_waiting
 
     class EdgeTriggered:
@@ -190,7 +190,7 @@ def test_the_harness_catches_an_edge_triggered_watcher(monkeypatch):
             moved, self.seen = heads != self.seen, heads
             return work_waiting(rt, run_state) if moved else None
 
-    monkeypatch.setattr(tridentflow.devtools.chaos, "Watch", EdgeTriggered)
+    monkeypatch.setattr(tridentflow.devtools.chaos.drive, "Watch", EdgeTriggered)
     results = run_chaos(50, seed=0, redis_restarts=False)
     assert not results[-1].ok, "50 schedules did not expose an edge-triggered watcher"
     assert "never committed" in (results[-1].difference or ""), results[-1].difference
@@ -286,10 +286,10 @@ def test_the_harness_catches_a_rewind_that_forgets_its_tables_when_cut_short(mon
 def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     """A sharded commit whose stray-key rollback reads the written-set of one shard only
     (every schedule with 3 shards): an opaque replay leaves a lost record's count behind."""
-    import tridentflow.devtools.chaos
+    import tridentflow.devtools.chaos.drive
     from tridentflow_state.shards import ShardedRedisBackingMap
 
-    monkeypatch.setattr(tridentflow.devtools.chaos, "schedule_shards", lambda seed: 3)
+    monkeypatch.setattr(tridentflow.devtools.chaos.drive, "schedule_shards", lambda seed: 3)
     monkeypatch.setattr(
         ShardedRedisBackingMap, "keys_written_in", lambda self, t: self.shards[0].keys_written_in(t)
     )
@@ -462,10 +462,10 @@ def test_the_harness_catches_a_stream_sink_spreading_a_key_by_its_value(monkeypa
 def test_the_harness_catches_a_staged_batch_loaded_without_its_checks(monkeypatch):
     """Staging in Redis, a load that trusts its blocks (no line count, no SHA-1 checked inside
     Redis): the late writer's overwritten block would be committed as if an emit staged it."""
-    import tridentflow.devtools.chaos
+    import tridentflow.devtools.chaos.drive
     import tridentflow.steps.staging
 
-    monkeypatch.setattr(tridentflow.devtools.chaos, "schedule_staging", lambda seed: "redis")
+    monkeypatch.setattr(tridentflow.devtools.chaos.drive, "schedule_staging", lambda seed: "redis")
     monkeypatch.setattr(tridentflow.steps.staging, "verify_blocks", lambda *args: 0)
     results = run_chaos(30, seed=0, redis_restarts=False)  # caught at schedule 1
     assert not results[-1].ok, "30 schedules did not expose a staged batch loaded unchecked"

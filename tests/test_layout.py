@@ -96,6 +96,7 @@ LAYERS = {
     "tridentflow.steps": 3,
     "tridentflow.ops": 4,
     "tridentflow.devtools": 4,  # development servers, the chaos harness (the CLI's dev-*)
+    "tridentflow.devtools.chaos": 4,  # the chaos harness, in rooms (drive, operators, sinks...)
     "tridentflow.testing": 4,  # the harness users test their pipelines with (no server)
 }
 """Each module's layer (its longest matching package); an import may only run downwards or

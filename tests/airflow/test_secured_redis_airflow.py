@@ -57,6 +57,25 @@ def files_under(*roots: Path) -> Iterator[Path]:
         yield from (p for p in root.rglob("*") if p.is_file())
 
 
+def redis_value(client, key: bytes) -> bytes:
+    """Everything ``key`` holds, its kind read as such, as one byte string."""
+    kind = client.type(key)
+    if kind == b"string":
+        return client.get(key) or b""
+    if kind == b"hash":
+        return b" ".join(k + b"=" + v for k, v in client.hgetall(key).items())
+    if kind == b"list":
+        return b" ".join(client.lrange(key, 0, -1))
+    if kind == b"set":
+        return b" ".join(client.smembers(key))
+    if kind == b"zset":
+        return b" ".join(client.zrange(key, 0, -1))
+    if kind == b"stream":
+        entries = client.xrange(key)
+        return b" ".join(k + b"=" + v for _, fields in entries for k, v in fields.items())
+    raise AssertionError(f"{key!r}: a Redis type this search does not read: {kind!r}")
+
+
 def test_a_secured_redis_end_to_end_leaks_no_secret(tmp_path, home, tf):
     """wordcount-drpc through `airflow dags test` (spark-submit; executors query Redis) as an
     ACL user over TLS: the answers are exact, and the password is in no task log, no process
@@ -73,7 +92,8 @@ def test_a_secured_redis_end_to_end_leaks_no_secret(tmp_path, home, tf):
         commit(drpc, 1)
         drpc.log.append_spread([{"kind": "query", "text": q} for q in ("how are you", "you no")])
 
-        env = launcher.airflow_env(home, url, port=devredis.free_port())
+        sqlite = f"sqlite:///{launcher.airflow_home(home) / 'airflow.db'}"  # a file to search
+        env = launcher.airflow_env(home, url, port=devredis.free_port(), metadata=sqlite)
         env.pop("TRIDENTFLOW_FAULTS", None)
         launcher.migrate(env)
         with ArgvWatch() as argv:
@@ -128,8 +148,13 @@ def test_a_secured_redis_end_to_end_leaks_no_secret(tmp_path, home, tf):
         emit(drpc, 3, LocalEngine())  # staged, not committed: a manifest and partials to search
         files = list(files_under(home))
         assert any(p.name == "airflow.db" for p in files)  # XCom, rendered fields, DAGs
-        assert any("staging" in p.parts for p in files)
         leaks += [f"file {path}" for path in files if PASSWORD.encode() in path.read_bytes()]
+        # staged in Redis (the default): the staged blocks, the ledger, every value Redis holds
+        assert drpc.ledger.staged_attempt(3) is not None
+        admin = server.admin()
+        held = list(admin.scan_iter(count=1000))
+        assert any(b"staged" in key or b"staging" in key for key in held), held[:20]
+        leaks += [f"redis {key!r}" for key in held if PASSWORD.encode() in redis_value(admin, key)]
         assert not leaks, leaks
     finally:
         server.stop()

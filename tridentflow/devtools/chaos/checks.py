@@ -1,0 +1,70 @@
+"""What a schedule is checked against: the expected counts, windows, staging left behind."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from tridentflow.examples.mutating import expected_counts
+from tridentflow.steps.query import list_state
+from tridentflow.steps.runtime import Runtime
+from tridentflow_state.codec import encode_key
+
+
+def staging_left(rt: Runtime) -> list[str]:
+    """What is still staged for ``rt``'s pipeline - its manifests, blocks and block indexes in
+    Redis, any generation; attempt directories under its home - sorted. Once every txid is
+    committed and its step retried as an orchestrator retries, nothing may be: every path
+    that abandons an attempt deletes its staging (tridentflow.steps.emitter, committer)."""
+    found = []
+    for pattern in (rt.keyspace.pattern, rt.keyspace.shard_pattern):
+        for raw in rt.client.scan_iter(match=pattern, count=1000):
+            key = raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw
+            if ":staged:" in key or ":block:" in key:
+                found.append(key)
+    if rt.staging_root.exists():
+        found += [str(p) for p in rt.staging_root.glob("g-*/tx-*/attempt-*")]
+    return sorted(found)
+
+
+WINDOWS = {"wordcount-windowed": (("per_window", 10, 10), ("sliding", 10, 5))}
+"""Count-window states of the bundled pipelines: (state, size, slide)."""
+
+
+def window_problem(rt: Runtime, name: str, size: int, slide: int, produced: int) -> str | None:
+    """What is wrong with a count-window state of ``produced`` good records: every record
+    is in size/slide windows (bad records hold positions too, so a window may hold fewer than
+    ``size``, never more)."""
+    page = list_state(rt, rt.pipeline.states[name], limit=1_000_000)
+    windows = {key[0]: value for key, value in page.items}
+    if sum(windows.values()) != produced * size // slide:
+        return f"{name}: {sum(windows.values())} window memberships for {produced} records"
+    over = [(w, n) for w, n in windows.items() if n > size or w % slide]
+    return f"{name}: window {over[0][0]} holds {over[0][1]}" if over else None
+
+
+def expected_by_key(rt: Runtime, produced: list[str]) -> dict[str, dict[str, int]]:
+    """Exact counts of everything produced, by encoded key, for the bundled pipelines."""
+    if rt.pipeline.name in ("mutating", "mutating-opaque"):
+        return expected_counts(produced)
+    expected: dict[str, dict[str, int]] = {}
+    windowed = {state for state, _size, _slide in WINDOWS.get(rt.pipeline.name, ())}
+    for name, persist in rt.pipeline.states.items():
+        if name in windowed:
+            continue  # see window_problem
+        if persist.group_fields:
+            counter = Counter(encode_key((w,)) for line in produced for w in line.split())
+            expected[name] = dict(counter)
+        else:
+            expected[name] = {encode_key(()): len(produced)}
+    return expected
+
+
+def at_once(work: Callable[[], None], n: int) -> None:
+    """Run ``work`` in ``n`` threads at once (racing processes); wait for all of them."""
+    threads = [threading.Thread(target=work) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -1,0 +1,598 @@
+"""The drive loop: a schedule's runs, retried and raced as an orchestrator would, then the
+drain on events and the checks."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tridentflow.devtools.chaos.checks import (
+    WINDOWS,
+    at_once,
+    expected_by_key,
+    staging_left,
+    window_problem,
+)
+from tridentflow.devtools.chaos.config import (
+    DRAIN_POLLS,
+    DRAIN_REFIRE_S,
+    ENGINE,
+    PARALLEL_CHANCE,
+    PARALLEL_WAITS,
+    PIPELINES,
+    RETAIN_TXIDS,
+    RETRIES,
+    REWIND_CHANCE,
+    STEP_FAILURES,
+    RedisServer,
+    ScheduleResult,
+)
+from tridentflow.devtools.chaos.draws import lakehouse_schedule, schedule_shards, schedule_staging
+from tridentflow.devtools.chaos.operators import OperatorActs
+from tridentflow.devtools.chaos.schedule import Schedule
+from tridentflow.devtools.chaos.sinks import SinkChecks, sink_faults
+from tridentflow.devtools.devcluster import LocalCluster
+from tridentflow.devtools.devkafka import LocalKafka
+from tridentflow.devtools.devpostgres import LocalPostgres
+from tridentflow.engines.base import Engine
+from tridentflow.errors import (
+    NotReadyError,
+    PartitionUnavailable,
+)
+from tridentflow.faults import STEP_POINTS, Dark, Fault, FaultPlan
+from tridentflow.ops.audit import audit
+from tridentflow.ops.reset import reset_pipeline
+from tridentflow.ops.status import status
+from tridentflow.steps.driver import backlog
+from tridentflow.steps.query import query
+from tridentflow.steps.runs import (
+    RunState,
+    commit_run,
+    coordinate_run,
+    emit_run,
+    ready_to_emit,
+    release_run,
+)
+from tridentflow.steps.runtime import Runtime, connect
+from tridentflow.steps.watch import Watch, work_waiting
+from tridentflow_state.codec import decode_key
+
+
+class Chaos(OperatorActs, SinkChecks):
+    """The harness: one Redis (own, external or a gated cluster), a scratch directory, and a
+    schedule at a time (run_schedule); the operator's acts and the sinks are mixed in."""
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        pipelines: Sequence[str] = PIPELINES,
+        redis_restarts: bool = True,
+        engine: Engine | None = None,
+        redis_url: str | None = None,
+        cluster: LocalCluster | None = None,
+        postgres_dsn: str | None = None,
+        postgres: LocalPostgres | None = None,
+        kafka: LocalKafka | None = None,
+    ) -> None:
+        """``kafka``: the broker the Kafka pipelines' schedules read (and freeze).
+        ``postgres_dsn``: a database the schedules' PostgresSinks write tables to (one per
+        schedule and state, dropped after it); without it, the sinks are Redis streams only.
+        ``postgres``: a server of the harness's own (tridentflow.devtools.devpostgres), which it
+        also crashes and restarts while a sink is in the middle of a transaction.
+        ``engine``: what emits (default the local engine; e.g. a SparkEngine over a Spark
+        Connect session). ``redis_url``: run against that Redis (a cluster, say) instead of
+        an own redis-server; it is never restarted then. ``cluster``: a gated cluster with
+        replicas (tridentflow.devtools.devcluster): commits wait for one replica, and schedules fail
+        masters over with their replicas behind."""
+        self.engine = engine or ENGINE
+        self.cluster = cluster
+        self.staging_kind = "files"  # the current schedule's (schedule_staging)
+        if cluster is not None:
+            redis_url = cluster.url()
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tridentflow-chaos-"))
+        self.pipelines = tuple(pipelines)
+        self.redis = RedisServer(self.workdir / "redis")
+        self.external_url = redis_url
+        self.redis_restarts = redis_restarts and redis_url is None
+        self.postgres = postgres
+        self.postgres_dsn = postgres.dsn if postgres is not None else postgres_dsn
+        self.kafka = kafka
+        logging.getLogger("psycopg").setLevel(logging.ERROR)  # killed sessions are on purpose
+
+    @property
+    def url(self) -> str:
+        if self.cluster is not None:  # any node still up
+            return f"redis://127.0.0.1:{self.cluster.announced(self.cluster.alive()[0])}/0"
+        return self.external_url or self.redis.url
+
+    def _runtime(self, pipeline, home: Path, faults: FaultPlan | None = None, shards: int = 1):
+        """A runtime of its own (a new process's): against a gated cluster, its commits wait
+        for one replica (a short timeout: a held replica fails them fast)."""
+        rt = Runtime(
+            pipeline,
+            connect(self.url),
+            home,
+            faults or FaultPlan(),
+            shards=shards,
+            staging_kind=self.staging_kind,
+        )
+        rt.retain = RETAIN_TXIDS  # undo logs in every schedule: the operator's rewinds
+        if self.cluster is not None:
+            rt.replicas, rt.replica_timeout_ms = 1, 300
+        return rt
+
+    def __enter__(self) -> Chaos:
+        if self.external_url is None:
+            self.redis.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.redis.kill()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- one schedule ------------------------------------------------------------------------
+    def run_schedule(self, seed: int) -> ScheduleResult:
+        started = time.monotonic()
+        rng = random.Random(seed)
+        name = rng.choice(self.pipelines)
+        result = ScheduleResult(seed, name)
+        home = self.workdir / f"schedule-{seed}"
+        shutil.rmtree(home, ignore_errors=True)
+        shards = schedule_shards(seed)
+        self.staging_kind = schedule_staging(seed)
+        rt = self._runtime(self._pipeline(name, seed), home, shards=shards)
+        if shards > 1:
+            result.events.append(f"state-shards:{shards}")
+        if self.staging_kind != "files":
+            result.events.append(f"staging:{self.staging_kind}")
+        traits = rt.log.chaos  # what the source says the harness may do to it
+        if traits.fresh == "delete-source":  # e.g. streams live in Redis: start from none
+            reset_pipeline(rt, force=True, source=True)
+        else:
+            rt.ledger.reset(force=True)
+        sched = Schedule(rng, rt, result, home / "aside")
+        if traits.fresh == "create":  # the producers' log: made for the schedule
+            rt.log.create(rt.pipeline.source.partitions)
+            sched.kafka = self.kafka
+            sched.kafka_rng = random.Random(f"kafka-{seed}")
+        sched.sink_rng = random.Random(f"sinks-{seed}")
+        sched.sink_edge_rng = random.Random(f"sink-edges-{seed}")
+        sched.rewind_rng = random.Random(f"rewind-{seed}")
+        sched.seed = seed
+        sched.lake = lakehouse_schedule(seed)
+        sched.parallel_rng = random.Random(f"parallel-{seed}")
+        self._drop_sink_targets(rt, seed)
+        sched.append(rng.randint(5, 60))
+        runs = rng.randint(3, 8)
+        rt.faults = self._fault_plan(rng, runs, rt.pipeline.source.partitions, result.events)
+        rt.faults = FaultPlan(
+            rt.faults.faults + sink_faults(sched.sink_rng, runs, result.events), rt.faults.darks
+        )
+        batch_size = rng.choice([1, 2, 3, 5, 20])
+        self._drive(sched, runs, batch_size)
+
+        sched.end_outage("drain")
+        loses = sched.rt.log.chaos.removals_lose_records
+        if loses and status(sched.rt)["unavailable_partitions"]:
+            sched.operator_resets_reader("drain")
+        if sched.lagging is not None:  # the replica catches up: nothing lost, nothing to fail
+            self.cluster.release_replication(sched.lagging[0])
+            sched.lagging = None
+        rt = sched.rt
+        rt.faults = FaultPlan()  # resume: drain what is left, with no faults
+        self._drain_on_events(sched, batch_size)
+        result.txids = rt.ledger.committed_txid()
+        result.records = len(sched.produced)
+        self._check(rt, sched.produced, result)
+        self._check_sinks(rt, result, sched.committed_changes)
+        self._drop_sink_targets(rt, seed)
+        rt.client.close()
+        shutil.rmtree(home, ignore_errors=True)
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _drain_on_events(self, sched: Schedule, batch_size: int) -> None:
+        """Drain as ``schedule="on-data"`` runs a pipeline, Airflow's side as it behaves: a
+        fire is an asset event, queued until the scheduler creates a run from it (events
+        queued meanwhile merge into that one; some are delivered twice); a created run waits
+        for its turn (max_active_runs=1), and its coordinator may be slow to bind (several
+        polls, while the watcher asks how many runs are queued or running); every run of the
+        faulty phase has finished; half the schedules cap a txid at ``batch_size`` (the DAG's
+        param), so the rest of a backlog needs the watcher to fire again. Stops once nothing
+        is queued, nothing fires and nothing waits - or after DRAIN_POLLS polls: what is left
+        then is the schedule's difference (``_check``), as is a run that found nothing to
+        read (the family "one fire, two runs": a fire repeated while its run was coming)."""
+        rt, rng = sched.rt, random.Random(f"drain-{sched.seed}")
+        cap = batch_size if rng.random() < 0.5 else None
+        watch = Watch(refire_after=DRAIN_REFIRE_S)
+        live: set[str] = set()
+
+        def run_state(run_id: str) -> str:
+            return "running" if run_id in live else "failed"
+
+        clock, event_queued, created, runs = 0.0, False, 0, 0
+        binding_in = -1  # polls until the running run's coordinator binds (-1: none runs)
+        for _ in range(DRAIN_POLLS):
+            active = created + (binding_in >= 0)
+            fired = watch.poll(rt, clock, run_state, lambda a=active: a)
+            if fired is not None:
+                if event_queued or rng.random() < 0.2:  # merged into the queued event, or doubled
+                    sched.result.events.append(f"merged-event@drain{runs}")
+                event_queued = True
+            if event_queued and rng.random() < 0.6:  # the scheduler creates a run from it
+                event_queued, created = False, created + 1
+            if binding_in < 0 and created and rng.random() < 0.7:  # its turn (else later)
+                created -= 1
+                binding_in = rng.choice((0, 0, 1, 3, 8))  # a slow coordinator: polls to bind
+            if binding_in == 0:
+                binding_in, runs = -1, runs + 1
+                run_id = f"drain-{runs}"
+                live.add(run_id)
+                bound = coordinate_run(rt, run_id, cap, run_state=run_state)
+                emit_run(rt, run_id, self.engine)
+                done = commit_run(rt, run_id)
+                live.discard(run_id)
+                sched.note_changes(rt.ledger.txid_of_run(run_id))
+                fresh = bound["binding"] == "new" and done["status"] == "committed"
+                if fresh and not done["records"] and not sched.result.difference:
+                    sched.result.difference = (
+                        f"{run_id} committed a new txid {done['txid']} with nothing to read: "
+                        "a fire was repeated while its run was queued or binding"
+                    )
+            elif binding_in > 0:
+                binding_in -= 1
+            elif (
+                not (event_queued or created) and fired is None and not work_waiting(rt, run_state)
+            ):
+                break
+            clock += rng.choice((0.5, 1.0, 5.0, DRAIN_REFIRE_S))
+        left = rt.ledger.pending_txids()
+        if left and not sched.result.difference:
+            sched.result.difference = f"txid {left[0]} was left pending: no run came for it"
+
+    @staticmethod
+    def _fault_plan(rng: random.Random, runs: int, partitions: int, events: list[str]) -> FaultPlan:
+        faults = []
+        for txid in range(1, runs + 1):
+            for attempt in (1, 2):
+                if rng.random() < (0.6 if attempt == 1 else 0.2):
+                    fault = Fault(
+                        rng.choice(STEP_POINTS), txid, attempt, rng.choice(("raise", "crash"))
+                    )
+                    faults.append(fault)
+                    events.append(str(fault))
+        darks = []
+        if rng.random() < 0.5:
+            first = rng.randint(1, runs)
+            dark = Dark(rng.randrange(partitions), first, first + rng.randint(0, 2))
+            darks.append(dark)
+            events.append(f"dark:{dark.partition}@{dark.first}-{dark.last}")
+        return FaultPlan(tuple(faults), tuple(darks))
+
+    def _drive(self, sched: Schedule, runs: int, batch_size: int) -> None:
+        rng, result = sched.rng, sched.result
+        run_no, failures, dark_failures, step_index = 0, 0, 0, 0
+        run_id = f"run-{run_no}"
+        steps = ("coordinate", "emit", "commit")
+        for step in range(runs * 10):
+            if self.cluster is not None and self._failover_step(sched, step):
+                continue
+            rt = sched.rt
+            if rt.ledger.committed_txid() >= runs:
+                if failures:  # the run's failed step is retried, as Airflow does
+                    self._finish_run(rt, run_id, steps[step_index:])
+                return
+            torn = sched.torn_since_rewind()  # an exporter died between a sink's parts
+            soon = torn and random.Random(f"torn-{sched.seed}-{step}-go").random() < 0.3
+            chance = REWIND_CHANCE * (3 if sched.lake else 1)  # and the tables go back too
+            if sched.rewinds < 2 and (sched.rewind_rng.random() < chance or soon):
+                self._rewind_in_flight(sched, run_id, steps[step_index], step)
+                run_no, failures, step_index = run_no + 1, 0, 0
+                run_id = f"run-{run_no}"
+                continue
+            if step_index == 0 and sched.parallel_rng.random() < PARALLEL_CHANCE:
+                run_no = self._parallel_runs(sched, run_no, batch_size)
+                failures, run_id = 0, f"run-{run_no}"
+                continue
+            roll = rng.random()
+            if self.redis_restarts and roll < 0.08:
+                self.redis.restart()
+                result.events.append(f"redis-restart@step{step}")
+                continue
+            if roll < 0.15:
+                sched.append(rng.randint(1, 10), during=f"step{step}")
+                self._maybe_export(sched, f"step{step}")
+                continue
+            if roll < 0.19:
+                disturb = rt.log.chaos.disturb
+                if disturb == "remove-entries":
+                    sched.mutate_stream(f"step{step}")
+                elif disturb == "freeze-broker":
+                    sched.toggle_broker(f"step{step}")
+                elif disturb == "dark-partition":
+                    sched.toggle_outage(f"step{step}")
+                continue
+            if roll < 0.2 and not sched.was_reset:
+                self._reset_in_flight(sched, run_id, steps[step_index], step)
+                run_no, failures, step_index = run_no + 1, 0, 0
+                run_id = f"run-{run_no}"
+                continue
+            try:
+                for index in range(step_index, len(steps)):
+                    step_index = index
+                    if steps[index] == "coordinate":
+                        coordinate_run(rt, run_id, batch_size, lease_ms=60_000)
+                    elif steps[index] == "emit":
+                        sched.maybe_freeze_mid_emit(run_id)
+                        emit_run(rt, run_id, self.engine, lease_ms=60_000)
+                        sched.maybe_late_block_writer(run_id, step)
+                    else:
+                        racers = 2 if rng.random() < 0.2 else 1
+                        if racers > 1:
+                            result.events.append(f"duplicate-commit@{run_id}")
+                        self._commit_race(rt, run_id, racers)
+                        sched.note_changes(rt.ledger.txid_of_run(run_id))
+                        self._maybe_export(sched, f"after-commit:{run_id}")
+                    if index < 2 and rng.random() < 0.15:
+                        sched.append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
+                run_no, failures, step_index = run_no + 1, 0, 0
+                run_id = f"run-{run_no}"
+            except PartitionUnavailable:
+                dark_failures += 1
+                if dark_failures >= 3:  # the operator repairs the partition
+                    rt.faults = FaultPlan(rt.faults.faults, ())
+                    sched.end_outage(f"step{step}")
+                    result.events.append(f"repaired-dark@step{step}")
+                    if rt.log.chaos.removals_lose_records:
+                        sched.operator_resets_reader(f"step{step}")
+                        dark_failures, run_no, failures, step_index = 0, run_no + 1, 0, 0
+                        run_id = f"run-{run_no}"
+            except STEP_FAILURES:
+                failures += 1
+                if rng.random() < 0.3:  # an outage starts while the txid is being retried
+                    txid = rt.ledger.committed_txid() + 1
+                    dark = Dark(rng.randrange(rt.pipeline.source.partitions), txid, txid)
+                    rt.faults = FaultPlan(rt.faults.faults, (*rt.faults.darks, dark))
+                    result.events.append(f"dark:{dark.partition}@{txid}(mid-txid)")
+                if rng.random() < 0.4:  # a person clears the whole run: from coordinate again
+                    step_index = 0
+                    result.events.append(f"clear:{run_id}")
+                if failures >= RETRIES:  # the run gives up; the next run adopts its txid
+                    release_run(rt, run_id)
+                    result.events.append(f"gave-up:{run_id}")
+                    run_no, failures, step_index = run_no + 1, 0, 0
+                    run_id = f"run-{run_no}"
+
+    def _finish_run(self, rt: Runtime, run_id: str, steps: Sequence[str]) -> None:
+        """The rest of a run whose txid committed while one of its steps failed (a commit cut
+        short after its mark), as Airflow's retry or a person's clear runs it: every step
+        finds the txid committed and does nothing but delete what it left."""
+        with contextlib.suppress(*STEP_FAILURES):
+            for step in steps:
+                if step == "coordinate":
+                    coordinate_run(rt, run_id, None, lease_ms=60_000)
+                elif step == "emit":
+                    emit_run(rt, run_id, self.engine, lease_ms=60_000)
+                else:
+                    commit_run(rt, run_id, 60_000)
+
+    def _parallel_runs(self, sched: Schedule, run_no: int, batch_size: int) -> int:
+        """2-3 runs at once, as Airflow runs a backfill with max_active_runs > 1: they bind in
+        order (each coordinator waits for the run before it by date:
+        tridentflow_airflow.dated_order); then their emits and commits interleave, each run in
+        a process of its own (its own runtime), in an order drawn from the seed. A step whose
+        turn has not come - an opaque txid's emit before the txid before it is staged, a
+        commit before the txid before it committed (``wait_turn``'s checks, as the operators
+        wait on them) - waits and is tried again later; records arrive in between; a third of
+        the time an operator clears the first run's emit after the second emitted from where
+        it stopped. A failed step is retried up to RETRIES times, a step that waits too long
+        fails; then the run gives up (released: a later run adopts its txid). One thread, so
+        the schedule stays fully determined by its seed. The next run number."""
+        rt, rng = sched.rt, sched.parallel_rng
+        run_ids = [f"run-{run_no + i}" for i in range(rng.randint(2, 3))]
+        sched.result.events.append(f"parallel:{'+'.join(run_ids)}")
+        live = set(run_ids)
+        runtimes = {
+            r: self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1) for r in run_ids
+        }
+
+        def run_state(run_id: str) -> str:
+            return "running" if run_id in live else "failed"
+
+        def retried(step: Callable[[], object]) -> bool:
+            for _ in range(RETRIES):
+                try:
+                    step()
+                    return True
+                except STEP_FAILURES:
+                    continue
+            return False
+
+        def give_up(run_id: str) -> None:
+            with contextlib.suppress(*STEP_FAILURES):
+                release_run(runtimes[run_id], run_id)
+            sched.result.events.append(f"gave-up:{run_id}")
+            live.discard(run_id)
+
+        try:
+            for run_id in run_ids:  # in date order
+                if not retried(
+                    lambda r=run_id: coordinate_run(runtimes[r], r, batch_size, 60_000, run_state)
+                ):
+                    give_up(run_id)
+            todo = {r: ["emit", "commit"] for r in run_ids if r in live}
+            first, second = run_ids[0], run_ids[1]
+            if first in todo and second in todo and rng.random() < 0.3:
+                self._clear_emit_between(sched, runtimes, first, second, todo, retried)
+            tries = dict.fromkeys(todo, 0)
+            waits = dict.fromkeys(todo, 0)
+            while todo:
+                run_id = rng.choice(sorted(todo))
+                if rng.random() < 0.1:  # records arrive while the runs read (another producer)
+                    sched.append(rng.randint(1, 8), during=f"parallel:{run_id}")
+                outcome = self._turn_step(runtimes[run_id], run_id, todo[run_id][0], run_state)
+                if outcome == "ran":
+                    todo[run_id].pop(0)
+                    tries[run_id] = waits[run_id] = 0
+                elif outcome == "failed":
+                    tries[run_id] += 1
+                else:
+                    waits[run_id] += 1
+                if tries[run_id] >= RETRIES or waits[run_id] >= PARALLEL_WAITS:
+                    give_up(run_id)
+                    todo[run_id] = []
+                if not todo[run_id]:
+                    del todo[run_id]
+                    live.discard(run_id)
+        finally:
+            for other in runtimes.values():
+                other.client.close()
+        for run_id in run_ids:
+            sched.note_changes(rt.ledger.txid_of_run(run_id))
+        self._maybe_export(sched, f"after-parallel:{run_ids[-1]}")
+        return run_no + len(run_ids)
+
+    def _turn_step(self, rt: Runtime, run_id: str, step: str, run_state: RunState) -> str:
+        """Run ``run_id``'s ``step`` if its turn has come (the checks ``wait_turn`` waits
+        on, with no time to wait): "ran", "waited" (not its turn), or "failed"."""
+        try:
+            txid = rt.ledger.txid_of_run(run_id)
+            if txid is None:
+                raise NotReadyError(f"{run_id} lost its txid")
+            if step == "emit":
+                if not ready_to_emit(rt, txid):
+                    return "waited"
+                emit_run(rt, run_id, self.engine, lease_ms=60_000)
+            else:
+                if rt.ledger.committed_txid() < txid - 1:
+                    return "waited"
+                commit_run(rt, run_id, 60_000, run_state)
+            return "ran"
+        except STEP_FAILURES:
+            return "failed"
+
+    def _clear_emit_between(
+        self,
+        sched: Schedule,
+        runtimes: dict[str, Runtime],
+        first: str,
+        second: str,
+        todo: dict[str, list[str]],
+        retried: Callable[[Callable[[], object]], bool],
+    ) -> None:
+        """An operator clears ``first``'s emit after ``second`` emitted from where ``first``'s
+        stopped - records arriving in between, so the second try of ``first`` reads on."""
+
+        def emit(run_id: str) -> bool:
+            return retried(lambda: emit_run(runtimes[run_id], run_id, self.engine, 60_000))
+
+        if not emit(first):
+            return
+        todo[first] = ["commit"]
+        sched.append(sched.parallel_rng.randint(1, 8), during=f"parallel:{first}")
+        if not emit(second):
+            return
+        todo[second] = ["commit"]
+        sched.result.events.append(f"cleared-emit:{first}@parallel")
+        if not emit(first):
+            todo[first] = ["emit", "commit"]
+
+    def _commit_race(self, rt: Runtime, run_id: str, racers: int) -> None:
+        from tridentflow.steps.runs import commit_run
+
+        if racers == 1:
+            commit_run(rt, run_id)
+            return
+        errors: list[BaseException] = []
+        results: list[str] = []
+
+        def attempt() -> None:
+            other = self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1)
+            try:
+                results.append(commit_run(other, run_id)["status"])
+            except BaseException as exc:  # collected; re-raised below if no racer landed
+                errors.append(exc)
+            finally:
+                other.client.close()
+
+        at_once(attempt, racers)
+        if "committed" not in results and "already-committed" not in results and errors:
+            raise errors[0]
+
+    def _check(self, rt: Runtime, produced: list[str], result: ScheduleResult) -> None:
+        left = backlog(rt)
+        if left and not result.difference:
+            result.difference = f"{left} records were never committed"
+        garbage = staging_left(rt)
+        if garbage and not result.difference:
+            result.difference = (
+                f"staging left behind once every txid committed: {garbage[0]}"
+                + f" and {len(garbage) - 1} more" * (len(garbage) > 1)
+            )
+        report = audit(rt)
+        result.lost, result.doubled = report.lost, report.doubled
+        if report.unreadable and rt.log.chaos.removals_lose_records:
+            # entries this schedule deleted or trimmed after they were read cannot be
+            # recomputed from: the exact counts below are the check then
+            result.events.append("audit:stream-entries-removed")
+            report.unreadable = {}
+        if (report.mismatched or report.unreadable) and not result.difference:
+            if report.unreadable:
+                result.difference = report.line()
+            else:
+                name, key, exp, act = report.mismatched[0]
+                result.difference = f"{name} {key}: expected {exp!r}, stored {act!r}"
+        for state_name, size, slide in WINDOWS.get(rt.pipeline.name, ()):
+            problem = window_problem(rt, state_name, size, slide, len(produced))
+            if problem and not result.difference:
+                result.difference = problem
+        for state_name, values in expected_by_key(rt, produced).items():
+            persist = rt.pipeline.states[state_name]
+            keys = sorted(values)
+            _committed, got = query(rt, persist, [decode_key(k) for k in keys])
+            for key, want, have in zip(keys, (values[k] for k in keys), got, strict=True):
+                if want != have and not result.difference:
+                    result.difference = f"{state_name} {key}: produced {want}, stored {have}"
+
+
+def run_chaos(
+    schedules: int,
+    seed: int = 0,
+    pipelines: Sequence[str] = PIPELINES,
+    on_result: Callable[[ScheduleResult], None] | None = None,
+    redis_restarts: bool = True,
+    engine: Engine | None = None,
+    redis_url: str | None = None,
+    cluster: LocalCluster | None = None,
+    postgres_dsn: str | None = None,
+    postgres: LocalPostgres | None = None,
+    kafka: LocalKafka | None = None,
+) -> list[ScheduleResult]:
+    """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
+    results = []
+    with Chaos(
+        pipelines=pipelines,
+        redis_restarts=redis_restarts,
+        engine=engine,
+        redis_url=redis_url,
+        cluster=cluster,
+        postgres_dsn=postgres_dsn,
+        postgres=postgres,
+        kafka=kafka,
+    ) as chaos:
+        for s in range(seed, seed + schedules):
+            outcome = chaos.run_schedule(s)
+            results.append(outcome)
+            if on_result is not None:
+                on_result(outcome)
+            if not outcome.ok:
+                break
+    return results

@@ -1,0 +1,213 @@
+"""The operator's acts mid-run: reset, rewind, failover; the refusals they must cause."""
+
+from __future__ import annotations
+
+import random
+
+from tridentflow.devtools.chaos.schedule import Schedule
+from tridentflow.errors import (
+    ReplicationError,
+)
+from tridentflow.faults import Fault, FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.ops.reset import reset_pipeline
+from tridentflow.sinks import DeltaSink, IcebergSink
+from tridentflow.steps.runs import (
+    coordinate_run,
+    emit_run,
+)
+from tridentflow.steps.runtime import Runtime
+from tridentflow_state.errors import GenerationError, PipelineBusyError
+from tridentflow_state.undo import retained
+
+
+class OperatorActs:
+    """What an operator does while a run is in flight (mixed into Chaos): a reset, a rewind,
+    a failover; and what the run's next step must then be told."""
+
+    def _failover_step(self, sched: Schedule, step: int) -> bool:
+        """Against a gated cluster: maybe hold a master's replication (a shard's, or the
+        ledger's); a few steps after, fail it over with its replica behind, and go on with a
+        new runtime (a new process). True if this step was spent on it."""
+        cluster, rng, rt = self.cluster, sched.rng, sched.rt
+        assert cluster is not None
+        if sched.lagging is not None:
+            port, steps_left = sched.lagging
+            if steps_left > 0:
+                sched.lagging = (port, steps_left - 1)
+                return False
+            cluster.failover(port)
+            sched.lagging = None
+            sched.result.events.append(f"failover-with-lag@step{step}")
+            old = sched.rt
+            sched.rt = self._runtime(old.pipeline, old.home, old.faults, old.shards or 1)
+            old.client.close()
+            return True
+        if rng.random() >= 0.12:
+            return False
+        ks = rt.keyspace
+        ledger_master = cluster.master_of(ks.ledger)
+        shard_masters = [cluster.master_of(ks.shard(i).ledger) for i in range(ks.shards)]
+        others = [m for m in shard_masters if m != ledger_master]
+        target = rng.choice(others) if others and rng.random() < 0.7 else ledger_master
+        cluster.hold_replication(target)
+        sched.lagging = (target, rng.randint(1, 3))
+        role = "ledger" if target == ledger_master else "shard"
+        sched.result.events.append(f"replication-lag:{role}@step{step}")
+        return True
+
+    def _reset_in_flight(self, sched: Schedule, run_id: str, next_step: str, step: int) -> None:
+        """An operator resets the pipeline (and its source) while ``run_id`` is in flight: its
+        next step must be refused; a new runtime (a new process) goes on from scratch."""
+        old = sched.rt
+        sched.end_outage(f"reset@step{step}")
+        _ = old.ledger.generation  # the run's process started before the operator acted
+        fresh = self._runtime(old.pipeline, old.home, old.faults, old.shards or 1)
+        kafka = fresh.log.chaos.producers_own  # e.g. a topic: never deleted by a reset
+        try:
+            try:
+                reset_pipeline(fresh, source=not kafka)
+                sched.result.events.append(f"reset@step{step}")
+            except PipelineBusyError:  # a run holds a live lease: the operator insists
+                reset_pipeline(fresh, force=True, source=not kafka)
+                sched.result.events.append(f"reset-forced@step{step}")
+        except ReplicationError:  # not on a replica: the operator waits for it, resets again
+            assert self.cluster is not None and sched.lagging is not None
+            self.cluster.release_replication(sched.lagging[0])
+            sched.lagging = None
+            reset_pipeline(fresh, force=True, source=not kafka)
+            sched.result.events.append(f"reset-after-replication-wait@step{step}")
+        if not kafka:  # a reset reader of Kafka reads the whole topic again
+            sched.produced.clear()
+        sched.committed_changes.clear()  # a new lineage: its streams start anew
+        self._expect_refused(sched, old, run_id, next_step, "after a reset", (GenerationError,))
+        old.client.close()
+        sched.rt = fresh
+        sched.was_reset = True
+
+    def _rewind_in_flight(self, sched: Schedule, run_id: str, next_step: str, step: int) -> None:
+        """An operator rewinds the pipeline while ``run_id`` is in flight (``--force``: it
+        holds a live lease) to a txid the undo logs retain - or to the committed one, which
+        drops the pending txids: the only one allowed before they retain any, and the
+        operator's fallback when a stream sink already wrote past the first choice. Half the
+        time the rewind is killed part-way (``mid-rewind``: raise or crash); the run's next
+        step is then refused too, and the operator runs the same rewind again. Afterwards the
+        run's next step must be refused (GenerationError in its own process; a new process of
+        the run finds its txid rewound); the replay must count every record once (the final
+        checks)."""
+        from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+        from tridentflow.steps.runs import RunNotBoundError
+
+        old, rng, events = sched.rt, sched.rewind_rng, sched.result.events
+        sched.end_outage(f"rewind@step{step}")
+        _ = old.ledger.generation  # the run's process started before the operator acted
+        sched.rewinds += 1
+        committed = old.ledger.committed_txid()
+        kept = retained(old.client, old.keyspace)
+        target = committed if kept is None else rng.randint(kept.oldest, kept.newest)
+        # family: a sink of several parts judged as one - right below a txid an exporter left
+        # on some of its parts (it died between them), most of the time (a generator of its
+        # own: the other draws stay as they were)
+        torn = sched.torn_since_rewind()
+        sched.rewound_at_event = len(events)
+        below = [t - 1 for t in torn if kept is not None and kept.oldest <= t - 1 <= kept.newest]
+        if below and random.Random(f"torn-{sched.seed}-{step}").random() < 0.7:
+            target = max(below)
+
+        carried: list[tuple[str, ...]] = []  # the tables each finished rewind carried back
+
+        def rewind(to: int, faults: FaultPlan | None = None) -> Runtime:
+            fresh = self._runtime(old.pipeline, old.home, faults, old.shards or 1)
+            try:
+                report = rewind_pipeline(fresh, to, force=True)
+            except ReplicationError:  # not on a replica: the operator waits, runs it again
+                assert self.cluster is not None and sched.lagging is not None
+                self.cluster.release_replication(sched.lagging[0])
+                sched.lagging = None
+                fresh.client.close()
+                fresh = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
+                report = rewind_pipeline(fresh, to, force=True)
+                events.append(f"rewind-after-replication-wait@step{step}")
+            carried.append(report.tables_rewound)
+            return fresh
+
+        bound = old.ledger.txid_of_run(run_id)
+        kept_txid = bound is not None and bound <= committed  # e.g. cut short after its mark
+
+        def refused(rt: Runtime, what: str) -> None:
+            if kept_txid and bound <= target and what != "during a rewind cut short":
+                return  # the rewind keeps the run's committed txid: its step is a no-op
+            refusals = (GenerationError, RunNotBoundError)
+            self._expect_refused(sched, rt, run_id, next_step, what, refusals)
+
+        last = old.ledger.last_txid()
+        lake = [f for f in old.pipeline.feeds if isinstance(f.sink, (DeltaSink, IcebergSink))]
+        faults = FaultPlan()
+        if lake and rng.random() < 0.5:  # after the states, before the first table, or in them
+            action = rng.choice(("raise", "crash"))
+            at = target if last == target or rng.random() < 0.5 else rng.randint(target + 1, last)
+            faults = FaultPlan((Fault("mid-rewind", at, 1, action),))
+        elif not lake and last > target and rng.random() < 0.5:
+            action = rng.choice(("raise", "crash"))
+            faults = FaultPlan((Fault("mid-rewind", rng.randint(target + 1, last), 1, action),))
+        killed = f"({faults.faults[0]})" if faults.faults else ""
+        events.append(f"rewind-to:{target}@step{step}{killed}")
+        try:
+            try:
+                fresh = rewind(target, faults)
+            except (InjectedFault, SimulatedCrash):
+                events.append("rewind-cut-short")
+                refused(old, "during a rewind cut short")
+                fresh = rewind(target)  # the operator runs it again: it finishes
+        except RewindRefused:  # a stream sink wrote past it: the operator keeps what it has
+            events.append("rewind-refused:sink")
+            target = committed
+            fresh = rewind(committed)
+        sched.forget_changes_after(target)  # taken back: the replay commits them anew
+        if lake:  # a table holding a version of the target is carried back, not reloaded
+            from tridentflow.steps.export import table_versions
+
+            had = {f.name for f in lake if target in table_versions(old, f)}
+            if had - set(carried[-1]) and not sched.result.difference:
+                sched.result.difference = (
+                    f"the rewind to txid {target} did not carry back the tables of "
+                    f"{sorted(had - set(carried[-1]))} (they have a version of it)"
+                )
+        refused(old, "after a rewind")
+        if next_step != "coordinate":
+            other = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
+            refused(other, "after a rewind, in a new process")
+            other.client.close()
+        old.client.close()
+        fresh.faults = old.faults
+        sched.rt = fresh
+
+    def _expect_refused(
+        self,
+        sched: Schedule,
+        rt: Runtime,
+        run_id: str,
+        next_step: str,
+        what: str,
+        refusals: tuple[type[BaseException], ...],
+    ) -> None:
+        """Run ``run_id``'s ``next_step`` with ``rt``: anything but one of ``refusals`` (an
+        error, or the step going through) is the schedule's difference."""
+        from tridentflow.steps.runs import commit_run
+
+        try:
+            if next_step == "coordinate":
+                coordinate_run(rt, run_id, lease_ms=60_000)
+            elif next_step == "emit":
+                emit_run(rt, run_id, self.engine, lease_ms=60_000)
+            else:
+                commit_run(rt, run_id)
+        except refusals:
+            pass
+        except (InjectedFault, SimulatedCrash) as exc:  # a fault point past every check
+            sched.result.difference = (
+                f"{next_step} of {run_id} {what} was not refused (it got as far as {exc})"
+            )
+        except BaseException as exc:
+            sched.result.difference = f"{next_step} {what} failed with {exc!r}"
+        else:
+            sched.result.difference = f"{next_step} of {run_id} {what} was not refused"

@@ -1,0 +1,350 @@
+"""Sinks under chaos: exports with faults, and the tables and streams compared with the state."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import replace
+
+import redis
+
+from tridentflow.devtools.chaos.checks import at_once
+from tridentflow.devtools.chaos.config import CHAOS_COLUMNS, ScheduleResult
+from tridentflow.devtools.chaos.draws import lakehouse_format, lakehouse_schedule, sink_parts
+from tridentflow.devtools.chaos.schedule import Schedule
+from tridentflow.errors import (
+    TridentflowError,
+    one_line,
+)
+from tridentflow.faults import Fault, SimulatedCrash
+from tridentflow.registry import load_pipeline
+from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink, SinkError
+from tridentflow.sinks.redisstream import companion_key
+from tridentflow.steps.export import export
+from tridentflow.steps.query import list_state
+from tridentflow.steps.runtime import Runtime
+from tridentflow_state.codec import encode_key
+from tridentflow_state.errors import StateError
+
+
+class SinkChecks:
+    """The schedule's sinks (mixed into Chaos): built on every state, exported with faults,
+    compared with the state."""
+
+    def _pipeline(self, name: str, seed: int):
+        """A fresh pipeline ``name`` with this schedule's sinks on every state."""
+        pipeline = load_pipeline(name)
+        if hasattr(pipeline.source, "topic_name"):  # a topic on the harness's broker
+            if self.kafka is None:
+                raise TridentflowError(f"chaos: pipeline {name} needs a broker (kafka=)")
+            pipeline.source = replace(
+                pipeline.source,
+                topic=f"chaos-{seed}",
+                config={"bootstrap.servers": self.kafka.bootstrap},
+                timeout_s=0.5,  # a frozen broker fails each call within half a second
+            )
+        parts = sink_parts(seed)
+        for state in sorted(pipeline.states):
+            changes = pipeline.state(state).new_values_stream().map(_canonical, ["key", "value"])
+            stream = f"chaos-{seed}-{state}" + ("-{partition}" if parts > 1 else "")
+            changes.sink(
+                RedisStreamSink(stream, partitions=parts, name=f"stream-{state}", key=["key"])
+            )
+            if self.postgres_dsn:
+                table = f"chaos_{seed}_{state}".replace("-", "_")
+                changes.sink(
+                    PostgresSink(table, dsn=self.postgres_dsn, key=["key"],
+                                 name=f"postgres-{state}", columns=CHAOS_COLUMNS)
+                )  # fmt: skip
+            if lakehouse_schedule(seed):
+                lake = self.workdir / f"lake-{seed}"
+                lake.mkdir(parents=True, exist_ok=True)  # the SQLite catalog's directory
+                as_json = (
+                    pipeline.state(state).new_values_stream().map(_canonical_json, ["key", "value"])
+                )
+                if lakehouse_format(seed) == "delta":
+                    as_json.sink(
+                        DeltaSink(lake / f"delta-{state}", name=f"delta-{state}", key=["key"])
+                    )
+                    continue
+                catalog = {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db",
+                           "warehouse": f"file://{lake}/warehouse"}  # fmt: skip
+                name = state.replace("-", "_")
+                as_json.sink(
+                    IcebergSink(f"chaos.s{seed}_{name}", catalog, name=f"iceberg-{state}",
+                                key=["key"])
+                )  # fmt: skip
+        return pipeline
+
+    def _drop_sink_targets(self, rt: Runtime, seed: int) -> None:
+        shutil.rmtree(self.workdir / f"lake-{seed}", ignore_errors=True)
+        if lakehouse_schedule(seed):  # the SQLite catalog's directory, for the next tables
+            (self.workdir / f"lake-{seed}").mkdir(parents=True)
+        for feed in rt.pipeline.feeds:
+            if isinstance(feed.sink, RedisStreamSink):
+                for stream in feed.sink.streams():
+                    rt.client.delete(stream, companion_key(stream))
+        if self.postgres_dsn:
+            import psycopg
+
+            with psycopg.connect(self.postgres_dsn, autocommit=True) as conn:
+                for state in rt.pipeline.states:
+                    table = f"chaos_{seed}_{state}".replace("-", "_")
+                    conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+                conn.execute(
+                    "DELETE FROM tridentflow_progress WHERE pipeline = %s"
+                    if _has_progress(conn)
+                    else "SELECT %s",
+                    (rt.pipeline.name,),
+                )
+
+    def _kill_session(self, feed, point: str, txid: int, rng: random.Random, events) -> None:
+        """At a sink's mid-export point: now and then, PostgreSQL ends the sink's session in
+        the middle of its transaction (as a server restart would)."""
+        conn = getattr(feed.sink, "_conn", None)
+        if conn is None or rng.random() >= 0.3:
+            return
+        if self.postgres is not None and rng.random() < 0.5:
+            self.postgres.restart()  # the server crashes mid-transaction, and comes back
+            events.append(f"pg-restart@{txid}")
+            return
+        import psycopg
+
+        with psycopg.connect(self.postgres_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        events.append(f"pg-session-killed@{txid}")
+
+    def _maybe_export(self, sched: Schedule, when: str) -> None:
+        """Now and then, the sinks catch up: one exporter, or two at once (each a process of
+        its own), or an operator's ``export --resync``. A failing export leaves its sink
+        behind; the commits never wait for it."""
+        rng, rt = sched.sink_rng, sched.rt
+        roll = rng.random()
+        if roll >= 0.6:
+            return
+        racers = 2 if roll < 0.12 else 1
+        resync = 0.12 <= roll < 0.16
+        events = sched.result.events
+        if racers > 1:
+            events.append(f"duplicate-export@{when}")
+        if resync:
+            events.append(f"export-resync@{when}")
+
+        def hook(feed, point, txid):
+            if self.postgres_dsn and isinstance(feed.sink, PostgresSink) and point == "mid-export":
+                self._kill_session(feed, point, txid, rng, events)
+            sink_misbehaves(sched.sink_edge_rng, point, txid, events)
+
+        def exporter() -> None:
+            try:  # the schedule's pipeline as it was given (a bundled name or module:attribute)
+                other = self._runtime(self._pipeline(sched.result.pipeline, sched.seed),
+                                      rt.home, rt.faults, rt.shards or 1)  # fmt: skip
+            except Exception as exc:  # a thread's exception is lost unless it is noted
+                if not sched.result.difference:
+                    sched.result.difference = f"an exporter did not start: {one_line(exc)}"
+                return
+            try:
+                names = [f.name for f in other.pipeline.feeds if not resync or
+                         f.sink.resyncable]  # fmt: skip
+                export(other, names, resync=resync, hook=hook)
+            except (SimulatedCrash, SinkError) as exc:  # a kill, or the sink's one line
+                events.append(f"export-failed:{type(exc).__name__}@{when}")
+            except Exception as exc:  # every failure of a sink must be its SinkError line
+                if not sched.result.difference:
+                    sched.result.difference = (
+                        f"an export let {type(exc).__name__} through instead of a SinkError "
+                        f"(the commits would stop): {exc}"
+                    )
+            finally:
+                other.client.close()
+
+        at_once(exporter, racers)
+        failed = any(e.endswith(f"@{when}") and "failed" in e for e in events)
+        if racers == 1 and not failed and rt.ledger.committed_txid() > 0:
+            # nothing commits in between here: each table must be the state as of now (a
+            # commit cut short half-way must not show through). Before a fresh generation's
+            # first txid a table still holds what the old one wrote (replaced at that txid)
+            self._compare_sinks(rt, sched.result, only_postgres=True)
+
+    def _check_sinks(
+        self,
+        rt: Runtime,
+        result: ScheduleResult,
+        committed_changes: dict[str, dict[int, dict[str, str]]] | None = None,
+    ) -> None:
+        """After the drain: every sink exported up to the committed txid equals the state,
+        and every stream entry is what its txid's commit wrote (``committed_changes``)."""
+        for attempt in range(3):
+            try:
+                export(rt)
+                break
+            except (TridentflowError, StateError, redis.RedisError) as exc:
+                if attempt == 2 and not result.difference:
+                    result.difference = f"the final export failed: {exc}"
+                    return
+        self._compare_sinks(rt, result, committed_changes=committed_changes)
+
+    def _compare_sinks(
+        self,
+        rt: Runtime,
+        result: ScheduleResult,
+        only_postgres: bool = False,
+        committed_changes: dict[str, dict[int, dict[str, str]]] | None = None,
+    ) -> None:
+        committed_changes = committed_changes or {}
+        committed = rt.ledger.committed_txid()
+        for feed in rt.pipeline.feeds:
+            if only_postgres and not isinstance(feed.sink, PostgresSink):
+                continue
+            persist = rt.pipeline.states[feed.state]
+            page = list_state(rt, persist, limit=1_000_000)
+            want = {encode_key(k): _jsonish(v) for k, v in page.items}
+            if isinstance(feed.sink, PostgresSink):
+                got = _table(self.postgres_dsn, feed.sink.table)
+            elif isinstance(feed.sink, DeltaSink | IcebergSink):
+                got = _lake_table(feed.sink)
+            else:
+                got, problem = _stream_view(
+                    rt, feed.sink, rt.ledger.lineage(), committed_changes.get(feed.name, {})
+                )
+                if problem and not result.difference:
+                    result.difference = f"sink {feed.name}: {problem}"
+                    return
+            if got != want and not result.difference:
+                first = sorted(set(got.items()) ^ set(want.items()), key=str)[:1]
+                result.difference = (
+                    f"sink {feed.name} at txid {committed}: {len(got)} rows vs {len(want)} keys "
+                    f"in the state; first difference {first}"
+                )
+                return
+
+
+def _canonical(*row):
+    """A new-values tuple as (the key's canonical encoding, the value): keys that are equal
+    in Python but not in tridentflow (1, 1.0, true) stay apart in every sink."""
+    return (encode_key(row[:-1]), row[-1])
+
+
+def _canonical_json(*row):
+    """A new-values tuple as (the key's canonical encoding, the value as JSON text; None for
+    a removed key): one column type whatever values the state holds (a lakehouse table)."""
+    return (encode_key(row[:-1]), None if row[-1] is None else _jsonish(row[-1]))
+
+
+def _lake_table(sink: DeltaSink | IcebergSink) -> dict[str, str]:
+    """A lakehouse sink's table as {key: value}; {} if it does not exist yet."""
+    if isinstance(sink, DeltaSink):
+        table = sink._table()
+        rows = [] if table is None else table.to_pyarrow_table().to_pylist()
+    else:
+        found = sink._table()
+        rows = [] if found is None else found.scan().to_arrow().to_pylist()
+    return {r["key"]: r["value"] for r in rows}
+
+
+def _jsonish(value) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _has_progress(conn) -> bool:
+    return bool(
+        conn.execute("SELECT to_regclass('tridentflow_progress') IS NOT NULL").fetchone()[0]
+    )
+
+
+def _table(dsn: str, table: str) -> dict[str, str]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]
+        if not exists:
+            return {}
+        rows = conn.execute(f'SELECT key, value FROM "{table}"').fetchall()
+    return {key: _jsonish(value) for key, value in rows}
+
+
+def _stream_view(
+    rt: Runtime,
+    sink: RedisStreamSink,
+    lineage: str,
+    committed: dict[int, dict[str, str]] | None = None,
+):
+    """(key -> value by the last entry per key over the sink's streams, of this lineage, or
+    a problem): one entry per key and txid, never twice, each key in one stream only, and
+    every entry of a txid in ``committed`` (txid -> key -> value text, what its commit
+    wrote) exactly that - an entry left by a rewound txid is caught even when later txids
+    wrote the key again."""
+    committed = committed or {}
+    sink_id = f"{rt.pipeline.name}/{sink.name}"
+    latest: dict[str, str] = {}
+    home: dict[str, str] = {}
+    for stream in sink.streams():
+        meta = rt.client.hgetall(companion_key(stream))
+        if meta.get(f"{sink_id}:generation".encode(), b"").decode() != lineage:
+            continue  # nothing exported to this stream in this lineage
+        base = int(meta[f"{sink_id}:base".encode()])
+        seen: set[tuple[int, str]] = set()
+        for entry_id, fields in rt.client.xrange(stream, f"{base + 1}-0", "+"):
+            ms = int(entry_id.decode().split("-")[0])
+            key, value = fields[b"key"].decode(), fields[b"value"].decode()
+            if (ms, key) in seen:
+                return {}, f"key {key} has two entries for txid {ms - base} in {stream}"
+            if home.setdefault(key, stream) != stream:
+                return {}, f"key {key} is in two streams ({home[key]}, {stream})"
+            wrote = committed.get(ms - base)
+            if wrote is not None and wrote.get(key) != value:
+                return {}, (
+                    f"{stream}'s entry of txid {ms - base} for key {key} holds {value}, but "
+                    f"that txid's commit wrote {wrote.get(key, 'nothing for it')}"
+                )
+            seen.add((ms, key))
+            latest[key] = value
+    view = {}
+    for key, text in latest.items():
+        if text != "null":
+            view[key] = _jsonish(json.loads(text)) if _is_json(text) else _jsonish(text)
+    return view, None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+FOREIGN_ERRORS: tuple[type[Exception], ...] = (
+    KeyError,
+    OverflowError,
+    RuntimeError,
+    ZeroDivisionError,
+    UnicodeError,
+    ConnectionResetError,
+)
+"""What a sink's driver or a bug of its own may raise that is none of tridentflow's errors."""
+
+
+def sink_misbehaves(rng: random.Random, point: str, txid: int, events: list[str]) -> None:
+    """At a sink's point inside a txid (``mid-export``, ``between-parts``), now and then: it
+    raises an error of no tridentflow type, or - between its parts - the process dies."""
+    if rng.random() >= 0.12:
+        return
+    if point == "between-parts" and rng.random() < 0.5:
+        events.append(f"sink-died-between-parts@{txid}")
+        raise SimulatedCrash(f"the exporter died between a sink's parts of txid {txid}")
+    kind = rng.choice(FOREIGN_ERRORS)
+    events.append(f"sink-raised:{kind.__name__}@{txid}")
+    raise kind(f"a foreign error at {point} of txid {txid}")
+
+
+def sink_faults(rng: random.Random, runs: int, events: list[str]) -> tuple[Fault, ...]:
+    """Faults inside exports (``mid-export``), drawn by the sinks' own generator."""
+    faults = []
+    for txid in range(1, runs + 1):
+        if rng.random() < 0.4:
+            fault = Fault("mid-export", txid, rng.choice((1, 2)), rng.choice(("raise", "crash")))
+            faults.append(fault)
+            events.append(str(fault))
+    return tuple(faults)
