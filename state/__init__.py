@@ -4,7 +4,8 @@ This package talks to Redis only (no Airflow, no Spark). Layering follows Triden
 ``backing`` is a small key/value interface (multi_get / multi_put), ``maps`` writes the
 non-transactional / transactional / opaque update rules on top of it (the built-in numeric
 combiners' fast path applies the same rules inside Redis: ``numeric``), ``redis_backing``
-and ``backing.MemoryBackingMap`` are the two stores, ``ledger`` orders commits per pipeline.
+and ``backing.MemoryBackingMap`` are the two stores, ``ledger`` orders commits per pipeline,
+``commit`` is one commit attempt as its protocol (begin, claim, write, mark, settle).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """The commit: applies one staged batch to the map states, strictly in txid order.
 
-``commit(rt, txid)``:
+``commit(rt, txid)`` - the protocol is ``CommitAttempt`` (tridentflow_state.commit); this
+module adds where the batch comes from, how each state's partials are applied (the
+strategies ``PythonApply``, ``InRedisChunks``, ``StagedBlocks``), the fault points and the
+replication waits (``_CommitHooks``), the quarantine and the staging's cleanup:
 
 1. ``begin_commit`` in the ledger: refused unless the ledger stands at txid-1 (checked inside
    Redis); a no-op if txid is already committed; otherwise a new fencing token.
@@ -35,7 +38,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -61,15 +64,14 @@ from tridentflow.steps.recorded_settings import check as check_settings
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import StagedBatch
 from tridentflow_state.backing import Fence
-from tridentflow_state.changes import record_changes, trim_changes
-from tridentflow_state.errors import CommitOrderError, KeyEncodingError, StagedBlockError
-from tridentflow_state.maps import MapState, StateKind, make_map_state
+from tridentflow_state.commit import CommitAttempt, PhaseHooks
+from tridentflow_state.errors import CommitOrderError, KeyEncodingError
+from tridentflow_state.maps import MapState
 from tridentflow_state.numeric import apply_numeric
 from tridentflow_state.redis_backing import CHUNK, fenced_hset
 from tridentflow_state.replication import node_of, wait_for_replicas_of
-from tridentflow_state.shards import claim_shards, ensure_shards, settle_shards, split_by_shard
-from tridentflow_state.staged import BlockRef, apply_numeric_block, read_block
-from tridentflow_state.undo import trim_undo
+from tridentflow_state.shards import split_by_shard
+from tridentflow_state.staged import BlockRef
 
 
 @dataclass(frozen=True)
@@ -136,106 +138,139 @@ def _line_key(line: str) -> str:
     return line[: line.index("\t")]
 
 
+def _left_in(lines: Iterable[str], left: list[str]) -> list[tuple[str, Any]]:
+    """The ``(key, partial)`` pairs of ``lines`` whose key a script left to Python."""
+    wanted, rest = set(left), []
+    for line in lines:
+        key, _tab, partial = line.rstrip("\n").partition("\t")
+        if key in wanted:
+            rest.append((key, json.loads(partial)))
+    return rest
+
+
 @dataclass
-class _InFlight:
-    """One chunk of staged lines of a numeric state, submitted shard by shard."""
+class StateWriter:
+    """How one state's partials reach Redis (an apply strategy): shared by the three kinds,
+    the runtime, the staged batch, the attempt (its fence; told what landed), the pool."""
 
-    state: MapState
+    rt: Runtime
+    staged: StagedBatch
+    attempt: CommitAttempt
+    pool: Executor
     persisted: Persistable
-    lines: Sequence[str]
-    futures: list[Future]
+
+    def apply(self, state: MapState) -> None:
+        raise NotImplementedError
 
 
-def _submit_in_redis(
-    rt: Runtime, pool: Executor, state: MapState, op: str, fence: Fence, lines: Sequence[str]
-) -> list[Future]:
-    """One chunk of staged ``key TAB partial`` lines to APPLY_NUMERIC, as they are, one call
-    per shard holding some of its keys, run by ``pool`` (shards are slots of their own: on a
-    cluster, different masters work at once)."""
-    ks = rt.keyspace
-    return [
-        pool.submit(
-            apply_numeric,
-            rt.client,
-            ks.shard(i),
-            state.name,
-            state.kind,
-            op,
-            fence,
-            "".join(group).rstrip("\n"),
-        )
-        for i, group in enumerate(split_by_shard(ks, lines, _line_key))
-        if group
-    ]
+class PythonApply(StateWriter):
+    """Any aggregator: the partials read in chunks, each chunk one read and one fenced write
+    round trip (tridentflow_state.maps)."""
+
+    def apply(self, state: MapState) -> None:
+        items = self.staged.items(state.name)
+        for chunk in _chunks(items, CHUNK, self.attempt.keys_to_half()):
+            apply_in_python(state, state.name, self.persisted, chunk)
+            self.attempt.wrote(len(chunk))
 
 
-def _finish_in_redis(staged: StagedBatch, chunk: _InFlight) -> None:
-    """Wait for a submitted chunk (its errors are raised here); the keys the script left (not
-    plain numbers) go through the Python path, in this thread."""
-    state, name = chunk.state, chunk.state.name
-    unhandled: list[str] = []
-    for future in chunk.futures:
-        _applied, left = future.result()
-        unhandled += left
-    state.note_in_batch(len(chunk.lines) - len(unhandled), lambda: staged.keys(name))
-    if unhandled:
-        left_keys = set(unhandled)
-        rest = []
-        for line in chunk.lines:
-            key, _tab, partial = line.rstrip("\n").partition("\t")
-            if key in left_keys:
-                rest.append((key, json.loads(partial)))
-        apply_in_python(state, name, chunk.persisted, rest)
+@dataclass
+class InRedisChunks(StateWriter):
+    """A built-in numeric combiner over partials read from the driver: one APPLY_NUMERIC
+    call per chunk and shard (state.numeric), the shards in parallel while the next chunk is
+    read; the keys the script leaves (not plain numbers) through Python."""
 
+    op: str = "count"
 
-def _apply_blocks(
-    rt: Runtime,
-    pool: Executor,
-    staged: StagedBatch,
-    state: MapState,
-    persisted: Persistable,
-    op: str,
-    fence: Fence,
-    refs: list[BlockRef],
-    at_half: Callable[[int], None],
-) -> None:
-    """A numeric state staged in Redis as blocks: each block applied where it lies
-    (APPLY_STAGED_NUMERIC: the partials never leave Redis), up to two calls in flight per
-    worker, blocks of different shards on their masters at once; the keys a script left go
-    through Python. ``at_half(lines)`` is told the lines applied after each block."""
-    space = staged.space  # type: ignore[attr-defined]
-    name = state.name
+    def apply(self, state: MapState) -> None:
+        size = IN_REDIS_CHUNK * self.rt.keyspace.shards
+        in_flight: tuple[list[str], list[Future]] | None = None  # in Redis while the next is read
+        for chunk in _chunks(self.staged.lines(state.name), size, self.attempt.keys_to_half()):
+            futures = self._submit(state, chunk)
+            if in_flight is not None:
+                self._finish(state, *in_flight)
+            in_flight = (chunk, futures)
+            if self.attempt.reaches_half(len(chunk)):  # half of the keys really in first
+                self._finish(state, *in_flight)
+                in_flight = None
+        if in_flight is not None:
+            self._finish(state, *in_flight)
 
-    def one(ref: BlockRef) -> tuple[BlockRef, int, list[str]]:
-        applied, left = apply_numeric_block(rt.client, space, ref, name, state.kind, op, fence)
-        return ref, applied, left
+    def _submit(self, state: MapState, lines: Sequence[str]) -> list[Future]:
+        ks, fence = self.rt.keyspace, self.attempt.fence
+        return [
+            self.pool.submit(
+                apply_numeric,
+                self.rt.client,
+                ks.shard(i),
+                state.name,
+                state.kind,
+                self.op,
+                fence,
+                "".join(group).rstrip("\n"),
+            )
+            for i, group in enumerate(split_by_shard(ks, lines, _line_key))
+            if group
+        ]
 
-    def finish(future: Future) -> None:
-        try:
-            ref, applied, left = future.result()
-        except StagedBlockError as exc:
-            raise IncompleteBatchError(
-                f"txid {staged.txid} attempt {staged.attempt}: {exc}"
-            ) from None
-        state.note_in_batch(applied, lambda: staged.keys(name))
+    def _finish(self, state: MapState, lines: Sequence[str], futures: list[Future]) -> None:
+        """Wait for a submitted chunk (its errors are raised here); what the script left goes
+        through Python, in this thread."""
+        left: list[str] = []
+        for future in futures:
+            _applied, unhandled = future.result()
+            left += unhandled
+        state.note_in_batch(len(lines) - len(left), lambda: self.staged.keys(state.name))
         if left:
-            wanted = set(left)
-            rest = []
-            for line in read_block(rt.client, space, ref):
-                key, _tab, partial = line.partition("\t")
-                if key in wanted:
-                    rest.append((key, json.loads(partial)))
-            apply_in_python(state, name, persisted, rest)
-        at_half(ref.lines)
+            apply_in_python(state, state.name, self.persisted, _left_in(lines, left))
+        self.attempt.wrote(len(lines))
 
-    in_flight: deque[Future] = deque()
-    limit = 2 * max(2, rt.keyspace.shards)
-    for ref in refs:
-        in_flight.append(pool.submit(one, ref))
-        if len(in_flight) >= limit:
-            finish(in_flight.popleft())
-    while in_flight:
-        finish(in_flight.popleft())
+
+@dataclass
+class StagedBlocks(StateWriter):
+    """A built-in numeric combiner over a batch staged in Redis: each block applied where it
+    lies (APPLY_STAGED_NUMERIC: the partials never leave Redis), up to two calls in flight per
+    worker, blocks of different shards on their masters at once; the keys a script left go
+    through Python."""
+
+    op: str = "count"
+
+    def apply(self, state: MapState) -> None:
+        kind, fence, staged = state.kind, self.attempt.fence, self.staged
+
+        def one(ref: BlockRef) -> tuple[BlockRef, int, list[str]]:
+            return ref, *staged.apply_numeric_block(ref, state.name, kind, self.op, fence)
+
+        in_flight: deque[Future] = deque()
+        limit = 2 * max(2, self.rt.keyspace.shards)
+        for ref in staged.blocks(state.name) or []:
+            in_flight.append(self.pool.submit(one, ref))
+            if len(in_flight) >= limit:
+                self._finish(state, in_flight.popleft())
+        while in_flight:
+            self._finish(state, in_flight.popleft())
+
+    def _finish(self, state: MapState, future: Future) -> None:
+        ref, applied, left = future.result()
+        state.note_in_batch(applied, lambda: self.staged.keys(state.name))
+        if left:
+            lines = self.staged.block_lines(ref)
+            apply_in_python(state, state.name, self.persisted, _left_in(lines, left))
+        self.attempt.wrote(ref.lines)
+
+
+def writer_for(
+    rt: Runtime, staged: StagedBatch, attempt: CommitAttempt, pool: Executor, name: str
+) -> StateWriter:
+    """The apply strategy of state ``name``: inside Redis for a built-in numeric combiner
+    (where the blocks lie, for a batch staged in Redis), else in Python."""
+    persisted = rt.pipeline.states[name].aggregator
+    op = in_redis_op(persisted, rt.in_redis_ops)
+    if op is None:
+        return PythonApply(rt, staged, attempt, pool, persisted)
+    if staged.blocks(name) is not None:
+        return StagedBlocks(rt, staged, attempt, pool, persisted, op)
+    return InRedisChunks(rt, staged, attempt, pool, persisted, op)
 
 
 def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
@@ -250,18 +285,6 @@ def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Itera
             return
         taken += len(chunk)
         yield chunk
-
-
-def drop_tombstones(rt: Runtime, txid: int, removed: dict[str, list[str]], generation: str) -> int:
-    """Delete the tombstones a committed txid left (keys it removed). Best effort: a crash
-    before or during it leaves tombstones, which read as absent everywhere."""
-    dropped = 0
-    for name, keys in removed.items():
-        if keys:
-            kind = rt.pipeline.states[name].state.kind
-            tx = None if kind is StateKind.NON_TRANSACTIONAL else txid
-            dropped += rt.backing(name).drop_tombstones(tx, keys, generation)
-    return dropped
 
 
 def check_continuity(
@@ -362,126 +385,95 @@ def confirm_replicated(rt: Runtime, txid: int) -> None:
         )
 
 
-def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
-    """Commit ``txid``; with ``wait`` > 0, first wait up to that many seconds for its turn."""
-    ledger = rt.ledger
-    if wait > 0:
-        wait_turn(rt, txid, wait)
-    ticket = ledger.begin_commit(txid)
-    if ticket is None:
-        confirm_replicated(rt, txid)  # a retry after a commit whose WAIT fell short
-        rt.discard_staged(txid)  # a commit cut short after its mark left it
-        return CommitResult(txid, "already-committed")
-    attempt = ledger.staged_attempt(txid)
+class _CommitHooks(PhaseHooks):
+    """The commit's fault points and replication waits, each at its phase of the protocol."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def half_written(self, attempt: CommitAttempt) -> None:
+        self.rt.faults.fire("mid-commit", attempt.txid, attempt.token)
+
+    def written(self, attempt: CommitAttempt) -> None:
+        confirm_shards_replicated(self.rt, attempt.txid)  # what the mark will stand on
+        self.rt.faults.fire("before-ledger", attempt.txid, attempt.token)
+
+    def marked(self, attempt: CommitAttempt) -> None:
+        confirm_replicated(self.rt, attempt.txid)  # before the staged batch is discarded
+        self.rt.faults.fire("after-mark", attempt.txid, attempt.token)
+
+
+def load_verified(rt: Runtime, txid: int) -> StagedBatch:
+    """The newest staged attempt of ``txid``, verified whole and starting where the committed
+    offsets stand; one that never can commit (torn, expired, read from elsewhere) is deleted
+    and IncompleteBatchError raised. NotReadyError if nothing is staged."""
+    attempt = rt.ledger.staged_attempt(txid)
     if attempt is None:
         raise NotReadyError(f"txid {txid} has no staged output: run its emitter first")
     try:
         staged = rt.staging_of(txid, attempt).load(txid, attempt)
         positions = rt.pipeline.source.position_field is not None
-        check_continuity(staged, ledger.committed_offsets(), positions)
-    except IncompleteBatchError:  # torn, expired or read from elsewhere: never committable
+        check_continuity(staged, rt.ledger.committed_offsets(), positions)
+    except IncompleteBatchError:
         rt.discard_attempts(txid, [attempt])
         raise
-    rt.require_replicated(  # txid-1's mark: what every write of this txid builds on
-        f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
-    )
+    return staged
 
-    check_settings(rt)  # one line if this process would change them unmeant
-    retain = rt.retain_txids
-    fence = Fence(txid, ticket.token, ticket.generation, undo=retain > 0)
-    ensure_shards(rt.client, rt.keyspace, rt.state_shards)
-    claim_shards(rt.client, rt.keyspace, rt.pipeline.states, fence)
-    maps: dict[str, tuple[MapState, Any]] = {}
-    for name, persist in rt.pipeline.states.items():
-        state = make_map_state(persist.state.kind, rt.backing(name), name)
-        state.begin_commit(txid, fence)
-        maps[name] = (state, persist.aggregator)
 
-    total = sum(staged.key_count(name) for name in maps)
-    half = total // 2
-    written = 0
-    if half == 0:
-        rt.faults.fire("mid-commit", txid, ticket.token)
-    shards = rt.keyspace.shards
-
-    def count_lines(lines: int) -> None:  # the mid-commit fault, once half the keys are in
-        nonlocal written
-        before, written = written, written + lines
-        if before < half <= written:
-            rt.faults.fire("mid-commit", txid, ticket.token)
-
-    with ThreadPoolExecutor(max_workers=max(2, shards), thread_name_prefix="tf-commit") as pool:
-        for name, (state, persisted) in maps.items():
-            op = in_redis_op(persisted, rt.in_redis_ops)
-            refs = staged.blocks(name) if op else None
-            if op and refs is not None:
-                _apply_blocks(rt, pool, staged, state, persisted, op, fence, refs, count_lines)
-                continue
-            items = staged.lines(name) if op else staged.items(name)
-            size = IN_REDIS_CHUNK * shards if op else CHUNK
-            in_flight: _InFlight | None = None  # one chunk in Redis while the next is read
-            for chunk in _chunks(items, size, max(0, half - written)):
-                if op:
-                    futures = _submit_in_redis(rt, pool, state, op, fence, chunk)
-                    if in_flight is not None:
-                        _finish_in_redis(staged, in_flight)
-                    in_flight = _InFlight(state, persisted, chunk, futures)
-                else:
-                    apply_in_python(state, name, persisted, chunk)
-                before, written = written, written + len(chunk)
-                if before < half <= written:
-                    if in_flight is not None:  # half of the keys really written first
-                        _finish_in_redis(staged, in_flight)
-                        in_flight = None
-                    rt.faults.fire("mid-commit", txid, ticket.token)
-            if in_flight is not None:
-                _finish_in_redis(staged, in_flight)
-    rolled_back = sum(state.rollback_stray_keys() for state, _ in maps.values())
-    quarantined = quarantine(rt, staged, fence)
-    for name in rt.pipeline.fed_states:  # what new-values streams and sinks will read
-        record_changes(rt.client, rt.keyspace, name, fence, list(staged.keys(name)))
-    confirm_shards_replicated(rt, txid)  # every write the mark will stand on, acknowledged
-    rt.faults.fire("before-ledger", txid, ticket.token)
-
-    offsets = {p: end for p, (_start, end) in staged.ranges.items()}
-    stats = {
+def commit_stats(
+    staged: StagedBatch, attempt: CommitAttempt, quarantined: int, rolled_back: int
+) -> dict[str, Any]:
+    """What the ledger keeps with a commit (the txid's own metadata goes once later txids
+    move on)."""
+    return {
         "records": staged.records,
-        "keys": total,
-        "emit_attempt": attempt,
-        "commit_attempt": ticket.token,
+        "keys": sum(staged.key_count(name) for name in attempt.writers),
+        "emit_attempt": staged.attempt,
+        "commit_attempt": attempt.token,
         "skipped": staged.manifest.get("skipped", []),
         "quarantined": quarantined,
         "rolled_back": rolled_back,
-        # kept with the commit: the txid's own metadata goes once later txids move on
         "ranges": {str(p): [start, end] for p, (start, end) in sorted(staged.ranges.items())},
     }
-    marked = ledger.mark_committed(ticket, offsets, maps.keys(), stats, retain)
-    confirm_replicated(rt, txid)  # before the staged batch is discarded: a retry can redo it
-    rt.faults.fire("after-mark", txid, ticket.token)
-    if marked:
-        settle_shards(rt.client, rt.keyspace, maps.keys(), txid)
-        rt.log.acknowledge(offsets)  # a shared stream keeps what this reader still needs
-    removed = {name: state.tombstones() for name, (state, _) in maps.items()}
-    for state, _ in maps.values():
-        state.commit()
-    if marked:  # keys this txid removed: gone from the store now that no replay needs them
-        drop_tombstones(rt, txid, removed, ticket.generation)
-        for name in rt.pipeline.fed_states:  # a sink further behind than this reloads or fails
-            trim_changes(rt.client, rt.keyspace, name, txid, rt.pipeline.change_log_limit)
-        trim_undo(rt.client, rt.keyspace, maps.keys())  # what fell out of retain_txids
-    rt.discard_staged(txid)
-    if marked:  # and what a commit of txid-1 cut short after its mark left, if any
-        rt.discard_staged(txid - 1)
-    if not marked:  # a concurrent attempt finished first; ours wrote nothing after it
-        return CommitResult(txid, "already-committed")
-    return CommitResult(
-        txid,
-        "committed",
-        records=staged.records,
-        keys=total,
-        emit_attempt=attempt,
-        commit_attempt=ticket.token,
-        rolled_back=rolled_back,
-        quarantined=quarantined,
-        skipped_partitions=tuple(staged.manifest.get("skipped", [])),
+
+
+def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
+    """Commit ``txid`` (the protocol: tridentflow_state.commit); with ``wait`` > 0, first wait
+    up to that many seconds for its turn. Idempotent: a retry of a committed txid changes
+    nothing and answers ``already-committed``."""
+    if wait > 0:
+        wait_turn(rt, txid, wait)
+    ledger, states = rt.ledger, rt.pipeline.states
+    attempt = CommitAttempt.begin(
+        ledger, rt.client, rt.keyspace, txid, rt.retain_txids, _CommitHooks(rt)
     )
+    if attempt is None:
+        confirm_replicated(rt, txid)  # a retry after a commit whose WAIT fell short
+        rt.discard_staged(txid)  # a commit cut short after its mark left it
+        return CommitResult(txid, "already-committed")
+    staged = load_verified(rt, txid)
+    rt.require_replicated(  # txid-1's mark: what every write of this txid builds on
+        f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
+    )
+    check_settings(rt)  # one line if this process would change them unmeant
+    kinds = {name: (p.state.kind, rt.backing(name)) for name, p in states.items()}
+    writers = attempt.claim(kinds, rt.state_shards)
+    attempt.expect(sum(staged.key_count(name) for name in writers))
+    with ThreadPoolExecutor(max(2, rt.keyspace.shards), thread_name_prefix="tf-commit") as pool:
+        for name, state in writers.items():
+            writer_for(rt, staged, attempt, pool, name).apply(state)
+    quarantined = quarantine(rt, staged, attempt.fence)
+    rolled_back = attempt.finish_writes({n: staged.keys(n) for n in rt.pipeline.fed_states})
+    offsets = {p: end for p, (_start, end) in staged.ranges.items()}
+    if attempt.mark(offsets, commit_stats(staged, attempt, quarantined, rolled_back)):
+        rt.log.acknowledge(offsets)  # a shared stream keeps what this reader still needs
+    attempt.settle(rt.pipeline.fed_states, rt.pipeline.change_log_limit)
+    rt.discard_staged(txid)
+    if not attempt.marked:  # a concurrent attempt finished first; ours wrote nothing after it
+        return CommitResult(txid, "already-committed")
+    rt.discard_staged(txid - 1)  # what a commit of txid-1 cut short after its mark left, if any
+    return CommitResult(
+        txid, "committed", staged.records, sum(staged.key_count(n) for n in writers),
+        staged.attempt, attempt.token, rolled_back, quarantined,
+        tuple(staged.manifest.get("skipped", [])),
+    )  # fmt: skip

@@ -31,7 +31,7 @@ from tridentflow.errors import (
 )
 from tridentflow.sources.specs import SourceMode
 from tridentflow.steps.runtime import Runtime
-from tridentflow.steps.staging import RedisStagingArea, StagedBatch
+from tridentflow.steps.staging import StagedBatch
 
 
 def unreadable_partitions(rt: Runtime, txid: int) -> tuple[dict[int, int], dict[int, str]]:
@@ -200,7 +200,7 @@ def _compute_and_stage(
         lose_tuple=lose,
         namespace=rt.namespace,
         position_base=base,
-        blocks=area.space(txid, attempt) if isinstance(area, RedisStagingArea) else None,
+        blocks=area.space(txid, attempt),  # None: staged in files, by the driver
     )
     result = engine.compute(rt.plan, str(rt.log.root), ranges, ctx)
     check_stages(txid, result.stages)

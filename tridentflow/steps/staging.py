@@ -35,8 +35,10 @@ from tridentflow.engines.batchops import StageReport
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.fileio import fsync_dir, write_atomic
 from tridentflow.plan import BadRecord
+from tridentflow_state.backing import Fence
 from tridentflow_state.errors import StagedBlockError
 from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StateKind
 from tridentflow_state.staged import (
     BLOCK_LINES,
     BLOCK_TTL_S,
@@ -44,9 +46,11 @@ from tridentflow_state.staged import (
     BlockSpace,
     BlockWriter,
     WrittenBlocks,
+    apply_numeric_block,
     delete_blocks,
     discard_blocks,
     iter_lines,
+    read_block,
     verify_blocks,
     write_block,
 )
@@ -137,6 +141,17 @@ class StagedBatch:
         """The state's staged blocks in Redis, or None (staged as a file)."""
         return None
 
+    def apply_numeric_block(
+        self, ref: BlockRef, state: str, kind: StateKind, op: str, fence: Fence
+    ) -> tuple[int, list[str]]:
+        """APPLY_NUMERIC over one of ``blocks()`` where it lies (keys written, keys left for
+        Python); IncompleteBatchError if the block is gone or not what the manifest says."""
+        raise TypeError(f"txid {self.txid} attempt {self.attempt} was staged in files: no blocks")
+
+    def block_lines(self, ref: BlockRef) -> list[str]:
+        """The ``key TAB partial`` lines of one of ``blocks()``."""
+        raise TypeError(f"txid {self.txid} attempt {self.attempt} was staged in files: no blocks")
+
     @property
     def staged_in(self) -> str:
         """Where it was staged, for people: ``files``, ``redis (driver)``, ``redis (executors)``."""
@@ -216,6 +231,11 @@ class StagingArea:
 
     def tx_dir(self, txid: int) -> Path:
         return self.root / f"tx-{txid:012d}"
+
+    def space(self, txid: int, attempt: int) -> BlockSpace | None:
+        """Where executors may write blocks of an attempt: nowhere (files are written by the
+        driver)."""
+        return None
 
     def attempt_dir(self, txid: int, attempt: int) -> Path:
         return self.tx_dir(txid) / f"attempt-{attempt}"
@@ -321,6 +341,19 @@ class RedisStagedBatch(StagedBatch):
     def staged_in(self) -> str:
         writers = {info.get("writer") for info in self.manifest["states"].values()}
         return "redis (executors)" if "executors" in writers else "redis (driver)"
+
+    def apply_numeric_block(
+        self, ref: BlockRef, state: str, kind: StateKind, op: str, fence: Fence
+    ) -> tuple[int, list[str]]:
+        assert self.space is not None
+        try:
+            return apply_numeric_block(self.client, self.space, ref, state, kind, op, fence)
+        except StagedBlockError as exc:
+            raise IncompleteBatchError(f"txid {self.txid} attempt {self.attempt}: {exc}") from None
+
+    def block_lines(self, ref: BlockRef) -> list[str]:
+        assert self.space is not None
+        return read_block(self.client, self.space, ref)
 
     def _lines(self, refs: list[BlockRef]) -> Iterator[str]:
         assert self.space is not None

@@ -1,0 +1,182 @@
+"""One commit attempt of a txid, as its protocol reads (Trident's ``beginCommit`` ... ``commit``
+over the ledger and every map state of a pipeline).
+
+``CommitAttempt`` knows Redis, the ledger and the map states - not where the batch was staged,
+how its partials are applied (the caller writes through the fenced writers ``claim`` gives),
+nor faults or replication waits: the caller hangs those on the phases through ``PhaseHooks``.
+
+1. ``begin``: a fencing token from the ledger; None if the txid is committed already;
+   CommitOrderError unless the ledger stands at txid-1 (checked inside Redis).
+2. ``claim``: the stored shard count checked, every shard claimed for this attempt (a
+   superseded attempt's writes are refused from now on), one fenced writer per state.
+3. The caller's writes, reported as they land (``wrote``): ``half_written`` fires once half of
+   the keys ``expect`` announced are in - the point a crash mid-commit is tested at.
+4. ``finish_writes``: keys an earlier attempt of this txid wrote and this batch lacks are
+   rolled back; the change logs of the states a sink reads are written (fenced too).
+5. ``mark``: ``written`` fires (everything the mark stands on is in), the ledger marks the txid
+   committed together with the source offsets (atomic), ``marked`` fires. A crash anywhere
+   before the mark replays safely; after it, the retry finds the txid committed.
+6. ``settle``: shards closed to the txid, writers' scopes ended, tombstones of removed keys
+   dropped, change logs and undo logs trimmed. Idempotent and best effort: what a crash leaves
+   reads the same and is redone by the next commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+
+from tridentflow_state.backing import BackingMap, Fence
+from tridentflow_state.changes import record_changes, trim_changes
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.ledger import CommitTicket, Ledger
+from tridentflow_state.maps import MapState, StateKind, make_map_state
+from tridentflow_state.shards import claim_shards, ensure_shards, settle_shards
+from tridentflow_state.undo import trim_undo
+
+
+class PhaseHooks:
+    """What a caller does at the protocol's points (each fires from one place): subclass and
+    override. An exception from a hook ends the attempt there, as a crash would."""
+
+    def half_written(self, attempt: CommitAttempt) -> None:
+        """Half of the batch's keys are written (none, for an empty batch)."""
+
+    def written(self, attempt: CommitAttempt) -> None:
+        """Every write of the attempt is in; the mark comes next."""
+
+    def marked(self, attempt: CommitAttempt) -> None:
+        """The ledger's mark is written (or a concurrent attempt's was); settling comes next."""
+
+
+class CommitAttempt:
+    """One attempt at committing ``ticket.txid``: not thread-safe, used once, in order."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        client: redis.Redis,
+        keyspace: KeySpace,
+        ticket: CommitTicket,
+        retain_txids: int = 0,
+        hooks: PhaseHooks | None = None,
+    ) -> None:
+        self.ledger, self.client, self.keyspace = ledger, client, keyspace
+        self.ticket = ticket
+        self.retain_txids = retain_txids
+        self.hooks = hooks or PhaseHooks()
+        self.fence = Fence(ticket.txid, ticket.token, ticket.generation, undo=retain_txids > 0)
+        self.writers: dict[str, MapState] = {}
+        self.kinds: dict[str, StateKind] = {}
+        self.marked = False
+        self._half = 0
+        self._written = 0
+        self._fired = False
+
+    @classmethod
+    def begin(
+        cls,
+        ledger: Ledger,
+        client: redis.Redis,
+        keyspace: KeySpace,
+        txid: int,
+        retain_txids: int = 0,
+        hooks: PhaseHooks | None = None,
+    ) -> CommitAttempt | None:
+        """A new attempt with its own fencing token; None if ``txid`` is committed already."""
+        ticket = ledger.begin_commit(txid)
+        if ticket is None:
+            return None
+        return cls(ledger, client, keyspace, ticket, retain_txids, hooks)
+
+    @property
+    def txid(self) -> int:
+        return self.ticket.txid
+
+    @property
+    def token(self) -> int:
+        return self.ticket.token
+
+    # -- 2. claim -------------------------------------------------------------------------------
+    def claim(
+        self, states: Mapping[str, tuple[StateKind, BackingMap]], shards: int
+    ) -> dict[str, MapState]:
+        """Check the shard count, claim every shard, and open one fenced writer per state
+        (name -> its MapState, in the order given). Idempotent for this attempt."""
+        ensure_shards(self.client, self.keyspace, shards)
+        claim_shards(self.client, self.keyspace, states, self.fence)
+        for name, (kind, backing) in states.items():
+            writer = make_map_state(kind, backing, name)
+            writer.begin_commit(self.txid, self.fence)
+            self.writers[name], self.kinds[name] = writer, kind
+        return self.writers
+
+    # -- 3. writes ------------------------------------------------------------------------------
+    def expect(self, keys: int) -> None:
+        """The number of keys the writes will report; an empty batch is half written now."""
+        self._half = keys // 2
+        self.wrote(0)
+
+    def reaches_half(self, keys: int) -> bool:
+        """Whether ``keys`` more written would reach the half (and fire ``half_written``)."""
+        return not self._fired and self._written + keys >= self._half
+
+    def keys_to_half(self) -> int:
+        """Keys still to write before the half (0 once reached): a writer ends a chunk there."""
+        return max(0, self._half - self._written)
+
+    def wrote(self, keys: int) -> None:
+        """``keys`` more are written (really in Redis): ``half_written`` once the half is
+        reached."""
+        self._written += keys
+        if not self._fired and self._written >= self._half:
+            self._fired = True
+            self.hooks.half_written(self)
+
+    # -- 4. finish the writes -------------------------------------------------------------------
+    def finish_writes(self, changed: Mapping[str, Iterable[str]]) -> int:
+        """Roll back the keys an earlier attempt wrote that this batch lacks; write the change
+        log of each state in ``changed`` (state -> the keys the txid changed). Fenced; returns
+        the keys rolled back."""
+        rolled_back = sum(writer.rollback_stray_keys() for writer in self.writers.values())
+        for name, keys in changed.items():
+            record_changes(self.client, self.keyspace, name, self.fence, list(keys))
+        return rolled_back
+
+    # -- 5. mark --------------------------------------------------------------------------------
+    def mark(self, offsets: Mapping[int, int], stats: Mapping[str, Any]) -> bool:
+        """``written``, then the ledger's mark (committed txid and source ``offsets`` together,
+        atomically; ``stats`` kept with it), then ``marked``. False if a concurrent attempt of
+        the txid marked it first (this one wrote nothing after that)."""
+        self.hooks.written(self)
+        self.marked = self.ledger.mark_committed(
+            self.ticket, offsets, self.writers.keys(), stats, self.retain_txids
+        )
+        self.hooks.marked(self)
+        return self.marked
+
+    # -- 6. settle ------------------------------------------------------------------------------
+    def settle(self, changed: Iterable[str] = (), change_log_limit: int = 0) -> int:
+        """After the mark: close the shards, end the writers' scopes, drop the tombstones the
+        txid left, keep ``change_log_limit`` change logs of each ``changed`` state, trim the
+        undo logs retention no longer covers. Only the attempt that marked does more than end
+        its scopes. Returns the tombstones dropped."""
+        removed = {name: writer.tombstones() for name, writer in self.writers.items()}
+        if self.marked:
+            settle_shards(self.client, self.keyspace, self.writers.keys(), self.txid)
+        for writer in self.writers.values():
+            writer.commit()
+        if not self.marked:
+            return 0
+        dropped = 0
+        for name, keys in removed.items():  # gone from the store now that no replay needs them
+            if keys:
+                tx = None if self.kinds[name] is StateKind.NON_TRANSACTIONAL else self.txid
+                backing = self.writers[name].backing
+                dropped += backing.drop_tombstones(tx, keys, self.ticket.generation)
+        for name in changed:  # a sink further behind than this reloads or fails
+            trim_changes(self.client, self.keyspace, name, self.txid, change_log_limit)
+        trim_undo(self.client, self.keyspace, self.writers.keys())
+        return dropped
