@@ -26,6 +26,7 @@ from tridentflow.plan import (
     decode_record,
 )
 from tridentflow.sources import is_file_log, open_log
+from tridentflow.sources.base import Closes
 from tridentflow_state.codec import encode_key
 from tridentflow_state.errors import KeyEncodingError
 
@@ -220,9 +221,8 @@ def read_task(
             for rows, produced in zip(edges, edge_rows, strict=True):
                 rows.extend(produced)
     finally:
-        close = getattr(log, "close", None)  # a stream log's own connection
-        if close is not None:
-            close()
+        if isinstance(log, Closes):  # a stream log's own connection
+            log.close()
     if start < end and not getattr(log, "dense", True):
         # offsets that hold no record (Kafka's transaction markers): the read reached ``end``,
         # so the task accounts for the whole range, as a dense log's task does

@@ -47,7 +47,7 @@ from tridentflow.ops.reset import reset_pipeline
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_pipeline
-from tridentflow.sources.base import SourceContext
+from tridentflow.sources.base import AppendsSpread, Produces, SourceContext, Trims
 from tridentflow.sources.filelog import encode_record
 from tridentflow.steps import recorded_settings
 from tridentflow.steps.runtime import Runtime, resolve_home
@@ -379,20 +379,18 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         context = SourceContext(pipeline.name, resolve_home(args.home))
     lines = _records(pipeline, args.file, args.json)  # every record checked first
     log = source.open_log(context)
-    produce = getattr(log, "produce", None)
-    if produce is not None:
-        said = produce(
+    if isinstance(log, Produces):
+        said = log.produce(
             pipeline.name, lines, args.partitions, source.partitions, args.skip_unavailable
         )
-        out.write(said + "\n")
+        out.write(f"{said}\n")  # a Produced (counts), or the line a log of your own wrote
         return 0
-    append = getattr(log, "append_spread", None)
-    if append is None:
+    if not isinstance(log, AppendsSpread):
         raise TridentflowError(
             f"the source of {pipeline.name} ({log.root}) has no produce or append_spread: "
             "write to it with its own tools"
         )
-    append([json.loads(line) for line in lines])
+    log.append_spread([json.loads(line) for line in lines])
     out.write(f"appended {len(lines)} records to {pipeline.name}\n")
     return 0
 
@@ -739,14 +737,13 @@ def cmd_rewind(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args)
-    trim = getattr(rt.log, "trim", None)
-    if trim is None:
+    if not isinstance(rt.log, Trims):
         raise TridentflowError(
             f"the source of pipeline {rt.pipeline.name} ({rt.log.root}) keeps no entries "
             "tridentflow may trim: trim applies to Redis Streams"
         )
     committed = rt.ledger.committed_offsets()
-    removed = trim(committed)
+    removed = rt.log.trim(committed)
     for partition, (n, holder) in sorted(removed.items()):
         limit = (
             f"up to ordinal {committed[partition]}, committed"

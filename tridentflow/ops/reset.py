@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 
 from tridentflow.errors import TridentflowError
+from tridentflow.sources.base import Deletes, GuardsDelete, Rebases
 from tridentflow.steps.runtime import Runtime
 
 
@@ -34,10 +35,9 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
     recomputes from there."""
     log = rt.log
     if source:  # before anything is reset: a log others read, or its producers own, stays
-        check = getattr(log, "check_delete", None)
-        if check is not None:
-            check()
-        if getattr(log, "delete", None) is None:
+        if isinstance(log, GuardsDelete):
+            log.check_delete()
+        if not isinstance(log, Deletes):
             raise TridentflowError(
                 f"reset --source: the source log of {rt.pipeline.name} ({log.root}) cannot be "
                 "deleted by tridentflow (it has no delete()): delete it with its own tools, or "
@@ -54,9 +54,8 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
         also=before,
     )
     shutil.rmtree(rt.staging_root, ignore_errors=True)
-    rebase = getattr(log, "rebase", None)
     if source:
-        log.delete()
-    elif rebase is not None:  # start at what the log still holds (trimmed, retention)
-        rt.ledger.start_at(rebase())
+        log.delete()  # type: ignore[attr-defined]  # Deletes, checked above
+    elif isinstance(log, Rebases):  # start at what the log still holds (trimmed, retention)
+        rt.ledger.start_at(log.rebase())
     return ResetResult(deleted, source)

@@ -37,15 +37,16 @@ sources do it exactly as a source of yours does, and nothing outside this packag
 source a pipeline has. A read task reopens a log from its ``root`` through ``open_log(locator)``
 of this package (a path, a registered locator prefix, or ``custom_locator``).
 
-**Optional capabilities**, looked up by name (a log without one is refused in one line where
-it is needed, never guessed at):
+**Optional capabilities**, each a ``typing.Protocol`` below (``isinstance(log, Trims)``; a log
+without one is refused in one line where it is needed, never guessed at):
 
 * ``ensure(partitions)``: the reader may create the log, or grow it to ``partitions`` (the
   file log, streams). A log without it is its producers' (Kafka): the reader never creates it,
   and it is scanned with the committed offsets;
-* ``produce(pipeline, lines, asked_partitions, source_partitions, skip_unavailable) -> str``:
-  ``tridentflow produce`` appends ``lines`` (checked JSON records, one per line) through it and
-  prints the line it returns; else ``append_spread(records)``;
+* ``produce(pipeline, lines, asked_partitions, source_partitions, skip_unavailable) ->
+  Produced``: ``tridentflow produce`` appends ``lines`` (checked JSON records, one per line)
+  through it and prints what it did (a log of your own may return the line itself); else
+  ``append_spread(records)``;
 * ``rebase() -> {partition: offset}``: a reset without ``--source`` starts at what the log
   still holds (streams trimmed, Kafka retention);
 * ``check_delete()`` and ``delete()``: ``reset --source`` calls the first before anything is
@@ -57,10 +58,10 @@ it is needed, never guessed at):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from tridentflow.connections import NONE, Connections
 from tridentflow_state.keys import KeySpace
@@ -93,6 +94,99 @@ class SourceLog(Protocol):
     def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]: ...
 
     def acknowledge(self, committed: dict[int, int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What ``produce`` did, in counts; the CLI prints ``str()`` of it."""
+
+    records: int
+    target: str
+    """Where they went, for people: ``wordcount``, ``Kafka topic wordcount``, ..."""
+    partitions: int
+    written: int | None = None
+    """The partitions that received some (None: not counted)."""
+    notes: tuple[str, ...] = ()
+    verb: str = "appended"
+    unit: str = "records"
+    partition_word: str = "partitions"
+
+    def __str__(self) -> str:
+        spread = f"{self.partitions} {self.partition_word}"
+        if self.written is not None:
+            spread = f"{self.written} of {spread}"
+        details = "; ".join([spread, *self.notes])
+        return f"{self.verb} {self.records} {self.unit} to {self.target} ({details})"
+
+
+@runtime_checkable
+class Grows(Protocol):
+    """The reader may create the log, or grow it to ``partitions`` (returns how many)."""
+
+    def ensure(self, partitions: int) -> int: ...
+
+
+@runtime_checkable
+class Produces(Protocol):
+    """``tridentflow produce`` appends checked JSON ``lines`` through it."""
+
+    def produce(
+        self,
+        pipeline: str,
+        lines: list[str],
+        asked_partitions: int | None,
+        source_partitions: int,
+        skip_unavailable: bool = False,
+    ) -> Produced | str: ...
+
+
+@runtime_checkable
+class AppendsSpread(Protocol):
+    """Records appended round robin over the partitions (tests, a log of your own)."""
+
+    def append_spread(self, records: Iterable[Any]) -> dict[int, tuple[int, int]]: ...
+
+
+@runtime_checkable
+class Rebases(Protocol):
+    """After a reset without ``--source``: where each partition starts now."""
+
+    def rebase(self) -> dict[int, int]: ...
+
+
+@runtime_checkable
+class GuardsDelete(Protocol):
+    """Refuses (SourceError) a ``reset --source`` that would delete what others read or own."""
+
+    def check_delete(self) -> None: ...
+
+
+@runtime_checkable
+class Deletes(Protocol):
+    """``reset --source`` deletes the whole log."""
+
+    def delete(self) -> Any: ...
+
+
+@runtime_checkable
+class Trims(Protocol):
+    """``tridentflow trim`` removes what every reader committed."""
+
+    def trim(self, committed: dict[int, int]) -> dict[int, tuple[int, str]]: ...
+
+
+@runtime_checkable
+class Requires(Protocol):
+    """The log must exist before a txid reads it (SourceError, one line, if it does not)."""
+
+    def require(self) -> Any: ...
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """A log holding a connection of its own (a read task closes it)."""
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)

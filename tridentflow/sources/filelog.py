@@ -35,7 +35,7 @@ from typing import Any
 
 from tridentflow.errors import NON_FINITE, PartitionUnavailable, SourceError
 from tridentflow.fileio import write_atomic
-from tridentflow.sources.base import ChaosTraits, LogScan
+from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow_state.codec import check_unicode
 from tridentflow_state.errors import KeyEncodingError
 
@@ -84,20 +84,18 @@ class FileLog:
         asked_partitions: int | None,
         source_partitions: int,
         skip_unavailable: bool = False,
-    ) -> str:
+    ) -> Produced:
         """Append ``lines`` (checked JSON records) spread over the partitions, creating the
-        log or growing it to ``asked_partitions`` / the source's; the line to print."""
+        log or growing it to ``asked_partitions`` / the source's; what it did."""
         current = self.partitions() if self.exists() else 0
         self.ensure(max(asked_partitions or 0, source_partitions, current))
         self.append_lines_spread(lines, skip_unavailable=skip_unavailable)
         scan = self.scan()
         skipped = sorted(scan.unavailable)
-        return (
-            f"appended {len(lines)} records to {pipeline} "
-            f"({len(scan.partitions)} partitions, {sum(scan.heads.values())} in the readable log"
-            + (f"; skipped unavailable partitions {skipped}" if skipped else "")
-            + ")"
-        )
+        notes = [f"{sum(scan.heads.values())} in the readable log"]
+        if skipped:
+            notes.append(f"skipped unavailable partitions {skipped}")
+        return Produced(len(lines), pipeline, len(scan.partitions), notes=tuple(notes))
 
     def delete(self) -> None:
         """Delete the whole log (``reset --source``)."""

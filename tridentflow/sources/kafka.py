@@ -33,7 +33,7 @@ from typing import Any
 
 from tridentflow.connections import NONE, Connections
 from tridentflow.errors import NotConfigured, PartitionUnavailable, SourceError
-from tridentflow.sources.base import ChaosTraits, LogScan
+from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow.sources.filelog import encode_record
 
 
@@ -635,9 +635,9 @@ class KafkaLog:
         asked_partitions: int | None,
         source_partitions: int,
         skip_unavailable: bool = False,
-    ) -> str:
+    ) -> Produced:
         """Produce every record round robin over the topic's partitions, creating the topic
-        (``asked_partitions``, else the source's) if it is missing; the line to print."""
+        (``asked_partitions``, else the source's) if it is missing; what it did."""
         records = [json.loads(line) for line in lines]
         created = self.create(asked_partitions or source_partitions)
         if asked_partitions and not created and self.partitions() != asked_partitions:
@@ -646,11 +646,13 @@ class KafkaLog:
                 f"{self.partitions()} partitions (tridentflow never repartitions a topic)"
             )
         added = self.append_spread(records)  # every record checked before any is sent
-        return (
-            f"produced {len(records)} records to Kafka topic {self.topic} "
-            f"({len(added)} of {self.partitions()} partitions"
-            + ("; topic created" if created else "")
-            + ")"
+        return Produced(
+            len(records),
+            f"Kafka topic {self.topic}",
+            self.partitions(),
+            written=len(added),
+            notes=("topic created",) if created else (),
+            verb="produced",
         )
 
     def check_delete(self) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 import redis
 
 from tridentflow.errors import PartitionUnavailable, SourceError
-from tridentflow.sources.base import ChaosTraits, LogScan
+from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow.sources.filelog import encode_record
 from tridentflow_state.keys import KeySpace
 
@@ -547,17 +547,22 @@ class RedisStreamLog:
         asked_partitions: int | None,
         source_partitions: int,
         skip_unavailable: bool = False,
-    ) -> str:
-        """XADD every record round robin to the pipeline's streams; the line to print."""
+    ) -> Produced:
+        """XADD every record round robin to the pipeline's streams; what it did."""
         if asked_partitions:
             raise SourceError("--partitions: a stream source's partitions are its streams")
         records = [json.loads(line) for line in lines]
         added = self.append_spread(records)  # every record checked before any is added
         scan = self.scan()
-        return (
-            f"added {len(records)} entries to the streams of {pipeline} "
-            f"({len(added)} of {self.partitions()} streams; {sum(scan.heads.values())} ever "
-            "added)"
+        return Produced(
+            len(records),
+            f"the streams of {pipeline}",
+            self.partitions(),
+            written=len(added),
+            notes=(f"{sum(scan.heads.values())} ever added",),
+            verb="added",
+            unit="entries",
+            partition_word="streams",
         )
 
     def check_delete(self) -> None:

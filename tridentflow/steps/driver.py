@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from tridentflow.engines.base import Engine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, TridentflowError
+from tridentflow.sources.base import Requires
 from tridentflow.steps.committer import CommitResult, commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
@@ -40,9 +41,8 @@ def backlog(rt: Runtime) -> int:
     """Records in the source not yet covered by a committed txid. A source that must exist
     already (a Kafka topic: its producers make it) raises SourceError if it does not."""
     if not rt.log.exists():
-        require = getattr(rt.log, "require", None)
-        if require is not None:
-            require()
+        if isinstance(rt.log, Requires):
+            rt.log.require()
         return 0
     offsets = rt.ledger.committed_offsets()
     heads = rt.log.scan().heads  # an unavailable partition's records cannot be read now

@@ -31,7 +31,7 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     url_of,
 )
 from tridentflow.settings import env_int, explicit_setting, raw_setting, source_of
-from tridentflow.sources.base import LogScan, SourceContext, SourceLog
+from tridentflow.sources.base import Grows, LogScan, SourceContext, SourceLog
 from tridentflow.steps.staging import (
     DEFAULT_STAGING,
     STAGING_ENV,
@@ -306,12 +306,11 @@ class Runtime:
         """Every partition's head, or why it cannot be read; creates the log (or grows it to
         source.partitions) first. An unavailable partition is never recreated. A Kafka topic
         is not created here (SourceError if it is missing): it is the producers'."""
-        ensure = getattr(self.log, "ensure", None)
-        if ensure is None:  # the producers' log (Kafka): never created by its reader
+        if not isinstance(self.log, Grows):  # the producers' log (Kafka): never created by it
             return self.log.scan(self.ledger.committed_offsets())
         current = self.log.partitions() if self.log.exists() else 0
         if current < self.pipeline.source.partitions:
-            ensure(self.pipeline.source.partitions)
+            self.log.ensure(self.pipeline.source.partitions)
         return self.log.scan()
 
     def source_heads(self) -> dict[int, int]:
