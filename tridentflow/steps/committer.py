@@ -36,7 +36,6 @@ replication waits (``_CommitHooks``), the quarantine and the staging's cleanup:
 from __future__ import annotations
 
 import json
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -63,6 +62,7 @@ from tridentflow.errors import (
 from tridentflow.steps.recorded_settings import check as check_settings
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import StagedBatch
+from tridentflow.steps.turns import wait_turn
 from tridentflow_state.backing import Fence
 from tridentflow_state.commit import CommitAttempt, PhaseHooks
 from tridentflow_state.errors import CommitOrderError, KeyEncodingError
@@ -331,19 +331,6 @@ def quarantine(rt: Runtime, staged: StagedBatch, fence: Fence) -> int:
     return len(items)
 
 
-def wait_turn(rt: Runtime, txid: int, timeout: float, poll: float = 0.2) -> None:
-    """Block until txid-1 is committed (commits are strictly ordered); CommitOrderError after
-    ``timeout`` seconds. Trident: a batch that finished processing early waits for its turn."""
-    deadline = time.monotonic() + timeout
-    while rt.ledger.committed_txid() < txid - 1:
-        if time.monotonic() >= deadline:
-            committed = rt.ledger.committed_txid()
-            raise CommitOrderError(
-                f"txid {txid} waited {timeout:.0f}s for txid {committed + 1} to commit"
-            )
-        time.sleep(poll)
-
-
 def confirm_shards_replicated(rt: Runtime, txid: int) -> None:
     """Before the mark, with ``rt.replicas`` > 0 and state shards on other masters than the
     ledger's: ReplicationError unless that many replicas of each such master acknowledged
@@ -437,12 +424,19 @@ def commit_stats(
     }
 
 
+def wait_to_commit(rt: Runtime, txid: int, timeout: float) -> None:
+    """Until txid-1 is committed; CommitOrderError after ``timeout`` seconds. Reads only."""
+    if not wait_turn(rt, lambda: rt.ledger.committed_txid() >= txid - 1, timeout=timeout):
+        awaited = rt.ledger.committed_txid() + 1
+        raise CommitOrderError(f"txid {txid} waited {timeout:.0f}s for txid {awaited} to commit")
+
+
 def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     """Commit ``txid`` (the protocol: tridentflow_state.commit); with ``wait`` > 0, first wait
     up to that many seconds for its turn. Idempotent: a retry of a committed txid changes
     nothing and answers ``already-committed``."""
     if wait > 0:
-        wait_turn(rt, txid, wait)
+        wait_to_commit(rt, txid, wait)
     ledger, states = rt.ledger, rt.pipeline.states
     attempt = CommitAttempt.begin(
         ledger, rt.client, rt.keyspace, txid, rt.retain_txids, _CommitHooks(rt)

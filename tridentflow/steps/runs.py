@@ -35,7 +35,7 @@ emit then starts no Spark job at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import StagedBatch
+from tridentflow.steps.turns import TURN_WAIT_S, RunState, wait_turn
 from tridentflow_state.errors import CommitOrderError
 from tridentflow_state.ledger import DEFAULT_LEASE_MS
 
@@ -56,9 +57,6 @@ class RunNotBoundError(TridentflowError):
     """The run has no txid, or lost it to another run."""
 
 
-RunState = Callable[[str], "str | None"]
-"""The orchestrator's state of a run id ("queued", "running", "success", "failed"), None if
-it cannot tell (the run is unknown, or the orchestrator cannot be asked)."""
 FINISHED = frozenset({"success", "failed"})
 
 
@@ -264,48 +262,6 @@ def blocker(rt: Runtime, txid: int, run_state: RunState | None = None) -> str:
         f"{head}, held by run {owner}{shown} for {lease_left:.0f}s more: that run commits it "
         f"- let it finish, or mark it failed so that the next run adopts txid {first}"
     )
-
-
-TURN_WAIT_S = 300.0
-"""How long an Airflow task of a txid waits in its try for the txid before it (see the module
-doc) before it fails and is retried."""
-TURN_POLL_S = 0.2
-TURN_ASK_S = 2.0
-"""How often a waiting step asks the orchestrator again whether the run it waits for runs
-(Redis is read every TURN_POLL_S)."""
-
-
-def wait_turn(
-    rt: Runtime,
-    ready: Callable[[], bool],
-    awaited: Callable[[], int],
-    run_state: RunState | None,
-    timeout: float,
-) -> bool:
-    """Wait until ``ready()``, while the run holding the txid ``awaited()`` names is live:
-    running (``run_state``) or, if the orchestrator cannot tell, within its lease. True once
-    ready; False when no live run holds it or ``timeout`` passed (the caller's own check then
-    says why, in one line). Reads only."""
-    deadline = time.monotonic() + timeout
-    asked: tuple[str, float, str | None] | None = None  # (owner, when, its state)
-    while not ready():
-        now = time.monotonic()
-        if now >= deadline:
-            return False
-        info = rt.ledger.tx_info(awaited())
-        owner = info.get("owner")
-        if not owner:
-            return False
-        if asked is None or asked[0] != owner or now - asked[1] >= TURN_ASK_S:
-            asked = (owner, now, run_state(owner) if run_state is not None else None)
-        state = asked[2]
-        if state is None:
-            if int(info.get("lease_until") or 0) <= rt.redis_now_ms():
-                return False
-        elif state != "running":
-            return False
-        time.sleep(TURN_POLL_S)
-    return True
 
 
 def wait_emit_turn(
