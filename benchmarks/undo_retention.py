@@ -66,9 +66,9 @@ def one_run(
     """Seconds of txids 2 and 3's commits in ``mode``, and the memory figures; ``changed``:
     txids 2 and 3 change only that many of the keys (default: all)."""
     changed = changed or keys
-    rt = Runtime(pipeline(op, kind), client, home, in_redis_ops=in_redis_ops)
+    retain = 1 if mode == "on" else 0
+    rt = Runtime(pipeline(op, kind), client, home, retain=retain, in_redis_ops=in_redis_ops)
     rt.ledger.reset(force=True)
-    rt.retain = 1 if mode == "on" else 0
     rt.source_heads()
     rng = random.Random(7)
     state = rt.keyspace.state("s")

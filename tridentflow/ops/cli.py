@@ -406,11 +406,9 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
         faults=FaultPlan.from_env(getattr(args, "faults", None)),
         namespace=args.namespace,
         redis_ca=args.redis_ca,
+        replicas=getattr(args, "wait_replicas", None),
+        retain=getattr(args, "retain_txids", None),
     )
-    replicas = getattr(args, "wait_replicas", None)
-    if replicas is not None:
-        rt.replicas = replicas
-    rt.retain = getattr(args, "retain_txids", None)
     return rt
 
 

@@ -138,9 +138,13 @@ class Runtime:
         namespace: str | None = None,
         redis_ca: str | None = None,
         connections: Connections = NONE,
+        replicas: int | None = None,
+        retain: int | None = None,
     ) -> Runtime:
-        """Connect and check that the Redis user may touch this pipeline's keys."""
+        """Connect and check that the Redis user may touch this pipeline's keys.
+        ``replicas`` None: TRIDENTFLOW_WAIT_REPLICAS (see the field)."""
         url = resolve_redis_url(redis_url, redis_ca)
+        chosen = {} if replicas is None else {"replicas": replicas}
         rt = cls(
             pipeline.validate(),
             connect(url),
@@ -149,6 +153,8 @@ class Runtime:
             url,
             resolve_namespace(namespace),
             connections=connections,
+            retain=retain,
+            **chosen,
         )
         check_access(rt.client, KeySpace(rt.pipeline.name, rt.namespace), url)
         return rt

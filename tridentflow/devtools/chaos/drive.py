@@ -115,18 +115,17 @@ class Chaos(OperatorActs, SinkChecks):
     def _runtime(self, pipeline, home: Path, faults: FaultPlan | None = None, shards: int = 1):
         """A runtime of its own (a new process's): against a gated cluster, its commits wait
         for one replica (a short timeout: a held replica fails them fast)."""
-        rt = Runtime(
+        waits = {"replicas": 1, "replica_timeout_ms": 300} if self.cluster is not None else {}
+        return Runtime(
             pipeline,
             connect(self.url),
             home,
             faults or FaultPlan(),
             shards=shards,
+            retain=RETAIN_TXIDS,  # undo logs in every schedule: the operator's rewinds
             staging_kind=self.staging_kind,
+            **waits,
         )
-        rt.retain = RETAIN_TXIDS  # undo logs in every schedule: the operator's rewinds
-        if self.cluster is not None:
-            rt.replicas, rt.replica_timeout_ms = 1, 300
-        return rt
 
     def __enter__(self) -> Chaos:
         if self.external_url is None:
