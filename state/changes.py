@@ -28,8 +28,78 @@ import redis
 
 from tridentflow_state.backing import Fence
 from tridentflow_state.keys import KeySpace
-from tridentflow_state.scripts import NOTE_SINK_POSITION, STAGE_CHANGES
+from tridentflow_state.scripts import FENCE_CHECK, GEN_CHECK, LuaScript
 from tridentflow_state.shards import split_by_shard
+
+STAGE_CHANGES = LuaScript(
+    "stage_changes",
+    FENCE_CHECK
+    + """
+-- Write one txid's change log of one map state (state.changes), fenced like every write of
+-- the commit, before the txid's mark. The values are copied inside Redis: only keys travel.
+-- KEYS[1] change hash of (state, txid) in this slot  KEYS[2] the slot's ledger hash (a state
+-- shard's fence)  KEYS[3] tx hash of ARGV[1] (a shard's fence)  KEYS[4] the slot's generation
+-- key  KEYS[5] the state's change-count hash (txid -> changed keys; the ledger's slot)
+-- (only read by unseal and seal: the other modes may pass KEYS[1] again, for a state shard
+-- whose slot is not the ledger's)  KEYS[6] the state hash (this slot)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation
+-- ARGV[4] 'begin' (drop what an earlier attempt wrote here), 'copy' (ARGV[5]: fields, one per
+-- line - one string: packing thousands of arguments costs the client more than the script -
+-- their stored values into the change hash; an absent one as [null,null,null]), 'unseal' or
+-- 'seal' (ARGV[5]: the count; the change log is complete)
+-- Refused like FENCED_HSET (TFGENERATION, TFORDER, TFFENCED). Returns the change hash's size.
+local err = gen_check(KEYS[4], ARGV[3]) or
+  fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
+if err then return redis.error_reply(err) end
+local mode = ARGV[4]
+if mode == 'begin' then
+  redis.call('DEL', KEYS[1])
+  return 0
+elseif mode == 'copy' then
+  local fields = {}
+  for field in string.gmatch(ARGV[5], '[^\\n]+') do fields[#fields + 1] = field end
+  for i = 1, #fields, 2000 do  -- unpack() has a stack limit (8000): slices
+    local last = math.min(i + 1999, #fields)
+    local values = redis.call('HMGET', KEYS[6], unpack(fields, i, last))
+    local pairs = {}
+    for j = 1, #values do
+      pairs[#pairs + 1] = fields[i + j - 1]
+      pairs[#pairs + 1] = values[j] or '[null,null,null]'
+    end
+    redis.call('HSET', KEYS[1], unpack(pairs))
+  end
+  return redis.call('HLEN', KEYS[1])
+elseif mode == 'unseal' then
+  redis.call('HDEL', KEYS[5], ARGV[1])
+  return 0
+end
+redis.call('HSET', KEYS[5], ARGV[1], ARGV[5])
+return tonumber(ARGV[5])
+""",
+)
+
+NOTE_SINK_POSITION = LuaScript(
+    "note_sink_position",
+    GEN_CHECK
+    + """
+-- Record a sink's position (the last txid it applied) in the pipeline's sinks hash: a mirror
+-- of what the sink's own store records, read by status, metrics and change-log retention.
+-- KEYS[1] sinks hash  KEYS[2] generation key
+-- ARGV[1] sink name  ARGV[2] txid  ARGV[3] entry JSON (holding "txid")  ARGV[4] generation
+-- Only forward: an older txid (a slower exporter) leaves it. Refused (TFGENERATION) if the
+-- pipeline was reset since the export began. Returns 1 if moved.
+local err = gen_check(KEYS[2], ARGV[4])
+if err then return redis.error_reply(err) end
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current then
+  local at = cjson.decode(current)['txid']
+  if at and tonumber(at) > tonumber(ARGV[2]) then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+""",
+)
+
 
 CHANGE_CHUNK = 10_000
 """Keys per STAGE_CHANGES copy (one Redis call holds the server ~10 ms)."""

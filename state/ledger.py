@@ -41,19 +41,406 @@ from tridentflow_state.keys import KeySpace
 from tridentflow_state.replication import wait_for_replicas
 from tridentflow_state.rewind import REWIND_PREFIX
 from tridentflow_state.scripts import (
-    BEGIN_COMMIT,
-    BIND_RUN,
-    CLAIM_TXID,
-    COUNT_ATTEMPT,
-    MARK_COMMITTED,
-    NEW_GENERATION,
-    RECORD_SETTINGS,
-    RECORD_STAGED,
-    RECORD_TASK,
-    RENEW_LEASE,
-    STORE_METADATA,
+    BUSY_CHECK,
+    COMMITTED_TXID,
+    FENCE_CHECK,
+    GEN_CHECK,
+    NOW_MS,
+    LuaScript,
 )
 from tridentflow_state.shards import set_shard_generations
+
+BIND_RUN = LuaScript(
+    "bind_run",
+    GEN_CHECK
+    + """
+-- Bind an orchestrator run to a txid. Idempotent per run id while the run owns its txid.
+-- KEYS[1] ledger hash  KEYS[2] runs hash (run id -> txid)  KEYS[3] generation key
+-- KEYS[4..] tx hashes of txids committed+1 .. last+1 (every txid the script may read or own)
+-- ARGV[1] run id  ARGV[2] lease in ms  ARGV[3] '1' = adopt a pending txid even if its owner's
+-- lease is live (a single driver taking over)  ARGV[4] generation  ARGV[5] committed txid and
+-- ARGV[6] last txid the caller read to name KEYS[4..]: if the ledger moved since, TFRETRY
+-- (the caller reads again and retries).
+-- Order of preference: the txid this run already owns (or that it committed); else the lowest
+-- pending txid whose owner is gone (released, or lease expired); else a new txid (last + 1).
+-- Adopting a txid marks the previous owner's entry 'lost:<txid>:<adopter>', so that run, if
+-- cleared later, binds a fresh txid (it never reports a txid another run committed).
+-- Returns {txid, how, committed} with how in committed|bound|adopted|new.
+local gerr = gen_check(KEYS[3], ARGV[4])
+if gerr then return redis.error_reply(gerr) end
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_txid') or '0')
+if last < committed then last = committed end
+if committed ~= tonumber(ARGV[5]) or last ~= tonumber(ARGV[6]) then
+  return redis.error_reply('TFRETRY the ledger moved while binding')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local run, lease = ARGV[1], tonumber(ARGV[2])
+local function txkey(n) return KEYS[3 + n - committed] end
+local function own(n, how)
+  local previous = redis.call('HGET', txkey(n), 'owner')
+  if previous and previous ~= run then
+    redis.call('HSET', KEYS[2], previous, 'lost:' .. n .. ':' .. run)
+  end
+  redis.call('HSET', txkey(n), 'owner', run, 'lease_until', now + lease)
+  redis.call('HDEL', txkey(n), 'released')
+  redis.call('HSET', KEYS[2], run, n)
+  return {n, how, committed}
+end
+local bound = tonumber(redis.call('HGET', KEYS[2], run) or '')
+if bound then
+  local n = bound
+  if n <= committed then return {n, 'committed', committed} end
+  if redis.call('HGET', txkey(n), 'owner') == run then return own(n, 'bound') end
+  -- another run adopted this txid after this run stopped: bind this run afresh
+end
+for n = committed + 1, last do
+  local key = txkey(n)
+  local owner = redis.call('HGET', key, 'owner')
+  local lease_until = tonumber(redis.call('HGET', key, 'lease_until') or '0')
+  if (not owner) or lease_until < now or ARGV[3] == '1' then
+    return own(n, 'adopted')
+  end
+end
+redis.call('HSET', KEYS[1], 'last_txid', last + 1)
+return own(last + 1, 'new')
+""",
+)
+
+RENEW_LEASE = LuaScript(
+    "renew_lease",
+    GEN_CHECK
+    + """
+-- Extend (ARGV[2] > 0) or release (ARGV[2] = 0) the lease of run ARGV[1] on a txid it owns.
+-- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] run id  ARGV[2] lease in ms
+-- ARGV[3] generation (TFGENERATION if the pipeline was reset since)
+-- A release is final for that run: 'released' names it, and no renewal of its brings the
+-- lease back (a step of a finished run still starting - a spark-submit the orchestrator has
+-- not killed yet - must not take back a txid an operator released); only a new bind or claim
+-- (which clears 'released') does.
+-- Returns 1 if the run owns the txid (and was not released), 0 otherwise (nothing changed).
+local gerr = gen_check(KEYS[2], ARGV[3])
+if gerr then return redis.error_reply(gerr) end
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+local lease = tonumber(ARGV[2])
+if lease > 0 and redis.call('HGET', KEYS[1], 'released') == ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if lease > 0 then
+  lease = now + lease
+else
+  redis.call('HSET', KEYS[1], 'released', ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'lease_until', lease)
+return 1
+""",
+)
+
+BEGIN_COMMIT = LuaScript(
+    "begin_commit",
+    GEN_CHECK
+    + NOW_MS
+    + """
+-- Start a commit attempt of a txid: hands out a new fencing token.
+-- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] generation key  KEYS[4] read-hold key
+-- KEYS[5] waiting-commit key (set while held: no new hold is taken before this one begins)
+-- ARGV[1] txid  ARGV[2] generation
+-- Returns {0, committed} if the txid is already committed (a re-commit is a no-op),
+-- {token, committed} otherwise; refused (TFORDER) unless the ledger stands at txid-1,
+-- (TFGENERATION) if the pipeline was reset since the caller started, (TFHELD ms: when to
+-- ask again) while a starved reader holds commits back (HOLD_COMMITS).
+local gerr = gen_check(KEYS[3], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+local txid = tonumber(ARGV[1])
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+if committed >= txid then return {0, committed} end
+if redis.call('GET', KEYS[4]) then
+  redis.call('SET', KEYS[5], '1', 'PX', 10000)
+  return redis.error_reply('TFHELD 5')
+end
+redis.call('DEL', KEYS[5])
+if committed ~= txid - 1 then
+  return redis.error_reply('TFORDER txid ' .. txid .. ' cannot commit before txid ' ..
+    (committed + 1) .. ' (the ledger stands at ' .. committed .. ')')
+end
+redis.call('HSET', KEYS[2], 'commit_started_ms', now_ms())
+return {redis.call('HINCRBY', KEYS[2], 'commit_token', 1), committed}
+""",
+)
+
+MARK_COMMITTED = LuaScript(
+    "mark_committed",
+    FENCE_CHECK
+    + NOW_MS
+    + """
+-- Mark a txid committed, with the source offsets it advanced to. Call only after every key of
+-- the txid is written. Atomic: the committed txid and the offsets move together.
+-- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] generation key
+-- KEYS[5] history list (newest first, the last ARGV[5] commits)
+-- KEYS[6] tx hash of txid-1 (deleted: its metadata is no longer needed)
+-- KEYS[7] undo meta hash (tridentflow_state.undo)  KEYS[8..] written-sets of this txid (deleted)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON (an object)
+-- ARGV[5] history length  ARGV[6] undo logs retained (0: off)  ARGV[7..] partition, offset, ...
+-- With ARGV[6] = R > 0 the offsets right after the txid are kept (``offsets:<txid>``) and
+-- ``from`` (the oldest txid whose undo logs are complete) moves to txid - R + 1 at most; the
+-- first txid so marked is not trusted (an earlier attempt may have written without undo):
+-- ``from`` starts at txid + 1. With R = 0, ``from`` goes (the undo chain is broken).
+-- The history entry is the stats with the txid, the owning run, every step's attempts and
+-- start/end times (ms) from the tx hash - and, under an orchestrator, its task's tries,
+-- start/end and summed durations (RECORD_TASK) - and the commit time: what a cleared Airflow
+-- task's deleted XCom no longer shows. Returns 1 when marked, 0 if already committed (no-op).
+local err = gen_check(KEYS[4], ARGV[3])
+if err then return redis.error_reply(err) end
+local txid = tonumber(ARGV[1])
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+if committed >= txid then return 0 end
+err = fence_check(KEYS[1], KEYS[2], txid, ARGV[2])
+if err then return redis.error_reply(err) end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'committed', txid)
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+local retain = tonumber(ARGV[6])
+if retain > 0 then
+  local from = tonumber(redis.call('HGET', KEYS[7], 'from') or '0')
+  if from == 0 then
+    from = txid + 1
+    redis.call('HSETNX', KEYS[7], 'purged', txid)
+  end
+  if txid - retain + 1 > from then from = txid - retain + 1 end
+  local after = {}
+  local flat = redis.call('HGETALL', KEYS[3])
+  for i = 1, #flat, 2 do after[flat[i]] = flat[i + 1] end  -- strings: exact
+  redis.call('HSET', KEYS[7], 'from', from, 'offsets:' .. txid, cjson.encode(after))
+else
+  redis.call('HDEL', KEYS[7], 'from')
+end
+redis.call('HSET', KEYS[2], 'status', 'committed', 'stats', ARGV[4],
+  'committed_at', math.floor(now / 1000))
+local entry = cjson.decode(ARGV[4])
+entry['txid'] = txid
+entry['run_id'] = redis.call('HGET', KEYS[2], 'owner') or cjson.null
+local steps = {}
+for _, step in ipairs({'coordinate', 'emit', 'commit'}) do
+  local started = redis.call('HGET', KEYS[2], step .. '_started_ms')
+  local ended = redis.call('HGET', KEYS[2], step .. '_ended_ms')
+  if step == 'commit' then ended = now end
+  local tries = redis.call('HGET', KEYS[2], step .. '_tries')
+  local task_started = redis.call('HGET', KEYS[2], step .. '_task_started_ms')
+  local task_ended = redis.call('HGET', KEYS[2], step .. '_task_ended_ms')
+  local task_ms = redis.call('HGET', KEYS[2], step .. '_task_ms')
+  if step == 'commit' and task_started then
+    -- the try marking this commit is running: its time so far counts
+    local try_started = tonumber(redis.call('HGET', KEYS[2], 'commit_try_started_ms') or '0')
+    if try_started > 0 and try_started > tonumber(task_ended or '0') then
+      task_ms = tonumber(task_ms or '0') + math.max(0, now - try_started)
+    end
+    task_ended = now
+  end
+  steps[step] = {
+    attempts = tonumber(redis.call('HGET', KEYS[2], step .. '_attempts') or '0'),
+    started_ms = started and tonumber(started) or cjson.null,
+    ended_ms = ended and tonumber(ended) or cjson.null,
+    tries = tries and tonumber(tries) or cjson.null,
+    task_started_ms = task_started and tonumber(task_started) or cjson.null,
+    task_ended_ms = task_ended and tonumber(task_ended) or cjson.null,
+    task_ms = task_ms and tonumber(task_ms) or cjson.null,
+  }
+end
+steps['commit']['attempts'] = tonumber(ARGV[2])
+entry['steps'] = steps
+entry['committed_ms'] = now
+redis.call('LPUSH', KEYS[5], cjson.encode(entry))
+redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[5]) - 1)
+redis.call('DEL', KEYS[6])
+for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+""",
+)
+
+RECORD_STAGED = LuaScript(
+    "record_staged",
+    GEN_CHECK
+    + COMMITTED_TXID
+    + NOW_MS
+    + """
+-- Record that emit attempt ARGV[1] staged complete output, unless a newer attempt already did
+-- (the output of an attempt older than the newest seen is ignored, as Trident's workers do).
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
+-- ARGV[1] attempt  ARGV[2] generation  ARGV[3] txid
+-- Returns the staged attempt now recorded; 0 (nothing written) if the txid is committed.
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[3]) then return 0 end
+local current = tonumber(redis.call('HGET', KEYS[1], 'staged_attempt') or '0')
+local attempt = tonumber(ARGV[1])
+if attempt > current then
+  redis.call('HSET', KEYS[1], 'staged_attempt', attempt, 'emit_ended_ms', now_ms())
+  return attempt
+end
+return current
+""",
+)
+
+CLAIM_TXID = LuaScript(
+    "claim_txid",
+    GEN_CHECK
+    + """
+-- Claim a specific txid for a run (a single driver pipelining its own txids).
+-- KEYS[1] ledger hash  KEYS[2] runs hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] generation key
+-- ARGV[1] txid  ARGV[2] run id  ARGV[3] lease in ms  ARGV[4] generation
+-- The txid must be pending (committed < txid <= last) or the next new one (last + 1), which
+-- then becomes the last. Returns {txid, how} with how in committed|adopted|new; refused
+-- (TFORDER) for a txid beyond last + 1 (that would skip one).
+local gerr = gen_check(KEYS[4], ARGV[4])
+if gerr then return redis.error_reply(gerr) end
+local txid = tonumber(ARGV[1])
+local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_txid') or '0')
+if last < committed then last = committed end
+if txid <= committed then return {txid, 'committed'} end
+if txid > last + 1 then
+  return redis.error_reply('TFORDER txid ' .. txid .. ' would skip txid ' .. (last + 1))
+end
+local how = 'adopted'
+if txid == last + 1 then
+  redis.call('HSET', KEYS[1], 'last_txid', txid)
+  how = 'new'
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local previous = redis.call('HGET', KEYS[3], 'owner')
+if previous and previous ~= ARGV[2] then
+  redis.call('HSET', KEYS[2], previous, 'lost:' .. txid .. ':' .. ARGV[2])
+end
+redis.call('HSET', KEYS[3], 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
+redis.call('HDEL', KEYS[3], 'released')
+redis.call('HSET', KEYS[2], ARGV[2], txid)
+return {txid, how}
+""",
+)
+
+STORE_METADATA = LuaScript(
+    "store_metadata",
+    GEN_CHECK
+    + COMMITTED_TXID
+    + NOW_MS
+    + """
+-- Store a txid's batch metadata unless some is stored already (the first writer wins).
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
+-- ARGV[1] metadata JSON  ARGV[2] generation  ARGV[3] txid
+-- Returns the stored metadata (this call's or the earlier one); nothing is written for a
+-- committed txid (its metadata, or nil once the next commit deleted it).
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[3]) then return redis.call('HGET', KEYS[1], 'meta') end
+if redis.call('HSETNX', KEYS[1], 'meta', ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'coordinate_ended_ms', now_ms())
+end
+return redis.call('HGET', KEYS[1], 'meta')
+""",
+)
+
+COUNT_ATTEMPT = LuaScript(
+    "count_attempt",
+    GEN_CHECK
+    + COMMITTED_TXID
+    + NOW_MS
+    + """
+-- Count one more attempt of a step of a txid, and note when its first attempt started (a
+-- step's time runs from its first attempt to its last end: never negative, retries included).
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
+-- ARGV[1] step  ARGV[2] generation  ARGV[3] txid
+-- Returns the attempt number; 0 (nothing written) if the txid is committed.
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[3]) then return 0 end
+redis.call('HSETNX', KEYS[1], ARGV[1] .. '_started_ms', now_ms())
+return redis.call('HINCRBY', KEYS[1], ARGV[1] .. '_attempts', 1)
+""",
+)
+
+RECORD_TASK = LuaScript(
+    "record_task",
+    GEN_CHECK
+    + COMMITTED_TXID
+    + """
+-- What the orchestrator knows of a step's task: its tries (Airflow's try numbers, retries and
+-- clears included, which the step's own attempt counter misses when a try failed before it
+-- reached Redis), summed over the runs that worked on the txid (an adopted txid's first run
+-- and its adopter each count theirs), when the first try started, when the last one ended,
+-- and the sum of the tries' durations (each try's end counted once).
+-- KEYS[1] tx hash  KEYS[2] generation key  KEYS[3] ledger hash
+-- ARGV[1] step  ARGV[2] generation  ARGV[3] try number  ARGV[4] this try's start ms
+-- ARGV[5] this try's end ms ('' = running)  ARGV[6] run id  ARGV[7] txid
+-- Idempotent; returns 1, or 0 (nothing written) for a committed txid whose tx hash is gone.
+-- Fields: <step>_tries@<run> (the run's highest try), <step>_tries (their sum),
+-- <step>_task_started_ms, <step>_task_ended_ms, <step>_try_started_ms (the newest try's start),
+-- <step>_ended@<run> (the run's highest try whose end is counted), <step>_task_ms (the sum).
+local gerr = gen_check(KEYS[2], ARGV[2])
+if gerr then return redis.error_reply(gerr) end
+if committed_already(KEYS[3], ARGV[7]) and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local step, try, run = ARGV[1], tonumber(ARGV[3]), ARGV[6]
+local had = tonumber(redis.call('HGET', KEYS[1], step .. '_tries@' .. run) or '0')
+if try > had then
+  redis.call('HSET', KEYS[1], step .. '_tries@' .. run, try)
+  redis.call('HINCRBY', KEYS[1], step .. '_tries', try - had)
+end
+redis.call('HSETNX', KEYS[1], step .. '_task_started_ms', ARGV[4])
+if try >= had then redis.call('HSET', KEYS[1], step .. '_try_started_ms', ARGV[4]) end
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], step .. '_task_ended_ms', ARGV[5])
+  local counted = tonumber(redis.call('HGET', KEYS[1], step .. '_ended@' .. run) or '0')
+  if try > counted then
+    redis.call('HSET', KEYS[1], step .. '_ended@' .. run, try)
+    local took = math.max(0, tonumber(ARGV[5]) - tonumber(ARGV[4]))
+    redis.call('HINCRBY', KEYS[1], step .. '_task_ms', took)
+  end
+end
+return 1
+""",
+)
+
+RECORD_SETTINGS = LuaScript(
+    "record_settings",
+    GEN_CHECK
+    + """
+-- Record a pipeline's settings with its ledger (tridentflow.steps.recorded_settings): fields
+-- ``setting:<name>``, so that a reset, which deletes the ledger, forgets them with the state.
+-- KEYS[1] ledger hash  KEYS[2] generation key
+-- ARGV[1] generation  ARGV[2..] name, value, ... Idempotent; returns how many changed.
+local gerr = gen_check(KEYS[2], ARGV[1])
+if gerr then return redis.error_reply(gerr) end
+local changed = 0
+for i = 2, #ARGV, 2 do
+  local field = 'setting:' .. ARGV[i]
+  if redis.call('HGET', KEYS[1], field) ~= ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], field, ARGV[i + 1])
+    changed = changed + 1
+  end
+end
+return changed
+""",
+)
+
+NEW_GENERATION = LuaScript(
+    "new_generation",
+    BUSY_CHECK
+    + """
+-- Start a new generation of a pipeline (reset): every step of the old one is refused from
+-- now on. Refused (TFBUSY) while a pending txid has an owner whose lease is live, unless forced.
+-- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3..] tx hashes of the pending txids
+-- ARGV[1] the new generation  ARGV[2] '1' = force
+-- Returns the new generation.
+if ARGV[2] ~= '1' then
+  local err = busy_check(3, 'reset --force')
+  if err then return redis.error_reply(err) end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+""",
+)
+
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
 HISTORY_LENGTH = 1000

@@ -16,7 +16,94 @@ from tridentflow_state.codec import encode_value
 from tridentflow_state.errors import KeyEncodingError
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import decode_stored
-from tridentflow_state.scripts import DROP_TOMBSTONES, FENCED_HSET
+from tridentflow_state.scripts import FENCE_CHECK, GEN_CHECK, RECORD_UNDO, LuaScript
+
+FENCED_HSET = LuaScript(
+    "fenced_hset",
+    FENCE_CHECK
+    + RECORD_UNDO
+    + """
+-- Write fields of one map state, atomically, if the writer holds the newest commit attempt.
+-- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] written-set
+-- KEYS[5] generation key  KEYS[6] the txid's undo hash of the state
+-- ARGV[1] txid ('' = unfenced write)  ARGV[2] commit token  ARGV[3] generation
+-- ARGV[4] '1' = record the fields' prior values in the undo hash first (fenced writes only)
+-- ARGV[5..] field, value, ...
+-- Fenced: refused (TFGENERATION) unless the pipeline is still in generation ARGV[3], (TFORDER)
+-- unless the ledger's committed txid is ARGV[1]-1, (TFFENCED) unless ARGV[2] is the txid's
+-- newest commit token; the fields are also added to the written-set. Returns the number of
+-- fields written.
+local fenced = ARGV[1] ~= ''
+if fenced then
+  local err = gen_check(KEYS[5], ARGV[3]) or
+    fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
+  if err then return redis.error_reply(err) end
+  if ARGV[4] == '1' and #ARGV >= 5 then
+    local fields = {}
+    for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+    local pairs, check, check_priors, txid = {}, {}, {}, tonumber(ARGV[1])
+    for i = 1, #fields, 2000 do
+      local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 1999, #fields)))
+      for j = 1, #part do
+        if first_write(part[j], txid) then
+          pairs[#pairs + 1] = fields[i + j - 1]
+          pairs[#pairs + 1] = part[j] or ''
+        else
+          check[#check + 1] = fields[i + j - 1]
+          check_priors[#check] = part[j] or ''
+        end
+      end
+    end
+    record_undo(KEYS[6], pairs, check, check_priors)
+  end
+end
+local n = 0
+for i = 5, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  if fenced then redis.call('SADD', KEYS[4], ARGV[i]) end
+  n = n + 1
+end
+return n
+""",
+)
+
+
+DROP_TOMBSTONES = LuaScript(
+    "drop_tombstones",
+    GEN_CHECK
+    + r"""
+-- Delete keys a committed txid removed: each field of KEYS[1] whose value still starts with
+-- '[' .. ARGV[2] .. ',null,' (a tombstone written by that txid, not rewritten since).
+-- KEYS[1] state hash  KEYS[2] ledger hash  KEYS[3] generation key
+-- ARGV[1] generation  ARGV[2] txid ('null' for a non-transactional state)  ARGV[3..] fields
+-- Does nothing unless the pipeline is still in generation ARGV[1] and, for a txid, the
+-- ledger's committed txid is at least ARGV[2] (a pending txid's tombstone keeps its prev).
+-- The ledger's ``dropped_txid`` becomes at least ARGV[2] when a field is deleted (a reader
+-- then knows a key absent now may have existed as of an older txid: QUERY_SNAPSHOT).
+-- Returns the number of fields deleted.
+local err = gen_check(KEYS[3], ARGV[1])
+if err then return redis.error_reply(err) end
+if ARGV[2] ~= 'null' then
+  local committed = tonumber(redis.call('HGET', KEYS[2], 'committed') or '0')
+  if committed < tonumber(ARGV[2]) then return 0 end
+end
+local prefix = '[' .. ARGV[2] .. ',null,'
+local n = 0
+for i = 3, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v and string.sub(v, 1, #prefix) == prefix then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    n = n + 1
+  end
+end
+if n > 0 and ARGV[2] ~= 'null' then
+  local before = tonumber(redis.call('HGET', KEYS[2], 'dropped_txid') or '0')
+  if tonumber(ARGV[2]) > before then redis.call('HSET', KEYS[2], 'dropped_txid', ARGV[2]) end
+end
+return n
+""",
+)
+
 
 CHUNK = 1000
 """Fields per round trip (keeps Lua's unpack() and a single script's run time small)."""

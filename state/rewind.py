@@ -35,8 +35,187 @@ import redis
 from tridentflow_state.changes import drop_changes_after
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
-from tridentflow_state.scripts import BEGIN_REWIND, FINISH_REWIND, GENERATION_HSET, RESTORE_UNDO
+from tridentflow_state.scripts import BUSY_CHECK, GEN_CHECK, LuaScript
 from tridentflow_state.shards import set_shard_generations
+
+BEGIN_REWIND = LuaScript(
+    "begin_rewind",
+    BUSY_CHECK
+    + """
+-- Start (or resume) a rewind of a pipeline to txid ARGV[1] (state.rewind): from this call
+-- on the pipeline's generation is the rewind's own token ARGV[2] ('rewind:...'), so every
+-- step of every run is refused until FINISH_REWIND hands out a fresh generation.
+-- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3] undo meta hash
+-- KEYS[4..] tx hashes of the pending txids
+-- ARGV[1] target txid N  ARGV[2] the rewind's generation  ARGV[3] '1' = force
+-- Refused (TFREWIND) if another rewind (to another txid) is under way, if N is not
+-- committed, or if the undo logs do not reach back to N (``from`` - 1 <= N; N = committed is
+-- always possible: it drops the pending txids); (TFBUSY) while a pending txid's owner holds
+-- a live lease, unless forced. A rewind to the same N resumes (the newest caller wins: an
+-- older one's writes are refused by the generation). Returns {committed, last txid}, as they
+-- were when the rewind began.
+local target = tonumber(ARGV[1])
+local rewinding = redis.call('HGET', KEYS[3], 'rewinding')
+if rewinding and tonumber(rewinding) ~= target then
+  return redis.error_reply('TFREWIND a rewind to txid ' .. rewinding .. ' is under way: ' ..
+    'finish it first (rewind --to ' .. rewinding .. ')')
+end
+if not rewinding then
+  local committed = tonumber(redis.call('HGET', KEYS[2], 'committed') or '0')
+  local last = tonumber(redis.call('HGET', KEYS[2], 'last_txid') or '0')
+  if last < committed then last = committed end
+  if target > committed then
+    return redis.error_reply('TFREWIND txid ' .. target .. ' is not committed (the ' ..
+      'pipeline stands at txid ' .. committed .. ')')
+  end
+  local from = tonumber(redis.call('HGET', KEYS[3], 'from') or '0')
+  if target < committed and (from == 0 or target < from - 1) then
+    local kept = from == 0 and 'no undo logs (retain_txids is 0)' or
+      ('txids ' .. (from - 1) .. '..' .. committed)
+    return redis.error_reply('TFREWIND txid ' .. target .. ' is outside what the undo ' ..
+      'logs retain (' .. kept .. ')')
+  end
+  if ARGV[3] ~= '1' then
+    local err = busy_check(4, 'rewind --force')
+    if err then return redis.error_reply(err) end
+  end
+  redis.call('HSET', KEYS[3], 'rewinding', target, 'rewinding_committed', committed,
+    'rewinding_last', last, 'rewinding_generation', redis.call('GET', KEYS[1]) or '')
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return {tonumber(redis.call('HGET', KEYS[3], 'rewinding_committed')),
+  tonumber(redis.call('HGET', KEYS[3], 'rewinding_last'))}
+""",
+)
+
+RESTORE_UNDO = LuaScript(
+    "restore_undo",
+    GEN_CHECK
+    + """
+-- Put fields of one map state back to what one txid's undo hash recorded (a rewind), and
+-- forget each entry in the same step: atomic and idempotent per field, so a rewind cut
+-- short resumes where it stopped. Rewinding txids newest first leaves each field as it was
+-- before the oldest rewound txid that wrote it.
+-- KEYS[1] state hash  KEYS[2] undo hash of the txid  KEYS[3] generation key (of this slot)
+-- ARGV[1] the rewind's generation (TFGENERATION if another rewind took over)  ARGV[2..] fields
+-- An entry '' (the field did not exist) deletes the field. Returns the fields restored.
+local err = gen_check(KEYS[3], ARGV[1])
+if err then return redis.error_reply(err) end
+local n = 0
+for i = 2, #ARGV do
+  local prior = redis.call('HGET', KEYS[2], ARGV[i])
+  if prior then
+    if prior == '' then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+    else
+      redis.call('HSET', KEYS[1], ARGV[i], prior)
+    end
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+""",
+)
+
+GENERATION_HSET = LuaScript(
+    "generation_hset",
+    GEN_CHECK
+    + """
+-- Set (or, for an empty value, delete) fields of a hash if the pipeline is in generation
+-- ARGV[1] (a rewind's own writes: refused once another rewind took over).
+-- KEYS[1] the hash  KEYS[2] generation key  ARGV[2..] field, value, ...  Returns the count.
+local err = gen_check(KEYS[2], ARGV[1])
+if err then return redis.error_reply(err) end
+local n = 0
+for i = 2, #ARGV, 2 do
+  if ARGV[i + 1] == '' then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  else
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+  n = n + 1
+end
+return n
+""",
+)
+
+FINISH_REWIND = LuaScript(
+    "finish_rewind",
+    GEN_CHECK
+    + """
+-- Finish a rewind to txid ARGV[2], once every state is restored: the ledger stands at N
+-- again (committed = last txid = N), the source offsets are those kept right after N, the
+-- history forgets the rewound txids, the runs bound to them are marked 'rewound:<txid>:<N>'
+-- (their next step is refused in one line; cleared, such a run binds afresh), and the
+-- pipeline gets a fresh generation ARGV[3].
+-- KEYS[1] generation key  KEYS[2] ledger hash  KEYS[3] undo meta hash  KEYS[4] offsets hash
+-- KEYS[5] history list  KEYS[6] runs hash  KEYS[7] rewinds list (newest first)
+-- KEYS[8] lineage key (set to the generation before the rewind, if not set: sinks that
+-- cannot take anything back go on across a rewind, but not across a reset)
+-- KEYS[9..] tx hashes of the rewound txids (deleted)
+-- ARGV[1] the rewind's generation  ARGV[2] N  ARGV[3] the new generation  ARGV[4] now (ms)
+-- ARGV[5..] run id, txid, ... of the runs bound to rewound txids
+-- Returns the number of history entries removed.
+local err = gen_check(KEYS[1], ARGV[1])
+if err then return redis.error_reply(err) end
+local target = tonumber(ARGV[2])
+local committed = tonumber(redis.call('HGET', KEYS[3], 'rewinding_committed') or '0')
+local last = tonumber(redis.call('HGET', KEYS[3], 'rewinding_last') or '0')
+local before = redis.call('HGET', KEYS[3], 'rewinding_generation') or ''
+local offsets = redis.call('HGET', KEYS[3], 'offsets:' .. target)
+if target < committed and not offsets then
+  return redis.error_reply('TFREWIND the offsets right after txid ' .. target ..
+    ' are not kept: the undo logs no longer reach back to it')
+end
+if offsets then
+  redis.call('DEL', KEYS[4])
+  local flat = {}
+  for p, o in pairs(cjson.decode(offsets)) do
+    flat[#flat + 1] = p
+    flat[#flat + 1] = tostring(o)
+  end
+  if #flat > 0 then redis.call('HSET', KEYS[4], unpack(flat)) end
+end
+redis.call('HSET', KEYS[2], 'committed', target, 'last_txid', target)
+local dropped = tonumber(redis.call('HGET', KEYS[2], 'dropped_txid') or '0')
+if dropped > target then redis.call('HSET', KEYS[2], 'dropped_txid', target) end
+local gone = {}
+for _, field in ipairs(redis.call('HKEYS', KEYS[3])) do
+  local t = tonumber(string.match(field, '^offsets:(%d+)$') or '')
+  if t and t > target then gone[#gone + 1] = field end
+end
+gone[#gone + 1] = 'rewinding'
+gone[#gone + 1] = 'rewinding_committed'
+gone[#gone + 1] = 'rewinding_last'
+gone[#gone + 1] = 'rewinding_generation'
+redis.call('HDEL', KEYS[3], unpack(gone))
+local kept = {}
+local removed = 0
+for _, raw in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
+  if tonumber(cjson.decode(raw)['txid']) <= target then
+    kept[#kept + 1] = raw
+  else
+    removed = removed + 1
+  end
+end
+redis.call('DEL', KEYS[5])
+for i = 1, #kept, 1000 do
+  redis.call('RPUSH', KEYS[5], unpack(kept, i, math.min(i + 999, #kept)))
+end
+for i = 5, #ARGV, 2 do
+  redis.call('HSET', KEYS[6], ARGV[i], 'rewound:' .. ARGV[i + 1] .. ':' .. target)
+end
+redis.call('LPUSH', KEYS[7], cjson.encode({to = target, committed = committed,
+  last = last, at_ms = tonumber(ARGV[4])}))
+redis.call('LTRIM', KEYS[7], 0, 99)
+if before ~= '' then redis.call('SET', KEYS[8], before, 'NX') end
+for i = 9, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('SET', KEYS[1], ARGV[3])
+return removed
+""",
+)
+
 
 REWIND_PREFIX = "rewind:"
 """What a pipeline's generation starts with while a rewind is under way."""

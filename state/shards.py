@@ -40,7 +40,105 @@ from tridentflow_state.errors import StateError
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
 from tridentflow_state.redis_backing import CHUNK, RedisBackingMap
-from tridentflow_state.scripts import CLAIM_SHARD, HOLD_COMMITS, QUERY_SNAPSHOT, SETTLE_SHARD
+from tridentflow_state.scripts import GEN_CHECK, LuaScript
+
+QUERY_SNAPSHOT = LuaScript(
+    "query_snapshot",
+    """
+-- Read fields of a map state together with what its slot knows of the commits, as one
+-- atomic snapshot (state.shards.query_state combines such snapshots into one committed view).
+-- KEYS[1] the slot's ledger hash (the pipeline's ledger, or a state shard's fence)
+-- KEYS[2] state hash   ARGV fields (at least one)
+-- Returns {committed txid, newest txid whose tombstones were dropped, value1, value2, ...}
+-- (a missing field is nil). ``committed`` is the ledger's, or for a shard the txid its fence
+-- is closed to (the txid holding it, minus one, until it settles).
+local out = {tonumber(redis.call('HGET', KEYS[1], 'committed') or '0'),
+  tonumber(redis.call('HGET', KEYS[1], 'dropped_txid') or '0')}
+local values = redis.call('HMGET', KEYS[2], unpack(ARGV))
+for i = 1, #ARGV do out[i + 2] = values[i] end
+return out
+""",
+)
+
+HOLD_COMMITS = LuaScript(
+    "hold_commits",
+    """
+-- A reader that kept missing a consistent view asks the next commits to wait: BEGIN_COMMIT
+-- refuses (TFHELD) while KEYS[1] exists. The hold expires by itself after ARGV[2] ms. Fair:
+-- once a commit waited for a hold (KEYS[2] set by BEGIN_COMMIT), no new hold is taken until
+-- that commit has begun, so back-to-back readers cannot starve the commits either.
+-- KEYS[1] read-hold key  KEYS[2] waiting-commit key   ARGV[1] reader token
+-- ARGV[2] hold in ms (0: release this token's hold)
+-- Returns 1 if the caller holds it now, 2 if another reader's hold stands (extended),
+-- 0 if refused (a commit is waiting its turn).
+if tonumber(ARGV[2]) <= 0 then
+  if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+  return 1
+end
+local holder = redis.call('GET', KEYS[1])
+if holder then  -- extended, whoever holds it (commands the ACL rules already grant)
+  redis.call('SET', KEYS[1], holder, 'PX', ARGV[2])
+  return holder == ARGV[1] and 1 or 2
+end
+if redis.call('GET', KEYS[2]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+""",
+)
+
+
+CLAIM_SHARD = LuaScript(
+    "claim_shard",
+    GEN_CHECK
+    + """
+-- Claim one state shard for commit attempt ARGV[2] of txid ARGV[1] (called by that attempt
+-- after BEGIN_COMMIT handed it the token, before it writes anything in the shard). From then
+-- on the shard's fenced writes (which check the fence hash as if it were the ledger and the
+-- tx hash) accept this attempt only: every older attempt of the txid, every attempt of an
+-- older txid and any attempt of a txid already settled here is refused (TFFENCED).
+-- KEYS[1] shard fence hash  KEYS[2] shard generation key
+-- KEYS[3..] written-sets of txid-1 in this shard (deleted: left by a crash after its mark)
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation
+-- A shard without a generation (its first claim) takes ARGV[3]; a reset sets every shard's.
+-- Idempotent for the same attempt. Returns 1.
+if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3], 'NX') end
+local err = gen_check(KEYS[2], ARGV[3])
+if err then return redis.error_reply(err) end
+local txid, token = tonumber(ARGV[1]), tonumber(ARGV[2])
+local held = tonumber(redis.call('HGET', KEYS[1], 'txid') or '0')
+local held_token = tonumber(redis.call('HGET', KEYS[1], 'claim_token') or '0')
+local settled = tonumber(redis.call('HGET', KEYS[1], 'committed') or '-1')
+if held > txid or (held == txid and (held_token > token or settled >= txid)) then
+  return redis.error_reply('TFFENCED commit attempt ' .. token .. ' of txid ' .. txid ..
+    ' was superseded: state shard ' .. KEYS[1] .. ' is held by attempt ' .. held_token ..
+    ' of txid ' .. held .. (settled >= held and ' (committed)' or ''))
+end
+redis.call('HSET', KEYS[1], 'txid', txid, 'claim_token', token, 'commit_token', token,
+  'committed', txid - 1)
+for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+""",
+)
+
+SETTLE_SHARD = LuaScript(
+    "settle_shard",
+    """
+-- After the ledger marked txid ARGV[1] committed: close the shard to every attempt of it
+-- (its fence reads committed = txid, no token) and delete its written-sets.
+-- KEYS[1] shard fence hash  KEYS[2..] written-sets of txid ARGV[1] in this shard
+-- ARGV[1] txid
+-- A no-op (0) unless the shard is still held for that txid (a later txid may hold it now).
+local txid = tonumber(ARGV[1])
+if tonumber(redis.call('HGET', KEYS[1], 'txid') or '0') ~= txid
+    or tonumber(redis.call('HGET', KEYS[1], 'committed') or '-1') ~= txid - 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'committed', txid, 'commit_token', '')
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+""",
+)
+
 
 SHARDS_FIELD = "state_shards"
 """Ledger field recording the pipeline's shard count (absent: 1, or nothing committed yet)."""

@@ -35,8 +35,65 @@ from tridentflow_state.backing import Fence
 from tridentflow_state.errors import StagedBlockError
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StateKind
-from tridentflow_state.numeric import applied_and_left, script_keys, undo_flag
-from tridentflow_state.scripts import APPLY_STAGED_NUMERIC, VERIFY_BLOCKS
+from tridentflow_state.numeric import APPLY_NUMERIC, applied_and_left, script_keys, undo_flag
+from tridentflow_state.scripts import LuaScript
+
+_BLOCK_CHECK = r"""
+-- a staged block as its manifest names it, else nil and why (tridentflow_state.staged)
+local function staged_block(key, sha1, lines)
+  local text = redis.call('GET', key)
+  if not text then
+    return nil, 'TFBLOCK staged block ' .. key .. ' is missing (expired, or deleted by a' ..
+      ' reset or another commit): this batch must not commit; emit it again'
+  end
+  local n = 0
+  if #text > 0 then
+    n = 1
+    for _ in string.gmatch(text, '\n') do n = n + 1 end
+  end
+  if n ~= tonumber(lines) or redis.sha1hex(text) ~= sha1 then
+    return nil, 'TFBLOCK staged block ' .. key .. ' holds ' .. n .. ' lines (manifest: ' ..
+      lines .. ') or another checksum: it was torn or overwritten; emit the batch again'
+  end
+  return text
+end
+"""
+
+VERIFY_BLOCKS = LuaScript(
+    "verify_blocks",
+    _BLOCK_CHECK
+    + r"""
+-- Check staged blocks of one slot against their manifest entries, reading nothing back.
+-- KEYS[i] block  ARGV[2i-1] its SHA-1 (hex)  ARGV[2i] its line count
+-- Returns #KEYS; TFBLOCK naming the first block that is missing or differs.
+for i = 1, #KEYS do
+  local text, err = staged_block(KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])
+  if not text then return redis.error_reply(err) end
+end
+return #KEYS
+""",
+)
+
+_LINES_ARG = "string.gmatch(ARGV[6], "
+assert APPLY_NUMERIC.source.count(_LINES_ARG) == 1
+_FENCE_LINE = "if err then return redis.error_reply(err) end\n"
+
+APPLY_STAGED_NUMERIC = LuaScript(
+    "apply_staged_numeric",
+    _BLOCK_CHECK
+    + APPLY_NUMERIC.source.replace(
+        _FENCE_LINE,
+        _FENCE_LINE
+        + r"""-- APPLY_NUMERIC over a staged block instead of ARGV[6]: KEYS[7] the block (in the
+-- state's slot), ARGV[6] its SHA-1, ARGV[8] its line count (TFBLOCK if it differs: nothing
+-- written). The partials never leave Redis.
+local LINES, block_err = staged_block(KEYS[7], ARGV[6], ARGV[8])
+if not LINES then return redis.error_reply(block_err) end
+""",
+        1,
+    ).replace(_LINES_ARG, "string.gmatch(LINES, "),
+)
+
 
 BLOCK_LINES = 5000
 """Lines per block: one APPLY_STAGED_NUMERIC call holds Redis for ~25 ms."""
