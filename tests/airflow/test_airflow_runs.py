@@ -619,7 +619,7 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
             page.goto(f"{api.base}{pasted}")
             browser.frame_locator_text(page, "h1", "txid 2 of wordcount")
             assert browser.frame_text(page, "#txid [data-field=status]") == "committed"
-        page.goto(f"{api.base}/plugin/tridentflow")
+        page.goto(f"{api.base}/plugin/tridentflow?pipeline=wordcount")
         assert browser.frame_text(page, "#committed-txid") == str(rt.ledger.committed_txid())
 
         before = browser.run_tab(page, api.base, DAG, run_id)
