@@ -71,6 +71,8 @@ class CommitAttempt:
         self.writers: dict[str, MapState] = {}
         self.kinds: dict[str, StateKind] = {}
         self.marked = False
+        self.expected = 0
+        """The keys the writes will report (``expect``)."""
         self._half = 0
         self._written = 0
         self._fired = False
@@ -116,6 +118,7 @@ class CommitAttempt:
     # -- 3. writes ------------------------------------------------------------------------------
     def expect(self, keys: int) -> None:
         """The number of keys the writes will report; an empty batch is half written now."""
+        self.expected = keys
         self._half = keys // 2
         self.wrote(0)
 

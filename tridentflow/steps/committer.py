@@ -180,7 +180,7 @@ class InRedisChunks(StateWriter):
     call per chunk and shard (state.numeric), the shards in parallel while the next chunk is
     read; the keys the script leaves (not plain numbers) through Python."""
 
-    op: str = "count"
+    op: str
 
     def apply(self, state: MapState) -> None:
         size = IN_REDIS_CHUNK * self.rt.keyspace.shards
@@ -233,7 +233,8 @@ class StagedBlocks(StateWriter):
     worker, blocks of different shards on their masters at once; the keys a script left go
     through Python."""
 
-    op: str = "count"
+    op: str
+    refs: list[BlockRef]
 
     def apply(self, state: MapState) -> None:
         kind, fence, staged = state.kind, self.attempt.fence, self.staged
@@ -243,7 +244,7 @@ class StagedBlocks(StateWriter):
 
         in_flight: deque[Future] = deque()
         limit = 2 * max(2, self.rt.keyspace.shards)
-        for ref in staged.blocks(state.name) or []:
+        for ref in self.refs:
             in_flight.append(self.pool.submit(one, ref))
             if len(in_flight) >= limit:
                 self._finish(state, in_flight.popleft())
@@ -268,8 +269,9 @@ def writer_for(
     op = in_redis_op(persisted, rt.in_redis_ops)
     if op is None:
         return PythonApply(rt, staged, attempt, pool, persisted)
-    if staged.blocks(name) is not None:
-        return StagedBlocks(rt, staged, attempt, pool, persisted, op)
+    refs = staged.blocks(name)
+    if refs is not None:
+        return StagedBlocks(rt, staged, attempt, pool, persisted, op, refs)
     return InRedisChunks(rt, staged, attempt, pool, persisted, op)
 
 
@@ -414,7 +416,7 @@ def commit_stats(
     move on)."""
     return {
         "records": staged.records,
-        "keys": sum(staged.key_count(name) for name in attempt.writers),
+        "keys": attempt.expected,
         "emit_attempt": staged.attempt,
         "commit_attempt": attempt.token,
         "skipped": staged.manifest.get("skipped", []),
@@ -467,7 +469,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         return CommitResult(txid, "already-committed")
     rt.discard_staged(txid - 1)  # what a commit of txid-1 cut short after its mark left, if any
     return CommitResult(
-        txid, "committed", staged.records, sum(staged.key_count(n) for n in writers),
+        txid, "committed", staged.records, attempt.expected,
         staged.attempt, attempt.token, rolled_back, quarantined,
         tuple(staged.manifest.get("skipped", [])),
     )  # fmt: skip
