@@ -12,19 +12,11 @@ from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
 
 CAPABILITIES = {
-    name: getattr(base, name)
-    for name in (
-        "Grows",
-        "Produces",
-        "AppendsSpread",
-        "Rebases",
-        "GuardsDelete",
-        "Deletes",
-        "Trims",
-        "Requires",
-        "Closes",
-    )
+    name: kind
+    for name, kind in vars(base).items()
+    if isinstance(kind, type) and getattr(kind, "_is_runtime_protocol", False)
 }
+"""Every capability base.py declares (a new one must be placed in DECLARED below)."""
 
 DECLARED = {
     # the reader creates the file log and deletes it on reset --source; nothing to trim
