@@ -28,6 +28,7 @@ import redis
 from redis.crc import key_slot
 
 from tridentflow.devtools import devredis
+from tridentflow.errors import TridentflowError
 
 MAX_PORT = 45000
 """Node ports stay below this (a node's cluster bus is its port + 10000, at most 65535)."""
@@ -208,7 +209,25 @@ class LocalCluster:
         (self.directory / str(port)).mkdir(parents=True, exist_ok=True)
         return subprocess.Popen(self._args(port), stdout=subprocess.DEVNULL)
 
-    def start(self) -> LocalCluster:
+    def start(self, attempts: int = 4) -> LocalCluster:
+        """Start the nodes and create the cluster. Ports are picked free, but another test
+        worker can take one (or its bus port) before the node binds it: the nodes are then
+        stopped and started again on fresh ports, up to ``attempts`` times."""
+        for attempt in range(attempts):
+            try:
+                self._start_nodes()
+                break
+            except (TridentflowError, OSError):
+                self.stop()
+                self.procs, self.relays, self.relay_ports = [], {}, {}
+                if attempt == attempts - 1:
+                    raise
+        self._create()
+        return self
+
+    def _start_nodes(self) -> None:
+        """Spawn every node (behind its relay if gated); TridentflowError if one exits or another
+        server holds its port, OSError if a relay cannot bind its port."""
         nodes = self.masters * (1 + self.replicas)
         ports = cluster_ports(nodes * (2 if self.gated else 1))
         self.ports = ports[:nodes]
@@ -218,8 +237,12 @@ class LocalCluster:
                 self.relays[port] = GatedRelay(self.relay_ports[port], port).start()
         for port in self.ports:
             self.procs.append(self._spawn(port))
-        for port in self.ports:
-            devredis.wait_ready(port)
+        for port, proc in zip(self.ports, self.procs, strict=True):
+            devredis.wait_ready(port, proc)
+            if devredis.server_pid(port) != proc.pid:
+                raise devredis.PortTaken(f"port {port} is answered by another redis-server")
+
+    def _create(self) -> None:
         subprocess.run(
             [
                 "redis-cli",
@@ -237,7 +260,6 @@ class LocalCluster:
         self.wait_ok(self.ports)
         if self.replicas:
             self.wait_linked(self.ports)
-        return self
 
     def node(self, port: int) -> redis.Redis:
         """A plain client of one node, on its own port."""

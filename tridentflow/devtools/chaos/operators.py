@@ -71,9 +71,7 @@ class OperatorActs:
                 reset_pipeline(fresh, force=True, source=not kafka)
                 sched.result.events.append(f"reset-forced@step{step}")
         except ReplicationError:  # not on a replica: the operator waits for it, resets again
-            assert self.cluster is not None and sched.lagging is not None
-            self.cluster.release_replication(sched.lagging[0])
-            sched.lagging = None
+            self._wait_for_replicas(sched)
             reset_pipeline(fresh, force=True, source=not kafka)
             sched.result.events.append(f"reset-after-replication-wait@step{step}")
         if not kafka:  # a reset reader of Kafka reads the whole topic again
@@ -83,6 +81,17 @@ class OperatorActs:
         old.client.close()
         sched.rt = fresh
         sched.was_reset = True
+
+    def _wait_for_replicas(self, sched: Schedule) -> None:
+        """What an operator refused for want of a replica's acknowledgement does: waits until
+        the replicas are back. The harness may be holding one (``sched.lagging``: released), or
+        one is slow on its own (a loaded host, a replica resyncing after a failover): the
+        refusal is right either way."""
+        assert self.cluster is not None, "a ReplicationError without replicas"
+        if sched.lagging is not None:
+            self.cluster.release_replication(sched.lagging[0])
+            sched.lagging = None
+        self.cluster.wait_linked(self.cluster.alive())
 
     def _rewind_in_flight(self, sched: Schedule, run_id: str, next_step: str, step: int) -> None:
         """An operator rewinds the pipeline while ``run_id`` is in flight (``--force``: it
@@ -120,9 +129,7 @@ class OperatorActs:
             try:
                 report = rewind_pipeline(fresh, to, force=True)
             except ReplicationError:  # not on a replica: the operator waits, runs it again
-                assert self.cluster is not None and sched.lagging is not None
-                self.cluster.release_replication(sched.lagging[0])
-                sched.lagging = None
+                self._wait_for_replicas(sched)
                 fresh.client.close()
                 fresh = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
                 report = rewind_pipeline(fresh, to, force=True)
