@@ -151,13 +151,16 @@ class CommitAttempt:
     # -- 5. mark --------------------------------------------------------------------------------
     def mark(self, offsets: Mapping[int, int], stats: Mapping[str, Any]) -> bool:
         """``written``, then the ledger's mark (committed txid and source ``offsets`` together,
-        atomically; ``stats`` kept with it), then ``marked``. False if a concurrent attempt of
-        the txid marked it first (this one wrote nothing after that)."""
+        atomically; ``stats`` kept with it), then ``marked``, then the history entry (its own
+        script: a crash before it is caught up by a retry or the next txid). False if a
+        concurrent attempt of the txid marked it first (this one wrote nothing after that)."""
         self.hooks.written(self)
         self.marked = self.ledger.mark_committed(
             self.ticket, offsets, self.writers.keys(), stats, self.retain_txids
         )
         self.hooks.marked(self)
+        if self.marked:
+            self.ledger.record_history(self.txid)
         return self.marked
 
     # -- 6. settle ------------------------------------------------------------------------------

@@ -177,19 +177,16 @@ MARK_COMMITTED = LuaScript(
 -- Mark a txid committed, with the source offsets it advanced to. Call only after every key of
 -- the txid is written. Atomic: the committed txid and the offsets move together.
 -- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] generation key
--- KEYS[5] history list (newest first, the last ARGV[5] commits)
--- KEYS[6] tx hash of txid-1 (deleted: its metadata is no longer needed)
--- KEYS[7] undo meta hash (tridentflow_state.undo)  KEYS[8..] written-sets of this txid (deleted)
+-- KEYS[5] tx hash of txid-2 (deleted: RECORD_HISTORY has had two chances at it)
+-- KEYS[6] undo meta hash (tridentflow_state.undo)  KEYS[7..] written-sets of this txid (deleted)
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON (an object)
--- ARGV[5] history length  ARGV[6] undo logs retained (0: off)  ARGV[7..] partition, offset, ...
--- With ARGV[6] = R > 0 the offsets right after the txid are kept (``offsets:<txid>``) and
+-- ARGV[5] undo logs retained (0: off)  ARGV[6..] partition, offset, ...
+-- With ARGV[5] = R > 0 the offsets right after the txid are kept (``offsets:<txid>``) and
 -- ``from`` (the oldest txid whose undo logs are complete) moves to txid - R + 1 at most; the
 -- first txid so marked is not trusted (an earlier attempt may have written without undo):
 -- ``from`` starts at txid + 1. With R = 0, ``from`` goes (the undo chain is broken).
--- The history entry is the stats with the txid, the owning run, every step's attempts and
--- start/end times (ms) from the tx hash - and, under an orchestrator, its task's tries,
--- start/end and summed durations (RECORD_TASK) - and the commit time: what a cleared Airflow
--- task's deleted XCom no longer shows. Returns 1 when marked, 0 if already committed (no-op).
+-- The tx hash keeps the stats, the marking token and the time: RECORD_HISTORY builds the
+-- history entry from them. Returns 1 when marked, 0 if already committed (no-op).
 local err = gen_check(KEYS[4], ARGV[3])
 if err then return redis.error_reply(err) end
 local txid = tonumber(ARGV[1])
@@ -199,62 +196,95 @@ err = fence_check(KEYS[1], KEYS[2], txid, ARGV[2])
 if err then return redis.error_reply(err) end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'committed', txid)
-for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-local retain = tonumber(ARGV[6])
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+local retain = tonumber(ARGV[5])
 if retain > 0 then
-  local from = tonumber(redis.call('HGET', KEYS[7], 'from') or '0')
+  local from = tonumber(redis.call('HGET', KEYS[6], 'from') or '0')
   if from == 0 then
     from = txid + 1
-    redis.call('HSETNX', KEYS[7], 'purged', txid)
+    redis.call('HSETNX', KEYS[6], 'purged', txid)
   end
   if txid - retain + 1 > from then from = txid - retain + 1 end
   local after = {}
   local flat = redis.call('HGETALL', KEYS[3])
   for i = 1, #flat, 2 do after[flat[i]] = flat[i + 1] end  -- strings: exact
-  redis.call('HSET', KEYS[7], 'from', from, 'offsets:' .. txid, cjson.encode(after))
+  redis.call('HSET', KEYS[6], 'from', from, 'offsets:' .. txid, cjson.encode(after))
 else
-  redis.call('HDEL', KEYS[7], 'from')
+  redis.call('HDEL', KEYS[6], 'from')
 end
 redis.call('HSET', KEYS[2], 'status', 'committed', 'stats', ARGV[4],
-  'committed_at', math.floor(now / 1000))
-local entry = cjson.decode(ARGV[4])
-entry['txid'] = txid
-entry['run_id'] = redis.call('HGET', KEYS[2], 'owner') or cjson.null
-local steps = {}
-for _, step in ipairs({'coordinate', 'emit', 'commit'}) do
-  local started = redis.call('HGET', KEYS[2], step .. '_started_ms')
-  local ended = redis.call('HGET', KEYS[2], step .. '_ended_ms')
-  if step == 'commit' then ended = now end
-  local tries = redis.call('HGET', KEYS[2], step .. '_tries')
-  local task_started = redis.call('HGET', KEYS[2], step .. '_task_started_ms')
-  local task_ended = redis.call('HGET', KEYS[2], step .. '_task_ended_ms')
-  local task_ms = redis.call('HGET', KEYS[2], step .. '_task_ms')
-  if step == 'commit' and task_started then
-    -- the try marking this commit is running: its time so far counts
-    local try_started = tonumber(redis.call('HGET', KEYS[2], 'commit_try_started_ms') or '0')
-    if try_started > 0 and try_started > tonumber(task_ended or '0') then
-      task_ms = tonumber(task_ms or '0') + math.max(0, now - try_started)
-    end
-    task_ended = now
-  end
-  steps[step] = {
-    attempts = tonumber(redis.call('HGET', KEYS[2], step .. '_attempts') or '0'),
-    started_ms = started and tonumber(started) or cjson.null,
-    ended_ms = ended and tonumber(ended) or cjson.null,
-    tries = tries and tonumber(tries) or cjson.null,
-    task_started_ms = task_started and tonumber(task_started) or cjson.null,
-    task_ended_ms = task_ended and tonumber(task_ended) or cjson.null,
-    task_ms = task_ms and tonumber(task_ms) or cjson.null,
-  }
-end
-steps['commit']['attempts'] = tonumber(ARGV[2])
-entry['steps'] = steps
-entry['committed_ms'] = now
-redis.call('LPUSH', KEYS[5], cjson.encode(entry))
-redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[5]) - 1)
-redis.call('DEL', KEYS[6])
-for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
+  'committed_at', math.floor(now / 1000), 'committed_ms', now, 'marked_by', ARGV[2])
+redis.call('DEL', KEYS[5])
+for i = 7, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1
+""",
+)
+
+RECORD_HISTORY = LuaScript(
+    "record_history",
+    """
+-- Record the history entries of txid-1 and txid (in that order: newest first), each once,
+-- from their tx hashes, then delete txid-1's. Idempotent: the attempt that marked calls it,
+-- a retry answered ``already-committed`` calls it again, and the next txid's call catches up
+-- an entry a crash right after the mark left out (only two crashes in a row, neither retried,
+-- lose one: MARK_COMMITTED of txid+1 deletes txid-1's tx hash).
+-- KEYS[1] tx hash of txid-1  KEYS[2] tx hash of txid  KEYS[3] history list (newest first)
+-- ARGV[1] txid  ARGV[2] history length
+-- An entry is the stats with the txid, the owning run, every step's attempts and start/end
+-- times (ms) - and, under an orchestrator, its task's tries, start/end and summed durations
+-- (RECORD_TASK) - and the commit time: what a cleared Airflow task's deleted XCom no longer
+-- shows. Returns the entries recorded now.
+local function entry_of(tx, txid)
+  local now = tonumber(redis.call('HGET', tx, 'committed_ms'))
+  local entry = cjson.decode(redis.call('HGET', tx, 'stats') or '{}')
+  entry['txid'] = txid
+  entry['run_id'] = redis.call('HGET', tx, 'owner') or cjson.null
+  local steps = {}
+  for _, step in ipairs({'coordinate', 'emit', 'commit'}) do
+    local started = redis.call('HGET', tx, step .. '_started_ms')
+    local ended = redis.call('HGET', tx, step .. '_ended_ms')
+    if step == 'commit' then ended = now end
+    local tries = redis.call('HGET', tx, step .. '_tries')
+    local task_started = redis.call('HGET', tx, step .. '_task_started_ms')
+    local task_ended = redis.call('HGET', tx, step .. '_task_ended_ms')
+    local task_ms = redis.call('HGET', tx, step .. '_task_ms')
+    if step == 'commit' and task_started then
+      -- the try that marked this commit was running: its time until the mark counts
+      local try_started = tonumber(redis.call('HGET', tx, 'commit_try_started_ms') or '0')
+      if try_started > 0 and try_started > tonumber(task_ended or '0') then
+        task_ms = tonumber(task_ms or '0') + math.max(0, now - try_started)
+      end
+      task_ended = now
+    end
+    steps[step] = {
+      attempts = tonumber(redis.call('HGET', tx, step .. '_attempts') or '0'),
+      started_ms = started and tonumber(started) or cjson.null,
+      ended_ms = ended and tonumber(ended) or cjson.null,
+      tries = tries and tonumber(tries) or cjson.null,
+      task_started_ms = task_started and tonumber(task_started) or cjson.null,
+      task_ended_ms = task_ended and tonumber(task_ended) or cjson.null,
+      task_ms = task_ms and tonumber(task_ms) or cjson.null,
+    }
+  end
+  steps['commit']['attempts'] = tonumber(redis.call('HGET', tx, 'marked_by'))
+  entry['steps'] = steps
+  entry['committed_ms'] = now
+  return entry
+end
+local txid = tonumber(ARGV[1])
+local recorded = 0
+for i = 1, 2 do
+  local tx = KEYS[i]
+  if redis.call('HGET', tx, 'status') == 'committed' and redis.call('HGET', tx, 'committed_ms')
+      and not redis.call('HGET', tx, 'in_history') then
+    redis.call('LPUSH', KEYS[3], cjson.encode(entry_of(tx, txid - 2 + i)))
+    redis.call('HSET', tx, 'in_history', 1)
+    recorded = recorded + 1
+  end
+end
+if recorded > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[2]) - 1) end
+redis.call('DEL', KEYS[1])
+return recorded
 """,
 )
 
@@ -782,16 +812,22 @@ class Ledger:
         """
         txid = ticket.txid
         keys = [self.keys.ledger, self.keys.tx(txid), self.keys.offsets, self.keys.generation]
-        keys += [self.keys.history, self.keys.tx(txid - 1), self.keys.undo_meta]
+        keys += [self.keys.tx(txid - 2), self.keys.undo_meta]
         if not self.keys.sharded:  # a shard's written-sets go when it settles
             keys += [self.keys.written(name, txid) for name in state_names]
         keys.append(self.keys.quarantine_written(txid))
         stats_json = json.dumps(dict(stats or {}), sort_keys=True)
-        args: list[Any] = [txid, ticket.token, ticket.generation, stats_json, HISTORY_LENGTH]
+        args: list[Any] = [txid, ticket.token, ticket.generation, stats_json]
         args.append(max(0, int(retain_txids)))
         for partition, offset in sorted(offsets.items()):
             args += [int(partition), int(offset)]
         return bool(MARK_COMMITTED(self.client, keys, args))
+
+    def record_history(self, txid: int) -> int:
+        """Add the history entries of committed ``txid`` - and of txid-1 if a crash right after
+        its mark left it out - each once. Idempotent; the entries recorded now."""
+        keys = [self.keys.tx(txid - 1), self.keys.tx(txid), self.keys.history]
+        return int(RECORD_HISTORY(self.client, keys, [txid, HISTORY_LENGTH]))
 
     def wait_replicated(self, replicas: int, timeout_ms: int) -> int:
         """Block until at least ``replicas`` replicas of the master holding this pipeline's

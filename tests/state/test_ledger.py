@@ -132,3 +132,40 @@ def test_two_pipelines_share_a_redis_without_collisions(redis_client):
     assert RedisBackingMap(redis_client, a, "counts").multi_get(["k"]) == [[None, 1, None]]
     assert Ledger(redis_client, "alpha").reset() == 1
     assert RedisBackingMap(redis_client, b, "counts").multi_get(["k"]) == [[None, 2, None]]
+
+
+def _commit(ledger: Ledger, txid: int, run: str) -> None:
+    ledger.bind_run(run)
+    assert ledger.mark_committed(ledger.begin_commit(txid), {0: txid}, [], {"records": txid})
+
+
+def test_the_history_is_recorded_once_by_its_own_script_and_caught_up_after_a_crash(ledger):
+    """The mark does not build the history entry; record_history does, once per txid. A crash
+    between the two (txid 2 here: marked, never recorded) is caught up by the next txid's call,
+    in order, and nothing is recorded twice however often it is called."""
+    _commit(ledger, 1, "run-1")
+    assert ledger.history() == []  # marked, not yet recorded
+    assert ledger.record_history(1) == 1
+    _commit(ledger, 2, "run-2")  # ... and the process dies here
+    _commit(ledger, 3, "run-3")
+    assert ledger.record_history(3) == 2  # txid 2's entry, then txid 3's
+    assert ledger.record_history(3) == 0
+    assert ledger.record_history(2) == 0  # a late retry of txid 2 answered already-committed
+    entries = ledger.history()
+    assert [e["txid"] for e in entries] == [3, 2, 1]
+    assert [e["run_id"] for e in entries] == ["run-3", "run-2", "run-1"]
+    assert [e["records"] for e in entries] == [3, 2, 1]
+    assert all(e["steps"]["commit"]["attempts"] == 1 for e in entries)
+    assert all(e["committed_ms"] > 0 for e in entries)
+    client = ledger.client
+    assert not client.exists(ledger.keys.tx(1)) and not client.exists(ledger.keys.tx(2))
+    assert client.exists(ledger.keys.tx(3))  # the newest stays: its status is read
+
+
+def test_no_tx_hash_is_left_behind_when_every_record_crashed(ledger):
+    """Two crashes in a row after the mark, never retried: the mark of the txid after deletes
+    the tx hash two back, so tx hashes never pile up (one history entry is what is lost)."""
+    for txid in range(1, 6):
+        _commit(ledger, txid, f"run-{txid}")
+    tx_hashes = [t for t in range(1, 6) if ledger.client.exists(ledger.keys.tx(t))]
+    assert tx_hashes == [4, 5]

@@ -433,6 +433,15 @@ def wait_to_commit(rt: Runtime, txid: int, timeout: float) -> None:
         raise CommitOrderError(f"txid {txid} waited {timeout:.0f}s for txid {awaited} to commit")
 
 
+def _already_committed(rt: Runtime, txid: int) -> CommitResult:
+    """A retry of a committed txid: finish what a commit cut short after its mark left - the
+    replicas' acknowledgement, the history entry, the staged batch. Idempotent."""
+    confirm_replicated(rt, txid)  # a retry after a commit whose WAIT fell short
+    rt.ledger.record_history(txid)
+    rt.discard_staged(txid)
+    return CommitResult(txid, "already-committed")
+
+
 def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     """Commit ``txid`` (the protocol: tridentflow_state.commit); with ``wait`` > 0, first wait
     up to that many seconds for its turn. Idempotent: a retry of a committed txid changes
@@ -444,9 +453,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         ledger, rt.client, rt.keyspace, txid, rt.retain_txids, _CommitHooks(rt)
     )
     if attempt is None:
-        confirm_replicated(rt, txid)  # a retry after a commit whose WAIT fell short
-        rt.discard_staged(txid)  # a commit cut short after its mark left it
-        return CommitResult(txid, "already-committed")
+        return _already_committed(rt, txid)
     staged = load_verified(rt, txid)
     rt.require_replicated(  # txid-1's mark: what every write of this txid builds on
         f"txid {txid - 1}'s commit", f"txid {txid} wrote nothing; retry its commit"
