@@ -36,7 +36,7 @@ def test_two_runtimes_in_one_process_see_their_own_kafka_connection(
     assert "\n" not in str(refused.value)
     rt_a = runtime("wordcount", redis_url, home)
     rt_b = runtime("wordcount", redis_url, home)
-    rt_a.connections = first
+    rt_a = rt_a.with_(connections=first)
     assert (rt_a.connections, rt_b.connections) == (first, Connections())
     own = KafkaSource(("text",), topic="words", config={"bootstrap.servers": "mine:9092"})
     assert resolve_config(own, first)["bootstrap.servers"] == "mine:9092"  # its own wins

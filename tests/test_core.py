@@ -60,7 +60,7 @@ def test_transactional_source_waits_for_a_dark_partition(redis_url, redis_client
     coordinate(rt, 1)
     with pytest.raises(PartitionUnavailable, match="partition 1"):
         emit(rt, 1, ENGINE)
-    rt.faults = FaultPlan()  # the partition is back
+    rt = rt.with_(faults=FaultPlan())  # the partition is back
     emit(rt, 1, ENGINE)
     assert commit(rt, 1).records == 8
 
@@ -92,11 +92,11 @@ def test_opaque_replay_with_a_smaller_batch_rolls_back_the_first_attempt(
     emit(rt, 1, ENGINE)
     with pytest.raises(InjectedFault):
         commit(rt, 1)
-    rt.faults = FaultPlan.parse("dark:0@1")
+    rt = rt.with_(faults=FaultPlan.parse("dark:0@1"))
     emit(rt, 1, ENGINE)  # attempt 2 skips partition 0
     result = commit(rt, 1)
     assert result.rolled_back > 0
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     run_batches(rt, ENGINE)
     assert counts(rt, ["alpha", "delta", "omega"]) == {"alpha": 1, "delta": 1, "omega": 1}
     assert audit(rt).ok
@@ -104,7 +104,7 @@ def test_opaque_replay_with_a_smaller_batch_rolls_back_the_first_attempt(
 
 def test_a_torn_staged_batch_fails_instead_of_committing(redis_url, redis_client, home):
     rt = runtime("wordcount", redis_url, home)
-    rt.staging_kind = "files"  # a torn file (Redis blocks: tests/test_redis_staging.py)
+    rt = rt.with_(staging_kind="files")  # a torn file (Redis blocks: tests/test_redis_staging.py)
     produce(rt, sentences(12))
     coordinate(rt, 1)
     staged = emit(rt, 1, ENGINE)
@@ -119,7 +119,7 @@ def test_a_torn_staged_batch_fails_instead_of_committing(redis_url, redis_client
 
 def test_a_batch_whose_counts_disagree_with_its_ranges_fails(redis_url, redis_client, home):
     rt = runtime("wordcount", redis_url, home)
-    rt.staging_kind = "files"  # the manifest doctored on disk
+    rt = rt.with_(staging_kind="files")  # the manifest doctored on disk
     produce(rt, sentences(12))
     coordinate(rt, 1)
     staged = emit(rt, 1, ENGINE)
@@ -241,9 +241,9 @@ def test_opaque_pipelining_and_a_stale_base_is_re_emitted(redis_url, redis_clien
     coordinate(rt, 4, batch_size=1)
     emit(rt, 3, ENGINE)
     emit(rt, 4, ENGINE)
-    rt.faults = FaultPlan.parse("dark:0@3")
+    rt = rt.with_(faults=FaultPlan.parse("dark:0@3"))
     emit(rt, 3, ENGINE)  # txid 3 replayed without partition 0: txid 4's base is now stale
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     commit(rt, 3)
     with pytest.raises(IncompleteBatchError, match="emit it again"):
         commit(rt, 4)

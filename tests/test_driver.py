@@ -40,7 +40,7 @@ def test_a_failed_txid_blocks_later_commits_until_it_succeeds(redis_url, redis_c
     with pytest.raises(InjectedFault):
         run_pipelined(rt, ENGINE, depth=3, batch_size=2)
     assert rt.ledger.committed_txid() == 1  # 3 and 4 may be staged: they never commit ahead
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     run_pipelined(rt, ENGINE, depth=3, batch_size=2)
     assert audit(rt).ok
     expected = word_counts(lines)

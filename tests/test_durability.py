@@ -47,8 +47,10 @@ def test_a_redis_crash_between_any_two_steps_loses_nothing(server, home, name, b
     rt.source_heads()
     rt.log.append_spread(lines)
     run_batches(rt, ENGINE, max_batches=1, batch_size=2)  # txid 1 committed before the crash
-    rt.faults = FaultPlan.parse(
-        f"{boundary}@2" if boundary in ("mid-commit", "before-ledger") else ""
+    rt = rt.with_(
+        faults=FaultPlan.parse(
+            f"{boundary}@2" if boundary in ("mid-commit", "before-ledger") else ""
+        )
     )
     coordinate(rt, 2, batch_size=2)
     if boundary != "after-coordinate":
@@ -61,7 +63,7 @@ def test_a_redis_crash_between_any_two_steps_loses_nothing(server, home, name, b
     committed = rt.ledger.committed_txid()
     server.restart()  # SIGKILL + start on the same AOF
     assert rt.ledger.committed_txid() == committed
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     run_batches(rt, ENGINE, batch_size=2)
     assert audit(rt).ok
     expected = word_counts(lines)

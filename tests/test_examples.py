@@ -131,7 +131,7 @@ def test_a_lost_tuple_fails_the_emit_and_a_doctored_manifest_fails_the_commit(
     redis_url, redis_client, home
 ):
     rt = runtime("user-scores", redis_url, home, faults="lose-tuple@1")
-    rt.staging_kind = "files"  # the manifest doctored on disk
+    rt = rt.with_(staging_kind="files")  # the manifest doctored on disk
     rt.source_heads()
     rt.log.append_spread(SEED_BATCH)
     coordinate(rt, 1)
@@ -156,7 +156,7 @@ def test_a_state_query_stream_sees_the_last_committed_value_during_a_pending_com
     redis_url, redis_client, home
 ):
     rt = runtime("wordcount-drpc", redis_url, home, faults="mid-commit@2")
-    rt.staging_kind = "files"  # half of 8 keys (one Redis block would be applied whole)
+    rt = rt.with_(staging_kind="files")  # half of 8 keys (one Redis block would be applied whole)
     rt.source_heads()
     rt.log.append_spread([{"kind": "sentence", "text": "a b c d e f g h"}])
     for txid in (1, 2):

@@ -114,7 +114,9 @@ def test_offsets_with_transaction_markers_count_every_record_once(broker, redis_
 def test_a_fault_at_every_point_replays_exactly(action, broker, redis_url, tmp_path):
     built = pipeline(broker)
     rt = runtime_of(built, redis_url, tmp_path / "h")
-    rt.faults = FaultPlan(tuple(Fault(p, txid, 1, action) for txid, p in enumerate(POINTS, 2)))
+    rt = rt.with_(
+        faults=FaultPlan(tuple(Fault(p, txid, 1, action) for txid, p in enumerate(POINTS, 2)))
+    )
     rt.log.create(4)
     lines = sentences(300, seed=5)
     rt.log.append_spread(lines[:120])

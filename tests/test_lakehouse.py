@@ -154,7 +154,7 @@ def test_kills_at_every_point_of_an_export_leave_one_version_per_txid(rt):
     the next export finishes the job - one version per txid, tables equal to the state - and
     the killed writes' files are orphans that vacuum lists and removes."""
     crashes = tuple(Fault("mid-export", txid, 1, "crash") for txid in (2, 3, 5))
-    rt.faults = FaultPlan(crashes)
+    rt = rt.with_(faults=FaultPlan(crashes))
     for _ in range(len(LINES) + 2):
         if not run_batches(rt, LocalEngine(), max_batches=1).records:
             break
@@ -164,7 +164,7 @@ def test_kills_at_every_point_of_an_export_leave_one_version_per_txid(rt):
                 break
             except SimulatedCrash:
                 continue
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     export(rt)
     check_upserts(rt)
     committed = rt.ledger.committed_txid()
@@ -250,10 +250,10 @@ def test_a_rewind_killed_between_tables_finishes_when_run_again(rt, monkeypatch)
     target with exactly one rewind version - none carried back twice - and exports go on."""
     drain(rt)
     committed = rt.ledger.committed_txid()
-    rt.faults = FaultPlan((Fault("mid-rewind", 4, 1, "crash"),))
+    rt = rt.with_(faults=FaultPlan((Fault("mid-rewind", 4, 1, "crash"),)))
     with pytest.raises(SimulatedCrash):
         rewind_pipeline(rt, 4, force=True)
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     victim = feed(rt, "iceberg-counts").sink
     original = type(victim).rewind_to
 

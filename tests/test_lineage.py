@@ -77,7 +77,7 @@ def test_a_sharded_states_datasets_are_its_shards_hashes(redis_url, redis_client
     """Each dataset a commit reports names a key that exists (a sharded state has no hash of
     its own: each shard holds one)."""
     rt = runtime("wordcount", redis_url, home)
-    rt.shards = 3
+    rt = rt.with_(shards=3)
     rt.ledger.reset(force=True)
     produce(rt, sentences(30, seed=4))
     results = run_txid(rt, "run-1")

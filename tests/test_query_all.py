@@ -47,7 +47,7 @@ def test_a_listing_during_a_commit_shows_the_last_committed_values(redis_url, re
     produce(rt, first)
     run_batches(rt, ENGINE)
     produce(rt, ["a a d"])
-    rt.faults = FaultPlan.parse("before-ledger@2")
+    rt = rt.with_(faults=FaultPlan.parse("before-ledger@2"))
     coordinate(rt, 2)
     emit(rt, 2, ENGINE)
     with pytest.raises(InjectedFault):

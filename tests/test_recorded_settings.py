@@ -91,7 +91,7 @@ def test_the_command_line_and_the_pipelines_code_change_the_record(
 ):
     committed_by_a_process_with(monkeypatch, redis_url, home, "3")
     changed = runtime("wordcount", redis_url, home)
-    changed.retain = 5  # `run --retain-txids 5`: meant
+    changed = changed.with_(retain=5)  # `run --retain-txids 5`: meant
     produce(changed, sentences(4, seed=4))
     drain(changed)
     assert changed.ledger.settings()["retain_txids"] == "5"

@@ -59,7 +59,7 @@ def test_redis_staging_commits_what_file_staging_commits(
         rt = _runtime(pipeline, redis_url, tmp_path / kind, 3, f"st-{kind}")
         rt.ledger.reset(force=True)
         produce(rt, lines)
-        rt.faults = FaultPlan.parse("mid-commit@2=raise,before-ledger@3=raise")
+        rt = rt.with_(faults=FaultPlan.parse("mid-commit@2=raise,before-ledger@3=raise"))
         drain_retrying(rt, batch_size=11)
         assert rt.ledger.committed_txid() > 3
         assert audit(rt).ok

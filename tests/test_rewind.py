@@ -145,7 +145,7 @@ def test_a_rewind_and_a_replay_with_fixed_code_equal_a_recompute(
         runtime("tests.pipelines:kept_fixed", redis_url, home).ledger.check_generation()
     with pytest.raises(RewindError, match="a rewind to txid 5 is under way"):
         rewind_pipeline(runtime("tests.pipelines:kept", redis_url, home), 4)
-    good.faults = FaultPlan()
+    good = good.with_(faults=FaultPlan())
     report = rewind_pipeline(good, 5)
     assert (report.result.target, report.result.committed) == (5, 9)
     assert good.ledger.committed_txid() == good.ledger.last_txid() == 5

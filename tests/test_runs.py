@@ -151,7 +151,7 @@ def test_the_ledger_keeps_each_commits_result_and_step_timings(redis_url, redis_
     produce(rt, ["a b", "c d", "e f", "a"])
     run_all(rt, "run-1")
     produce(rt, ["g h"])
-    rt.faults = FaultPlan.parse("in-emit@2")
+    rt = rt.with_(faults=FaultPlan.parse("in-emit@2"))
     coordinate_run(rt, "run-2")
     with pytest.raises(InjectedFault):
         emit_run(rt, "run-2", ENGINE)

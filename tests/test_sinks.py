@@ -153,7 +153,7 @@ def test_a_reset_replaces_the_table_and_a_foreign_table_is_refused(sinked, pg_ds
 def test_exporters_killed_mid_txid_or_racing_apply_each_txid_once(sinked, pg_dsn) -> None:
     rt = sinked
     run_batches(rt, LocalEngine(), max_batches=3)  # change_log_limit=3: all kept
-    rt.faults = FaultPlan.parse("mid-export@1,mid-export@2")
+    rt = rt.with_(faults=FaultPlan.parse("mid-export@1,mid-export@2"))
     for _ in range(6):
         try:
             export(rt, ["postgres-kv", "stream-kv-changesP"])
@@ -161,7 +161,7 @@ def test_exporters_killed_mid_txid_or_racing_apply_each_txid_once(sinked, pg_dsn
         except SinkError as exc:  # the injected fault, said as the sink's one line
             assert "InjectedFault: injected fault mid-export@" in str(exc), exc
             continue
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     run_batches(rt, LocalEngine())
     committed = rt.ledger.committed_txid()
     errors: list[BaseException] = []
@@ -194,11 +194,11 @@ def test_chained_pipelines_through_a_stream_are_exactly_once(sinked, home: Path)
     follower = runtime("tests.pipelines:kv_follower", rt.redis_url, home / "follower")
     run_batches(follower, LocalEngine())
     run_batches(rt, LocalEngine())
-    rt.faults = FaultPlan.parse("mid-export@3")
+    rt = rt.with_(faults=FaultPlan.parse("mid-export@3"))
     with pytest.raises(SinkError, match="injected fault mid-export@3"):
         export(rt, ["stream-kv-changesP"])
     run_batches(follower, LocalEngine())  # reads a txid's first part, then the rest
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     export(rt, ["stream-kv-changesP"])
     run_batches(follower, LocalEngine())
     assert state_rows(follower, "changes") == {"x": 2, "y": 2}

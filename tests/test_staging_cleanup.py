@@ -86,7 +86,7 @@ def test_an_incomplete_batch_leaves_nothing_staged(kind, redis_url, tmp_path, mo
     """A tuple lost in an exchange (lose-tuple): refused by the completeness check."""
     rt = _fresh("user-scores", kind, redis_url, tmp_path, monkeypatch)
     produce(rt, [[f"u{i % 7}", i] for i in range(60)])
-    rt.faults = FaultPlan.parse("lose-tuple@1")
+    rt = rt.with_(faults=FaultPlan.parse("lose-tuple@1"))
     coordinate(rt, 1, batch_size=100)
     with pytest.raises(IncompleteBatchError):
         emit(rt, 1, ENGINE)
@@ -118,7 +118,7 @@ def test_an_emit_killed_part_way_is_cleaned_by_the_next_attempt(
     the txid's next emit attempt does (all attempts but the recorded one)."""
     rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
     produce(rt, sentences(100, seed=6))
-    rt.faults = FaultPlan((Fault("in-emit", 1, 1, "crash"),))
+    rt = rt.with_(faults=FaultPlan((Fault("in-emit", 1, 1, "crash"),)))
     coordinate(rt, 1, batch_size=1000)
     with pytest.raises(SimulatedCrash):
         emit(rt, 1, ENGINE)
@@ -137,7 +137,9 @@ def test_a_commit_killed_after_its_mark_leaves_nothing_once_retried(
 ):
     rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
     produce(rt, sentences(60, seed=7))
-    rt.faults = FaultPlan((Fault("after-mark", 1, 1, "crash"), Fault("after-mark", 2, 1, "crash")))
+    rt = rt.with_(
+        faults=FaultPlan((Fault("after-mark", 1, 1, "crash"), Fault("after-mark", 2, 1, "crash")))
+    )
     coordinate(rt, 1, batch_size=20)
     emit(rt, 1, ENGINE)
     with pytest.raises(SimulatedCrash):
@@ -174,7 +176,7 @@ def test_a_batch_the_commit_refuses_is_deleted(kind, redis_url, tmp_path, monkey
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_rewind_deletes_what_pending_txids_staged(kind, redis_url, tmp_path, monkeypatch):
     rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
-    rt.retain = 5
+    rt = rt.with_(retain=5)
     produce(rt, sentences(60, seed=9))
     for txid in (1, 2):
         coordinate(rt, txid, batch_size=10)

@@ -65,7 +65,7 @@ def test_sharded_state_holds_what_unsharded_state_holds(pipeline, redis_url, tmp
         rt = _runtime(pipeline, redis_url, tmp_path / f"h{shards}", shards, f"s{shards}")
         rt.ledger.reset(force=True)
         produce(rt, lines)
-        rt.faults = FaultPlan.parse("mid-commit@2=raise,before-ledger@3=raise")
+        rt = rt.with_(faults=FaultPlan.parse("mid-commit@2=raise,before-ledger@3=raise"))
         drain_retrying(rt, batch_size=9)
         assert rt.ledger.committed_txid() > 3
         assert audit(rt).ok

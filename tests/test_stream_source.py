@@ -82,7 +82,9 @@ def test_a_fault_at_every_point_replays_exactly(name, action, redis_url, streams
     lines = sentences(90, seed=5)
     rt = _rt(name, redis_url, tmp_path / "h")
     faults = (Fault(point, txid, 1, action) for txid, point in enumerate(POINTS, 2))
-    rt.faults = FaultPlan(tuple(faults))  # crash: nothing after the point runs (as SIGKILL)
+    rt = rt.with_(
+        faults=FaultPlan(tuple(faults))
+    )  # crash: nothing after the point runs (as SIGKILL)
     rt.ledger.reset(force=True)
     xadd(streams, name, lines[:45])
     drain(rt, batch_size=3)

@@ -147,7 +147,7 @@ def test_a_pipelined_batch_after_a_replayed_one_never_reuses_positions(redis_url
     assert commit(rt, 1).status == "committed"
     with pytest.raises(IncompleteBatchError, match="positions would be wrong"):
         commit(rt, 2)
-    rt.faults = FaultPlan()
+    rt = rt.with_(faults=FaultPlan())
     drain_retrying(rt, 4)
     sliding = list_state(rt, rt.pipeline.states["sliding"], limit=10_000)
     per_window = {k[0]: v for k, v in sliding.items}

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -95,8 +96,12 @@ def check_access(client: redis.Redis, keyspace: KeySpace, url: str) -> None:
         ) from None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Runtime:
+    """What one process's steps run with: the pipeline, its Redis, its home, its faults and
+    settings. Never changed once built (frozen): a process that needs others builds another
+    runtime (``with_``); what it derives (ledger, log, staging) is cached per runtime."""
+
     pipeline: Pipeline
     client: redis.Redis
     home: Path
@@ -158,6 +163,11 @@ class Runtime:
         )
         check_access(rt.client, KeySpace(rt.pipeline.name, rt.namespace), url)
         return rt
+
+    def with_(self, **changes: Any) -> Runtime:
+        """Another process's runtime: these fields changed (faults, staging_kind, retain, ...),
+        the same Redis client; nothing cached by this one carries over."""
+        return replace(self, **changes)
 
     @property
     def redis_url(self) -> str:

@@ -171,10 +171,9 @@ class Chaos(OperatorActs, SinkChecks):
         self._drop_sink_targets(rt, seed)
         sched.append(rng.randint(5, 60))
         runs = rng.randint(3, 8)
-        rt.faults = self._fault_plan(rng, runs, rt.pipeline.source.partitions, result.events)
-        rt.faults = FaultPlan(
-            rt.faults.faults + sink_faults(sched.sink_rng, runs, result.events), rt.faults.darks
-        )
+        plan = self._fault_plan(rng, runs, rt.pipeline.source.partitions, result.events)
+        plan = FaultPlan(plan.faults + sink_faults(sched.sink_rng, runs, result.events), plan.darks)
+        sched.rt = rt = rt.with_(faults=plan)
         batch_size = rng.choice([1, 2, 3, 5, 20])
         self._drive(sched, runs, batch_size)
 
@@ -185,8 +184,7 @@ class Chaos(OperatorActs, SinkChecks):
         if sched.lagging is not None:  # the replica catches up: nothing lost, nothing to fail
             self.cluster.release_replication(sched.lagging[0])
             sched.lagging = None
-        rt = sched.rt
-        rt.faults = FaultPlan()  # resume: drain what is left, with no faults
+        sched.rt = rt = sched.rt.with_(faults=FaultPlan())  # resume: drain what is left
         self._drain_on_events(sched, batch_size)
         result.txids = rt.ledger.committed_txid()
         result.records = len(sched.produced)
@@ -347,7 +345,7 @@ class Chaos(OperatorActs, SinkChecks):
             except PartitionUnavailable:
                 dark_failures += 1
                 if dark_failures >= 3:  # the operator repairs the partition
-                    rt.faults = FaultPlan(rt.faults.faults, ())
+                    sched.rt = rt = rt.with_(faults=FaultPlan(rt.faults.faults, ()))
                     sched.end_outage(f"step{step}")
                     result.events.append(f"repaired-dark@step{step}")
                     if rt.log.chaos.removals_lose_records:
@@ -359,7 +357,8 @@ class Chaos(OperatorActs, SinkChecks):
                 if rng.random() < 0.3:  # an outage starts while the txid is being retried
                     txid = rt.ledger.committed_txid() + 1
                     dark = Dark(rng.randrange(rt.pipeline.source.partitions), txid, txid)
-                    rt.faults = FaultPlan(rt.faults.faults, (*rt.faults.darks, dark))
+                    darks = (*rt.faults.darks, dark)  # the retry: a new process sees it
+                    sched.rt = rt = rt.with_(faults=FaultPlan(rt.faults.faults, darks))
                     result.events.append(f"dark:{dark.partition}@{txid}(mid-txid)")
                 if rng.random() < 0.4:  # a person clears the whole run: from coordinate again
                     step_index = 0

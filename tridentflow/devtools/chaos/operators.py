@@ -185,8 +185,7 @@ class OperatorActs:
             refused(other, "after a rewind, in a new process")
             other.client.close()
         old.client.close()
-        fresh.faults = old.faults
-        sched.rt = fresh
+        sched.rt = fresh.with_(faults=old.faults)
 
     def _expect_refused(
         self,
