@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tridentflow_state.codec import decode_value, encode_value
+
+if TYPE_CHECKING:
+    from tridentflow_state.expiry import ExpiryIndex, MemoryExpiryIndex
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,12 @@ class BackingMap(Protocol):
         ``generation``. Returns how many were deleted."""
         ...
 
+    @property
+    def expiry(self) -> ExpiryIndex:
+        """The state's expiry index (tridentflow_state.expiry): its candidates, merged after
+        each mark; used only for a state with ``expire_after_txids``."""
+        ...
+
 
 class MemoryBackingMap:
     """In-process BackingMap with the Redis store's semantics (values round-trip through JSON).
@@ -78,6 +87,16 @@ class MemoryBackingMap:
         self._written: dict[int, set[str]] = {}
         self._guard = guard
         self.round_trips = 0
+        self._expiry: MemoryExpiryIndex | None = None
+
+    @property
+    def expiry(self) -> MemoryExpiryIndex:
+        """The map's expiry index (tridentflow_state.expiry), made on first use."""
+        from tridentflow_state.expiry import MemoryExpiryIndex  # expiry names this class
+
+        if self._expiry is None:
+            self._expiry = MemoryExpiryIndex(self)
+        return self._expiry
 
     def multi_get(self, keys: Sequence[str]) -> list[Any | None]:
         self.round_trips += 1

@@ -11,14 +11,15 @@ nor faults or replication waits: the caller hangs those on the phases through ``
    superseded attempt's writes are refused from now on), one fenced writer per state.
 3. The caller's writes, reported as they land (``wrote``): ``half_written`` fires once half of
    the keys ``expect`` announced are in - the point a crash mid-commit is tested at.
-4. ``finish_writes``: keys an earlier attempt of this txid wrote and this batch lacks are
-   rolled back; the change logs of the states a sink reads are written (fenced too).
+4. ``finish_writes``: the keys of an expiring state whose time has come are removed
+   (tridentflow_state.expiry); keys an earlier attempt of this txid wrote and this batch lacks
+   are rolled back; the change logs of the states a sink reads are written (fenced too).
 5. ``mark``: ``written`` fires (everything the mark stands on is in), the ledger marks the txid
    committed together with the source offsets (atomic), ``marked`` fires. A crash anywhere
    before the mark replays safely; after it, the retry finds the txid committed.
 6. ``settle``: shards closed to the txid, writers' scopes ended, tombstones of removed keys
-   dropped, change logs and undo logs trimmed. Idempotent and best effort: what a crash leaves
-   reads the same and is redone by the next commit.
+   dropped, the expiry indexes merged, change logs and undo logs trimmed. Idempotent and best
+   effort: what a crash leaves reads the same and is redone by the next commit.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class CommitAttempt:
         self.writers: dict[str, MapState] = {}
         self.kinds: dict[str, StateKind] = {}
         self.marked = False
+        self.expiring: dict[str, int] = {}
+        """State -> its expire_after_txids (``claim``)."""
+        self.expired: dict[str, list[str]] = {}
+        """State -> the keys this attempt expired (``finish_writes``)."""
         self.expected = 0
         """The keys the writes will report (``expect``)."""
         self._half = 0
@@ -103,12 +108,17 @@ class CommitAttempt:
 
     # -- 2. claim -------------------------------------------------------------------------------
     def claim(
-        self, states: Mapping[str, tuple[StateKind, BackingMap]], shards: int
+        self,
+        states: Mapping[str, tuple[StateKind, BackingMap]],
+        shards: int,
+        expiring: Mapping[str, int] | None = None,
     ) -> dict[str, MapState]:
         """Check the shard count, claim every shard, and open one fenced writer per state
-        (name -> its MapState, in the order given). Idempotent for this attempt."""
+        (name -> its MapState, in the order given); ``expiring``: state -> its
+        expire_after_txids. Idempotent for this attempt."""
+        self.expiring = dict(expiring or {})
         ensure_shards(self.client, self.keyspace, shards)
-        claim_shards(self.client, self.keyspace, states, self.fence)
+        claim_shards(self.client, self.keyspace, self._settled_at_mark(states), self.fence)
         for name, (kind, backing) in states.items():
             writer = make_map_state(kind, backing, name)
             writer.begin_commit(self.txid, self.fence)
@@ -140,13 +150,22 @@ class CommitAttempt:
 
     # -- 4. finish the writes -------------------------------------------------------------------
     def finish_writes(self, changed: Mapping[str, Iterable[str]]) -> int:
-        """Roll back the keys an earlier attempt wrote that this batch lacks; write the change
-        log of each state in ``changed`` (state -> the keys the txid changed). Fenced; returns
-        the keys rolled back."""
+        """Expire the keys of each expiring state last updated ``expire_after_txids`` or more
+        txids ago (``expired``); roll back the keys an earlier attempt wrote that this batch
+        lacks; write the change log of each state in ``changed`` (state -> the keys the txid
+        changed; its expired keys join them). Fenced; returns the keys rolled back."""
+        for name, after in self.expiring.items():
+            self.expired[name] = self.writers[name].expire(self.txid - after)
         rolled_back = sum(writer.rollback_stray_keys() for writer in self.writers.values())
         for name, keys in changed.items():
-            record_changes(self.client, self.keyspace, name, self.fence, list(keys))
+            keys = [*keys, *self.expired.get(name, ())]
+            record_changes(self.client, self.keyspace, name, self.fence, keys)
         return rolled_back
+
+    def _settled_at_mark(self, names: Iterable[str]) -> list[str]:
+        """The states whose written-sets go at the mark: all but the expiring ones, whose
+        sets the expiry index merges after it (tridentflow_state.expiry)."""
+        return [name for name in names if name not in self.expiring]
 
     # -- 5. mark --------------------------------------------------------------------------------
     def mark(self, offsets: Mapping[int, int], stats: Mapping[str, Any]) -> bool:
@@ -156,7 +175,7 @@ class CommitAttempt:
         concurrent attempt of the txid marked it first (this one wrote nothing after that)."""
         self.hooks.written(self)
         self.marked = self.ledger.mark_committed(
-            self.ticket, offsets, self.writers.keys(), stats, self.retain_txids
+            self.ticket, offsets, self._settled_at_mark(self.writers), stats, self.retain_txids
         )
         self.hooks.marked(self)
         if self.marked:
@@ -171,7 +190,8 @@ class CommitAttempt:
         its scopes. Returns the tombstones dropped."""
         removed = {name: writer.tombstones() for name, writer in self.writers.items()}
         if self.marked:
-            settle_shards(self.client, self.keyspace, self.writers.keys(), self.txid)
+            settled = self._settled_at_mark(self.writers)
+            settle_shards(self.client, self.keyspace, settled, self.txid)
         for writer in self.writers.values():
             writer.commit()
         if not self.marked:
@@ -182,6 +202,8 @@ class CommitAttempt:
                 tx = None if self.kinds[name] is StateKind.NON_TRANSACTIONAL else self.txid
                 backing = self.writers[name].backing
                 dropped += backing.drop_tombstones(tx, keys, self.ticket.generation)
+        for name in self.expiring:  # the index follows what the txid wrote
+            self.writers[name].backing.expiry.merge(self.txid)
         for name in changed:  # a sink further behind than this reloads or fails
             trim_changes(self.client, self.keyspace, name, self.txid, change_log_limit)
         trim_undo(self.client, self.keyspace, self.writers.keys())

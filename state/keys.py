@@ -210,6 +210,12 @@ class KeySpace:
         ``at_ms``): what marks a run's txid "rewound" in status and the view."""
         return f"{self.base}:rewinds"
 
+    def expiry(self, name: str) -> str:
+        """Sorted set: each live field of state ``name`` scored by the txid that last wrote it
+        - the index expiry reads its candidates from (tridentflow_state.expiry; only for a
+        state with ``expire_after_txids``)."""
+        return f"{self.base}:expiry:{check_name('state', name)}"
+
     def written(self, name: str, txid: int) -> str:
         """Set of fields of state ``name`` written by any commit attempt of ``txid``."""
         return f"{self.base}:written:{check_name('state', name)}:{int(txid)}"

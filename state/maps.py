@@ -288,10 +288,7 @@ class MapState(ABC):
         batch_size = len(self._in_batch) + self._in_batch_elsewhere
         if self.backing.count_written_in(txid) == batch_size:
             return 0
-        batch = set(self._in_batch)
-        if self._batch_keys is not None:
-            batch.update(self._batch_keys())
-        stray = sorted(self.backing.keys_written_in(txid) - batch)
+        stray = sorted(self.backing.keys_written_in(txid) - self._batch_set())
         if not stray:
             return 0
         raws = self.backing.multi_get(stray)
@@ -305,6 +302,57 @@ class MapState(ABC):
         if resets:
             self.backing.multi_put(resets, self._fence)
         return len(resets)
+
+    def expire(self, through: int) -> list[str]:
+        """Remove every key whose last update was at a txid <= ``through`` and which this
+        txid does not update, as tombstones under the current txid: fenced, stamped and
+        undoable like any removal (tridentflow_state.expiry). Call after the batch's updates
+        (before or after ``rollback_stray_keys``: an earlier attempt's write never counts here
+        either). Deterministic: every attempt of the txid reads the same
+        candidates (the index moves only after a mark) and tells its own batch apart, so a
+        retry or a replay of the same batch expires the same keys. The keys expired, sorted."""
+        txid = self.current_txid
+        if self.kind is StateKind.NON_TRANSACTIONAL:
+            raise StateError(
+                f"state {self.name}: a non-transactional state keeps no txid to expire by; "
+                "make it transactional or opaque, or drop expire_after_txids"
+            )
+        index = self.backing.expiry
+        index.merge(txid - 1)  # what a commit of txid-1 cut short after its mark left
+        batch: set[str] | None = None
+        expired: list[str] = []
+        for chunk in index.candidates(through):
+            fresh = [k for k in chunk if k not in self._written_now and k not in self._reached_now]
+            writes: list[tuple[str, StoredValue]] = []
+            stale: list[str] = []
+            for key, stored in zip(fresh, self.read(fresh), strict=True):
+                committed = None if stored is None else stored.curr
+                if stored is not None and stored.txid == txid:
+                    batch = self._batch_set() if batch is None else batch
+                    if key in batch:
+                        continue  # updated by this txid (another path than Python's)
+                    committed = stored.prev  # an earlier attempt's write does not count
+                if committed is None:
+                    stale.append(key)  # not live as of txid-1: the index lags behind
+                else:
+                    writes.append((key, StoredValue(txid, None, committed)))
+            if writes:
+                self.backing.multi_put([(k, v.to_json()) for k, v in writes], self._fence)
+                for key, value in writes:
+                    self._in_batch.add(key)
+                    self._written_now[key] = value
+                    self._tombstones.add(key)
+                expired.extend(key for key, _ in writes)
+            if stale:
+                index.follow(stale)
+        return sorted(expired)
+
+    def _batch_set(self) -> set[str]:
+        """Every key of this batch, those other paths updated included (``note_in_batch``)."""
+        batch = set(self._in_batch)
+        if self._batch_keys is not None:
+            batch.update(self._batch_keys())
+        return batch
 
     def read(self, keys: Sequence[str]) -> list[StoredValue | None]:
         """Raw stored values (for queries use tridentflow_state.shards.query_state)."""

@@ -14,6 +14,7 @@ import redis
 from tridentflow_state.backing import Fence
 from tridentflow_state.codec import encode_value
 from tridentflow_state.errors import KeyEncodingError
+from tridentflow_state.expiry import RedisExpiryIndex
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import decode_stored
 from tridentflow_state.scripts import FENCE_CHECK, GEN_CHECK, RECORD_UNDO, LuaScript
@@ -154,6 +155,11 @@ class RedisBackingMap:
 
     def count(self) -> int:
         return int(self.client.hlen(self.key))
+
+    @property
+    def expiry(self) -> RedisExpiryIndex:
+        """The state's expiry index (tridentflow_state.expiry)."""
+        return RedisExpiryIndex(self.client, self.keyspace, self.state_name)
 
 
 def fenced_hset(

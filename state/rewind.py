@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import redis
 
 from tridentflow_state.changes import drop_changes_after
+from tridentflow_state.expiry import RedisExpiryIndex
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
 from tridentflow_state.scripts import BUSY_CHECK, GEN_CHECK, LuaScript
@@ -441,13 +442,18 @@ def rewind(
     target: int,
     force: bool = False,
     hook: Hook | None = None,
+    expiring: Sequence[str] = (),
 ) -> RewindResult:
-    """Rewind the pipeline to ``target`` (the three steps; see the module doc). Run it again
-    with the same target to finish one that was cut short."""
+    """Rewind the pipeline to ``target`` (the three steps; see the module doc), the expiry
+    indexes of the ``expiring`` states made again from the restored values before any commit
+    may follow. Run it again with the same target to finish one that was cut short."""
     token, committed, last = begin_rewind(client, keyspace, target, force)
     if hook is not None:
         hook("after-begin-rewind", target)
     restored = restore_states(client, keyspace, states, target, committed, last, token, hook)
+    for space in _shards(keyspace):  # stamps went back; expired keys came back
+        for name in expiring:
+            RedisExpiryIndex(client, space, name).rebuild()
     generation, runs = finish_rewind(client, keyspace, states, target, committed, last, token)
     return RewindResult(target, committed, last, restored, runs, generation)
 

@@ -37,6 +37,7 @@ import redis
 
 from tridentflow_state.backing import Fence
 from tridentflow_state.errors import StateError
+from tridentflow_state.expiry import ShardedExpiryIndex
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
 from tridentflow_state.redis_backing import CHUNK, RedisBackingMap
@@ -207,6 +208,11 @@ class ShardedRedisBackingMap:
 
     def count(self) -> int:
         return sum(shard.count() for shard in self.shards)
+
+    @property
+    def expiry(self) -> ShardedExpiryIndex:
+        """The state's expiry index: each shard's (tridentflow_state.expiry)."""
+        return ShardedExpiryIndex(self.keyspace, [shard.expiry for shard in self.shards])
 
 
 def stored_shards(client: redis.Redis, keyspace: KeySpace) -> int | None:

@@ -499,3 +499,41 @@ def lakehoused() -> Pipeline:
         IcebergSink("lake.kv_log", catalog=catalog, mode="append", name="iceberg-kv-log")
     )
     return pipeline
+
+
+# -- expiry (tests/test_expiry.py) -------------------------------------------------------------
+
+
+def expiring(kind: str = "opaque", after: int = 2, shards: int | None = None) -> Pipeline:
+    """The word count into ``counts`` (over a transactional source for a transactional
+    state, else an opaque one), whose keys expire after ``after`` txids without an update;
+    its new values appended to a Redis stream."""
+    from tridentflow.examples.wordcount import split
+    from tridentflow.sinks.redisstream import RedisStreamSink
+
+    pipeline = Pipeline(
+        f"expiring-{kind}",
+        LogSource(
+            fields=("sentence",),
+            partitions=2,
+            batch_size=1000,
+            mode=SourceMode.OPAQUE if kind == "opaque" else SourceMode.TRANSACTIONAL,
+        ),
+        state_shards=shards,
+    )
+    counts = (
+        pipeline.stream.each("sentence", split, "word")
+        .group_by("word")
+        .persistent_aggregate(StateSpec("counts", kind, expire_after_txids=after), Count(),
+                              out_field="count")
+    )  # fmt: skip
+    counts.new_values_stream().sink(RedisStreamSink(f"expiring-out-{kind}-{shards or 1}"))
+    return pipeline
+
+
+def expiring_transactional() -> Pipeline:
+    return expiring("transactional")
+
+
+def expiring_sharded() -> Pipeline:
+    return expiring("opaque", shards=3)

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from tridentflow.aggregators import AnyAggregator, Combiner, Persistable, StateUpdater, guard
-from tridentflow.errors import InvalidNameError
+from tridentflow.errors import InvalidNameError, PipelineError
 from tridentflow.static_state import Lookup
 from tridentflow_state.keys import check_name
 from tridentflow_state.maps import StateKind
@@ -26,12 +26,31 @@ def _checked_name(kind: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class StateSpec:
+    """A map state: its name, its kind, and - optionally - its expiry: with
+    ``expire_after_txids = N`` the commit of txid T removes every key last updated at a txid
+    <= T - N that T does not update (a removal like any other: every sink drops the row, a
+    rewind brings it back; tridentflow_state.expiry)."""
+
     name: str
     kind: StateKind = StateKind.OPAQUE
+    expire_after_txids: int | None = None
 
     def __post_init__(self) -> None:
         _checked_name("state", self.name)
         object.__setattr__(self, "kind", StateKind.parse(self.kind))
+        after = self.expire_after_txids
+        if after is None:
+            return
+        if not isinstance(after, int) or isinstance(after, bool) or after < 1:
+            raise PipelineError(
+                f"state {self.name}: expire_after_txids={after!r} is not a whole number >= 1 "
+                "(the txids a key may go without an update before it is removed)"
+            )
+        if self.kind is StateKind.NON_TRANSACTIONAL:
+            raise PipelineError(
+                f"state {self.name}: a non-transactional state keeps no txid to expire by; "
+                "make it transactional or opaque, or drop expire_after_txids"
+            )
 
 
 @dataclass(frozen=True)
@@ -233,6 +252,7 @@ class Persist:
         ``audit`` can recompute it from the whole source as one batch."""
         return (
             is_record_level(self.node)
+            and self.state.expire_after_txids is None  # what expires depends on the txids
             and not isinstance(self.aggregator, StateUpdater)
             and not any(
                 isinstance(n, SourceNode) and n.position_field for n in lineage(self.node)

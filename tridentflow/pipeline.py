@@ -763,6 +763,15 @@ class Pipeline:
         return [f for f in self.feeds if f.state == state]
 
     @property
+    def expiring(self) -> dict[str, int]:
+        """State -> its ``expire_after_txids``, for the states that expire keys."""
+        return {
+            name: p.state.expire_after_txids
+            for name, p in self.states.items()
+            if p.state.expire_after_txids is not None
+        }
+
+    @property
     def fed_states(self) -> list[str]:
         """States a new-values stream reads: their commits write a change log."""
         return sorted({f.state for f in self.feeds})

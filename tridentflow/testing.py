@@ -178,6 +178,8 @@ class _Run:
         self.engine = LocalEngine()
         self.partitions = pipeline.source.partitions
         self.backings = {name: MemoryBackingMap() for name in pipeline.states}
+        self.expired: dict[str, list[str]] = {}
+        """State -> the keys the last commit attempt expired (expire_after_txids)."""
         self.committed = 0
         self.quarantined: list[dict[str, Any]] = []
         self.root = ""
@@ -191,6 +193,7 @@ class _Run:
 
     # -- a txid --------------------------------------------------------------------------------
     def txid(self, txid: int, batch: Batch, replay: Any, crash: bool) -> None:
+        self.expired = {}
         parts = self._parts(batch, txid)
         base = self.read
         ranges = self._append({p: [r for r in rs if r is not ABORT] for p, rs in parts.items()})
@@ -215,6 +218,8 @@ class _Run:
             removed = self._commit(txid, number, staged)
         for name, keys in removed.items():  # once the txid is marked: no replay needs them
             self.backings[name].drop_tombstones(txid, keys)
+        for name in self.pipeline.expiring:  # the expiry index follows what the txid wrote
+            self.backings[name].expiry.merge(txid)
         self.read = base + sum(end - start for start, end in ranges.values())
         self.committed = txid
         self._export(txid, attempts[-1])
@@ -277,8 +282,9 @@ class _Run:
         self, txid: int, attempt: int, partials: dict[str, list[tuple[str, Any]]], half=False
     ) -> dict[str, list[str]]:
         """One commit attempt of ``txid``, as the committer's: every state's keys (the first
-        half only with ``half``: an attempt that died there), then the keys earlier attempts
-        wrote and this batch lacks rolled back. The keys it removed (tombstones)."""
+        half only with ``half``: an attempt that died there), then an expiring state's keys
+        whose time has come removed (``expired``), then the keys earlier attempts wrote and
+        this batch lacks rolled back. The keys it removed (tombstones)."""
         fence = Fence(txid, attempt)
         removed: dict[str, list[str]] = {}
         for name, persist in self.pipeline.states.items():
@@ -289,6 +295,9 @@ class _Run:
                 items = items[: len(items) // 2]
             if items:
                 apply_in_python(state, name, persist.aggregator, items)
+            after = persist.state.expire_after_txids
+            if not half and after is not None:
+                self.expired[name] = state.expire(txid - after)
             if not half:
                 state.rollback_stray_keys()
             removed[name] = state.tombstones()
@@ -301,7 +310,9 @@ class _Run:
             if not isinstance(feed.sink, CollectSink):
                 continue
             persist = self.pipeline.states[feed.state]
-            keys = sorted({k for k, _ in partials.get(feed.state, ())})
+            keys = sorted(
+                {k for k, _ in partials.get(feed.state, ())} | set(self.expired.get(feed.state, ()))
+            )
             stored = make_map_state(persist.state.kind, self.backings[feed.state]).read(keys)
             items = [
                 (k, decode_key(k), None if s is None or s.curr is None else

@@ -161,6 +161,7 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
         target,
         force=force,
         hook=lambda point, txid: rt.faults.fire(point, txid, 1),
+        expiring=list(rt.pipeline.expiring),
     )
     first = max(1, min(target + 1, result.committed))
     tables = _after_states(rt, old_generation, target, first, result.last)

@@ -49,10 +49,7 @@ def status(rt: Runtime) -> dict[str, Any]:
         "pipeline": rt.pipeline.name,
         "guarantee": rt.pipeline.guarantee.value,
         "source_mode": rt.pipeline.source.mode.value,
-        "states": {
-            name: {"kind": p.state.kind.value, "keys": rt.backing(name).count()}
-            for name, p in rt.pipeline.states.items()
-        },
+        "states": {name: _state_status(rt, name, history) for name in rt.pipeline.states},
         "committed_txid": committed,
         "last_commit": history[0] if history else None,
         "history": history,
@@ -140,6 +137,19 @@ def pending_txid(rt: Runtime, txid: int, now_ms: int | None = None) -> dict[str,
     }
 
 
+def _state_status(rt: Runtime, name: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """A state's kind and keys; for an expiring one, its expire_after_txids and the keys
+    expired by each commit of ``history`` (newest first)."""
+    spec = rt.pipeline.states[name].state
+    info: dict[str, Any] = {"kind": spec.kind.value, "keys": rt.backing(name).count()}
+    if spec.expire_after_txids is not None:
+        info["expire_after_txids"] = spec.expire_after_txids
+        info["expired_by_txid"] = {
+            str(e["txid"]): (e.get("expired_by_state") or {}).get(name, 0) for e in history
+        }
+    return info
+
+
 def format_status(info: dict[str, Any]) -> str:
     lines = [
         f"pipeline       {info['pipeline']}  ({info['source_mode']} source, "
@@ -147,7 +157,11 @@ def format_status(info: dict[str, Any]) -> str:
         f"committed txid {info['committed_txid']}",
     ]
     for name, s in info["states"].items():
-        lines.append(f"state          {name}: {s['kind']}, {s['keys']} keys")
+        line = f"state          {name}: {s['kind']}, {s['keys']} keys"
+        if "expire_after_txids" in s:
+            expired = ", ".join(f"{t}: {n}" for t, n in list(s["expired_by_txid"].items())[:5])
+            line += f"; expire after {s['expire_after_txids']} txids (expired by txid {expired})"
+        lines.append(line)
     if info["pending"]:
         for p in info["pending"]:
             lines.append(

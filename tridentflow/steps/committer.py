@@ -422,6 +422,8 @@ def commit_stats(
         "skipped": staged.manifest.get("skipped", []),
         "quarantined": quarantined,
         "rolled_back": rolled_back,
+        "expired": sum(len(keys) for keys in attempt.expired.values()),
+        "expired_by_state": {name: len(keys) for name, keys in attempt.expired.items()},
         "ranges": {str(p): [start, end] for p, (start, end) in sorted(staged.ranges.items())},
     }
 
@@ -460,7 +462,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     )
     check_settings(rt)  # one line if this process would change them unmeant
     kinds = {name: (p.state.kind, rt.backing(name)) for name, p in states.items()}
-    writers = attempt.claim(kinds, rt.state_shards)
+    writers = attempt.claim(kinds, rt.state_shards, rt.pipeline.expiring)
     attempt.expect(sum(staged.key_count(name) for name in writers))
     with ThreadPoolExecutor(max(2, rt.keyspace.shards), thread_name_prefix="tf-commit") as pool:
         for name, state in writers.items():

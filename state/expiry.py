@@ -1,0 +1,226 @@
+"""Expiry in txids: a state with ``expire_after_txids = N`` loses, at the commit of txid T,
+every key whose last update was at a txid <= T - N and which T does not update.
+
+The rule is decided from an *index*, one sorted set per state (per shard): each live field
+scored by the txid that last wrote it. The index only moves after a txid is committed, so
+every attempt of txid T - a retry, a replay, a zombie fenced out - reads the same candidates;
+what T updates is told apart by the attempt itself (``MapState.expire``). An expired key is
+written as a tombstone under txid T like any removal: fenced, stamped, in the undo log (a
+rewind brings it back) and in the change log (every sink deletes its row).
+
+How the index follows the state:
+
+* **merge** (after the mark of T, and again by T+1 before it reads candidates if a crash cut
+  T's short): every field T's attempts wrote (its written-set, kept for this) is scored by its
+  stamp if it is live, removed if it is not (absent, or a tombstone); then the written-set
+  goes. Atomic per chunk, scores only ever raised (``ZADD GT``): a merge that lags behind a
+  later txid's never takes a key back.
+* **refresh** (a candidate found absent or a tombstone): the same per-field rule, at once.
+* **rebuild** (after a rewind, which moves stamps back): the index made again from the hash.
+
+Work per commit is proportional to the keys the txid wrote plus the candidates - never to
+the state's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import redis
+
+from tridentflow_state.keys import KeySpace
+
+if TYPE_CHECKING:
+    from tridentflow_state.backing import MemoryBackingMap
+from tridentflow_state.scripts import LuaScript
+
+CHUNK = 1000
+"""Fields per script call and candidates per read (bounded memory, short scripts)."""
+
+FOLLOW_FIELDS = LuaScript(
+    "expiry_follow_fields",
+    r"""
+-- Make the expiry index follow the named fields of one state, atomically: a live field is
+-- scored by its stamp (raised only: ZADD GT), an absent field or a tombstone
+-- ([txid,null,...]) is removed. A value without a txid stamp is left alone.
+-- KEYS[1] state hash  KEYS[2] expiry index (sorted set)
+-- ARGV[1..] fields
+-- Returns the number of fields removed from the index.
+local removed = 0
+for i = 1, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  local stamp, rest
+  if v then stamp, rest = string.match(v, '^%[(%d+),(.*)$') end
+  if not v or (rest and string.sub(rest, 1, 5) == 'null,') then
+    removed = removed + redis.call('ZREM', KEYS[2], ARGV[i])
+  elseif stamp then
+    redis.call('ZADD', KEYS[2], 'GT', tonumber(stamp), ARGV[i])
+  end
+end
+return removed
+""",
+)
+
+
+class RedisExpiryIndex:
+    """The expiry index of one state in one keyspace (a shard's, or the pipeline's)."""
+
+    def __init__(self, client: redis.Redis, keyspace: KeySpace, state_name: str) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.state_name = state_name
+        self.key = keyspace.expiry(state_name)
+
+    def follow(self, fields: Sequence[str]) -> int:
+        """Score ``fields`` by their stamps, or drop them if not live (FOLLOW_FIELDS).
+        Idempotent, atomic per chunk; the fields dropped."""
+        state = self.keyspace.state(self.state_name)
+        return sum(
+            int(FOLLOW_FIELDS(self.client, [state, self.key], list(fields[i : i + CHUNK])))
+            for i in range(0, len(fields), CHUNK)
+        )
+
+    def merge(self, txid: int) -> int:
+        """Follow every field committed ``txid`` wrote, then drop its written-set. Idempotent
+        (nothing to do once the set is gone); the fields followed."""
+        written = self.keyspace.written(self.state_name, txid)
+        followed = 0
+        batch: list[str] = []
+        for field in self.client.sscan_iter(written, count=CHUNK):
+            batch.append(field.decode() if isinstance(field, bytes) else field)
+            if len(batch) >= CHUNK:
+                followed += len(batch)
+                self.follow(batch)
+                batch = []
+        if batch:
+            followed += len(batch)
+            self.follow(batch)
+        self.client.delete(written)
+        return followed
+
+    def candidates(self, through: int) -> Iterator[list[str]]:
+        """The fields scored at or below ``through``, in chunks. The index does not move
+        during a commit (only merges after marks move it), so paging by rank is stable."""
+        start = 0
+        while True:
+            chunk = self.client.zrangebyscore(self.key, "-inf", through, start=start, num=CHUNK)
+            if not chunk:
+                return
+            yield [f.decode() if isinstance(f, bytes) else f for f in chunk]
+            start += len(chunk)
+
+    def rebuild(self) -> int:
+        """Make the index again from the state hash (after a rewind moved stamps back): every
+        live field scored by its stamp. Built aside, then renamed over the index (readers see
+        the old or the new one). The fields indexed."""
+        aside = f"{self.key}:rebuild"
+        self.client.delete(aside)
+        state = self.keyspace.state(self.state_name)
+        indexed = 0
+        for fields in _chunks(self.client.hscan_iter(state, count=CHUNK)):
+            scores = {}
+            for field, raw in fields:
+                stamp = _live_stamp(raw)
+                if stamp is not None:
+                    scores[field] = stamp
+            if scores:
+                self.client.zadd(aside, scores)
+                indexed += len(scores)
+        if indexed:
+            self.client.rename(aside, self.key)
+        else:
+            self.client.delete(self.key)
+        return indexed
+
+
+def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[list[tuple[str, str]]]:
+    batch: list[tuple[str, str]] = []
+    for field, raw in items:
+        batch.append((_text(field), _text(raw)))
+        if len(batch) >= CHUNK:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _live_stamp(raw: str) -> int | None:
+    """The txid stamp of a stored ``[txid,curr,prev]`` whose curr is not null; None for a
+    tombstone or a value without a stamp."""
+    if not raw.startswith("["):
+        return None
+    head, _, rest = raw[1:].partition(",")
+    if not head.isdigit() or rest.startswith("null,"):
+        return None
+    return int(head)
+
+
+class ShardedExpiryIndex:
+    """The expiry indexes of one state's shards, as one (each shard's in its own slot)."""
+
+    def __init__(self, keyspace: KeySpace, shards: Sequence[RedisExpiryIndex]) -> None:
+        self.keyspace = keyspace
+        self.shards = list(shards)
+
+    def follow(self, fields: Sequence[str]) -> int:
+        groups: list[list[str]] = [[] for _ in self.shards]
+        for field in fields:
+            groups[self.keyspace.shard_index(field)].append(field)
+        pairs = zip(self.shards, groups, strict=True)
+        return sum(index.follow(group) for index, group in pairs if group)
+
+    def merge(self, txid: int) -> int:
+        return sum(index.merge(txid) for index in self.shards)
+
+    def candidates(self, through: int) -> Iterator[list[str]]:
+        for index in self.shards:
+            yield from index.candidates(through)
+
+    def rebuild(self) -> int:
+        return sum(index.rebuild() for index in self.shards)
+
+
+class MemoryExpiryIndex:
+    """The expiry index of a MemoryBackingMap (tridentflow.testing): the Redis index's rules
+    over a dict."""
+
+    def __init__(self, backing: MemoryBackingMap) -> None:
+        self.backing = backing
+        self.scores: dict[str, int] = {}
+
+    def follow(self, fields: Sequence[str]) -> int:
+        removed = 0
+        for field in fields:
+            raw = self.backing._data.get(field)
+            stamp = None if raw is None else _live_stamp(raw)
+            if stamp is None:
+                removed += self.scores.pop(field, None) is not None
+            else:
+                self.scores[field] = max(stamp, self.scores.get(field, stamp))
+        return removed
+
+    def merge(self, txid: int) -> int:
+        written = sorted(self.backing._written.pop(txid, set()))
+        self.follow(written)
+        return len(written)
+
+    def candidates(self, through: int) -> Iterator[list[str]]:
+        due = sorted(f for f, score in self.scores.items() if score <= through)
+        for i in range(0, len(due), CHUNK):
+            yield due[i : i + CHUNK]
+
+    def rebuild(self) -> int:
+        self.scores = {}
+        for field, raw in self.backing._data.items():
+            stamp = _live_stamp(raw)
+            if stamp is not None:
+                self.scores[field] = stamp
+        return len(self.scores)
+
+
+ExpiryIndex = RedisExpiryIndex | ShardedExpiryIndex | MemoryExpiryIndex

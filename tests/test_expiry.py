@@ -1,0 +1,222 @@
+"""Expiry in txids (``StateSpec(expire_after_txids=N)``): at the commit of txid T every key last
+updated at a txid <= T - N that T does not update is removed. Checked against a model of the
+rule txid by txid - with replays, half-done commits and every fault point, on one hash and on
+shards - and through what follows a removal: the change log every sink reads, the index that
+keeps the work proportional to what expires, a rewind that brings expired keys back."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from tests.helpers import produce, runtime
+from tests.pipelines import expiring
+from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec
+from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import PipelineError
+from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.ops.rewind import rewind_pipeline
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.export import changes_of, export
+from tridentflow.steps.query import list_state
+from tridentflow.testing import CollectSink, run_batches
+
+AFTER = 2
+POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger", "after-mark")
+
+
+def model(batches: list[list[str]], after: int) -> tuple[dict[str, int], list[set[str]]]:
+    """The rule, written out: each txid's words counted in, then every word whose last
+    update is ``after`` or more txids back and which the txid did not update removed. The
+    counts left, and the words each txid expired."""
+    counts: dict[str, int] = {}
+    last: dict[str, int] = {}
+    expired: list[set[str]] = []
+    for txid, lines in enumerate(batches, start=1):
+        words = Counter(w for line in lines for w in line.split())
+        for word, n in words.items():
+            counts[word] = counts.get(word, 0) + n
+            last[word] = txid
+        gone = {w for w, t in last.items() if t <= txid - after and w not in words}
+        for word in gone:
+            del counts[word], last[word]
+        expired.append(gone)
+    return counts, expired
+
+
+def draws(txids: int, seed: int) -> list[list[str]]:
+    """Batches whose words come and go: a few words every txid, most now and then."""
+    rng = random.Random(seed)
+    vocabulary = [f"w{i}" for i in range(24)]
+    return [
+        [" ".join(rng.sample(vocabulary, rng.randint(1, 6))) for _ in range(rng.randint(1, 4))]
+        for _ in range(txids)
+    ]
+
+
+# -- the pipeline spec ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("after", [0, -1, 1.5, True, "2"])
+def test_expire_after_txids_must_be_a_whole_number_of_txids(after):
+    with pytest.raises(PipelineError, match=r"expire_after_txids=.* is not a whole number >= 1"):
+        StateSpec("counts", StateKind.OPAQUE, expire_after_txids=after)
+
+
+def test_a_non_transactional_state_cannot_expire_and_says_what_to_do():
+    with pytest.raises(PipelineError, match="keeps no txid to expire by; make it transactional"):
+        StateSpec("counts", StateKind.NON_TRANSACTIONAL, expire_after_txids=2)
+
+
+def test_an_expiring_state_is_not_audited_from_the_whole_source():
+    """What expires depends on how the records were batched: audit's one-batch recount
+    cannot know it, so it lists the state as unaudited rather than report losses."""
+    persist = expiring().states["counts"]
+    assert not persist.batch_invariant
+    assert expiring().expiring == {"counts": AFTER}
+
+
+# -- the rule, with no server (tridentflow.testing) ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["opaque", "transactional"])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_harness_keeps_exactly_the_keys_the_rule_keeps_under_replays_and_crashes(kind, seed):
+    batches = draws(10, seed)
+    rng = random.Random(f"faults-{seed}")
+    replay = sorted(rng.sample(range(1, 11), 3))
+    crashes = sorted(rng.sample(range(1, 11), 3))
+    states = run_batches(expiring(kind), batches, replay=replay, crash_mid_commit=crashes)
+    expected, _ = model(batches, AFTER)
+    assert states["counts"] == expected
+
+
+def test_the_harness_hands_every_expired_key_to_the_sinks_as_a_removal():
+    pipeline = Pipeline("expiry-sink", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE))
+    sink = CollectSink()
+    (
+        pipeline.stream.each("sentence", lambda s: [(w,) for w in s.split()], "word")
+        .group_by("word")
+        .persistent_aggregate(StateSpec("counts", expire_after_txids=1), Count(), out_field="count")
+        .new_values_stream()
+        .sink(sink)
+    )
+    run_batches(pipeline, [["a b"], ["b"], ["c"], ["c"]])
+    assert sink.batches[2] == [("a", None), ("b", 2)]  # a: last updated at txid 1
+    assert sink.batches[3] == [("b", None), ("c", 1)]
+    assert sink.batches[4] == [("c", 2)]
+    assert sink.latest() == {"a": ("a", None), "b": ("b", None), "c": ("c", 2)}
+
+
+# -- the rule in Redis, at every fault point ---------------------------------------------------
+
+
+def _step_by_step(rt, batches: list[list[str]], faults: dict[int, str]) -> None:
+    """Each batch produced, then its txid coordinated, emitted, committed, retried as Airflow
+    retries a failed task (a new process: the same txid, the fault no longer armed)."""
+    for txid, lines in enumerate(batches, start=1):
+        produce(rt, lines)
+        attempt = rt.with_(faults=FaultPlan.parse(faults.get(txid, "")))
+        for _ in range(4):
+            try:
+                coordinate(attempt, txid, batch_size=1000)
+                emit(attempt, txid, LocalEngine())
+                commit(attempt, txid)
+                break
+            except (InjectedFault, SimulatedCrash):
+                attempt = rt  # the retry
+        assert rt.ledger.committed_txid() == txid
+
+
+def _counts(rt) -> dict[str, int]:
+    page = list_state(rt, rt.pipeline.states["counts"], limit=10_000)
+    return {key[0] if isinstance(key, tuple | list) else key: value for key, value in page.items}
+
+
+@pytest.mark.parametrize("name", ["tests.pipelines:expiring", "tests.pipelines:expiring_sharded",
+                                  "tests.pipelines:expiring_transactional"])  # fmt: skip
+def test_redis_keeps_exactly_the_keys_the_rule_keeps_with_a_fault_at_every_point(
+    redis_url, home, name
+):
+    """A fault at every point of the txids that expire keys (raise and crash): the state
+    after each txid is the model's; each txid's change log removes exactly the keys it
+    expired; the history says how many."""
+    batches = draws(12, seed=7)
+    expected, expired = model(batches, AFTER)
+    points = iter(POINTS * 4)
+    faults = {t: f"{next(points)}@{t}" for t in range(1, 13) if expired[t - 1] or t % 3 == 0}
+    rt = runtime(name, redis_url, home)
+    rt.ledger.reset(force=True)
+    _step_by_step(rt, batches, faults)
+    assert _counts(rt) == expected
+    feed = rt.pipeline.feeds[0]
+    for txid in range(1, 13):
+        removed = {key[0] for _encoded, key, value in changes_of(rt, feed, txid) if value is None}
+        assert removed == expired[txid - 1], txid
+    history = {entry["txid"]: entry for entry in rt.ledger.history(20)}
+    assert [history[t]["expired"] for t in range(1, 13)] == [len(e) for e in expired]
+    index = (
+        rt.client.zcard(rt.keyspace.expiry("counts"))
+        if not rt.keyspace.sharded
+        else sum(
+            rt.client.zcard(rt.keyspace.shard(i).expiry("counts"))
+            for i in range(rt.keyspace.shards)
+        )
+    )
+    assert index == len(expected)  # the index holds the live keys, no more
+
+
+def test_a_key_that_comes_back_counts_afresh_and_the_sink_sees_it_go_and_return(
+    redis_url, redis_client, home
+):
+    rt = runtime("tests.pipelines:expiring", redis_url, home)
+    rt.ledger.reset(force=True)
+    redis_client.delete("expiring-out-opaque-1")
+    _step_by_step(rt, [["a a b"], ["b"], ["b"], ["a"]], {})
+    assert _counts(rt) == {"a": 1, "b": 3}  # a expired at txid 3, came back at 4
+    export(rt)
+    entries = [fields for _id, fields in redis_client.xrange("expiring-out-opaque-1")]
+    words = [(f[b"word"].decode(), f.get(b"count", b"").decode()) for f in entries]
+    assert words == [("a", "2"), ("b", "1"), ("b", "2"), ("a", "null"), ("b", "3"), ("a", "1")]
+
+
+def test_a_rewind_brings_expired_keys_back_and_the_replay_expires_them_again(
+    redis_url, home, monkeypatch
+):
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "10")
+    rt = runtime("tests.pipelines:expiring", redis_url, home)
+    rt.ledger.reset(force=True)
+    batches = [["a a b"], ["b"], ["b c"], ["c"], ["c d"]]
+    _step_by_step(rt, batches, {})
+    assert _counts(rt) == model(batches, AFTER)[0] == {"c": 3, "d": 1}
+    rewind_pipeline(rt, 2, force=True)
+    assert _counts(rt) == model(batches[:2], AFTER)[0] == {"a": 2, "b": 2}
+    assert rt.client.zcard(rt.keyspace.expiry("counts")) == 2  # made again from the values
+    coordinate(rt, 3, batch_size=1000)  # the replay reads the three batches left as one
+    emit(rt, 3, LocalEngine())
+    commit(rt, 3)
+    replayed = [*batches[:2], [line for lines in batches[2:] for line in lines]]
+    assert _counts(rt) == model(replayed, AFTER)[0] == {"b": 3, "c": 3, "d": 1}
+    removed = [key for _e, key, value in changes_of(rt, rt.pipeline.feeds[0], 3) if value is None]
+    assert removed == [("a",)]  # back with the rewind, expired again by the replay
+
+
+def test_status_and_the_metrics_show_the_keys_expired_by_each_txid(redis_url, home):
+    from tridentflow.ops.metrics import figures
+    from tridentflow.ops.status import format_status, status
+
+    rt = runtime("tests.pipelines:expiring", redis_url, home)
+    rt.ledger.reset(force=True)
+    _step_by_step(rt, [["a b c"], ["a"], ["a"], ["a d"]], {})
+    info = status(rt)
+    counts = info["states"]["counts"]
+    assert (counts["keys"], counts["expire_after_txids"]) == (2, AFTER)
+    assert counts["expired_by_txid"] == {"4": 0, "3": 2, "2": 0, "1": 0}
+    assert "expire after 2 txids (expired by txid 4: 0, 3: 2, 2: 0, 1: 0)" in format_status(info)
+    assert figures(rt, info)["last_commit_expired_keys"] == 0
+    plain = runtime("wordcount", redis_url, home)
+    assert "last_commit_expired_keys" not in figures(plain)  # no state expires: no figure
