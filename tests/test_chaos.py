@@ -11,6 +11,10 @@ from tridentflow.devtools.chaos import STREAM_PIPELINES, run_chaos
 from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 
 CI_SCHEDULES = 60
+EXPIRY_SOAK = 30
+EXPIRY_SEED, EXPIRY_SCHEDULES = 0, 12
+"""The expiry planted bug: seed 3 exposes it (kept: a key counted again, doubled=6); room for
+the schedules to move when the harness changes."""
 
 
 @pytest.mark.soak
@@ -122,6 +126,38 @@ def test_the_harness_catches_a_missing_stray_key_rollback(monkeypatch, seed):
     results = run_chaos(100, seed=seed, redis_restarts=False)
     assert not results[-1].ok, "100 schedules did not expose the Trident stray-key hole"
     assert_caught(results, r": expected .*, stored ")
+
+
+@pytest.mark.soak
+def test_fixed_seed_schedules_with_expiry_are_exact():
+    """The expiry family: every schedule's states expire keys (after 1, 2 or 3 txids) under
+    every fault of the harness; audit recounts them txid by txid."""
+    results = run_chaos(EXPIRY_SOAK, seed=3000, expiry=True)
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    events = " ".join(e for r in results for e in r.events)
+    for after in (1, 2, 3):
+        assert f"expiry:{after}" in events
+
+
+def test_the_harness_catches_an_expiry_that_takes_an_earlier_attempts_write_for_an_update(
+    monkeypatch,
+):
+    """The family: expiry across attempts of one txid. A key an earlier attempt expired (then
+    died before the mark) reads as updated by this txid, so the retry keeps it."""
+    original = MapState.expire
+
+    def earlier_writes_count(self, through):
+        for key in self.backing.keys_written_in(self.current_txid) - self._written_now.keys():
+            self._reached_now[key] = None  # the bug: "this txid already updated it"
+        return original(self, through)
+
+    monkeypatch.setattr(MapState, "expire", earlier_writes_count)
+    results = run_chaos(EXPIRY_SCHEDULES, seed=EXPIRY_SEED, redis_restarts=False, expiry=True)
+    last = results[-1]
+    assert not last.ok, f"{len(results)} schedules did not expose it"
+    kept = re.search(r": expected None, stored ", last.difference or "")
+    assert last.doubled > 0 or kept, last.line()  # the kept key: counted again, or still there
 
 
 def test_fixed_seed_schedules_through_batch_operations_are_exact():

@@ -250,9 +250,15 @@ class Persist:
     def batch_invariant(self) -> bool:
         """True if the state depends only on the records, not on how they were batched: then
         ``audit`` can recompute it from the whole source as one batch."""
+        return self.recountable and self.state.expire_after_txids is None
+
+    @property
+    def recountable(self) -> bool:
+        """True if each txid's effect on the state depends only on its records: ``audit`` can
+        recompute it - as one batch, or (an expiring state, whose expiry depends on the txids)
+        txid by txid from the ranges the ledger's history kept."""
         return (
             is_record_level(self.node)
-            and self.state.expire_after_txids is None  # what expires depends on the txids
             and not isinstance(self.aggregator, StateUpdater)
             and not any(
                 isinstance(n, SourceNode) and n.position_field for n in lineage(self.node)

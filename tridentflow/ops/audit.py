@@ -9,7 +9,10 @@ Only states that do not depend on how records were batched can be recomputed thi
 fed by per-record operations alone, with a Combiner or a Reducer (a Reducer folds in source
 order here and in batch order in the state, so it must not care about order). States behind
 batch operations (aggregate, partition_aggregate, join, ...) or with a custom updater are
-listed as ``unaudited``.
+listed as ``unaudited``. A state whose keys expire (``expire_after_txids``) depends on how the
+records were batched into txids: it is recomputed txid by txid, from the ranges each txid's
+history entry kept, with the expiry rule applied after each - or listed as unaudited once the
+history no longer holds every committed txid (it keeps the last 1000).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.plan import compile_pipeline
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.ledger import HISTORY_LENGTH
 from tridentflow_state.maps import REMOVE, StoredValue
 
 
@@ -90,14 +94,18 @@ def audit(rt: Runtime) -> AuditReport:
     plan = compile_pipeline(rt.pipeline, auditable)  # no batch operations, no state queries
     result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
     report.records = sum(c.n for c in result.counts.values()) if result else 0
+    by_txid = expected_txid_by_txid(rt, committed)
     for name, persist in rt.pipeline.states.items():
-        if not persist.batch_invariant:
+        agg = persist.aggregator
+        if persist.batch_invariant:
+            staged = result.partials[name] if result else ()
+            expected = {key: apply_staged(agg, None, value) for key, value in staged}
+            expected = {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
+        elif by_txid is not None and name in by_txid:
+            expected = by_txid[name]
+        else:
             report.unaudited.append(name)
             continue
-        agg = persist.aggregator
-        staged = result.partials[name] if result else ()
-        expected = {key: apply_staged(agg, None, value) for key, value in staged}
-        expected = {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
         actual: dict[str, Any] = {}
         for key, raw in rt.backing(name).scan_items():
             value = StoredValue.from_json(raw, key, name).committed_view(committed)
@@ -121,3 +129,39 @@ def audit(rt: Runtime) -> AuditReport:
             else:
                 report.mismatched.append((name, key, exp, act))
     return report
+
+
+def expected_txid_by_txid(rt: Runtime, committed: int) -> dict[str, dict[str, Any]] | None:
+    """The expiring states as they should be, recomputed txid by txid (state -> key ->
+    value): each committed txid's records - the ranges its history entry kept - applied,
+    then the state's expiry rule (``expire_after_txids``). None when there is no expiring
+    state to recount, or the history no longer holds every committed txid."""
+    names = [n for n, p in rt.pipeline.states.items()
+             if p.recountable and p.state.expire_after_txids is not None]  # fmt: skip
+    if not names or committed == 0:
+        return {name: {} for name in names} if names else None
+    entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}
+    if any("ranges" not in entries.get(t, {}) for t in range(1, committed + 1)):
+        return None
+    plan = compile_pipeline(rt.pipeline, names)
+    values: dict[str, dict[str, Any]] = {name: {} for name in names}
+    last: dict[str, dict[str, int]] = {name: {} for name in names}
+    for txid in range(1, committed + 1):
+        ranges = {int(p): (start, end) for p, (start, end) in entries[txid]["ranges"].items()}
+        ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
+        result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
+        for name in names:
+            persist, state, stamps = rt.pipeline.states[name], values[name], last[name]
+            touched = set()
+            for key, partial in result.partials[name] if result else ():
+                touched.add(key)
+                value = apply_staged(persist.aggregator, state.get(key), partial)
+                if value is REMOVE:
+                    state.pop(key, None)
+                    stamps.pop(key, None)
+                else:
+                    state[key], stamps[key] = value, txid
+            due = txid - persist.state.expire_after_txids
+            for key in [k for k, t in stamps.items() if t <= due and k not in touched]:
+                del state[key], stamps[key]
+    return values

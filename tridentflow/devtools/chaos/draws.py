@@ -33,3 +33,10 @@ def schedule_shards(seed: int) -> int:
     """The state shards a schedule runs with: 1, 2 or 3, drawn from the seed by a generator of
     its own (the faults a seed draws stay what they were before shards existed)."""
     return random.Random(f"state-shards-{seed}").choice(SHARD_CHOICES)
+
+
+def schedule_expiry(seed: int) -> int:
+    """``expire_after_txids`` for the states of an expiry schedule (those that can expire:
+    stamped, and recountable txid by txid by audit): 1, 2 or 3, from a generator of its own
+    (what else a seed draws stays what it was)."""
+    return random.Random(f"expiry-{seed}").choice((1, 2, 3))

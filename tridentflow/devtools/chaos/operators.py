@@ -19,6 +19,10 @@ from tridentflow.steps.runtime import Runtime
 from tridentflow_state.errors import GenerationError, PipelineBusyError
 from tridentflow_state.undo import retained
 
+PATIENT_MS = 5000
+"""How long the operator's second try waits for a replica's acknowledgement: the CLI's default
+(TRIDENTFLOW_WAIT_TIMEOUT_MS), not the harness's 300 ms that makes a held replica fail fast."""
+
 
 class OperatorActs:
     """What an operator does while a run is in flight (mixed into Chaos): a reset, a rewind,
@@ -72,7 +76,7 @@ class OperatorActs:
                 sched.result.events.append(f"reset-forced@step{step}")
         except ReplicationError:  # not on a replica: the operator waits for it, resets again
             self._wait_for_replicas(sched)
-            reset_pipeline(fresh, force=True, source=not kafka)
+            reset_pipeline(fresh.with_(replica_timeout_ms=PATIENT_MS), force=True, source=not kafka)
             sched.result.events.append(f"reset-after-replication-wait@step{step}")
         if not kafka:  # a reset reader of Kafka reads the whole topic again
             sched.produced.clear()
@@ -132,7 +136,7 @@ class OperatorActs:
                 self._wait_for_replicas(sched)
                 fresh.client.close()
                 fresh = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
-                report = rewind_pipeline(fresh, to, force=True)
+                report = rewind_pipeline(fresh.with_(replica_timeout_ms=PATIENT_MS), to, force=True)
                 events.append(f"rewind-after-replication-wait@step{step}")
             carried.append(report.tables_rewound)
             return fresh

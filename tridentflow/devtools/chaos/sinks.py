@@ -11,7 +11,12 @@ import redis
 
 from tridentflow.devtools.chaos.checks import at_once
 from tridentflow.devtools.chaos.config import CHAOS_COLUMNS, ScheduleResult
-from tridentflow.devtools.chaos.draws import lakehouse_format, lakehouse_schedule, sink_parts
+from tridentflow.devtools.chaos.draws import (
+    lakehouse_format,
+    lakehouse_schedule,
+    schedule_expiry,
+    sink_parts,
+)
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.errors import (
     TridentflowError,
@@ -26,6 +31,7 @@ from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.codec import encode_key
 from tridentflow_state.errors import StateError
+from tridentflow_state.maps import StateKind
 
 
 class SinkChecks:
@@ -44,6 +50,12 @@ class SinkChecks:
                 config={"bootstrap.servers": self.kafka.bootstrap},
                 timeout_s=0.5,  # a frozen broker fails each call within half a second
             )
+        after = schedule_expiry(seed) if self.expiry else None  # the expiry family
+        for index, persist in enumerate(pipeline.persists):
+            stamped = persist.state.kind is not StateKind.NON_TRANSACTIONAL
+            if after and persist.recountable and stamped:
+                state = replace(persist.state, expire_after_txids=after)
+                pipeline.persists[index] = replace(persist, state=state)
         parts = sink_parts(seed)
         for state in sorted(pipeline.states):
             changes = pipeline.state(state).new_values_stream().map(_canonical, ["key", "value"])
