@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from tridentflow_state.codec import decode_value, encode_value
-
-if TYPE_CHECKING:
-    from tridentflow_state.expiry import ExpiryIndex, MemoryExpiryIndex
+from tridentflow_state.codec import decode_value, encode_value, live_stamp
 
 
 @dataclass(frozen=True)
@@ -32,6 +29,27 @@ class Fence:
     generation: str = ""
     undo: bool = False
     """Record each written field's prior stored value in the txid's undo log (state.undo)."""
+
+
+class ExpiryIndex(Protocol):
+    """The index expiry reads its candidates from: each live key of one state scored by the
+    txid that last wrote it (tridentflow_state.expiry has the rules and the Redis ones)."""
+
+    def follow(self, fields: Sequence[str]) -> int:
+        """Score ``fields`` by their stamps (only ever raised), drop those not live."""
+        ...
+
+    def merge(self, txid: int) -> int:
+        """Follow every field committed ``txid`` wrote; idempotent."""
+        ...
+
+    def candidates(self, through: int) -> Iterator[list[str]]:
+        """The fields scored at or below ``through``, in chunks."""
+        ...
+
+    def rebuild(self) -> int:
+        """Make the index again from the stored values."""
+        ...
 
 
 class BackingMap(Protocol):
@@ -91,9 +109,7 @@ class MemoryBackingMap:
 
     @property
     def expiry(self) -> MemoryExpiryIndex:
-        """The map's expiry index (tridentflow_state.expiry), made on first use."""
-        from tridentflow_state.expiry import MemoryExpiryIndex  # expiry names this class
-
+        """The map's expiry index, made on first use."""
         if self._expiry is None:
             self._expiry = MemoryExpiryIndex(self)
         return self._expiry
@@ -133,3 +149,41 @@ class MemoryBackingMap:
                 del self._data[key]
                 dropped += 1
         return dropped
+
+
+class MemoryExpiryIndex:
+    """The expiry index of a MemoryBackingMap (tridentflow.testing): the Redis index's rules
+    over a dict."""
+
+    def __init__(self, backing: MemoryBackingMap) -> None:
+        self.backing = backing
+        self.scores: dict[str, int] = {}
+
+    def follow(self, fields: Sequence[str]) -> int:
+        removed = 0
+        for field in fields:
+            raw = self.backing._data.get(field)
+            stamp = None if raw is None else live_stamp(raw)
+            if stamp is None:
+                removed += self.scores.pop(field, None) is not None
+            else:
+                self.scores[field] = max(stamp, self.scores.get(field, stamp))
+        return removed
+
+    def merge(self, txid: int) -> int:
+        written = sorted(self.backing._written.pop(txid, set()))
+        self.follow(written)
+        return len(written)
+
+    def candidates(self, through: int) -> Iterator[list[str]]:
+        due = sorted(f for f, score in self.scores.items() if score <= through)
+        for i in range(0, len(due), 1000):
+            yield due[i : i + 1000]
+
+    def rebuild(self) -> int:
+        self.scores = {}
+        for field, raw in self.backing._data.items():
+            stamp = live_stamp(raw)
+            if stamp is not None:
+                self.scores[field] = stamp
+        return len(self.scores)

@@ -165,3 +165,14 @@ def decode_value(encoded: str | bytes | None) -> Any:
             f"found {encoded!r:.80}, which is not JSON ({exc}); was it written by something "
             "other than tridentflow?"
         ) from None
+
+
+def live_stamp(raw: str) -> int | None:
+    """The txid stamp of a stored ``[txid,curr,prev]`` (its compact JSON text) whose curr is
+    not null; None for a tombstone or a value without a stamp. Reads the text's head only."""
+    if not raw.startswith("["):
+        return None
+    head, _, rest = raw[1:].partition(",")
+    if not head.isdigit() or rest.startswith("null,"):
+        return None
+    return int(head)

@@ -25,14 +25,11 @@ the state's size.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import redis
 
+from tridentflow_state.codec import live_stamp
 from tridentflow_state.keys import KeySpace
-
-if TYPE_CHECKING:
-    from tridentflow_state.backing import MemoryBackingMap
 from tridentflow_state.scripts import LuaScript
 
 CHUNK = 1000
@@ -121,7 +118,7 @@ class RedisExpiryIndex:
         for fields in _chunks(self.client.hscan_iter(state, count=CHUNK)):
             scores = {}
             for field, raw in fields:
-                stamp = _live_stamp(raw)
+                stamp = live_stamp(raw)
                 if stamp is not None:
                     scores[field] = stamp
             if scores:
@@ -149,17 +146,6 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _live_stamp(raw: str) -> int | None:
-    """The txid stamp of a stored ``[txid,curr,prev]`` whose curr is not null; None for a
-    tombstone or a value without a stamp."""
-    if not raw.startswith("["):
-        return None
-    head, _, rest = raw[1:].partition(",")
-    if not head.isdigit() or rest.startswith("null,"):
-        return None
-    return int(head)
-
-
 class ShardedExpiryIndex:
     """The expiry indexes of one state's shards, as one (each shard's in its own slot)."""
 
@@ -183,44 +169,3 @@ class ShardedExpiryIndex:
 
     def rebuild(self) -> int:
         return sum(index.rebuild() for index in self.shards)
-
-
-class MemoryExpiryIndex:
-    """The expiry index of a MemoryBackingMap (tridentflow.testing): the Redis index's rules
-    over a dict."""
-
-    def __init__(self, backing: MemoryBackingMap) -> None:
-        self.backing = backing
-        self.scores: dict[str, int] = {}
-
-    def follow(self, fields: Sequence[str]) -> int:
-        removed = 0
-        for field in fields:
-            raw = self.backing._data.get(field)
-            stamp = None if raw is None else _live_stamp(raw)
-            if stamp is None:
-                removed += self.scores.pop(field, None) is not None
-            else:
-                self.scores[field] = max(stamp, self.scores.get(field, stamp))
-        return removed
-
-    def merge(self, txid: int) -> int:
-        written = sorted(self.backing._written.pop(txid, set()))
-        self.follow(written)
-        return len(written)
-
-    def candidates(self, through: int) -> Iterator[list[str]]:
-        due = sorted(f for f, score in self.scores.items() if score <= through)
-        for i in range(0, len(due), CHUNK):
-            yield due[i : i + CHUNK]
-
-    def rebuild(self) -> int:
-        self.scores = {}
-        for field, raw in self.backing._data.items():
-            stamp = _live_stamp(raw)
-            if stamp is not None:
-                self.scores[field] = stamp
-        return len(self.scores)
-
-
-ExpiryIndex = RedisExpiryIndex | ShardedExpiryIndex | MemoryExpiryIndex
