@@ -35,27 +35,53 @@ from tridentflow_state.scripts import LuaScript
 CHUNK = 1000
 """Fields per script call and candidates per read (bounded memory, short scripts)."""
 
+_FOLLOW = r"""
+local function follow(state, index, fields)
+  -- score each live field by its stamp (raised only), drop absent fields and tombstones
+  local values = redis.call('HMGET', state, unpack(fields))
+  local add, gone = {}, {}
+  for i = 1, #fields do
+    local v = values[i]
+    local stamp = v and string.match(v, '^%[(%d+),')
+    if not v or (stamp and string.sub(v, #stamp + 3, #stamp + 7) == 'null,') then
+      gone[#gone + 1] = fields[i]
+    elseif stamp then
+      add[#add + 1] = tonumber(stamp)
+      add[#add + 1] = fields[i]
+    end
+  end
+  if #add > 0 then redis.call('ZADD', index, 'GT', unpack(add)) end
+  if #gone > 0 then return redis.call('ZREM', index, unpack(gone)) end
+  return 0
+end
+"""
+
 FOLLOW_FIELDS = LuaScript(
     "expiry_follow_fields",
-    r"""
+    _FOLLOW
+    + r"""
 -- Make the expiry index follow the named fields of one state, atomically: a live field is
 -- scored by its stamp (raised only: ZADD GT), an absent field or a tombstone
 -- ([txid,null,...]) is removed. A value without a txid stamp is left alone.
 -- KEYS[1] state hash  KEYS[2] expiry index (sorted set)
 -- ARGV[1..] fields
 -- Returns the number of fields removed from the index.
-local removed = 0
-for i = 1, #ARGV do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  local stamp, rest
-  if v then stamp, rest = string.match(v, '^%[(%d+),(.*)$') end
-  if not v or (rest and string.sub(rest, 1, 5) == 'null,') then
-    removed = removed + redis.call('ZREM', KEYS[2], ARGV[i])
-  elseif stamp then
-    redis.call('ZADD', KEYS[2], 'GT', tonumber(stamp), ARGV[i])
-  end
-end
-return removed
+if #ARGV == 0 then return 0 end
+return follow(KEYS[1], KEYS[2], ARGV)
+""",
+)
+
+MERGE_WRITTEN = LuaScript(
+    "expiry_merge_written",
+    _FOLLOW
+    + r"""
+-- Take up to ARGV[1] fields out of a committed txid's written-set and make the index follow
+-- them (as FOLLOW_FIELDS), atomically: a crash between calls leaves the rest in the set.
+-- KEYS[1] state hash  KEYS[2] expiry index  KEYS[3] the txid's written-set of the state
+-- Returns the number of fields taken (fewer than ARGV[1]: the set is empty now).
+local fields = redis.call('SPOP', KEYS[3], tonumber(ARGV[1]))
+if #fields > 0 then follow(KEYS[1], KEYS[2], fields) end
+return #fields
 """,
 )
 
@@ -79,22 +105,20 @@ class RedisExpiryIndex:
         )
 
     def merge(self, txid: int) -> int:
-        """Follow every field committed ``txid`` wrote, then drop its written-set. Idempotent
-        (nothing to do once the set is gone); the fields followed."""
-        written = self.keyspace.written(self.state_name, txid)
+        """Follow every field committed ``txid`` wrote, taking it out of the txid's
+        written-set (MERGE_WRITTEN, a chunk a call: no field travels to this process).
+        Idempotent: nothing to do once the set is empty; the fields followed."""
+        keys = [
+            self.keyspace.state(self.state_name),
+            self.key,
+            self.keyspace.written(self.state_name, txid),
+        ]
         followed = 0
-        batch: list[str] = []
-        for field in self.client.sscan_iter(written, count=CHUNK):
-            batch.append(field.decode() if isinstance(field, bytes) else field)
-            if len(batch) >= CHUNK:
-                followed += len(batch)
-                self.follow(batch)
-                batch = []
-        if batch:
-            followed += len(batch)
-            self.follow(batch)
-        self.client.delete(written)
-        return followed
+        while True:
+            taken = int(MERGE_WRITTEN(self.client, keys, [CHUNK]))
+            followed += taken
+            if taken < CHUNK:
+                return followed
 
     def candidates(self, through: int) -> Iterator[list[str]]:
         """The fields scored at or below ``through``, in chunks. The index does not move

@@ -21,6 +21,9 @@ QUIET_DAGS = (
     "tridentflow_wordcount_on_data",
 )
 """Scheduled DAGs a test's runs should not compete with."""
+TEARDOWN_GRACE_S = 3
+"""How long a component may take to stop after the test is done before it is killed (the
+launcher's own default, 20 s, is for a deployment's tasks to finish; a test's are over)."""
 
 
 @contextmanager
@@ -42,7 +45,7 @@ def stack(
         api.pause(*QUIET_DAGS)
         yield api
     finally:
-        launcher.down(home)
+        launcher.down(home, grace=TEARDOWN_GRACE_S)
         launcher.drop_metadata_db(home)
 
 
