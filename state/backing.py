@@ -47,8 +47,12 @@ class ExpiryIndex(Protocol):
         """The fields scored at or below ``through``, in chunks."""
         ...
 
+    def built(self) -> bool:
+        """Whether the index is complete and has followed every commit since it was built."""
+        ...
+
     def rebuild(self) -> int:
-        """Make the index again from the stored values."""
+        """Make the index again from the stored values, and mark it built."""
         ...
 
 
@@ -158,6 +162,10 @@ class MemoryExpiryIndex:
     def __init__(self, backing: MemoryBackingMap) -> None:
         self.backing = backing
         self.scores: dict[str, int] = {}
+        self.is_built = False
+
+    def built(self) -> bool:
+        return self.is_built
 
     def follow(self, fields: Sequence[str]) -> int:
         removed = 0
@@ -181,6 +189,7 @@ class MemoryExpiryIndex:
             yield due[i : i + 1000]
 
     def rebuild(self) -> int:
+        self.is_built = True
         self.scores = {}
         for field, raw in self.backing._data.items():
             stamp = live_stamp(raw)

@@ -174,8 +174,9 @@ class CommitAttempt:
         script: a crash before it is caught up by a retry or the next txid). False if a
         concurrent attempt of the txid marked it first (this one wrote nothing after that)."""
         self.hooks.written(self)
+        settled = self._settled_at_mark(self.writers)  # their expiry indexes stop following
         self.marked = self.ledger.mark_committed(
-            self.ticket, offsets, self._settled_at_mark(self.writers), stats, self.retain_txids
+            self.ticket, offsets, settled, stats, self.retain_txids, unbuilt=settled
         )
         self.hooks.marked(self)
         if self.marked:
@@ -202,8 +203,11 @@ class CommitAttempt:
                 tx = None if self.kinds[name] is StateKind.NON_TRANSACTIONAL else self.txid
                 backing = self.writers[name].backing
                 dropped += backing.drop_tombstones(tx, keys, self.ticket.generation)
-        for name in self.expiring:  # the index follows what the txid wrote
-            self.writers[name].backing.expiry.merge(self.txid)
+        for name in self.expiring:  # the index follows what the txid wrote (or is built)
+            index = self.writers[name].backing.expiry
+            index.merge(self.txid)
+            if not index.built():
+                index.rebuild()
         for name in changed:  # a sink further behind than this reloads or fails
             trim_changes(self.client, self.keyspace, name, self.txid, change_log_limit)
         trim_undo(self.client, self.keyspace, self.writers.keys())

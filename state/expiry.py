@@ -16,7 +16,11 @@ How the index follows the state:
   goes. Atomic per chunk, scores only ever raised (``ZADD GT``): a merge that lags behind a
   later txid's never takes a key back.
 * **refresh** (a candidate found absent or a tombstone): the same per-field rule, at once.
-* **rebuild** (after a rewind, which moves stamps back): the index made again from the hash.
+* **build** (after the mark of the first txid committed with expiry on, and after a rewind,
+  which moves stamps back): the index made from the hash, then marked built. Until it is built
+  nothing expires: expiry starts with the txid after the one that turned it on, the same for
+  every attempt of a txid. A commit that does not keep the index (expiry off) drops the mark,
+  so an index that stopped following is never trusted again.
 
 Work per commit is proportional to the keys the txid wrote plus the candidates - never to
 the state's size.
@@ -131,10 +135,20 @@ class RedisExpiryIndex:
             yield [f.decode() if isinstance(f, bytes) else f for f in chunk]
             start += len(chunk)
 
+    def built(self) -> bool:
+        return bool(self.client.exists(self.keyspace.expiry_built(self.state_name)))
+
     def rebuild(self) -> int:
-        """Make the index again from the state hash (after a rewind moved stamps back): every
-        live field scored by its stamp. Built aside, then renamed over the index (readers see
-        the old or the new one). The fields indexed."""
+        """Make the index from the state hash and mark it built (BUILT below); the fields
+        indexed."""
+        indexed = self.rebuild_shard()
+        self.client.set(self.keyspace.expiry_built(self.state_name), 1)
+        return indexed
+
+    def rebuild_shard(self) -> int:
+        """Make this keyspace's index again from its state hash: every live field scored by
+        its stamp. Built aside, then renamed over the index (readers see the old or the new
+        one). The fields indexed."""
         aside = f"{self.key}:rebuild"
         self.client.delete(aside)
         state = self.keyspace.state(self.state_name)
@@ -176,6 +190,8 @@ class ShardedExpiryIndex:
     def __init__(self, keyspace: KeySpace, shards: Sequence[RedisExpiryIndex]) -> None:
         self.keyspace = keyspace
         self.shards = list(shards)
+        self.client = self.shards[0].client
+        self.state_name = self.shards[0].state_name
 
     def follow(self, fields: Sequence[str]) -> int:
         groups: list[list[str]] = [[] for _ in self.shards]
@@ -191,5 +207,21 @@ class ShardedExpiryIndex:
         for index in self.shards:
             yield from index.candidates(through)
 
+    def built(self) -> bool:
+        return bool(self.client.exists(self.keyspace.expiry_built(self.state_name)))
+
     def rebuild(self) -> int:
-        return sum(index.rebuild() for index in self.shards)
+        indexed = sum(index.rebuild_shard() for index in self.shards)
+        self.client.set(self.keyspace.expiry_built(self.state_name), 1)
+        return indexed
+
+
+def expiry_index(
+    client: redis.Redis, keyspace: KeySpace, state_name: str
+) -> RedisExpiryIndex | ShardedExpiryIndex:
+    """State ``state_name``'s expiry index in ``keyspace``: its own, or its shards' as one."""
+    if not keyspace.sharded:
+        return RedisExpiryIndex(client, keyspace, state_name)
+    shards = [RedisExpiryIndex(client, keyspace.shard(i), state_name)
+              for i in range(keyspace.shards)]  # fmt: skip
+    return ShardedExpiryIndex(keyspace, shards)

@@ -216,6 +216,12 @@ class KeySpace:
         state with ``expire_after_txids``)."""
         return f"{self.base}:expiry:{check_name('state', name)}"
 
+    def expiry_built(self, name: str) -> str:
+        """String, present while state ``name``'s expiry index (every shard's) is complete and
+        followed: set by its build, deleted by every commit that does not keep it (expiry
+        turned off), so turning expiry on again builds it anew (tridentflow_state.expiry)."""
+        return f"{self.base}:expiry-built:{check_name('state', name)}"
+
     def written(self, name: str, txid: int) -> str:
         """Set of fields of state ``name`` written by any commit attempt of ``txid``."""
         return f"{self.base}:written:{check_name('state', name)}:{int(txid)}"

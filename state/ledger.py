@@ -178,7 +178,8 @@ MARK_COMMITTED = LuaScript(
 -- the txid is written. Atomic: the committed txid and the offsets move together.
 -- KEYS[1] ledger hash  KEYS[2] tx hash  KEYS[3] offsets hash  KEYS[4] generation key
 -- KEYS[5] tx hash of txid-2 (deleted: RECORD_HISTORY has had two chances at it)
--- KEYS[6] undo meta hash (tridentflow_state.undo)  KEYS[7..] written-sets of this txid (deleted)
+-- KEYS[6] undo meta hash (tridentflow_state.undo)  KEYS[7..] deleted: written-sets of this txid,
+-- the quarantine's, and the expiry-built marks of states that do not expire now
 -- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] stats JSON (an object)
 -- ARGV[5] undo logs retained (0: off)  ARGV[6..] partition, offset, ...
 -- With ARGV[5] = R > 0 the offsets right after the txid are kept (``offsets:<txid>``) and
@@ -804,9 +805,12 @@ class Ledger:
         state_names: Iterable[str],
         stats: Mapping[str, Any] | None = None,
         retain_txids: int = 0,
+        unbuilt: Iterable[str] = (),
     ) -> bool:
         """Atomically set committed=txid and the new offsets. False if already committed.
         With ``retain_txids`` > 0, the undo logs' retained range moves with it (state.undo).
+        The states in ``unbuilt`` lose their expiry index's built mark (they do not expire
+        now: their index stops following; tridentflow_state.expiry).
 
         Raises FencedError if ``ticket`` was superseded, CommitOrderError if out of order.
         """
@@ -816,6 +820,7 @@ class Ledger:
         if not self.keys.sharded:  # a shard's written-sets go when it settles
             keys += [self.keys.written(name, txid) for name in state_names]
         keys.append(self.keys.quarantine_written(txid))
+        keys += [self.keys.expiry_built(name) for name in unbuilt]
         stats_json = json.dumps(dict(stats or {}), sort_keys=True)
         args: list[Any] = [txid, ticket.token, ticket.generation, stats_json]
         args.append(max(0, int(retain_txids)))

@@ -318,6 +318,8 @@ class MapState(ABC):
                 "make it transactional or opaque, or drop expire_after_txids"
             )
         index = self.backing.expiry
+        if not index.built():  # expiry starts with the txid after the one that built it
+            return []
         index.merge(txid - 1)  # what a commit of txid-1 cut short after its mark left
         batch: set[str] | None = None
         expired: list[str] = []

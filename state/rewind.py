@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import redis
 
 from tridentflow_state.changes import drop_changes_after
-from tridentflow_state.expiry import RedisExpiryIndex
+from tridentflow_state.expiry import expiry_index
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
 from tridentflow_state.scripts import BUSY_CHECK, GEN_CHECK, LuaScript
@@ -451,9 +451,8 @@ def rewind(
     if hook is not None:
         hook("after-begin-rewind", target)
     restored = restore_states(client, keyspace, states, target, committed, last, token, hook)
-    for space in _shards(keyspace):  # stamps went back; expired keys came back
-        for name in expiring:
-            RedisExpiryIndex(client, space, name).rebuild()
+    for name in expiring:  # stamps went back; expired keys came back
+        expiry_index(client, keyspace, name).rebuild()
     generation, runs = finish_rewind(client, keyspace, states, target, committed, last, token)
     return RewindResult(target, committed, last, restored, runs, generation)
 

@@ -24,6 +24,7 @@ from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.export import changes_of, export
 from tridentflow.steps.query import list_state
+from tridentflow.steps.runtime import Runtime
 from tridentflow.testing import CollectSink, run_batches
 
 AFTER = 2
@@ -116,11 +117,12 @@ def test_the_harness_hands_every_expired_key_to_the_sinks_as_a_removal():
 # -- the rule in Redis, at every fault point ---------------------------------------------------
 
 
-def _step_by_step(rt, batches: list[list[str]], faults: dict[int, str]) -> None:
+def _step_by_step(rt, batches: list[list[str]], faults: dict[int, str], first: int = 1) -> None:
     """Each batch produced, then its txid coordinated, emitted, committed, retried as Airflow
     retries a failed task (a new process: the same txid, the fault no longer armed)."""
-    for txid, lines in enumerate(batches, start=1):
-        produce(rt, lines)
+    for txid, lines in enumerate(batches, start=first):
+        if lines:
+            produce(rt, lines)
         attempt = rt.with_(faults=FaultPlan.parse(faults.get(txid, "")))
         for _ in range(4):
             try:
@@ -239,3 +241,42 @@ def test_audit_catches_an_expiring_state_that_kept_a_key_the_rule_removes(
     assert audit(rt).doubled == 1
     redis_client.hdel(state, '["a"]', '["b"]')
     assert audit(rt).lost == 3
+
+
+def test_expiry_turned_on_later_starts_from_what_the_state_holds_and_off_again_forgets_it(
+    redis_url, redis_client, home
+):
+    """A state that ran for a while without expiry: the commit that turns it on builds the
+    index from every key after its mark (nothing expires in that txid), the next one expires by
+    the rule - keys written before expiry was on included. Turned off, the index stops
+    following and its built mark goes; turned on again, it is built anew (a stale index would
+    expire keys updated while it was off)."""
+    plain = Runtime.open(expiring_words(None), redis_url, home)
+    plain.ledger.reset(force=True)
+    _step_by_step(plain, [["a b"], ["b"]], {})
+    on = Runtime.open(expiring_words(1), redis_url, home)
+    _step_by_step(on, [[], ["b"]], {}, first=3)
+    # txid 3 turned expiry on: it built the index, expired nothing; txid 4 expired a (txid 1)
+    assert _counts(on) == {"b": 3}
+    built = on.keyspace.expiry_built("counts")
+    assert redis_client.exists(built)
+    off = Runtime.open(expiring_words(None), redis_url, home)
+    _step_by_step(off, [["a"], ["a"], ["b"]], {}, first=5)  # a lives again, b updated at 7
+    assert not redis_client.exists(built)
+    again = Runtime.open(expiring_words(1), redis_url, home)
+    _step_by_step(again, [["a"]], {}, first=8)  # builds: nothing expires at 8
+    assert _counts(again) == {"a": 3, "b": 4}
+    _step_by_step(again, [["a"]], {}, first=9)  # b last updated at 7 <= 9 - 1: expired
+    assert _counts(again) == {"a": 4}
+
+
+def expiring_words(after: int | None) -> Pipeline:
+    """One pipeline (one name, one state) whose expiry a deploy turns on and off."""
+    pipeline = Pipeline("expiry-switch", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE))
+    spec = StateSpec("counts", StateKind.OPAQUE, expire_after_txids=after)
+    (
+        pipeline.stream.each("sentence", lambda s: [(w,) for w in s.split()], "word")
+        .group_by("word")
+        .persistent_aggregate(spec, Count(), out_field="count")
+    )
+    return pipeline

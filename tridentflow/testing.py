@@ -219,7 +219,10 @@ class _Run:
         for name, keys in removed.items():  # once the txid is marked: no replay needs them
             self.backings[name].drop_tombstones(txid, keys)
         for name in self.pipeline.expiring:  # the expiry index follows what the txid wrote
-            self.backings[name].expiry.merge(txid)
+            index = self.backings[name].expiry
+            index.merge(txid)
+            if not index.built():
+                index.rebuild()
         self.read = base + sum(end - start for start, end in ranges.values())
         self.committed = txid
         self._export(txid, attempts[-1])
