@@ -181,6 +181,4 @@ def test_the_harness_catches_a_commit_waiting_on_the_ledgers_master_only(gated_m
     # a count lost: seen by the exact counts ("produced") or by audit ("expected", a dict
     # value for the mutating pipelines), whichever check comes to it first
     lost = r": (produced \d+|expected \{'n': \d+\}), stored "
-    assert re.search(lost, results[-1].difference or ""), results[
-        -1
-    ].line()
+    assert re.search(lost, results[-1].difference or ""), results[-1].line()
