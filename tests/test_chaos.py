@@ -160,6 +160,7 @@ def test_the_harness_catches_an_expiry_that_takes_an_earlier_attempts_write_for_
     assert last.doubled > 0 or kept, last.line()  # the kept key: counted again, or still there
 
 
+@pytest.mark.soak
 def test_fixed_seed_schedules_through_batch_operations_are_exact():
     """The same faults with every count going through exchanges and batch aggregates."""
     results = run_chaos(25, seed=2000, pipelines=("wordcount-batched",))
@@ -341,6 +342,7 @@ def test_the_harness_catches_a_stray_key_check_that_sees_one_shard(monkeypatch):
     ].line()
 
 
+@pytest.mark.soak
 def test_fixed_seed_schedules_with_count_windows_are_exact():
     """Count windows key on record positions, which depend on how records were batched:
     every fault, outage and reset must still give each record one position."""

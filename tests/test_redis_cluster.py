@@ -125,6 +125,7 @@ def test_state_shards_put_one_pipelines_state_on_every_master(tf, cluster, tmp_p
     assert left == []
 
 
+@pytest.mark.soak
 def test_chaos_seeds_run_against_the_cluster(cluster):
     """Every fault point, outages, resets in flight and commit races, with 1-3 state shards,
     against the cluster (no Redis restarts: the failover tests kill nodes)."""
