@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from tridentflow.steps.export import sink_status
+from tridentflow.steps.recorded_settings import STATES
 from tridentflow.steps.recorded_settings import disagreements as settings_disagreements
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.rewind import rewinding_to
@@ -23,6 +25,7 @@ def status(rt: Runtime) -> dict[str, Any]:
     pending = [pending_txid(rt, txid, now_ms) for txid in ledger.pending_txids()]
     history = ledger.history(HISTORY_SHOWN)
     recorded = ledger.settings()
+    shapes = json.loads(recorded.get(STATES, "{}"))
     partitions = []
     for p in sorted(set(heads) | set(offsets) | set(unavailable)):
         if p in heads:
@@ -49,7 +52,8 @@ def status(rt: Runtime) -> dict[str, Any]:
         "pipeline": rt.pipeline.name,
         "guarantee": rt.pipeline.guarantee.value,
         "source_mode": rt.pipeline.source.mode.value,
-        "states": {name: _state_status(rt, name, history) for name in rt.pipeline.states},
+        "states": {name: _state_status(rt, name, history, shapes) for name in rt.pipeline.states},
+        "kept_states": sorted(set(shapes) - set(rt.pipeline.states)),
         "committed_txid": committed,
         "last_commit": history[0] if history else None,
         "history": history,
@@ -137,11 +141,15 @@ def pending_txid(rt: Runtime, txid: int, now_ms: int | None = None) -> dict[str,
     }
 
 
-def _state_status(rt: Runtime, name: str, history: list[dict[str, Any]]) -> dict[str, Any]:
-    """A state's kind and keys; for an expiring one, its expire_after_txids and the keys
-    expired by each commit of ``history`` (newest first)."""
+def _state_status(
+    rt: Runtime, name: str, history: list[dict[str, Any]], shapes: dict[str, Any]
+) -> dict[str, Any]:
+    """A state's kind, keys and the txid it was first committed in (``since``, from the
+    recorded shapes; None: unknown, or not yet); for an expiring one, its expire_after_txids
+    and the keys expired by each commit of ``history`` (newest first)."""
     spec = rt.pipeline.states[name].state
     info: dict[str, Any] = {"kind": spec.kind.value, "keys": rt.backing(name).count()}
+    info["since"] = shapes.get(name, {}).get("since")
     if spec.expire_after_txids is not None:
         info["expire_after_txids"] = spec.expire_after_txids
         info["expired_by_txid"] = {
@@ -158,10 +166,17 @@ def format_status(info: dict[str, Any]) -> str:
     ]
     for name, s in info["states"].items():
         line = f"state          {name}: {s['kind']}, {s['keys']} keys"
+        if s.get("since") is not None:
+            line += f", since txid {s['since']}"
         if "expire_after_txids" in s:
             expired = ", ".join(f"{t}: {n}" for t, n in list(s["expired_by_txid"].items())[:5])
             line += f"; expire after {s['expire_after_txids']} txids (expired by txid {expired})"
         lines.append(line)
+    for name in info.get("kept_states", []):
+        lines.append(
+            f"state          {name}: not in this code; its values are kept as they were "
+            f"(a code that has it again goes on from them)"
+        )
     if info["pending"]:
         for p in info["pending"]:
             lines.append(

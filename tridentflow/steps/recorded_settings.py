@@ -4,7 +4,13 @@ Redis, so that every component - Airflow's tasks, the CLI, the view - reads the 
 * ``retain_txids``: how many committed txids of undo logs the commits keep (``query --as-of``,
   ``rewind``);
 * ``change_logs``: the states whose commits write a change log (what sinks and new-values
-  streams read), and ``change_log_limit``, how many of them are kept.
+  streams read), and ``change_log_limit``, how many of them are kept;
+* ``states``: each state's shape - its kind, its aggregator, its key fields (and what it
+  aggregates, its expiry) - and the txid it was first committed in. A pipeline evolves: a new
+  state starts empty at the next txid ("since txid T"), a state the code no longer has is kept
+  untouched, another expiry applies from the next txid; another kind, aggregator or key fields
+  on a state that holds values is refused before anything is written (the values were made
+  by the old one), in one line naming the change and the ways out.
 
 (The state's shard count is recorded the same way by ``tridentflow_state.shards``.)
 
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tridentflow.errors import TridentflowError
 from tridentflow.steps.runtime import FROM_CODE, FROM_COMMAND_LINE, FROM_DEFAULT
@@ -37,10 +43,73 @@ if TYPE_CHECKING:
 RETAIN = "retain_txids"
 CHANGE_LOGS = "change_logs"
 CHANGE_LOG_LIMIT = "change_log_limit"
+STATES = "states"
+SHAPE = ("kind", "aggregator", "keys")
+"""What a state's values are made by: another one makes the stored values wrong."""
 
 
 class SettingsDisagree(TridentflowError):
     """This process's settings differ from the ones recorded with the pipeline."""
+
+
+class StateShapeChanged(SettingsDisagree):
+    """The code makes a state's values another way than the one that made the stored values
+    (another kind, aggregator or key fields): refused before anything is written; retrying
+    cannot help (an Airflow task fails at once)."""
+
+    retry_helps = False
+
+
+def shapes(rt: Runtime) -> dict[str, dict[str, Any]]:
+    """Each state's shape in this process's code (see the module doc)."""
+    out = {}
+    for name, persist in rt.pipeline.states.items():
+        aggregator = getattr(persist.aggregator, "inner", persist.aggregator)  # a guard's
+        kind = type(aggregator)
+        out[name] = {
+            "kind": persist.state.kind.value,
+            "aggregator": f"{kind.__module__}.{kind.__qualname__}",
+            "keys": list(persist.group_fields),
+            "in": list(persist.in_fields),
+            "expire_after_txids": persist.state.expire_after_txids,
+        }
+    return out
+
+
+def shape_changes(rt: Runtime, recorded: dict[str, str]) -> list[str]:
+    """One line per state whose shape this process's code changes incompatibly (see the
+    module doc); [] when nothing is recorded yet. Read-only."""
+    have = json.loads(recorded.get(STATES, "{}"))
+    lines = []
+    for name, own in shapes(rt).items():
+        old = have.get(name)
+        if old is None:
+            continue
+        changed = [f for f in SHAPE if old.get(f) != own[f]]
+        if changed:
+            was = ", ".join(f"{f} {old.get(f)}" for f in changed)
+            now = ", ".join(f"{f} {own[f]}" for f in changed)
+            lines.append(
+                f"state {name} of {rt.pipeline.name} holds values made with {was} (since txid "
+                f"{old.get('since', '?')}); this code makes it with {now}: give the new one "
+                f"another state name, or `tridentflow rewind`/`reset {rt.pipeline.name}` to "
+                f"recompute it; if the stored values stay right as they are, `tridentflow "
+                f"settings {rt.pipeline.name} --record`"
+            )
+    return lines
+
+
+def _states_value(rt: Runtime, recorded: dict[str, str]) -> str:
+    """The ``states`` record after this process: its code's shapes - a state new to the
+    record since the next txid (None: the record began after its first commit) - and the
+    states its code no longer has, kept as they were."""
+    committed = rt.ledger.committed_txid()
+    since = committed + 1 if STATES in recorded or committed == 0 else None
+    have = json.loads(recorded.get(STATES, "{}"))
+    out = dict(have)
+    for name, own in shapes(rt).items():
+        out[name] = {**own, "since": have[name]["since"] if name in have else since}
+    return json.dumps(out, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -104,6 +173,9 @@ def check(rt: Runtime) -> None:
     """Before a commit writes: SettingsDisagree (one line) if this process would change a
     recorded setting without meaning to; then record this process's values. Idempotent."""
     recorded = rt.ledger.settings()
+    changes = shape_changes(rt, recorded)
+    if changes:
+        raise StateShapeChanged(changes[0])
     lines = disagreements(rt, recorded)
     if lines:
         raise SettingsDisagree(lines[0])
@@ -121,6 +193,7 @@ def record(rt: Runtime, recorded: dict[str, str] | None = None, force: bool = Fa
         for setting, own in own_settings(rt).items()
         if force or own.is_change or (setting not in recorded and not own.is_default)
     }
+    values[STATES] = _states_value(rt, recorded)
     if all(recorded.get(k) == v for k, v in values.items()):
         return 0
     return rt.ledger.record_settings(values)

@@ -1,0 +1,169 @@
+"""Pipelines evolve (issue 54): the ledger records each state's shape - kind, aggregator, key
+fields - with the pipeline's settings. A new state starts at the next txid, a state the code no
+longer has is kept as it was, another expiry applies from the next txid; another kind,
+aggregator or key fields on a state that holds values is refused in one line before anything
+is written, and `settings --record` is the operator's way to say the values stay right."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import produce
+from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec, Sum
+from tridentflow.engines.local import LocalEngine
+from tridentflow.ops.status import format_status, status
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import query
+from tridentflow.steps.recorded_settings import STATES, StateShapeChanged, record
+from tridentflow.steps.runtime import Runtime
+
+
+def evolving(
+    *,
+    kind: StateKind = StateKind.OPAQUE,
+    aggregator=None,
+    keys: tuple[str, ...] = ("word",),
+    extra: bool = False,
+    counts: bool = True,
+    expire: int | None = None,
+) -> Pipeline:
+    """Versions of one pipeline (one name): words counted into ``counts``; ``extra`` adds a
+    state ``lengths`` (the words' letters summed per word)."""
+    pipeline = Pipeline("evolving", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE))
+    words = pipeline.stream.each(
+        "sentence", lambda s: [(w, len(w)) for w in s.split()], ("word", "length")
+    )
+    if counts:
+        words.group_by(keys).persistent_aggregate(
+            StateSpec("counts", kind, expire_after_txids=expire),
+            aggregator or Count(),
+            "length" if isinstance(aggregator, Sum) else (),
+            out_field="n",
+        )
+    if extra:
+        words.group_by("word").persistent_aggregate(
+            StateSpec("lengths", StateKind.OPAQUE), Sum(), "length", out_field="letters"
+        )
+    return pipeline
+
+
+def run(rt: Runtime, lines: list[str]) -> None:
+    produce(rt, lines)
+    run_batches(rt, LocalEngine(), batch_size=100)
+
+
+def value(rt: Runtime, state: str, key: str):
+    return query(rt, rt.pipeline.states[state], [(key,)])[1][0]
+
+
+@pytest.fixture
+def deployed(redis_url, home) -> Runtime:
+    """The first version, two txids committed."""
+    rt = Runtime.open(evolving(), redis_url, home)
+    rt.ledger.reset(force=True)
+    run(rt, ["a bb"])
+    run(rt, ["bb"])
+    return rt
+
+
+def test_the_first_commit_records_every_states_shape(deployed):
+    recorded = json.loads(deployed.ledger.settings()[STATES])
+    assert recorded == {
+        "counts": {
+            "kind": "opaque",
+            "aggregator": "tridentflow.aggregators.Count",
+            "keys": ["word"],
+            "in": [],
+            "expire_after_txids": None,
+            "since": 1,
+        }
+    }
+
+
+def test_a_new_state_counts_from_the_next_txid_and_status_says_since_when(
+    deployed, redis_url, home
+):
+    grown = Runtime.open(evolving(extra=True), redis_url, home)
+    run(grown, ["a bb"])
+    assert value(grown, "lengths", "bb") == 2  # only txid 3's records
+    assert value(grown, "counts", "bb") == 3
+    info = status(grown)
+    assert (info["states"]["counts"]["since"], info["states"]["lengths"]["since"]) == (1, 3)
+    assert "lengths: opaque, 2 keys, since txid 3" in format_status(info)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"aggregator": Sum()}, "aggregator tridentflow.aggregators.Count (since txid 1); this "
+                                "code makes it with aggregator tridentflow.aggregators.Sum"),
+        ({"keys": ("word", "length")}, "keys ['word'] (since txid 1); this code makes it with "
+                                       "keys ['word', 'length']"),
+    ],
+)  # fmt: skip
+def test_another_shape_on_a_state_with_values_is_refused_before_anything_is_written(
+    deployed, redis_url, home, change, said
+):
+    before = dict(deployed.client.hgetall(deployed.keyspace.state("counts")))
+    other = Runtime.open(evolving(**change), redis_url, home)
+    with pytest.raises(StateShapeChanged) as refused:
+        run(other, ["a"])
+    line = str(refused.value)
+    assert "\n" not in line and said in line
+    assert "another state name" in line and "settings evolving --record" in line
+    assert deployed.ledger.committed_txid() == 2  # nothing moved
+    assert dict(deployed.client.hgetall(deployed.keyspace.state("counts"))) == before
+    assert not StateShapeChanged.retry_helps  # an Airflow task fails at once
+
+
+def test_another_kind_is_refused_too(redis_url, home):
+    """(Over a transactional source, where both kinds are allowed.)"""
+
+    def version(kind: StateKind) -> Pipeline:
+        pipeline = Pipeline("evolving-kind", LogSource(fields=("w",)))
+        counted = pipeline.stream.group_by("w")
+        counted.persistent_aggregate(StateSpec("c", kind), Count(), out_field="n")
+        return pipeline
+
+    first = Runtime.open(version(StateKind.OPAQUE), redis_url, home)
+    first.ledger.reset(force=True)
+    first.source_heads()
+    first.log.append_spread([["x"]])
+    run_batches(first, LocalEngine(), batch_size=10)
+    other = Runtime.open(version(StateKind.TRANSACTIONAL), redis_url, home)
+    other.log.append_spread([["x"]])
+    with pytest.raises(StateShapeChanged, match=r"kind opaque .* with kind transactional"):
+        run_batches(other, LocalEngine(), batch_size=10)
+
+
+def test_the_operator_records_a_shape_change_on_purpose_and_it_goes_on(deployed, redis_url, home):
+    summed = Runtime.open(evolving(aggregator=Sum()), redis_url, home)
+    record(summed, force=True)  # `tridentflow settings evolving --record`: the values stay right
+    recorded = json.loads(summed.ledger.settings()[STATES])
+    assert recorded["counts"]["aggregator"] == "tridentflow.aggregators.Sum"
+    assert recorded["counts"]["since"] == 1  # the state's history is its own
+    run(summed, ["a"])  # goes on: a's count 1 plus its letters 1
+    assert value(summed, "counts", "a") == 2
+
+
+def test_a_removed_state_is_kept_as_it_was_and_comes_back_with_its_values(
+    deployed, redis_url, home
+):
+    grown = Runtime.open(evolving(extra=True), redis_url, home)
+    run(grown, ["a"])
+    shrunk = Runtime.open(evolving(extra=True, counts=False), redis_url, home)
+    run(shrunk, ["a a"])
+    info = status(shrunk)
+    assert info["kept_states"] == ["counts"]
+    assert "counts: not in this code; its values are kept as they were" in format_status(info)
+    back = Runtime.open(evolving(extra=True), redis_url, home)
+    assert value(back, "counts", "a") == 2  # txids 1 and 3; txid 4 ran without the state
+
+
+def test_another_expiry_is_a_compatible_change(deployed, redis_url, home):
+    expiring = Runtime.open(evolving(expire=1), redis_url, home)
+    run(expiring, ["a"])
+    recorded = json.loads(expiring.ledger.settings()[STATES])
+    assert recorded["counts"]["expire_after_txids"] == 1
