@@ -103,12 +103,15 @@ def _states_value(rt: Runtime, recorded: dict[str, str]) -> str:
     """The ``states`` record after this process: its code's shapes - a state new to the
     record since the next txid (None: the record began after its first commit) - and the
     states its code no longer has, kept as they were."""
-    committed = rt.ledger.committed_txid()
-    since = committed + 1 if STATES in recorded or committed == 0 else None
     have = json.loads(recorded.get(STATES, "{}"))
+    own = shapes(rt)
+    since = None
+    if set(own) - set(have):  # a state new to the record (read the ledger only then)
+        committed = rt.ledger.committed_txid()
+        since = committed + 1 if STATES in recorded or committed == 0 else None
     out = dict(have)
-    for name, own in shapes(rt).items():
-        out[name] = {**own, "since": have[name]["since"] if name in have else since}
+    for name, shape in own.items():
+        out[name] = {**shape, "since": have[name]["since"] if name in have else since}
     return json.dumps(out, sort_keys=True)
 
 
