@@ -62,21 +62,49 @@ class AuditReport:
 
 
 def audit(rt: Runtime) -> AuditReport:
+    """Recompute every auditable state from the source and compare (see the module doc)."""
     committed = rt.ledger.committed_txid()
     offsets = rt.ledger.committed_offsets()
     base = rt.ledger.base_offsets()  # where this generation started reading (a reset reader)
     report = AuditReport(committed)
+    report.unreadable = _unreadable(rt, offsets, base)
+    if report.unreadable:
+        report.unaudited = list(rt.pipeline.states)
+        return report
     ranges = {p: (base.get(p, 0), end) for p, end in offsets.items()}
+    auditable = [n for n, p in rt.pipeline.states.items() if p.batch_invariant]
+    plan = compile_pipeline(rt.pipeline, auditable)  # no batch operations, no state queries
+    result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
+    report.records = sum(c.n for c in result.counts.values()) if result else 0
+    by_txid = expected_txid_by_txid(rt, committed)
+    for name, persist in rt.pipeline.states.items():
+        if persist.batch_invariant:
+            staged = result.partials[name] if result else ()
+            expected = {key: apply_staged(persist.aggregator, None, v) for key, v in staged}
+            expected = {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
+        elif by_txid is not None and name in by_txid:
+            expected = by_txid[name]
+        else:
+            report.unaudited.append(name)
+            continue
+        actual = _stored(rt, name, committed)
+        _compare(report, name, absent_value(persist.aggregator), expected, actual)
+    return report
+
+
+def _unreadable(rt: Runtime, offsets: dict[int, int], base: dict[int, int]) -> dict[int, str]:
+    """Partitions holding committed records that cannot be read now -> why."""
+    unreadable: dict[int, str] = {}
     scan = rt.log.scan(offsets) if rt.log.exists() else None
     for partition, end in sorted(offsets.items()):
         if end <= base.get(partition, 0):
             continue
         if scan is None or partition in scan.unavailable:
-            report.unreadable[partition] = (
+            unreadable[partition] = (
                 scan.unavailable[partition] if scan else "unavailable: the source log is missing"
             )
         elif scan.heads[partition] < end:
-            report.unreadable[partition] = (
+            unreadable[partition] = (
                 f"unavailable: its head {scan.heads[partition]} is behind the committed offset "
                 f"{end}"
             )
@@ -84,51 +112,44 @@ def audit(rt: Runtime) -> AuditReport:
             try:  # everything from the start still there (a trimmed stream is not)
                 rt.log.probe(partition, base.get(partition, 0), end)
             except PartitionUnavailable as exc:
-                report.unreadable[partition] = exc.reason
+                unreadable[partition] = exc.reason
             except SourceError as exc:  # gone for good (retention, rows deleted): say what
-                report.unreadable[partition] = f"cannot be read: {exc}"
-    if report.unreadable:
-        report.unaudited = list(rt.pipeline.states)
-        return report
-    auditable = [n for n, p in rt.pipeline.states.items() if p.batch_invariant]
-    plan = compile_pipeline(rt.pipeline, auditable)  # no batch operations, no state queries
-    result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
-    report.records = sum(c.n for c in result.counts.values()) if result else 0
-    by_txid = expected_txid_by_txid(rt, committed)
-    for name, persist in rt.pipeline.states.items():
-        agg = persist.aggregator
-        if persist.batch_invariant:
-            staged = result.partials[name] if result else ()
-            expected = {key: apply_staged(agg, None, value) for key, value in staged}
-            expected = {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
-        elif by_txid is not None and name in by_txid:
-            expected = by_txid[name]
-        else:
-            report.unaudited.append(name)
+                unreadable[partition] = f"cannot be read: {exc}"
+    return unreadable
+
+
+def _stored(rt: Runtime, name: str, committed: int) -> dict[str, Any]:
+    """State ``name``'s values as of txid ``committed``, by encoded key (absent and removed
+    keys left out)."""
+    actual: dict[str, Any] = {}
+    for key, raw in rt.backing(name).scan_items():
+        value = StoredValue.from_json(raw, key, name).committed_view(committed)
+        if value is not None:
+            actual[key] = value
+    return actual
+
+
+def _compare(
+    report: AuditReport, name: str, zero: Any, expected: dict[str, Any], actual: dict[str, Any]
+) -> None:
+    """Add state ``name``'s differences to ``report``: numbers as lost/doubled, anything else
+    as mismatched (``zero``: what an absent key reads as)."""
+    for key in expected.keys() | actual.keys():
+        report.keys += 1
+        exp, act = expected.get(key), actual.get(key)
+        if exp == act and type(exp) is type(act):
             continue
-        actual: dict[str, Any] = {}
-        for key, raw in rt.backing(name).scan_items():
-            value = StoredValue.from_json(raw, key, name).committed_view(committed)
-            if value is not None:
-                actual[key] = value
-        zero = absent_value(agg)
-        for key in expected.keys() | actual.keys():
-            report.keys += 1
-            exp, act = expected.get(key), actual.get(key)
-            if exp == act and type(exp) is type(act):
-                continue
-            exp_n = zero if exp is None else exp
-            act_n = zero if act is None else act
-            if _number(exp_n) and _number(act_n):
-                if exp_n > act_n:
-                    report.lost += exp_n - act_n
-                elif act_n > exp_n:
-                    report.doubled += act_n - exp_n
-                elif type(exp_n) is not type(act_n):
-                    report.mismatched.append((name, key, exp, act))
-            else:
+        exp_n = zero if exp is None else exp
+        act_n = zero if act is None else act
+        if _number(exp_n) and _number(act_n):
+            if exp_n > act_n:
+                report.lost += exp_n - act_n
+            elif act_n > exp_n:
+                report.doubled += act_n - exp_n
+            elif type(exp_n) is not type(act_n):
                 report.mismatched.append((name, key, exp, act))
-    return report
+        else:
+            report.mismatched.append((name, key, exp, act))
 
 
 def expected_txid_by_txid(rt: Runtime, committed: int) -> dict[str, dict[str, Any]] | None:

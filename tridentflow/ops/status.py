@@ -159,11 +159,25 @@ def _state_status(
 
 
 def format_status(info: dict[str, Any]) -> str:
+    """``status``'s answer as the CLI prints it."""
     lines = [
         f"pipeline       {info['pipeline']}  ({info['source_mode']} source, "
         f"{info['guarantee'].upper()})",
         f"committed txid {info['committed_txid']}",
     ]
+    lines += _state_lines(info)
+    lines += _pending_lines(info)
+    lines.append(f"quarantined    {info['quarantined']} bad records")
+    lines += _rewind_lines(info)
+    lines += _sink_lines(info)
+    for entry in info["history"][:5]:
+        lines.append(f"committed      {describe_commit(entry)}")
+    lines += _partition_lines(info)
+    return "\n".join(lines)
+
+
+def _state_lines(info: dict[str, Any]) -> list[str]:
+    lines = []
     for name, s in info["states"].items():
         line = f"state          {name}: {s['kind']}, {s['keys']} keys"
         if s.get("since") is not None:
@@ -177,27 +191,33 @@ def format_status(info: dict[str, Any]) -> str:
             f"state          {name}: not in this code; its values are kept as they were "
             f"(a code that has it again goes on from them)"
         )
-    if info["pending"]:
-        for p in info["pending"]:
-            lines.append(
-                f"pending txid   {p['txid']}: coordinate x{p['coordinate_attempts']}, emit "
-                f"x{p['emit_attempts']} (staged: {p['staged_attempt']}), commit "
-                f"x{p['commit_attempts']}, "
-                + (
-                    f"owner {p['owner']} (lease {p['lease_expires_in_s']:.0f}s)"
-                    if p["owner"]
-                    else "no live owner (the next run adopts it)"
-                )
-            )
-    else:
-        lines.append("pending txid   none")
-    lines.append(f"quarantined    {info['quarantined']} bad records")
+    return lines
+
+
+def _pending_lines(info: dict[str, Any]) -> list[str]:
+    if not info["pending"]:
+        return ["pending txid   none"]
+    return [
+        f"pending txid   {p['txid']}: coordinate x{p['coordinate_attempts']}, emit "
+        f"x{p['emit_attempts']} (staged: {p['staged_attempt']}), commit "
+        f"x{p['commit_attempts']}, "
+        + (
+            f"owner {p['owner']} (lease {p['lease_expires_in_s']:.0f}s)"
+            if p["owner"]
+            else "no live owner (the next run adopts it)"
+        )
+        for p in info["pending"]
+    ]
+
+
+def _rewind_lines(info: dict[str, Any]) -> list[str]:
+    """What can be rewound, the settings that disagree, a rewind under way, the last ones."""
     kept = info.get("rewindable")
-    lines.append(
+    lines = [
         f"rewindable     txids {kept['oldest']}..{kept['newest']} (query --as-of, rewind --to)"
         if kept
         else f"rewindable     none (retain_txids is {info.get('retain_txids', 0)})"
-    )
+    ]
     for line in info.get("settings", {}).get("disagreements", []):
         lines.append(f"SETTINGS       {line}")
     if info.get("rewinding") is not None:
@@ -211,6 +231,11 @@ def format_status(info: dict[str, Any]) -> str:
             f"rewound        to txid {r['to']} at {_clock(r['at_ms'])}: txids {r['to'] + 1}.."
             f"{r['last']} taken back ({r['committed'] - r['to']} committed)"
         )
+    return lines
+
+
+def _sink_lines(info: dict[str, Any]) -> list[str]:
+    lines = []
     for sink in info.get("sinks", []):
         lines.append(
             f"sink           {sink['sink']} ({sink['state']} -> {sink['target']}): at txid "
@@ -226,9 +251,11 @@ def format_status(info: dict[str, Any]) -> str:
                 + ", ".join(f"txid {t} = {v}" for t, v in shown)
                 + (f" (and {len(versions) - 5} older)" if len(versions) > 5 else "")
             )
-    for entry in info["history"][:5]:
-        lines.append(f"committed      {describe_commit(entry)}")
-    lines.append("partition  committed       head        lag")
+    return lines
+
+
+def _partition_lines(info: dict[str, Any]) -> list[str]:
+    lines = ["partition  committed       head        lag"]
     for p in info["partitions"]:
         if p["unavailable"]:
             head = "?" if p["head"] is None else p["head"]
@@ -241,7 +268,7 @@ def format_status(info: dict[str, Any]) -> str:
     unavailable = info["unavailable_partitions"]
     suffix = f" (not counting unavailable partitions {unavailable})" if unavailable else ""
     lines.append(f"total lag      {info['lag']}{suffix}")
-    return "\n".join(lines)
+    return lines
 
 
 def replays_after_commit(rt: Runtime, txid: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
