@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import tempfile
 import time
@@ -142,7 +141,6 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-expiry-"))
-    random.seed(7)
     try:
         with devredis.url_or_private(work / "redis") as url:
             run(args, work, connect(url))
