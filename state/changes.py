@@ -159,15 +159,20 @@ def change_count(client: redis.Redis, keyspace: KeySpace, state: str, txid: int)
     return None if raw is None else int(raw)
 
 
-def read_changes(
+def read_change_pages(
     client: redis.Redis, keyspace: KeySpace, state: str, txid: int, count: int = 10_000
-) -> Iterator[tuple[bytes, bytes]]:
-    """(encoded key, stored value JSON), as bytes, of every key ``txid`` changed in
-    ``state``, shard after shard, in no particular order (check ``change_count`` first: a
-    dropped change log reads as empty)."""
+) -> Iterator[dict[bytes, bytes]]:
+    """{encoded key: stored value JSON}, as bytes, of every key ``txid`` changed in
+    ``state``, a page (one HSCAN reply, about ``count`` entries) at a time, shard after shard,
+    in no particular order; a page may repeat an entry of an earlier one (HSCAN's rule), so
+    check the total against ``change_count`` (a dropped change log reads as empty)."""
     for index in range(keyspace.shards):
         key = keyspace.shard(index).changes(state, txid)
-        yield from client.hscan_iter(key, count=count)
+        cursor = None
+        while cursor != 0:
+            cursor, page = client.hscan(key, cursor or 0, count=count)
+            if page:
+                yield page
 
 
 def logged_txids(client: redis.Redis, keyspace: KeySpace, state: str) -> list[int]:

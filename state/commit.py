@@ -24,7 +24,8 @@ nor faults or replication waits: the caller hangs those on the phases through ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import redis
@@ -149,16 +150,23 @@ class CommitAttempt:
             self.hooks.half_written(self)
 
     # -- 4. finish the writes -------------------------------------------------------------------
-    def finish_writes(self, changed: Mapping[str, Iterable[str]]) -> int:
+    def finish_writes(
+        self, batch_keys: Callable[[str], Iterable[str]], logged: Iterable[str] = ()
+    ) -> int:
         """Expire the keys of each expiring state last updated ``expire_after_txids`` or more
         txids ago (``expired``); roll back the keys an earlier attempt wrote that this batch
-        lacks; write the change log of each state in ``changed`` (state -> the keys the txid
-        changed; its expired keys join them). Fenced; returns the keys rolled back."""
+        lacks; write the change log of each ``logged`` state (the keys the txid changed, its
+        expired keys with them). ``batch_keys(state)`` lists the batch's keys of a state (its
+        staged keys); called only where needed. Fenced; returns the keys rolled back."""
         for name, after in self.expiring.items():
-            self.expired[name] = self.writers[name].expire(self.txid - after)
-        rolled_back = sum(writer.rollback_stray_keys() for writer in self.writers.values())
-        for name, keys in changed.items():
-            keys = [*keys, *self.expired.get(name, ())]
+            keys = partial(batch_keys, name)
+            self.expired[name] = self.writers[name].expire(self.txid - after, keys)
+        rolled_back = sum(
+            writer.rollback_stray_keys(partial(batch_keys, name))
+            for name, writer in self.writers.items()
+        )
+        for name in logged:
+            keys = [*batch_keys(name), *self.expired.get(name, ())]
             record_changes(self.client, self.keyspace, name, self.fence, keys)
         return rolled_back
 

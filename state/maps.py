@@ -64,6 +64,8 @@ as any write, so a replay of that txid still has ``prev``, and is deleted from t
 the txid is committed (``MapState.tombstones``, the commit's last step)."""
 
 Updater = Callable[[Any], Any]
+BatchKeys = Callable[[], Iterable[str]] | None
+"""Lists every key of the current batch (its staged keys) when a check must know them."""
 
 
 class StateKind(StrEnum):
@@ -140,7 +142,7 @@ class MapState(ABC):
         self._reached_now: dict[str, StoredValue] = {}
         self._in_batch: set[str] = set()
         self._in_batch_elsewhere = 0
-        self._batch_keys: Callable[[], Iterable[str]] | None = None
+        self._written_elsewhere = False  # another path (Redis) updated keys of this batch
         self._tombstones: set[str] = set()
 
     # -- commit scope -------------------------------------------------------------------------
@@ -161,7 +163,7 @@ class MapState(ABC):
         self._reached_now = {}
         self._in_batch = set()
         self._in_batch_elsewhere = 0
-        self._batch_keys = None
+        self._written_elsewhere = False  # another path (Redis) updated keys of this batch
         self._tombstones = set()
 
     @property
@@ -224,13 +226,13 @@ class MapState(ABC):
             self.backing.multi_put([(k, v.to_json()) for k, v in writes.items()], self._fence)
         return results
 
-    def note_in_batch(self, count: int, keys: Callable[[], Iterable[str]]) -> None:
+    def note_in_batch(self, count: int) -> None:
         """Record ``count`` keys of this batch updated by another path (state.numeric, inside
-        Redis) without listing them, so ``rollback_stray_keys`` does not take them for strays;
-        ``keys`` lists them (it may list every key of the batch) if it must."""
+        Redis) without listing them: ``rollback_stray_keys`` and ``expire`` then ask their
+        caller for the batch's keys (``batch_keys``) if they must tell them apart."""
         self.current_txid  # noqa: B018 - raises outside a commit
         self._in_batch_elsewhere += count
-        self._batch_keys = keys
+        self._written_elsewhere = True
 
     def multi_put(self, keys: Sequence[str], values: Sequence[Any]) -> None:
         """Overwrite ``keys`` with ``values`` under the current txid (Trident's multiPut)."""
@@ -274,7 +276,7 @@ class MapState(ABC):
         store once the txid is committed (``BackingMap.drop_tombstones``)."""
         return sorted(self._tombstones)
 
-    def rollback_stray_keys(self) -> int:
+    def rollback_stray_keys(self, batch_keys: BatchKeys = None) -> int:
         """Reset keys written by an earlier attempt of this txid that this batch lacks.
 
         Call after all of the batch's updates and before marking the txid committed. Returns the
@@ -288,7 +290,7 @@ class MapState(ABC):
         batch_size = len(self._in_batch) + self._in_batch_elsewhere
         if self.backing.count_written_in(txid) == batch_size:
             return 0
-        stray = sorted(self.backing.keys_written_in(txid) - self._batch_set())
+        stray = sorted(self.backing.keys_written_in(txid) - self._batch_set(batch_keys))
         if not stray:
             return 0
         raws = self.backing.multi_get(stray)
@@ -303,7 +305,7 @@ class MapState(ABC):
             self.backing.multi_put(resets, self._fence)
         return len(resets)
 
-    def expire(self, through: int) -> list[str]:
+    def expire(self, through: int, batch_keys: BatchKeys = None) -> list[str]:
         """Remove every key whose last update was at a txid <= ``through`` and which this
         txid does not update, as tombstones under the current txid: fenced, stamped and
         undoable like any removal (tridentflow_state.expiry). Call after the batch's updates
@@ -330,7 +332,7 @@ class MapState(ABC):
             for key, stored in zip(fresh, self.read(fresh), strict=True):
                 committed = None if stored is None else stored.curr
                 if stored is not None and stored.txid == txid:
-                    batch = self._batch_set() if batch is None else batch
+                    batch = self._batch_set(batch_keys) if batch is None else batch
                     if key in batch:
                         continue  # updated by this txid (another path than Python's)
                     committed = stored.prev  # an earlier attempt's write does not count
@@ -349,11 +351,17 @@ class MapState(ABC):
                 index.follow(stale)
         return sorted(expired)
 
-    def _batch_set(self) -> set[str]:
-        """Every key of this batch, those other paths updated included (``note_in_batch``)."""
+    def _batch_set(self, batch_keys: BatchKeys) -> set[str]:
+        """Every key of this batch: those written here, and - if other paths updated some
+        (``note_in_batch``) - those ``batch_keys`` lists (it may list every key of the batch)."""
         batch = set(self._in_batch)
-        if self._batch_keys is not None:
-            batch.update(self._batch_keys())
+        if self._written_elsewhere:  # even 0 applied: a script may skip keys it had
+            if batch_keys is None:
+                raise StateError(
+                    f"state {self.name}: keys of this batch were updated in Redis "
+                    "(note_in_batch); pass batch_keys to tell them from an earlier attempt's"
+                )
+            batch.update(batch_keys())
         return batch
 
     def read(self, keys: Sequence[str]) -> list[StoredValue | None]:

@@ -138,6 +138,59 @@ def test_each_table_equals_the_state_after_every_commit_one_version_per_txid(rt)
     assert delta.transaction_version(app) == committed  # any Delta reader sees how far it is
 
 
+def test_the_change_log_read_as_columns_equals_the_rows_the_stream_gives(rt):
+    """A sink that takes Arrow reads a stream with no operations straight into columns: the
+    same rows, in the same order, as the tuples every other sink gets (removals as nulls)."""
+    from tridentflow.plan import compile_chain
+    from tridentflow.steps.export import change_table, changes_of, stream_rows
+
+    drain(rt, exports=False)
+    committed = rt.ledger.committed_txid()
+    compared = 0
+    for name in ("delta-counts", "delta-kv"):
+        f = feed(rt, name)
+        for txid in range(max(1, committed - 2), committed + 1):
+            table = change_table(rt, f, txid)
+            rows = stream_rows(changes_of(rt, f, txid), compile_chain(f.node))
+            assert table is not None and table.column_names == list(f.node.fields)
+            assert [tuple(r.values()) for r in table.to_pylist()] == rows, (name, txid)
+            compared += len(rows)
+    assert compared >= 4
+    assert change_table(rt, feed(rt, "delta-kv"), committed + 1) is None  # no log: None
+
+
+@pytest.mark.parametrize("schema_type", [None, "large_string"])
+def test_a_batch_from_arrow_equals_the_batch_from_rows(schema_type):
+    """LakehouseRows.batch takes the rows as tuples or as one Arrow table alike: the same
+    typed columns, the same split into set and removed keys; the same refusals."""
+    import pyarrow as pa
+
+    from tridentflow.sinks.lakehouse import LakehouseRows
+
+    shape = LakehouseRows("s", ("key", "value", "note"), ("key",))
+    rows = [("a", 1, "x"), ("b", None, None), ("c", 3, None), ("d", None, "y")]
+    schema = None
+    if schema_type:
+        schema = pa.schema([("key", pa.large_string()), ("value", pa.int64()),
+                            ("note", pa.large_string()), ("txid", pa.int64())])  # fmt: skip
+    arrow = pa.table({"key": ["a", "b", "c", "d"], "value": [1, None, 3, None],
+                      "note": ["x", None, None, "y"]})  # fmt: skip
+    from_rows, from_arrow = shape.batch(rows, 7, schema), shape.batch(arrow, 7, schema)
+    for part in ("every", "live", "removed"):
+        assert getattr(from_rows, part).equals(getattr(from_arrow, part)), part
+    assert from_arrow.removed.column("key").to_pylist() == ["b"]
+    assert set(from_arrow.every.column("txid").to_pylist()) == {7}
+    if schema is not None:
+        assert from_arrow.every.schema.field("key").type == pa.large_string()
+    with pytest.raises(SinkError, match=r"columns .* the stream the fields"):
+        shape.batch(arrow.select(["value", "key", "note"]), 7)
+    with pytest.raises(SinkError, match="column value is string in the table"):
+        shape.batch(arrow, 7, pa.schema([("value", pa.string())]))
+    nan = arrow.set_column(1, "value", pa.array([1.0, None, float("nan"), None]))
+    with pytest.raises(SinkError, match="column value gets nan"):
+        shape.batch(nan, 7)
+
+
 def test_a_replayed_export_writes_nothing_even_with_its_record_lost(rt):
     drain(rt)
     counted = {name: len(stamps(rt, name)) for name in (*UPSERT, *APPEND)}

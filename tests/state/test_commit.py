@@ -65,7 +65,7 @@ def test_the_phases_run_in_order_each_hook_once(ledger, redis_client):
         writer.multi_put([encode_key((word,))], [1])
         attempt.wrote(1)
         assert [name for name, _ in hooks.seen] == (["half"] if n >= 2 else [])  # at the half
-    assert attempt.finish_writes({}) == 0
+    assert attempt.finish_writes(lambda name: ()) == 0
     assert attempt.mark({0: 4}, {"records": 4}) and attempt.marked
     assert hooks.seen == [("half", 0), ("written", 0), ("marked", 1)]  # the mark between them
     attempt.settle()
@@ -81,7 +81,7 @@ def test_an_empty_batch_is_half_written_at_once_and_the_half_is_where_a_chunk_en
     empty.claim(states(ledger), shards=1)
     empty.expect(0)
     assert hooks.seen == [("half", 0)]
-    empty.finish_writes({})
+    empty.finish_writes(lambda name: ())
     empty.mark({}, {})
     empty.settle()
 
@@ -108,7 +108,7 @@ def test_a_superseded_attempt_is_fenced_out_of_writes_and_the_mark(ledger):
     write(new, ["a", "b"])
     with pytest.raises(FencedError):
         write(old, ["b"])
-    new.finish_writes({})
+    new.finish_writes(lambda name: ())
     assert new.mark({0: 2}, {})
     new.settle()
     assert not old.mark({0: 2}, {})  # the txid is committed: the old attempt marks nothing
@@ -121,7 +121,7 @@ def test_a_retry_after_the_mark_settles_nothing_twice(ledger, redis_client):
     first.claim(states(ledger), shards=1)
     first.expect(1)
     write(first, ["a"])
-    first.finish_writes({})
+    first.finish_writes(lambda name: ())
     first.mark({0: 1}, {})  # and the process dies before settling
     assert CommitAttempt.begin(ledger, redis_client, ledger.keys, 1) is None
     first.settle()  # what a later commit or the retry's own path does: idempotent

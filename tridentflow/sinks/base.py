@@ -83,6 +83,10 @@ class Sink(ABC):
     resyncable: bool = False
     """True if ``apply(..., replace_all=True)`` can replace everything the sink holds with a
     whole-state snapshot (a sink that fell behind its change log reloads instead of failing)."""
+    takes_arrow: bool = False
+    """True if ``apply`` also takes the rows as one ``pyarrow.Table`` whose columns are the
+    stream's fields: the export then reads a stream with no operations of its own straight
+    from the change log into columns (no Python tuple per row)."""
 
     @abstractmethod
     def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> Sink:
@@ -98,7 +102,8 @@ class Sink(ABC):
         self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
     ) -> bool:
         """Apply txid's rows (one per changed key, in a fixed order; a row whose non-key
-        values are all None removes its key). ``replace_all``: the rows are the whole state
+        values are all None removes its key; a ``pyarrow.Table`` for a sink that
+        ``takes_arrow``). ``replace_all``: the rows are the whole state
         as of txid, replacing everything. False if txid was already applied."""
 
     def written_through(self, ctx: ExportContext) -> int:

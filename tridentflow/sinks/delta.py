@@ -56,6 +56,7 @@ class DeltaSink(Sink):
     ``key``: the stream's fields that key a row (default: the state's key fields)."""
 
     resyncable = True
+    takes_arrow = True
 
     def __init__(
         self,
@@ -114,7 +115,7 @@ class DeltaSink(Sink):
         return int(table.transaction_version(app_id(ctx, self.name)) or 0)
 
     def apply(
-        self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row] | Any, replace_all: bool = False
     ) -> bool:
         assert self.rows is not None, "bind() first"
         with ctx.exclusive():  # one exporter at a time: a table's creation is not fenced
@@ -125,7 +126,9 @@ class DeltaSink(Sink):
                     f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
                 ) from None
 
-    def _apply(self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool) -> bool:
+    def _apply(
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row] | Any, replace_all: bool
+    ) -> bool:
         assert self.rows is not None
         deltalake = _deltalake()
         table = self._table()
@@ -169,7 +172,7 @@ class DeltaSink(Sink):
             raise
         except Exception as exc:
             raise SinkError(_line(exc)) from None
-        written = self._table()
+        written = table if table is not None else self._table()  # a write updates it in place
         if written is not None:
             ctx.note_version(txid, written.version())
         return True

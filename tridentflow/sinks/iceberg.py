@@ -56,6 +56,7 @@ class IcebergSink(Sink):
     that key a row (default: the state's key fields)."""
 
     resyncable = True
+    takes_arrow = True
 
     def __init__(
         self,
@@ -143,7 +144,7 @@ class IcebergSink(Sink):
         return stamped(table, app_id(ctx, self.name))
 
     def apply(
-        self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row] | Any, replace_all: bool = False
     ) -> bool:
         assert self.rows is not None, "bind() first"
         with ctx.exclusive():  # one exporter at a time (the catalog fences the rest)
@@ -154,7 +155,9 @@ class IcebergSink(Sink):
                     f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
                 ) from None
 
-    def _apply(self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool) -> bool:
+    def _apply(
+        self, ctx: ExportContext, txid: int, rows: Sequence[Row] | Any, replace_all: bool
+    ) -> bool:
         assert self.rows is not None
         from pyiceberg.exceptions import CommitFailedException
 

@@ -61,14 +61,32 @@ class LakehouseRows:
         self.value_fields = tuple(f for f in fields if f not in key_fields)
         self.columns = (*fields, TXID_COLUMN)
 
-    def batch(self, rows: Sequence[Row], txid: int, schema: Any = None) -> Batch:
-        """The txid's rows as Arrow tables - of ``schema`` (the table's) when given - every
-        row with its txid, and split into the rows that set a key and those that remove one
-        (every value null). Columnar all through (a million rows in a few hundred ms);
-        SinkError (one line) for a value that does not fit a column, never a cast."""
+    def batch(self, rows: Sequence[Row] | Any, txid: int, schema: Any = None) -> Batch:
+        """The txid's rows - Python tuples of the stream's fields, or an Arrow table of them
+        (the export hands one to a sink that ``takes_arrow``) - as Arrow tables of ``schema``
+        (the table's) when given, every row with its txid, and split into the rows that set
+        a key and those that remove one (every value null). Columnar all through; SinkError
+        (one line) for a value that does not fit a column, never a cast."""
         pa = _pyarrow()
+        if isinstance(rows, pa.Table):
+            arrays = self._columns_of_table(rows, schema)
+        else:
+            arrays = self._columns_of_rows(rows, schema)
+        count = len(rows) if not isinstance(rows, pa.Table) else rows.num_rows
+        arrays[TXID_COLUMN] = pa.repeat(pa.scalar(txid, pa.int64()), count)
+        every = pa.table(arrays)
+        if not self.key_fields or not self.value_fields or not count:
+            return Batch(every, every, every.slice(0, 0))
+        if any(every[name].null_count == 0 for name in self.value_fields):
+            return Batch(every, every, every.slice(0, 0))  # no row has every value null
         import pyarrow.compute as pc
 
+        removed = pc.is_null(every[self.value_fields[0]])
+        for name in self.value_fields[1:]:
+            removed = pc.and_(removed, pc.is_null(every[name]))
+        return Batch(every, every.filter(pc.invert(removed)), every.filter(removed))
+
+    def _columns_of_rows(self, rows: Sequence[Row], schema: Any) -> dict[str, Any]:
         widths = set(map(len, rows))
         if widths - {len(self.fields)}:
             raise SinkError(
@@ -76,41 +94,57 @@ class LakehouseRows:
                 f"{len(self.fields)} fields {self.fields}"
             )
         columns = [list(map(itemgetter(i), rows)) for i in range(len(self.fields))]
-        arrays = {}
-        for name, values in zip(self.fields, columns, strict=True):
-            want = schema.field(name).type if schema is not None and name in schema.names else None
-            arrays[name] = _finite(name, self._array(name, values, want))
-        arrays[TXID_COLUMN] = pa.array([txid] * len(rows), pa.int64())
-        every = pa.table(arrays)
-        if not self.key_fields or not self.value_fields or not rows:
-            return Batch(every, every, every.slice(0, 0))
-        removed = pc.is_null(every[self.value_fields[0]])
-        for name in self.value_fields[1:]:
-            removed = pc.and_(removed, pc.is_null(every[name]))
-        return Batch(every, every.filter(pc.invert(removed)), every.filter(removed))
+        return {
+            name: _finite(name, self._fit(name, column_array(name, values), _want(schema, name)))
+            for name, values in zip(self.fields, columns, strict=True)
+        }
 
-    def _array(self, name: str, values: Sequence[Any], want: Any) -> Any:
-        pa = _pyarrow()
-        try:
-            inferred = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            kinds = sorted({type(v).__name__ for v in values if v is not None})
+    def _columns_of_table(self, table: Any, schema: Any) -> dict[str, Any]:
+        if tuple(table.column_names) != self.fields:
             raise SinkError(
-                f"column {name} gets values of types {', '.join(kinds)} that "
-                f"no one column type holds ({str(exc).splitlines()[0]}): map the stream to "
-                "one type (new_values_stream().map(...))"
-            ) from None
-        if want is None or inferred.type == want:
-            return inferred
-        if pa.types.is_null(inferred.type):  # all None: the table's type, nothing to cast
-            return pa.nulls(len(values), want)
-        if _same_family(inferred.type, want):  # string / large_string: the same values
-            return inferred.cast(want)
+                f"an Arrow batch has the columns {table.column_names}, the stream the fields "
+                f"{list(self.fields)}"
+            )
+        return {
+            name: _finite(name, self._fit(name, table[name].combine_chunks(), _want(schema, name)))
+            for name in self.fields
+        }
+
+    def _fit(self, name: str, array: Any, want: Any) -> Any:
+        """``array`` as the table's column type ``want`` (None: no table yet) where that
+        loses nothing (all null; another layout of strings); SinkError otherwise."""
+        pa = _pyarrow()
+        if want is None or array.type == want:
+            return array
+        if pa.types.is_null(array.type):  # all None: the table's type, nothing to cast
+            return pa.nulls(len(array), want)
+        if _same_family(array.type, want):  # string / large_string: the same values
+            return array.cast(want)
         raise SinkError(
             f"column {name} is {want} in the table, but this txid's values "
-            f"are {inferred.type}: map the stream to {want} (new_values_stream().map(...)), "
+            f"are {array.type}: map the stream to {want} (new_values_stream().map(...)), "
             "or write to a new table"
         )
+
+
+def column_array(name: str, values: Sequence[Any]) -> Any:
+    """Column ``name``'s ``values`` as the Arrow array of the type they infer; SinkError (one
+    line) if no one type holds them."""
+    pa = _pyarrow()
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        kinds = sorted({type(v).__name__ for v in values if v is not None})
+        raise SinkError(
+            f"column {name} gets values of types {', '.join(kinds)} that "
+            f"no one column type holds ({str(exc).splitlines()[0]}): map the stream to "
+            "one type (new_values_stream().map(...))"
+        ) from None
+
+
+def _want(schema: Any, name: str) -> Any:
+    """The type of column ``name`` in ``schema`` (None: no schema, or no such column)."""
+    return schema.field(name).type if schema is not None and name in schema.names else None
 
 
 def _same_family(got: Any, want: Any) -> bool:

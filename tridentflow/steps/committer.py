@@ -220,7 +220,7 @@ class InRedisChunks(StateWriter):
         for future in futures:
             _applied, unhandled = future.result()
             left += unhandled
-        state.note_in_batch(len(lines) - len(left), lambda: self.staged.keys(state.name))
+        state.note_in_batch(len(lines) - len(left))
         if left:
             apply_in_python(state, state.name, self.persisted, _left_in(lines, left))
         self.attempt.wrote(len(lines))
@@ -253,7 +253,7 @@ class StagedBlocks(StateWriter):
 
     def _finish(self, state: MapState, future: Future) -> None:
         ref, applied, left = future.result()
-        state.note_in_batch(applied, lambda: self.staged.keys(state.name))
+        state.note_in_batch(applied)
         if left:
             lines = self.staged.block_lines(ref)
             apply_in_python(state, state.name, self.persisted, _left_in(lines, left))
@@ -468,7 +468,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
         for name, state in writers.items():
             writer_for(rt, staged, attempt, pool, name).apply(state)
     quarantined = quarantine(rt, staged, attempt.fence)
-    rolled_back = attempt.finish_writes({n: staged.keys(n) for n in rt.pipeline.fed_states})
+    rolled_back = attempt.finish_writes(staged.keys, rt.pipeline.fed_states)
     offsets = {p: end for p, (_start, end) in staged.ranges.items()}
     if attempt.mark(offsets, commit_stats(staged, attempt, quarantined, rolled_back)):
         rt.log.acknowledge(offsets)  # a shared stream keeps what this reader still needs

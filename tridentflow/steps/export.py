@@ -27,13 +27,14 @@ from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Feed
 from tridentflow.plan import Expander, compile_chain
 from tridentflow.sinks.base import ExportContext, Row, SinkError
+from tridentflow.sinks.lakehouse import column_array
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.changes import (
     change_count,
     drop_changes,
     logged_txids,
     note_sink_position,
-    read_changes,
+    read_change_pages,
     sink_positions,
 )
 from tridentflow_state.codec import encode_key, tuple_key
@@ -181,31 +182,62 @@ def changes_of(rt: Runtime, feed: Feed, txid: int) -> list[Change] | None:
     """Every key txid changed in the feed's state with its new committed value as the
     aggregator presents it (None: removed); None if its change log is gone (or never
     written). Keys and values are decoded a page at a time (one JSON parse per page)."""
+    pages = _change_pages(rt, feed, txid)
+    if pages is None:
+        return None
+    present = rt.pipeline.states[feed.state].aggregator.present
+    return [
+        (field, tuple_key(key), None if value[1] is None else present(value[1]))
+        for fields, keys, stored in pages
+        for field, key, value in zip(fields, keys, stored, strict=True)
+    ]
+
+
+def change_table(rt: Runtime, feed: Feed, txid: int) -> Any | None:
+    """``changes_of`` as one Arrow table of the stream's fields (the key fields, then the
+    value), in encoded-key order - for a sink that ``takes_arrow`` of a stream with no
+    operations: built column by column, no tuple per row. None if the change log is gone."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pages = _change_pages(rt, feed, txid)
+    if pages is None:
+        return None
+    present = rt.pipeline.states[feed.state].aggregator.present
+    names = list(feed.node.fields)
+    order = pc.sort_indices(pa.array([f for fields, _, _ in pages for f in fields], pa.binary()))
+    keys = [key for _, page_keys, _ in pages for key in page_keys]
+    columns: dict[str, Any] = {
+        name: column_array(name, [_tupled(key[i]) for key in keys])
+        for i, name in enumerate(names[:-1])
+    }
+    values = [None if v[1] is None else present(v[1]) for _, _, stored in pages for v in stored]
+    columns[names[-1]] = column_array(names[-1], values)
+    return pa.table(columns).take(order)
+
+
+def _tupled(value: Any) -> Any:
+    """A decoded key field as the key tuple holds it (a JSON list as a tuple)."""
+    return tuple_key(value) if isinstance(value, list) else value
+
+
+def _change_pages(
+    rt: Runtime, feed: Feed, txid: int
+) -> list[tuple[list[bytes], list[Any], list[Any]]] | None:
+    """txid's change log of the feed's state as decoded pages (encoded keys, key lists,
+    stored [prev, curr] pairs); None if it is gone, or was dropped while it was read."""
     count = change_count(rt.client, rt.keyspace, feed.state, txid)
     if count is None:
         return None
-    present = rt.pipeline.states[feed.state].aggregator.present
-    items: list[Change] = []
-    page: list[tuple[bytes, bytes]] = []
-
-    def flush() -> None:
-        fields = [f for f, _ in page]
+    pages: list[tuple[list[bytes], list[Any], list[Any]]] = []
+    for page in read_change_pages(rt.client, rt.keyspace, feed.state, txid):
+        fields = list(page)
         keys = json.loads(b"[" + b",".join(fields) + b"]")
-        stored = json.loads(b"[" + b",".join(v for _, v in page) + b"]")
-        for field, key, value in zip(fields, keys, stored, strict=True):
-            curr = value[1]
-            items.append((field, tuple_key(key), None if curr is None else present(curr)))
-        page.clear()
-
-    for pair in read_changes(rt.client, rt.keyspace, feed.state, txid):
-        page.append(pair)
-        if len(page) >= 10_000:
-            flush()
-    if page:
-        flush()
-    if len(items) != count:  # dropped while read
+        stored = json.loads(b"[" + b",".join(page.values()) + b"]")
+        pages.append((fields, keys, stored))
+    if sum(len(fields) for fields, _, _ in pages) != count:  # dropped while read
         return None
-    return items
+    return pages
 
 
 def snapshot_of(rt: Runtime, feed: Feed) -> tuple[int, list[Change]]:
@@ -338,7 +370,13 @@ def _export_feed(
     must_reload = resync
     while must_reload or position < target:
         txid = attempt.txid = position + 1
-        items = None if must_reload else changes_of(rt, feed, txid)
+        columnar = sink.takes_arrow and not expand.steps
+        if must_reload:
+            items = None
+        elif columnar:
+            items = change_table(rt, feed, txid)
+        else:
+            items = changes_of(rt, feed, txid)
         if items is None:
             if not sink.resyncable:
                 raise SinkError(
@@ -357,7 +395,7 @@ def _export_feed(
             applied.append(at)
             _note(rt, feed, at, ctx.generation)
             continue
-        rows = stream_rows(items, expand)
+        rows = items if columnar else stream_rows(items, expand)
         if sink.apply(ctx, txid, rows):
             applied.append(txid)
             rows_total += len(rows)
