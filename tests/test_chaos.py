@@ -121,7 +121,7 @@ def test_the_harness_catches_an_opaque_replay_applied_on_curr(monkeypatch):
 @pytest.mark.soak
 @pytest.mark.parametrize("seed", [40])
 def test_the_harness_catches_a_missing_stray_key_rollback(monkeypatch, seed):
-    monkeypatch.setattr(MapState, "rollback_stray_keys", lambda self: 0)
+    monkeypatch.setattr(MapState, "rollback_stray_keys", lambda self, batch_keys=None: 0)
     # Seed 48 exposes it (which keys a crash mid-commit has written depends on the staged key
     # order; from seed 0 it takes 49 schedules): started a little before it, with room for
     # the harness's schedules to move when it changes.
@@ -149,10 +149,10 @@ def test_the_harness_catches_an_expiry_that_takes_an_earlier_attempts_write_for_
     died before the mark) reads as updated by this txid, so the retry keeps it."""
     original = MapState.expire
 
-    def earlier_writes_count(self, through):
+    def earlier_writes_count(self, through, batch_keys=None):
         for key in self.backing.keys_written_in(self.current_txid) - self._written_now.keys():
             self._reached_now[key] = None  # the bug: "this txid already updated it"
-        return original(self, through)
+        return original(self, through, batch_keys)
 
     monkeypatch.setattr(MapState, "expire", earlier_writes_count)
     results = run_chaos(EXPIRY_SCHEDULES, seed=EXPIRY_SEED, redis_restarts=False, expiry=True)
