@@ -167,3 +167,132 @@ def test_another_expiry_is_a_compatible_change(deployed, redis_url, home):
     run(expiring, ["a"])
     recorded = json.loads(expiring.ledger.settings()[STATES])
     assert recorded["counts"]["expire_after_txids"] == 1
+
+
+def everything(*, lengths: bool = True) -> Pipeline:
+    """A pipeline whose ``lengths`` state has every kind of key a state can leave: 3 shards,
+    undo logs (retain_txids), an expiry index, change logs a sink reads."""
+    from tridentflow.sinks import RedisStreamSink
+
+    pipeline = Pipeline(
+        "evolving",
+        LogSource(fields=("sentence",), mode=SourceMode.OPAQUE),
+        state_shards=3,
+        retain_txids=5,
+    )
+    words = pipeline.stream.each(
+        "sentence", lambda s: [(w, len(w)) for w in s.split()], ("word", "length")
+    )
+    words.group_by("word").persistent_aggregate(
+        StateSpec("counts", StateKind.OPAQUE), Count(), out_field="n"
+    )
+    if lengths:
+        letters = words.group_by("word").persistent_aggregate(
+            StateSpec("lengths", StateKind.OPAQUE, expire_after_txids=50), Sum(), "length",
+            out_field="letters",
+        )  # fmt: skip
+        letters.new_values_stream().sink(RedisStreamSink("evolving-letters", name="letters"))
+    return pipeline
+
+
+@pytest.fixture
+def with_lengths(redis_url, home) -> tuple[Runtime, Runtime]:
+    """(the code with ``lengths``, three txids run, its change logs not yet exported; the
+    code without it, one more txid)."""
+    old = Runtime.open(everything(), redis_url, home)
+    old.ledger.reset(force=True)
+    for lines in (["a bb"], ["bb ccc"], ["dddd a"]):
+        run(old, lines)
+    new = Runtime.open(everything(lengths=False), redis_url, home)
+    record(new, force=True)  # the sink of lengths is gone on purpose
+    run(new, ["a"])
+    return old, new
+
+
+def _lengths_keys(rt: Runtime) -> list[str]:
+    from tridentflow_state.evolve import state_keys
+
+    return sorted(state_keys(rt.client, rt.keyspace, "lengths"))
+
+
+def test_dropping_a_kept_state_deletes_every_key_of_it_and_nothing_else(with_lengths):
+    from tridentflow.ops.evolve import drop_state
+
+    _old, new = with_lengths
+    kinds = {key.split(":")[2] for key in _lengths_keys(new)}
+    assert {"state", "undo", "changes", "changelog", "expiry", "expiry-built"} <= kinds, kinds
+    assert sum(key.split(":")[2] == "state" for key in _lengths_keys(new)) == 3  # a shard each
+    counts_before = {w: value(new, "counts", w) for w in ("a", "bb", "ccc", "dddd")}
+    result = drop_state(new, "lengths")
+    assert result.keys_deleted >= 5 and _lengths_keys(new) == []
+    assert {w: value(new, "counts", w) for w in counts_before} == counts_before
+    assert "lengths" not in json.loads(new.ledger.settings()[STATES])
+    assert status(new)["kept_states"] == []
+    with pytest.raises(Exception, match="has no state lengths to drop"):
+        drop_state(new, "lengths")
+    run(new, ["bb"])  # the pipeline goes on
+    assert value(new, "counts", "bb") == 3
+    back = Runtime.open(everything(), new.redis_url, new.home)
+    run(back, ["bb"])  # a code with it again starts it afresh
+    assert value(back, "lengths", "bb") == 2
+
+
+def test_a_drop_is_refused_while_the_code_has_the_state(with_lengths):
+    from tridentflow.ops.evolve import EvolveRefused, drop_state
+
+    old, _new = with_lengths
+    keys = _lengths_keys(old)
+    with pytest.raises(EvolveRefused) as refused:
+        drop_state(old, "lengths")
+    line = str(refused.value)
+    assert "still in the code of pipeline evolving" in line and "\n" not in line
+    assert _lengths_keys(old) == keys
+
+
+def test_a_drop_killed_part_way_finishes_when_run_again_and_fences_the_old_code(
+    with_lengths, monkeypatch
+):
+    import tridentflow_state.evolve as evolve_keys
+    from tridentflow.ops.evolve import drop_state
+
+    old, new = with_lengths
+    original = evolve_keys._unlink
+    calls = []
+
+    def killed_after_one_chunk(client, keys):
+        if calls:
+            raise ConnectionError("killed")
+        calls.append(keys)
+        return original(client, keys)
+
+    monkeypatch.setattr(evolve_keys, "DELETE_CHUNK", 2)
+    monkeypatch.setattr(evolve_keys, "_unlink", killed_after_one_chunk)
+    with pytest.raises(ConnectionError):
+        drop_state(new, "lengths")
+    left = _lengths_keys(new)
+    assert left and len(calls) == 1
+    with pytest.raises(StateShapeChanged, match="state lengths of evolving is being dropped"):
+        run(old, ["a"])  # a straggler of the old code writes nothing
+    assert _lengths_keys(new) == left
+    monkeypatch.setattr(evolve_keys, "_unlink", original)
+    assert drop_state(new, "lengths").keys_deleted == len(left)
+    assert _lengths_keys(new) == []
+
+
+def test_the_cli_drops_with_yes_only(with_lengths, redis_url, home, monkeypatch, capsys):
+    from tridentflow.ops.cli import main
+
+    _old, new = with_lengths
+    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    monkeypatch.setenv("TRIDENTFLOW_HOME", str(home))
+    target = "tests.test_evolve:without_lengths"
+    assert main(["evolve", target, "--drop-state", "lengths"]) == 1
+    assert "add --yes" in capsys.readouterr().err
+    assert _lengths_keys(new)
+    assert main(["evolve", target, "--drop-state", "lengths", "--yes"]) == 0
+    assert "dropped state lengths of evolving" in capsys.readouterr().out
+    assert _lengths_keys(new) == []
+
+
+def without_lengths() -> Pipeline:
+    return everything(lengths=False)

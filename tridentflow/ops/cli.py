@@ -14,6 +14,7 @@
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow rewind PIPELINE --to N --yes [--force] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
+    tridentflow evolve PIPELINE --drop-state NAME --yes [--json]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
@@ -233,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rewind even while a run holds a live lease (its later steps are refused)",
     )
+    p.add_argument("--json", action="store_true")
+    _common(p)
+
+    p = sub.add_parser("evolve", help="drop a state the pipeline's code no longer has")
+    p.add_argument("pipeline")
+    p.add_argument("--drop-state", required=True, metavar="NAME", help="delete it for good")
+    p.add_argument("--yes", action="store_true", help="really delete it")
     p.add_argument("--json", action="store_true")
     _common(p)
 
@@ -733,6 +741,26 @@ def cmd_rewind(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_evolve(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.ops.evolve import drop_state
+
+    pipeline = load_pipeline(args.pipeline)
+    if not args.yes:
+        raise TridentflowError(
+            f"evolve --drop-state deletes state {args.drop_state} of pipeline {pipeline.name} "
+            "for good (values, undo and change logs): add --yes"
+        )
+    result = drop_state(_runtime(args, pipeline), args.drop_state)
+    if args.json:
+        out.write(json.dumps(result.to_json()) + "\n")
+    else:
+        out.write(
+            f"dropped state {result.state} of {pipeline.name}: {result.keys_deleted} key(s) "
+            "deleted\n"
+        )
+    return 0
+
+
 def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args)
     if not isinstance(rt.log, Trims):
@@ -881,6 +909,7 @@ COMMANDS = {
     "quarantine": cmd_quarantine,
     "reset": cmd_reset,
     "rewind": cmd_rewind,
+    "evolve": cmd_evolve,
     "trim": cmd_trim,
     "chaos": cmd_chaos,
     "spark-connect": cmd_spark_connect,

@@ -189,7 +189,8 @@ def _state_lines(info: dict[str, Any]) -> list[str]:
     for name in info.get("kept_states", []):
         lines.append(
             f"state          {name}: not in this code; its values are kept as they were "
-            f"(a code that has it again goes on from them)"
+            f"(a code that has it again goes on from them; `tridentflow evolve "
+            f"{info['pipeline']} --drop-state {name}` deletes them)"
         )
     return lines
 

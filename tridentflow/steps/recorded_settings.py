@@ -44,6 +44,9 @@ RETAIN = "retain_txids"
 CHANGE_LOGS = "change_logs"
 CHANGE_LOG_LIMIT = "change_log_limit"
 STATES = "states"
+DROPPING = "dropping"
+"""A state's field in the ``states`` record while ``tridentflow evolve --drop-state`` deletes
+it: a commit of code that has the state is refused."""
 SHAPE = ("kind", "aggregator", "keys")
 """What a state's values are made by: another one makes the stored values wrong."""
 
@@ -84,6 +87,13 @@ def shape_changes(rt: Runtime, recorded: dict[str, str]) -> list[str]:
     for name, own in shapes(rt).items():
         old = have.get(name)
         if old is None:
+            continue
+        if old.get(DROPPING):
+            lines.append(
+                f"state {name} of {rt.pipeline.name} is being dropped (`tridentflow evolve "
+                f"--drop-state {name}`): deploy the code without it, or finish the drop and "
+                f"the state starts empty"
+            )
             continue
         changed = [f for f in SHAPE if old.get(f) != own[f]]
         if changed:
