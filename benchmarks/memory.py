@@ -53,6 +53,7 @@ PARTS = (
     (":undo:", "undo logs"),
     (":changes:", "change logs"),
     (":staged:", "staging"),
+    (":block:", "staging"),
 )
 
 
@@ -81,8 +82,8 @@ def by_part(client: redis.Redis) -> dict[str, int]:
     return dict(parts)
 
 
-def plain(client: redis.Redis, size: int, chunk: int) -> int:
-    """used_memory grown by ``size`` counters in one hash."""
+def plain(client: redis.Redis, size: int, chunk: int) -> tuple[int, int]:
+    """(used_memory grown, MEMORY USAGE of the hash) by ``size`` counters in one hash."""
     client.flushdb()
     before = used(client)
     for start in range(0, size, chunk):
@@ -91,7 +92,7 @@ def plain(client: redis.Redis, size: int, chunk: int) -> int:
                 high = min(size, start + chunk, low + 10_000)
                 pipe.hset("counts", mapping={f"k{i}": i % 7 + 1 for i in range(low, high)})
             pipe.execute()
-    return used(client) - before
+    return used(client) - before, int(client.memory_usage("counts", samples=0) or 0)
 
 
 def one_txid(rt: Runtime, keys: range, staged: dict[str, int] | None = None) -> None:
@@ -165,8 +166,9 @@ def run(args: argparse.Namespace, work: Path, client: redis.Redis) -> None:
     print("bytes per key in Redis (used_memory grown / keys; parts: MEMORY USAGE, exact)")
     staged_at_first = None
     for size in sizes:
-        base = plain(client, size, args.chunk) / size
-        print(f"{size:,} keys: plain HSET {base:.1f} B/key")
+        grown, usage = plain(client, size, args.chunk)
+        base = grown / size
+        print(f"{size:,} keys: plain HSET {base:.1f} B/key (its hash: {usage / size:.1f})")
         for label, kind, expire in variants:
             grown, parts, staged = tridentflow_state(
                 client, work / "home", size, args.chunk, kind, expire

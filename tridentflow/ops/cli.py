@@ -14,7 +14,7 @@
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow rewind PIPELINE --to N --yes [--force] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
-    tridentflow evolve PIPELINE --drop-state NAME --yes [--json]
+    tridentflow evolve PIPELINE --drop-state NAME | --rename-state OLD=NEW --yes [--json]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
@@ -237,10 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _common(p)
 
-    p = sub.add_parser("evolve", help="drop a state the pipeline's code no longer has")
+    p = sub.add_parser("evolve", help="drop or rename a state the code no longer has")
     p.add_argument("pipeline")
-    p.add_argument("--drop-state", required=True, metavar="NAME", help="delete it for good")
-    p.add_argument("--yes", action="store_true", help="really delete it")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--drop-state", metavar="NAME", help="delete it for good")
+    which.add_argument(
+        "--rename-state", metavar="OLD=NEW", help="move its values to the code's name for it"
+    )
+    p.add_argument("--yes", action="store_true", help="really do it")
     p.add_argument("--json", action="store_true")
     _common(p)
 
@@ -742,22 +746,31 @@ def cmd_rewind(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_evolve(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.evolve import drop_state
+    from tridentflow.ops.evolve import drop_state, rename_state
 
     pipeline = load_pipeline(args.pipeline)
+    if args.rename_state is not None:
+        old, eq, new = args.rename_state.partition("=")
+        if not (eq and old and new):
+            raise TridentflowError(
+                f"--rename-state takes OLD=NEW (two state names), got {args.rename_state!r}"
+            )
+    what = (
+        f"drop state {args.drop_state} of pipeline {pipeline.name} for good (values, undo "
+        "and change logs)"
+        if args.drop_state
+        else f"move state {old}'s values to {new} in pipeline {pipeline.name}"
+    )
     if not args.yes:
-        raise TridentflowError(
-            f"evolve --drop-state deletes state {args.drop_state} of pipeline {pipeline.name} "
-            "for good (values, undo and change logs): add --yes"
-        )
-    result = drop_state(_runtime(args, pipeline), args.drop_state)
-    if args.json:
-        out.write(json.dumps(result.to_json()) + "\n")
+        raise TridentflowError(f"evolve would {what}: add --yes")
+    rt = _runtime(args, pipeline)
+    if args.drop_state:
+        dropped = drop_state(rt, args.drop_state)
+        info, line = dropped.to_json(), f"{dropped.keys_deleted} key(s) deleted"
     else:
-        out.write(
-            f"dropped state {result.state} of {pipeline.name}: {result.keys_deleted} key(s) "
-            "deleted\n"
-        )
+        renamed = rename_state(rt, old, new)
+        info, line = renamed.to_json(), f"{renamed.keys_moved} key(s) moved"
+    out.write((json.dumps(info) if args.json else f"evolve: {what}: done, {line}") + "\n")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Pipelines that evolve, by hand: ``tridentflow evolve PIPELINE --drop-state NAME``.
+"""Pipelines that evolve, by hand: ``tridentflow evolve PIPELINE --drop-state NAME`` and
+``--rename-state OLD=NEW``.
 
 A state the pipeline's code no longer has is kept untouched (its values, undo logs and change
 logs; ``status`` lists it under "kept"), so that deploying code without it loses nothing and a
@@ -13,6 +14,21 @@ three steps, each idempotent - run the command again after a kill and it finishe
 
 Refused in one line, with nothing changed, while the code still has the state or when
 nothing by that name is recorded or stored.
+
+Renaming moves a kept state's keys, in place, to the name the deployed code gives it (same
+kind, aggregator and key fields; the new name holding no committed values yet), between two
+txids:
+
+1. the record marks OLD "being renamed to NEW": from then on a commit of code that has
+   either name is refused in one line before it writes (it retries once the rename is done);
+2. a commit attempt of the next txid is begun and every shard claimed with its token, so an
+   attempt already under way is fenced: none of its later writes lands;
+3. what such an attempt wrote under NEW is deleted (the record then says "moving"), and every
+   key of OLD is renamed to NEW's name in its own slot (RENAME: one key at a time, atomic
+   each; a key already moved is not found again);
+4. NEW takes OLD's place in the record (its shape, since when it counts, the change logs).
+
+Killed at any point, the same command finishes the job.
 """
 
 from __future__ import annotations
@@ -21,9 +37,19 @@ import json
 from dataclasses import dataclass
 
 from tridentflow.errors import TridentflowError
-from tridentflow.steps.recorded_settings import CHANGE_LOGS, DROPPING, STATES
+from tridentflow.steps.recorded_settings import (
+    CHANGE_LOGS,
+    DROPPING,
+    MOVING,
+    RENAMING,
+    SHAPE,
+    STATES,
+    shapes,
+)
 from tridentflow.steps.runtime import Runtime
-from tridentflow_state.evolve import delete_state_keys, state_keys
+from tridentflow_state.backing import Fence
+from tridentflow_state.evolve import delete_state_keys, rename_state_keys, state_keys
+from tridentflow_state.shards import claim_shards
 
 
 class EvolveRefused(TridentflowError):
@@ -83,5 +109,107 @@ def _forget(rt: Runtime, name: str) -> None:
     logged = json.loads(recorded.get(CHANGE_LOGS, "[]"))
     if name in logged:
         values[CHANGE_LOGS] = json.dumps([s for s in logged if s != name])
+    if values:
+        rt.ledger.record_settings(values)
+
+
+@dataclass(frozen=True)
+class RenameResult:
+    old: str
+    new: str
+    keys_moved: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"old": self.old, "new": self.new, "keys_moved": self.keys_moved}
+
+
+def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
+    """Rename kept state ``old`` to ``new``, the name the deployed code gives it (see the
+    module doc). Idempotent and resumable; EvolveRefused (one line) with nothing changed when
+    it cannot apply."""
+    states = _recorded_states(rt)
+    entry = states.get(old)
+    if entry is None or not entry.get(RENAMING):
+        _check_renamable(rt, states, old, new)
+        states[old] = {**states[old], RENAMING: new}
+        rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+    elif entry[RENAMING] != new:
+        raise EvolveRefused(
+            f"state {old} of {rt.pipeline.name} is being renamed to {entry[RENAMING]}: "
+            f"finish that first (`tridentflow evolve {rt.pipeline.name} --rename-state "
+            f"{old}={entry[RENAMING]}`)"
+        )
+    _fence_the_next_txid(rt, (old, new))
+    states = _recorded_states(rt)
+    if not states[old].get(MOVING):  # an attempt fenced above may have written under NEW
+        delete_state_keys(rt.client, rt.keyspace, new)
+        states[old] = {**states[old], MOVING: True}
+        rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+    moved = rename_state_keys(rt.client, rt.keyspace, old, new)
+    _take_place(rt, old, new)
+    return RenameResult(old, new, moved)
+
+
+def _check_renamable(rt: Runtime, states: dict[str, dict[str, object]], old: str, new: str) -> None:
+    pipeline = rt.pipeline.name
+    if old in rt.pipeline.states:
+        raise EvolveRefused(
+            f"state {old} is still in the code of pipeline {pipeline}: deploy the code that "
+            f"names it {new} first"
+        )
+    if new not in rt.pipeline.states:
+        raise EvolveRefused(
+            f"the code of pipeline {pipeline} has no state {new}: deploy the code that names "
+            f"the state {new} first"
+        )
+    if old not in states:
+        kept = sorted(set(states) - set(rt.pipeline.states))
+        raise EvolveRefused(
+            f"pipeline {pipeline} has no state {old} to rename (states kept from older "
+            f"code: {', '.join(kept) or 'none'})"
+        )
+    own = shapes(rt)[new]
+    differ = [f for f in SHAPE if states[old].get(f) != own[f]]
+    if differ:
+        was = ", ".join(f"{f} {states[old].get(f)}" for f in differ)
+        now = ", ".join(f"{f} {own[f]}" for f in differ)
+        raise EvolveRefused(
+            f"state {old} of {pipeline} holds values made with {was}; the code makes {new} "
+            f"with {now}: a rename keeps the values, so only to the same kind, aggregator "
+            "and key fields"
+        )
+    since = states.get(new, {}).get("since")
+    committed = rt.ledger.committed_txid()
+    if new in states and (since is None or int(str(since)) <= committed):
+        raise EvolveRefused(
+            f"state {new} of {pipeline} already holds values (since txid {since}): a rename "
+            f"moves {old} into a name with none; drop {new} first (deploy code without it, "
+            f"then `tridentflow evolve {pipeline} --drop-state {new}`), or rewind"
+        )
+
+
+def _fence_the_next_txid(rt: Runtime, names: tuple[str, ...]) -> None:
+    """Begin a commit attempt of the next txid and claim every shard with its token: an
+    attempt already under way writes nothing more (its writes are refused as fenced)."""
+    ticket = rt.ledger.begin_commit(rt.ledger.committed_txid() + 1)
+    if ticket is None:  # the txid committed between the two reads: fence the one after
+        ticket = rt.ledger.begin_commit(rt.ledger.committed_txid() + 1)
+    if ticket is not None:
+        fence = Fence(ticket.txid, ticket.token, ticket.generation)
+        claim_shards(rt.client, rt.keyspace, names, fence)
+
+
+def _take_place(rt: Runtime, old: str, new: str) -> None:
+    """NEW takes OLD's place in the record: its shape and since, and the change logs."""
+    recorded = rt.ledger.settings()
+    states = json.loads(recorded.get(STATES, "{}"))
+    values = {}
+    if old in states:
+        entry = {k: v for k, v in states.pop(old).items() if k not in (RENAMING, MOVING)}
+        states[new] = {**shapes(rt)[new], "since": entry.get("since")}
+        values[STATES] = json.dumps(states, sort_keys=True)
+    logged = json.loads(recorded.get(CHANGE_LOGS, "[]"))
+    if old in logged:
+        values[CHANGE_LOGS] = json.dumps(sorted({*logged, new} - {old}))
     if values:
         rt.ledger.record_settings(values)

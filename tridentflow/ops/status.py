@@ -190,7 +190,8 @@ def _state_lines(info: dict[str, Any]) -> list[str]:
         lines.append(
             f"state          {name}: not in this code; its values are kept as they were "
             f"(a code that has it again goes on from them; `tridentflow evolve "
-            f"{info['pipeline']} --drop-state {name}` deletes them)"
+            f"{info['pipeline']} --drop-state {name}` deletes them, `--rename-state "
+            f"{name}=NEW` moves them to the code's new name)"
         )
     return lines
 

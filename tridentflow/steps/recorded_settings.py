@@ -47,6 +47,11 @@ STATES = "states"
 DROPPING = "dropping"
 """A state's field in the ``states`` record while ``tridentflow evolve --drop-state`` deletes
 it: a commit of code that has the state is refused."""
+RENAMING = "renaming_to"
+"""A state's field in the ``states`` record while ``evolve --rename-state`` moves it: the new
+name. A commit of code that has either name is refused."""
+MOVING = "moving"
+"""Set with RENAMING once the rename's keys are moving (what was under the new name is gone)."""
 SHAPE = ("kind", "aggregator", "keys")
 """What a state's values are made by: another one makes the stored values wrong."""
 
@@ -61,6 +66,11 @@ class StateShapeChanged(SettingsDisagree):
     cannot help (an Airflow task fails at once)."""
 
     retry_helps = False
+
+
+class StateBeingRenamed(SettingsDisagree):
+    """A state of this code is being renamed (``evolve --rename-state``): the commit writes
+    nothing now and succeeds when retried after the rename."""
 
 
 def shapes(rt: Runtime) -> dict[str, dict[str, Any]]:
@@ -107,6 +117,20 @@ def shape_changes(rt: Runtime, recorded: dict[str, str]) -> list[str]:
                 f"settings {rt.pipeline.name} --record`"
             )
     return lines
+
+
+def rename_under_way(rt: Runtime, recorded: dict[str, str]) -> str | None:
+    """One line if a state of this process's code is being renamed (either name); else
+    None. Read-only."""
+    have = json.loads(recorded.get(STATES, "{}"))
+    for old, entry in have.items():
+        new = entry.get(RENAMING)
+        if new and (old in rt.pipeline.states or new in rt.pipeline.states):
+            return (
+                f"state {old} of {rt.pipeline.name} is being renamed to {new} (`tridentflow "
+                f"evolve --rename-state`): this commit writes nothing; retry once it is done"
+            )
+    return None
 
 
 def _states_value(rt: Runtime, recorded: dict[str, str]) -> str:
@@ -186,6 +210,9 @@ def check(rt: Runtime) -> None:
     """Before a commit writes: SettingsDisagree (one line) if this process would change a
     recorded setting without meaning to; then record this process's values. Idempotent."""
     recorded = rt.ledger.settings()
+    renaming = rename_under_way(rt, recorded)
+    if renaming:
+        raise StateBeingRenamed(renaming)
     changes = shape_changes(rt, recorded)
     if changes:
         raise StateShapeChanged(changes[0])
