@@ -1,5 +1,6 @@
-"""Every key of one state, found, deleted for good or moved to another state's names - what
-``tridentflow evolve --drop-state`` / ``--rename-state`` do.
+"""Every key of one state, found, deleted for good, moved to another state's names or its
+values rewritten by a function - what ``tridentflow evolve --drop-state`` / ``--rename-state`` /
+``--migrate`` do.
 
 A state's keys live in its pipeline's keyspace and in each of its shards (tridentflow_state.keys):
 the values (``state``), the expiry index and its built mark, the change-log seals, and the
@@ -11,11 +12,16 @@ next run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import redis
 
+from tridentflow_state.codec import encode_value
+from tridentflow_state.errors import StateError
 from tridentflow_state.keys import KeySpace
+from tridentflow_state.scripts import LuaScript
 
 DELETE_CHUNK = 500
 
@@ -40,6 +46,8 @@ def _keys_of(
     for slot in slots:
         fixed = [
             (slot.state(name), slot.state(other)),
+            (_copy_key(slot, name), _copy_key(slot, other)),
+            (_done_key(slot, name), _done_key(slot, other)),
             (slot.expiry(name), slot.expiry(other)),
             (slot.expiry_built(name), slot.expiry_built(other)),
             (slot.change_counts(name), slot.change_counts(other)),
@@ -91,3 +99,115 @@ def _unlink(client: redis.Redis, keys: list[str]) -> int:
         for key in keys:
             pipe.unlink(key)
         return sum(int(n) for n in pipe.execute())
+
+
+MIGRATE_CHUNK = 1000
+"""Fields read (HSCAN) and written (HSET) at a time: a migration holds one chunk in memory."""
+VALUE_KINDS = ("undo", "changes")
+"""The per-txid keys that hold stored values (undo logs, change logs) - migrated too."""
+
+SWAP_MIGRATED = LuaScript(
+    "swap_migrated",
+    """
+-- Put a key's migrated copy in its place and note the key done, atomically: a migration killed
+-- at any point transforms no key twice (a copy not swapped in is made again from the key).
+-- KEYS[1] the migrated copy  KEYS[2] the key it replaces  KEYS[3] the set of keys done (all
+-- three in one slot)
+-- ARGV[1] the name of KEYS[2] (the member noted)
+-- Returns 1 if swapped now, 0 if the key was done already.
+if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('RENAME', KEYS[1], KEYS[2])
+else
+  redis.call('DEL', KEYS[2])
+end
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+""",
+)
+
+
+def _copy_key(slot: KeySpace, name: str) -> str:
+    """Where a migration builds the copy of one key of state ``name`` in ``slot``."""
+    return f"{slot.base}:migrate-copy:{name}"
+
+
+def _done_key(slot: KeySpace, name: str) -> str:
+    """Set: the keys of state ``name`` in ``slot`` a migration has swapped in."""
+    return f"{slot.base}:migrated:{name}"
+
+
+def migrate_state_keys(
+    client: redis.Redis, keyspace: KeySpace, name: str, function: Callable[[Any], Any]
+) -> int:
+    """Apply ``function`` to every stored value of state ``name`` - the committed value and
+    the one before it, in the state and in its undo and change logs (None stays None, an undo
+    log's "absent" stays) - one key at a time: a copy is built in chunks, then swapped in and
+    noted done in one script (SWAP_MIGRATED). Resumable: a key done is skipped; a copy cut
+    short is made again. StateError (one line) if the function fails on a value or returns
+    one that cannot be stored; the key it failed on is left as it was. Returns the keys
+    swapped in now; ``finish_migration`` clears the notes once every key is done."""
+    swapped = 0
+    for slot, key in _value_keys(client, keyspace, name):
+        done, copy = _done_key(slot, name), _copy_key(slot, name)
+        if client.sismember(done, key):
+            continue
+        client.delete(copy)
+        chunk: dict[str, str] = {}
+        for field, raw in client.hscan_iter(key, count=MIGRATE_CHUNK):
+            chunk[_text(field)] = _migrated(name, _text(field), _text(raw), function)
+            if len(chunk) >= MIGRATE_CHUNK:
+                client.hset(copy, mapping=chunk)
+                chunk = {}
+        if chunk:
+            client.hset(copy, mapping=chunk)
+        swapped += int(SWAP_MIGRATED(client, [copy, key, done], [key]))
+    return swapped
+
+
+def finish_migration(client: redis.Redis, keyspace: KeySpace, name: str) -> None:
+    """Forget a finished migration's notes (every slot's done-set and copy). Idempotent."""
+    for slot in [keyspace, *(keyspace.shard(i) for i in range(keyspace.shards))]:
+        client.delete(_done_key(slot, name), _copy_key(slot, name))
+
+
+def _value_keys(
+    client: redis.Redis, keyspace: KeySpace, name: str
+) -> Iterator[tuple[KeySpace, str]]:
+    """(slot, key) of every key of state ``name`` that holds stored values."""
+    slots = [keyspace, *(keyspace.shard(i) for i in range(keyspace.shards))]
+    seen: set[str] = set()
+    for slot in slots:
+        escaped = slot.base.replace("{", "\\{").replace("}", "\\}")
+        keys = [slot.state(name)]
+        for kind in VALUE_KINDS:
+            keys += [
+                _text(raw)
+                for raw in client.scan_iter(match=f"{escaped}:{kind}:{name}:*", count=1000)
+            ]
+        for key in keys:
+            if key not in seen and client.exists(key):
+                seen.add(key)
+                yield slot, key
+
+
+def _migrated(name: str, field: str, raw: str, function: Callable[[Any], Any]) -> str:
+    """One stored value ``[txid, curr, prev]`` with ``function`` applied to curr and prev
+    (an undo log's "absent", '', as it is)."""
+    if raw == "":
+        return raw
+    stored = json.loads(raw)
+    try:
+        txid, curr, prev = stored
+        out = [txid, *(None if v is None else function(v) for v in (curr, prev))]
+        return encode_value(out)
+    except Exception as exc:
+        raise StateError(
+            f"state {name}, key {field}: the migration failed on {stored!r:.60} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); fix "
+            "the function and run the migration again (the keys done stay done)"
+        ) from None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -7,6 +7,7 @@ is written, and `settings --record` is the operator's way to say the values stay
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -375,7 +376,7 @@ def test_a_rename_killed_part_way_fences_both_codes_and_finishes_when_run_again(
 ):
     import tridentflow_state.evolve as evolve_keys
     from tridentflow.ops.evolve import rename_state
-    from tridentflow.steps.recorded_settings import StateBeingRenamed
+    from tridentflow.steps.recorded_settings import StateEvolving
 
     old, new, values, _ = before_rename
     moves = []
@@ -392,7 +393,7 @@ def test_a_rename_killed_part_way_fences_both_codes_and_finishes_when_run_again(
     with pytest.raises(ConnectionError):
         rename_state(new, "lengths", "letters")
     for rt in (old, new):
-        with pytest.raises(StateBeingRenamed, match="lengths of evolving is being renamed"):
+        with pytest.raises(StateEvolving, match="lengths of evolving is being renamed"):
             run(rt, ["a"])
     monkeypatch.undo()
     committed = new.ledger.committed_txid()
@@ -442,3 +443,124 @@ def test_the_cli_renames_with_yes_and_names_a_bad_pair(
     assert main(["evolve", target, "--rename-state", "lengths=letters", "--yes", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["new"] == "letters"
     assert _letters(new, "letters") == values
+
+
+class Letters(Sum.__base__):  # a Combiner storing {"letters": n} where Sum stored n
+    pure = True
+
+    def init(self, *values):
+        return {"letters": values[0]}
+
+    def combine(self, a, b):
+        return {"letters": a["letters"] + b["letters"]}
+
+    def zero(self):
+        return {"letters": 0}
+
+    def present(self, value):
+        return value["letters"]
+
+
+def as_letters(value):
+    """The migration from Sum's stored form to Letters' (a second pass would fail loudly)."""
+    if isinstance(value, dict):
+        raise TypeError(f"already migrated: {value}")
+    return {"letters": value}
+
+
+def lettered() -> Pipeline:
+    return everything(aggregator=Letters())
+
+
+@pytest.fixture
+def before_migration(redis_url, home) -> tuple[Runtime, dict, dict]:
+    """(the code with Letters on ``lengths``, three txids run by the code with Sum; the
+    values now; as of txid 2)."""
+    old = Runtime.open(everything(), redis_url, home)
+    old.ledger.reset(force=True)
+    for lines in (["a bb"], ["bb ccc"], ["dddd a"]):
+        run(old, lines)
+    return (
+        Runtime.open(lettered(), redis_url, home),
+        _letters(old, "lengths"),
+        _letters(old, "lengths", 2),
+    )
+
+
+MIGRATION = "tests.test_evolve:as_letters"
+
+
+def test_a_migration_rewrites_the_state_its_undo_and_change_logs_then_the_code_goes_on(
+    before_migration,
+):
+    from tridentflow.ops.evolve import migrate_state
+    from tridentflow.steps.export import changes_of
+
+    new, values, as_of_2 = before_migration
+    with pytest.raises(StateShapeChanged, match=r"aggregator tridentflow\.aggregators\.Sum"):
+        run(new, ["a"])  # refused before it writes: the values are Sum's
+    result = migrate_state(new, "lengths", MIGRATION)
+    assert result.keys_migrated >= 3 + 2  # three shards' hashes, undo and change logs
+    assert _letters(new, "lengths") == values == {"a": 2, "bb": 4, "ccc": 3, "dddd": 4}
+    assert _letters(new, "lengths", 2) == as_of_2  # as of an older txid: the new form too
+    feed = next(f for f in new.pipeline.feeds if f.state == "lengths")
+    logged = changes_of(new, feed, new.ledger.committed_txid())
+    assert logged and all(isinstance(v, int) for _, _, v in logged)  # presented by Letters
+    recorded = json.loads(new.ledger.settings()[STATES])["lengths"]
+    assert recorded["aggregator"] == "tests.test_evolve.Letters" and recorded["since"] == 1
+    run(new, ["bb"])  # the produced "a" of the refused run and this one
+    assert _letters(new, "lengths") == {**values, "a": 3, "bb": 6}
+
+
+def test_a_migration_killed_part_way_transforms_no_value_twice(before_migration, monkeypatch):
+    import tridentflow_state.evolve as evolve_keys
+    from tridentflow.ops.evolve import migrate_state
+    from tridentflow.steps.recorded_settings import StateEvolving
+
+    new, values, as_of_2 = before_migration
+    original, swaps = evolve_keys.SWAP_MIGRATED, []
+
+    def killed(client, keys, args):
+        if len(swaps) == 2:
+            raise ConnectionError("killed")
+        swaps.append(args[0])
+        return original(client, keys, args)
+
+    monkeypatch.setattr(evolve_keys, "SWAP_MIGRATED", killed)
+    with pytest.raises(ConnectionError):
+        migrate_state(new, "lengths", MIGRATION)
+    with pytest.raises(StateEvolving, match="lengths of evolving is being migrated"):
+        run(new, ["a"])
+    monkeypatch.setattr(evolve_keys, "SWAP_MIGRATED", original)
+    migrate_state(new, "lengths", MIGRATION)  # as_letters raises on a value done twice
+    assert _letters(new, "lengths") == values and _letters(new, "lengths", 2) == as_of_2
+
+
+def test_a_migration_that_fails_on_a_value_is_one_line_and_finishes_once_fixed(
+    before_migration, monkeypatch
+):
+    from tridentflow.ops.evolve import EvolveRefused, migrate_state
+    from tridentflow_state.errors import StateError
+
+    new, values, _ = before_migration
+    original = as_letters
+
+    def picky(value):
+        if value == 4:
+            raise ValueError("four is not a length")
+        return original(value)
+
+    monkeypatch.setattr(sys.modules[__name__], "as_letters", picky)
+    with pytest.raises(StateError) as failed:
+        migrate_state(new, "lengths", MIGRATION)
+    line = str(failed.value)
+    assert "state lengths, key" in line and "four is not a length" in line and "\n" not in line
+    monkeypatch.undo()
+    migrate_state(new, "lengths", MIGRATION)
+    assert _letters(new, "lengths") == values
+    for ref, words in (("tests.test_evolve:nothing", "cannot load the migration"),
+                       ("no-colon", "NAME=module:function")):  # fmt: skip
+        with pytest.raises(EvolveRefused, match=words):
+            migrate_state(new, "lengths", ref)
+    with pytest.raises(EvolveRefused, match="code of pipeline evolving has no state counted"):
+        migrate_state(new, "counted", MIGRATION)

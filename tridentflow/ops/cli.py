@@ -14,7 +14,8 @@
     tridentflow quarantine PIPELINE [--limit N] [--json]
     tridentflow rewind PIPELINE --to N --yes [--force] [--json]
     tridentflow reset PIPELINE --yes [--source] [--force]
-    tridentflow evolve PIPELINE --drop-state NAME | --rename-state OLD=NEW --yes [--json]
+    tridentflow evolve PIPELINE --drop-state NAME | --rename-state OLD=NEW
+                       | --migrate NAME=module:function --yes [--json]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
@@ -243,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--drop-state", metavar="NAME", help="delete it for good")
     which.add_argument(
         "--rename-state", metavar="OLD=NEW", help="move its values to the code's name for it"
+    )
+    which.add_argument(
+        "--migrate", metavar="NAME=MODULE:FUNCTION", help="rewrite every value of a state"
     )
     p.add_argument("--yes", action="store_true", help="really do it")
     p.add_argument("--json", action="store_true")
@@ -746,30 +750,41 @@ def cmd_rewind(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_evolve(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.ops.evolve import drop_state, rename_state
+    from tridentflow.ops import evolve
 
     pipeline = load_pipeline(args.pipeline)
-    if args.rename_state is not None:
-        old, eq, new = args.rename_state.partition("=")
-        if not (eq and old and new):
-            raise TridentflowError(
-                f"--rename-state takes OLD=NEW (two state names), got {args.rename_state!r}"
+    if args.drop_state:
+        what = (
+            f"drop state {args.drop_state} of pipeline {pipeline.name} for good (values, undo "
+            "and change logs)"
+        )
+    else:
+        flag = "--rename-state" if args.rename_state is not None else "--migrate"
+        left, eq, right = (args.rename_state or args.migrate).partition("=")
+        if not (eq and left and right):
+            shape = (
+                "OLD=NEW (two state names)" if flag == "--rename-state" else "NAME=module:function"
             )
-    what = (
-        f"drop state {args.drop_state} of pipeline {pipeline.name} for good (values, undo "
-        "and change logs)"
-        if args.drop_state
-        else f"move state {old}'s values to {new} in pipeline {pipeline.name}"
-    )
+            raise TridentflowError(
+                f"{flag} takes {shape}, got {args.rename_state or args.migrate!r}"
+            )
+        what = (
+            f"move state {left}'s values to {right} in pipeline {pipeline.name}"
+            if flag == "--rename-state"
+            else f"rewrite every value of state {left} of pipeline {pipeline.name} with {right}"
+        )
     if not args.yes:
         raise TridentflowError(f"evolve would {what}: add --yes")
     rt = _runtime(args, pipeline)
     if args.drop_state:
-        dropped = drop_state(rt, args.drop_state)
+        dropped = evolve.drop_state(rt, args.drop_state)
         info, line = dropped.to_json(), f"{dropped.keys_deleted} key(s) deleted"
-    else:
-        renamed = rename_state(rt, old, new)
+    elif args.rename_state is not None:
+        renamed = evolve.rename_state(rt, left, right)
         info, line = renamed.to_json(), f"{renamed.keys_moved} key(s) moved"
+    else:
+        migrated = evolve.migrate_state(rt, left, right)
+        info, line = migrated.to_json(), f"{migrated.keys_migrated} key(s) rewritten"
     out.write((json.dumps(info) if args.json else f"evolve: {what}: done, {line}") + "\n")
     return 0
 

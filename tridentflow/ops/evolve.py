@@ -1,5 +1,5 @@
-"""Pipelines that evolve, by hand: ``tridentflow evolve PIPELINE --drop-state NAME`` and
-``--rename-state OLD=NEW``.
+"""Pipelines that evolve, by hand: ``tridentflow evolve PIPELINE --drop-state NAME``,
+``--rename-state OLD=NEW`` and ``--migrate NAME=module:function``.
 
 A state the pipeline's code no longer has is kept untouched (its values, undo logs and change
 logs; ``status`` lists it under "kept"), so that deploying code without it loses nothing and a
@@ -29,17 +29,29 @@ txids:
 4. NEW takes OLD's place in the record (its shape, since when it counts, the change logs).
 
 Killed at any point, the same command finishes the job.
+
+Migrating rewrites every value of a state the deployed code has with a user function - for a
+code whose aggregator stores its values another way (same kind and key fields) - between two
+txids, fenced like a rename (the record marks it, commits of code with the state are refused
+and retry, an attempt under way is fenced), one key at a time: the state's hash of each shard
+and its undo and change logs, so a query as of an older txid, a rewind and a sink all see the
+new form. Each key is copied through the function in chunks and swapped in atomically with a
+note that it is done, so a kill at any point transforms no value twice and the same command
+finishes the job. Then the record takes the code's shape for the state.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from tridentflow.errors import TridentflowError
 from tridentflow.steps.recorded_settings import (
     CHANGE_LOGS,
     DROPPING,
+    MIGRATING,
     MOVING,
     RENAMING,
     SHAPE,
@@ -48,7 +60,13 @@ from tridentflow.steps.recorded_settings import (
 )
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.backing import Fence
-from tridentflow_state.evolve import delete_state_keys, rename_state_keys, state_keys
+from tridentflow_state.evolve import (
+    delete_state_keys,
+    finish_migration,
+    migrate_state_keys,
+    rename_state_keys,
+    state_keys,
+)
 from tridentflow_state.shards import claim_shards
 
 
@@ -129,6 +147,11 @@ def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
     it cannot apply."""
     states = _recorded_states(rt)
     entry = states.get(old)
+    if entry is not None and entry.get(MIGRATING):
+        raise EvolveRefused(
+            f"state {old} of {rt.pipeline.name} is being migrated with {entry[MIGRATING]}: "
+            "finish that first"
+        )
     if entry is None or not entry.get(RENAMING):
         _check_renamable(rt, states, old, new)
         states[old] = {**states[old], RENAMING: new}
@@ -213,3 +236,80 @@ def _take_place(rt: Runtime, old: str, new: str) -> None:
         values[CHANGE_LOGS] = json.dumps(sorted({*logged, new} - {old}))
     if values:
         rt.ledger.record_settings(values)
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    state: str
+    function: str
+    keys_migrated: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"state": self.state, "function": self.function, "keys_migrated": self.keys_migrated}
+
+
+def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
+    """Rewrite every value of state ``name`` with the function ``ref`` (``module:function``)
+    names (see the module doc). Idempotent and resumable with the same function;
+    EvolveRefused (one line) with nothing changed when it cannot apply."""
+    function = load_function(ref)
+    states = _recorded_states(rt)
+    entry = states.get(name)
+    if entry is None or not entry.get(MIGRATING):
+        _check_migratable(rt, states, name)
+        states[name] = {**states[name], MIGRATING: ref}
+        rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+    elif entry[MIGRATING] != ref:
+        raise EvolveRefused(
+            f"state {name} of {rt.pipeline.name} is being migrated with {entry[MIGRATING]}: "
+            f"finish that first, with the same function"
+        )
+    _fence_the_next_txid(rt, (name,))
+    migrated = migrate_state_keys(rt.client, rt.keyspace, name, function)
+    states = _recorded_states(rt)
+    since = states[name].get("since")
+    states[name] = {**shapes(rt)[name], "since": since}
+    rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+    finish_migration(rt.client, rt.keyspace, name)
+    return MigrateResult(name, ref, migrated)
+
+
+def _check_migratable(rt: Runtime, states: dict[str, dict[str, object]], name: str) -> None:
+    pipeline = rt.pipeline.name
+    if name not in rt.pipeline.states:
+        raise EvolveRefused(
+            f"the code of pipeline {pipeline} has no state {name}: a migration rewrites the "
+            "values of a state the deployed code has (deploy it first)"
+        )
+    if name not in states or states[name].get(RENAMING):
+        raise EvolveRefused(
+            f"state {name} of {pipeline} holds no committed values to migrate"
+            if name not in states
+            else f"state {name} of {pipeline} is being renamed: finish that first"
+        )
+    own = shapes(rt)[name]
+    differ = [f for f in ("kind", "keys") if states[name].get(f) != own[f]]
+    if differ:
+        was = ", ".join(f"{f} {states[name].get(f)}" for f in differ)
+        now = ", ".join(f"{f} {own[f]}" for f in differ)
+        raise EvolveRefused(
+            f"state {name} of {pipeline} holds values with {was}; the code has {now}: a "
+            "migration rewrites values, not keys or kinds - give the state a new name, or "
+            "reset"
+        )
+
+
+def load_function(ref: str) -> Any:
+    """The callable ``module:function`` names; EvolveRefused (one line) if there is none."""
+    module_name, colon, attr = ref.partition(":")
+    if not (colon and module_name and attr):
+        raise EvolveRefused(f"--migrate takes NAME=module:function, got a function {ref!r}")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:
+        raise EvolveRefused(
+            f"cannot load the migration {ref}: {type(exc).__name__}: {exc}"
+        ) from None
+    if not callable(function):
+        raise EvolveRefused(f"the migration {ref} is a {type(function).__name__}, not callable")
+    return function

@@ -50,6 +50,9 @@ it: a commit of code that has the state is refused."""
 RENAMING = "renaming_to"
 """A state's field in the ``states`` record while ``evolve --rename-state`` moves it: the new
 name. A commit of code that has either name is refused."""
+MIGRATING = "migrating_with"
+"""A state's field in the ``states`` record while ``evolve --migrate`` rewrites its values:
+the function's ``module:function``. A commit of code that has the state is refused."""
 MOVING = "moving"
 """Set with RENAMING once the rename's keys are moving (what was under the new name is gone)."""
 SHAPE = ("kind", "aggregator", "keys")
@@ -68,9 +71,9 @@ class StateShapeChanged(SettingsDisagree):
     retry_helps = False
 
 
-class StateBeingRenamed(SettingsDisagree):
-    """A state of this code is being renamed (``evolve --rename-state``): the commit writes
-    nothing now and succeeds when retried after the rename."""
+class StateEvolving(SettingsDisagree):
+    """A state of this code is being renamed or migrated (``tridentflow evolve``): the
+    commit writes nothing now and succeeds when retried after it."""
 
 
 def shapes(rt: Runtime) -> dict[str, dict[str, Any]]:
@@ -119,9 +122,9 @@ def shape_changes(rt: Runtime, recorded: dict[str, str]) -> list[str]:
     return lines
 
 
-def rename_under_way(rt: Runtime, recorded: dict[str, str]) -> str | None:
-    """One line if a state of this process's code is being renamed (either name); else
-    None. Read-only."""
+def evolution_under_way(rt: Runtime, recorded: dict[str, str]) -> str | None:
+    """One line if a state of this process's code is being renamed (either name) or
+    migrated (``tridentflow evolve``); else None. Read-only."""
     have = json.loads(recorded.get(STATES, "{}"))
     for old, entry in have.items():
         new = entry.get(RENAMING)
@@ -129,6 +132,12 @@ def rename_under_way(rt: Runtime, recorded: dict[str, str]) -> str | None:
             return (
                 f"state {old} of {rt.pipeline.name} is being renamed to {new} (`tridentflow "
                 f"evolve --rename-state`): this commit writes nothing; retry once it is done"
+            )
+        if entry.get(MIGRATING) and old in rt.pipeline.states:
+            return (
+                f"state {old} of {rt.pipeline.name} is being migrated with "
+                f"{entry[MIGRATING]} (`tridentflow evolve --migrate`): this commit writes "
+                "nothing; retry once it is done"
             )
     return None
 
@@ -210,9 +219,9 @@ def check(rt: Runtime) -> None:
     """Before a commit writes: SettingsDisagree (one line) if this process would change a
     recorded setting without meaning to; then record this process's values. Idempotent."""
     recorded = rt.ledger.settings()
-    renaming = rename_under_way(rt, recorded)
-    if renaming:
-        raise StateBeingRenamed(renaming)
+    evolving = evolution_under_way(rt, recorded)
+    if evolving:
+        raise StateEvolving(evolving)
     changes = shape_changes(rt, recorded)
     if changes:
         raise StateShapeChanged(changes[0])
