@@ -86,6 +86,15 @@ _EXCEPTION_LINE = re.compile(
 )
 
 
+REDIS_OOM = "command not allowed when used memory > 'maxmemory'"
+"""What Redis answers a write over its ``maxmemory`` (policy ``noeviction``)."""
+OUT_OF_MEMORY = (
+    "Redis is out of memory (used_memory over maxmemory, policy noeviction): the txid is not "
+    "committed (what its step wrote is its retry's to redo or roll back); free memory or raise "
+    "maxmemory (sizing: docs/redis.md), then retry - the txid replays exactly"
+)
+
+
 def one_line(exc: BaseException) -> str:
     """An error as one line that names its cause.
 
@@ -96,6 +105,8 @@ def one_line(exc: BaseException) -> str:
     """
     text = str(exc).strip()
     module = type(exc).__module__
+    if REDIS_OOM in text:  # Redis's own, or a Spark task's that wrote to it
+        return OUT_OF_MEMORY
     if module.startswith(("py4j", "pyspark")):
         cause = _python_cause(text)
         return f"Spark task failed: {cause}" if cause else f"Spark: {_first(text, exc)}"
