@@ -215,6 +215,37 @@ def trim_changes(
     return drop_changes(client, keyspace, state, newest - limit)
 
 
+ALLOW_SINK = LuaScript(
+    "allow_sink",
+    GEN_CHECK
+    + """
+-- Allow a sink to apply txids up to ARGV[2]: recorded before it applies them, so a sink whose
+-- own store stands past the allowed txid proves Redis lost acknowledged writes since.
+-- KEYS[1] allowed sorted set  KEYS[2] generation key
+-- ARGV[1] sink name  ARGV[2] txid  ARGV[3] generation
+-- Only forward (ZADD GT). Refused (TFGENERATION) if the pipeline was reset since.
+local err = gen_check(KEYS[2], ARGV[3])
+if err then return redis.error_reply(err) end
+redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
+return 1
+""",
+)
+
+
+def allow_sink(
+    client: redis.Redis, keyspace: KeySpace, sink: str, txid: int, generation: str
+) -> None:
+    """Record that ``sink`` may apply txids up to ``txid`` - before it does (forward only)."""
+    ALLOW_SINK(client, [keyspace.sinks_allowed, keyspace.generation], [sink, int(txid), generation])
+
+
+def sink_allowed(client: redis.Redis, keyspace: KeySpace, sink: str) -> int | None:
+    """The highest txid ``sink`` was allowed to apply (None: never recorded - a sink from
+    before this record, or a rewind since)."""
+    score = client.zscore(keyspace.sinks_allowed, sink)
+    return None if score is None else int(score)
+
+
 def note_sink_position(
     client: redis.Redis,
     keyspace: KeySpace,

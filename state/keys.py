@@ -178,6 +178,13 @@ class KeySpace:
         return f"{self.base}:sinks"
 
     @property
+    def sinks_allowed(self) -> str:
+        """Sorted set sink name -> the highest txid it was allowed to apply, recorded before it
+        applies (state.changes.allow_sink): a sink's own store past it proves Redis lost
+        acknowledged writes since."""
+        return f"{self.base}:sinks-allowed"
+
+    @property
     def source_identity(self) -> str:
         """String: the identity of the source the reader reads (a Kafka topic's id), to tell
         a source deleted and created again under the same name."""

@@ -38,3 +38,32 @@ def test_the_state_package_names_modules_that_exist():
     assert named, "the docstring names its modules"
     for module in named:
         assert (ROOT / "state" / f"{module}.py").exists(), module
+
+
+def test_the_acl_rules_grant_every_command_tridentflow_sends():
+    """Every command a Lua script calls and every redis-py command method the code calls is
+    in ``tridentflow.ops.acl``'s lists (a user holding exactly them runs every step)."""
+    import redis
+
+    from tridentflow.ops import acl
+
+    granted = {c.split("|")[0] for c in acl.COMMANDS + acl.CLUSTER_COMMANDS + acl.STREAM_COMMANDS}
+    named = {"delete": "del", "script_load": "script", "xinfo_groups": "xinfo",
+             "xinfo_stream": "xinfo"}  # fmt: skip
+    not_commands = {"pipeline", "close", "execute", "execute_command", "from_url", "lock"}
+    sources = [*(ROOT / "state").rglob("*.py"), *(ROOT / "tridentflow").rglob("*.py")]
+    sent: dict[str, str] = {}
+    for path in sources:
+        if "devtools" in path.parts:
+            continue
+        text = path.read_text()
+        for command in re.findall(r"redis\.p?call\('([A-Za-z]+)'", text):
+            sent.setdefault(command.lower(), str(path.relative_to(ROOT)))
+        calls = r"(?:client|pipe|self\.client|rt\.client)\.([a-z_]+)\("
+        for method in re.findall(calls, text):
+            if hasattr(redis.Redis, method) and method not in not_commands:
+                command = named.get(method, method.removesuffix("_iter"))
+                sent.setdefault(command, str(path.relative_to(ROOT)))
+    assert len(sent) > 30
+    missing = {command: where for command, where in sent.items() if command not in granted}
+    assert not missing, f"commands the ACL rules do not grant (and where they are sent): {missing}"

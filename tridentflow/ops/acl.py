@@ -55,6 +55,17 @@ COMMANDS = (
     "wait",
     # reset: finds a pipeline's keys by SCAN with its MATCH pattern
     "scan",
+    # expiry (expire_after_txids): the index of each key's last writing txid, merged from the
+    # written-sets after a mark
+    "zadd",
+    "zrem",
+    "zrangebyscore",
+    "spop",
+    # exports: what each sink was allowed to apply, checked against its own store
+    "zscore",
+    # tridentflow evolve: a rename moves keys; a migration swaps a rewritten copy in
+    "rename",
+    "sismember",
 )
 
 
@@ -78,6 +89,7 @@ STREAM_COMMANDS = (
     "xgroup|destroy",  # a reset moves the group to where the reader starts again
     "xinfo|groups",  # the other readers: trim and reset --source respect them
     "xpending",  # a foreign group's oldest unacknowledged entry (trim keeps it)
+    "xrevrange",  # a stream sink: the last entry it wrote
 )
 """What a pipeline reading Redis Streams needs in addition."""
 

@@ -30,11 +30,13 @@ from tridentflow.sinks.base import ExportContext, Row, SinkError
 from tridentflow.sinks.lakehouse import column_array
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.changes import (
+    allow_sink,
     change_count,
     drop_changes,
     logged_txids,
     note_sink_position,
     read_change_pages,
+    sink_allowed,
     sink_positions,
 )
 from tridentflow_state.codec import encode_key, tuple_key
@@ -357,6 +359,8 @@ def _export_feed(
     )
     target = committed if upto is None else min(upto, committed)
     position = sink.position(ctx)
+    if not resync and _lost_under(rt, feed, position):  # its copy of lost txids is stale
+        ctx, resync = replace(ctx, resync=True), True
     if position > committed and not resync:
         raise SinkError(
             f"sink {feed.name} is at txid {position} but pipeline {rt.pipeline.name} has "
@@ -388,6 +392,7 @@ def _export_feed(
             at, snapshot = snapshot_of(rt, feed)
             attempt.txid = at
             rows = stream_rows(snapshot, expand)
+            allow_sink(rt.client, rt.keyspace, feed.name, at, ctx.generation)
             sink.apply(ctx, at, rows, replace_all=True)
             must_reload = False
             rows_total += len(rows)
@@ -396,6 +401,7 @@ def _export_feed(
             _note(rt, feed, at, ctx.generation)
             continue
         rows = items if columnar else stream_rows(items, expand)
+        allow_sink(rt.client, rt.keyspace, feed.name, txid, ctx.generation)
         if sink.apply(ctx, txid, rows):
             applied.append(txid)
             rows_total += len(rows)
@@ -404,6 +410,26 @@ def _export_feed(
     _note(rt, feed, position, ctx.generation)
     _drop_exported(rt, feed.state)
     return ExportResult(feed.name, feed.state, position, tuple(applied), rows_total, reloaded)
+
+
+def _lost_under(rt: Runtime, feed: Feed, position: int) -> bool:
+    """Whether the sink's own store stands past the highest txid Redis allowed it to apply:
+    Redis lost acknowledged writes since (a cut AOF, an older snapshot restored, a failover
+    without ``--wait-replicas``), and the txids the pipeline recommits may differ from the
+    sink's copy (an opaque source's replay). A sink that can then reloads from the state;
+    one that cannot is refused in one line - never left holding the old rows."""
+    allowed = sink_allowed(rt.client, rt.keyspace, feed.name)
+    if allowed is None or position <= allowed:
+        return False
+    if not feed.sink.resyncable:
+        raise SinkError(
+            f"sink {feed.name} holds txids up to {position}, but Redis allowed it only up to "
+            f"{allowed}: Redis lost acknowledged commits since (a cut AOF, an older snapshot, a "
+            f"failover without --wait-replicas) and its rows of txids {allowed + 1}-{position} "
+            "may differ from their recomputation; it cannot be reloaded: reset it and its "
+            "readers"
+        )
+    return True
 
 
 def _note(rt: Runtime, feed: Feed, txid: int, generation: str) -> None:
