@@ -239,11 +239,26 @@ def allow_sink(
     ALLOW_SINK(client, [keyspace.sinks_allowed, keyspace.generation], [sink, int(txid), generation])
 
 
+ALLOWED_SINCE = ""
+"""The member a pipeline's generation starts the allowed set with: a sink absent from a set
+holding it was allowed nothing yet (0), not "from before the record" (None)."""
+
+
+def start_allowing(client: redis.Redis, keyspace: KeySpace) -> None:
+    """A new generation records what its sinks may apply from the start (idempotent)."""
+    client.zadd(keyspace.sinks_allowed, {ALLOWED_SINCE: 0}, nx=True)
+
+
 def sink_allowed(client: redis.Redis, keyspace: KeySpace, sink: str) -> int | None:
-    """The highest txid ``sink`` was allowed to apply (None: never recorded - a sink from
-    before this record, or a rewind since)."""
-    score = client.zscore(keyspace.sinks_allowed, sink)
-    return None if score is None else int(score)
+    """The highest txid ``sink`` was allowed to apply: 0 if none yet in a generation that
+    records it from its start; None if unknown (a pipeline from before this record)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zscore(keyspace.sinks_allowed, sink)
+        pipe.zscore(keyspace.sinks_allowed, ALLOWED_SINCE)
+        score, since = pipe.execute()
+    if score is not None:
+        return int(score)
+    return None if since is None else 0
 
 
 def note_sink_position(

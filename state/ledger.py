@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 
+from tridentflow_state.changes import start_allowing
 from tridentflow_state.errors import (
     CommitsHeldError,
     GenerationError,
@@ -548,7 +549,8 @@ class Ledger:
         has none yet). Every write is refused once the pipeline's generation differs."""
         if self._generation is None:
             key = self.keys.generation
-            self.client.set(key, _new_generation(), nx=True)
+            if self.client.set(key, _new_generation(), nx=True):  # a new pipeline
+                start_allowing(self.client, self.keys)
             current = _s(self.client.get(key)) or ""
             if current.startswith(REWIND_PREFIX):
                 raise GenerationError(self._rewinding_message())
@@ -894,4 +896,5 @@ class Ledger:
                 batch = []
         if batch:
             n += int(self.client.delete(*batch))
+        start_allowing(self.client, self.keys)
         return n

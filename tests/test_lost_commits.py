@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tridentflow import Count, DeltaSink, LogSource, Pipeline, SourceMode, StateKind, StateSpec
+from tests.postgres import table_rows
+from tridentflow import (
+    Count,
+    DeltaSink,
+    LogSource,
+    Pipeline,
+    PostgresSink,
+    SourceMode,
+    StateKind,
+    StateSpec,
+)
 from tridentflow.devtools.chaos import RedisServer
 from tridentflow.engines.local import LocalEngine
 from tridentflow.sinks import SinkError
@@ -50,7 +60,7 @@ class FileSink(Sink):
         return True
 
 
-def pipeline(lake: Path) -> Pipeline:
+def pipeline(lake: Path, dsn: str) -> Pipeline:
     p = Pipeline("lossy", LogSource(fields=("line",), mode=SourceMode.OPAQUE, partitions=2))
     counts = (
         p.stream.each("line", lambda line: ((w,) for w in line.split()), "word")
@@ -59,6 +69,7 @@ def pipeline(lake: Path) -> Pipeline:
     )
     counts.new_values_stream().sink(DeltaSink(lake / "counts", name="delta"))
     counts.new_values_stream().sink(FileSink(lake / "file.json"))
+    counts.new_values_stream().sink(PostgresSink("lossy_counts", dsn=dsn, name="postgres"))
     return p
 
 
@@ -70,7 +81,7 @@ def _run_and_export(rt: Runtime, batches: int, batch_size: int) -> list:
         if not run_batches(rt, LocalEngine(), max_batches=1, batch_size=batch_size).results:
             break
         try:
-            out.append(export(rt, sinks=["delta"]))
+            out.append(export(rt, sinks=["delta", "postgres"]))
         except SinkError as exc:
             out.append(exc)
         try:
@@ -93,12 +104,12 @@ def _state(rt: Runtime) -> dict:
     return {key[0]: value for key, value in page.items}
 
 
-def test_a_sink_ahead_of_a_ledger_that_lost_commits_reloads_or_is_refused(tmp_path):
+def test_a_sink_ahead_of_a_ledger_that_lost_commits_reloads_or_is_refused(tmp_path, pg_dsn):
     server = RedisServer(tmp_path / "redis")
     server.start()
     try:
         lake = tmp_path / "lake"
-        rt = Runtime(pipeline(lake), connect(server.url), tmp_path / "home")
+        rt = Runtime(pipeline(lake, pg_dsn), connect(server.url), tmp_path / "home")
         rt.source_heads()
         first = [f"w{i % 7} x{i % 3}" for i in range(16)]
         rt.log.append_spread(first)
@@ -109,13 +120,16 @@ def test_a_sink_ahead_of_a_ledger_that_lost_commits_reloads_or_is_refused(tmp_pa
         server.kill()
         (server.directory / "appendonlydir").rename(server.directory / "aof.lost")
         server.start(appendonly=False)  # txids 3 and 4 are gone from Redis, not from the sinks
-        rt = Runtime(pipeline(lake), connect(server.url), tmp_path / "home")
+        rt = Runtime(pipeline(lake, pg_dsn), connect(server.url), tmp_path / "home")
         assert rt.ledger.committed_txid() == 2
         rt.log.append_spread([f"w{i % 5} y" for i in range(9)])
         results = _run_and_export(rt, 3, batch_size=50)  # other batches: other txids 3, 4
-        reloads = [r.reloaded_at for batch in results if isinstance(batch, list) for r in batch]
-        assert reloads[0] == 3  # the first export after the loss reloaded the table
+        reloads = [(r.sink, r.reloaded_at) for batch in results if isinstance(batch, list)
+                   for r in batch if r.reloaded_at is not None]  # fmt: skip
+        assert sorted(reloads) == [("delta", 3), ("postgres", 3)]  # at the first export after
         assert _table(lake) == _state(rt)  # not a row of the lost txids' left
+        postgres = {k: v[0] for k, v in table_rows(pg_dsn, "lossy_counts", "word").items()}
+        assert postgres == _state(rt)
         words = Counter(w for line in first for w in line.split())
         assert _state(rt)["x0"] == words["x0"]  # every record counted once
         refusals = [str(r) for r in results if isinstance(r, SinkError)]

@@ -176,7 +176,6 @@ def _after_states(
     txids forgotten, the replicas waited for, the old generation's staging of txids
     ``first``..``last`` deleted, ``rt`` moved to the new generation, the tables carried back."""
     rt.client.delete(rt.keyspace.sinks)  # positions of the old generation: each export notes anew
-    rt.client.delete(rt.keyspace.sinks_allowed)  # and what each was allowed to apply
     _forget_table_versions_after(rt, target)
     rt.require_replicated(
         f"the rewind of pipeline {rt.pipeline.name}",

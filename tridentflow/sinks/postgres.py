@@ -610,7 +610,7 @@ class PostgresSink(Sink):
                         "sink did not write; point the sink at a new table, or empty this one"
                     )
             same_generation = generation == ctx.generation
-            if same_generation and applied >= txid:
+            if same_generation and applied >= txid and not (replace_all and ctx.resync):
                 return False  # already applied: this transaction rolls back, nothing changed
             empty = not table_existed
             if replace_all or not same_generation:

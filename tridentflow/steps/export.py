@@ -392,8 +392,10 @@ def _export_feed(
             at, snapshot = snapshot_of(rt, feed)
             attempt.txid = at
             rows = stream_rows(snapshot, expand)
-            allow_sink(rt.client, rt.keyspace, feed.name, at, ctx.generation)
             sink.apply(ctx, at, rows, replace_all=True)
+            # after, not before: a reload cut short leaves the sink past what Redis allowed,
+            # so the next export reloads it again (one done twice is the same reload)
+            allow_sink(rt.client, rt.keyspace, feed.name, at, ctx.generation)
             must_reload = False
             rows_total += len(rows)
             reloaded = position = at

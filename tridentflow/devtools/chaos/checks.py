@@ -12,11 +12,14 @@ from tridentflow.steps.runtime import Runtime
 from tridentflow_state.codec import encode_key
 
 
-def staging_left(rt: Runtime) -> list[str]:
+def staging_left(rt: Runtime, lost_beyond: int | None = None) -> list[str]:
     """What is still staged for ``rt``'s pipeline - its manifests, blocks and block indexes in
     Redis, any generation; attempt directories under its home - sorted. Once every txid is
     committed and its step retried as an orchestrator retries, nothing may be: every path
-    that abandons an attempt deletes its staging (tridentflow.steps.emitter, committer)."""
+    that abandons an attempt deletes its staging (tridentflow.steps.emitter, committer).
+    ``lost_beyond``: Redis lost the commits after it once; the file staging of txids past it
+    that the pipeline has not reached again, and of generations Redis no longer knows (a
+    rewind it lost), is that lost timeline's (docs/redis.md), left."""
     found = []
     for pattern in (rt.keyspace.pattern, rt.keyspace.shard_pattern):
         for raw in rt.client.scan_iter(match=pattern, count=1000):
@@ -24,7 +27,15 @@ def staging_left(rt: Runtime) -> list[str]:
             if ":staged:" in key or ":block:" in key:
                 found.append(key)
     if rt.staging_root.exists():
-        found += [str(p) for p in rt.staging_root.glob("g-*/tx-*/attempt-*")]
+        found += [
+            str(p)
+            for p in rt.staging_root.glob("g-*/tx-*/attempt-*")
+            if lost_beyond is None
+            or (
+                p.parent.parent.name == f"g-{rt.ledger.generation}"
+                and int(p.parent.name.removeprefix("tx-")) <= lost_beyond
+            )
+        ]
     return sorted(found)
 
 

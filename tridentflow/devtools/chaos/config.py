@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,3 +115,25 @@ class RedisServer:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+    def back_to_snapshot(self) -> None:
+        """SIGKILL, then start from the last snapshot (``SAVE``) with the AOF set aside - what
+        a Redis whose AOF lost its tail, or restored from an older backup, comes back with.
+        The AOF is on again (rewritten from the snapshot) before this returns, so later
+        restarts keep what follows."""
+        self.kill()
+        shutil.rmtree(self.directory / "appendonlydir", ignore_errors=True)
+        self.start(appendonly=False)
+        client = redis.Redis(port=self.port)
+        try:
+            client.config_set("appendonly", "yes")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                info = client.info("persistence")
+                rewriting = info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"]
+                if info["aof_enabled"] and not rewriting:
+                    return
+                time.sleep(0.02)
+            raise TridentflowError(f"redis on port {self.port}: the AOF rewrite did not finish")
+        finally:
+            client.close()

@@ -80,8 +80,12 @@ class Chaos(OperatorActs, SinkChecks):
         postgres: LocalPostgres | None = None,
         kafka: LocalKafka | None = None,
         expiry: bool = False,
+        lost_writes: bool = False,
     ) -> None:
-        """``kafka``: the broker the Kafka pipelines' schedules read (and freeze).
+        """``lost_writes``: the family "Redis loses acknowledged commits while sinks outside
+        it keep them" - once per schedule at most, Redis goes back to a snapshot taken a few
+        steps before (own redis-server only; sources outside Redis).
+        ``kafka``: the broker the Kafka pipelines' schedules read (and freeze).
         ``expiry``: the expiry family - every schedule's states expire keys after 1, 2 or 3
         txids (drawn per schedule), checked by audit's txid-by-txid recount. Off by default:
         expired keys take with them the evidence other families' checks count on.
@@ -109,6 +113,7 @@ class Chaos(OperatorActs, SinkChecks):
         self.postgres_dsn = postgres.dsn if postgres is not None else postgres_dsn
         self.kafka = kafka
         self.expiry = expiry
+        self.lost_writes = lost_writes and redis_url is None
         logging.getLogger("psycopg").setLevel(logging.ERROR)  # killed sessions are on purpose
 
     @property
@@ -175,6 +180,8 @@ class Chaos(OperatorActs, SinkChecks):
         sched.seed = seed
         sched.lake = lakehouse_schedule(seed)
         sched.parallel_rng = random.Random(f"parallel-{seed}")
+        if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
+            sched.lost_rng = random.Random(f"lost-{seed}")
         self._drop_sink_targets(rt, seed)
         sched.append(rng.randint(5, 60))
         runs = rng.randint(3, 8)
@@ -288,6 +295,11 @@ class Chaos(OperatorActs, SinkChecks):
         steps = ("coordinate", "emit", "commit")
         for step in range(runs * 10):
             if self.cluster is not None and self._failover_step(sched, step):
+                continue
+            if sched.lost_rng is not None and self._lost_writes_step(sched, step):
+                run_no, failures, step_index = run_no + 1, 0, 0  # its run died with Redis
+                run_id = f"run-{run_no}"
+                batch_size = sched.batch_after_loss or batch_size
                 continue
             rt = sched.rt
             if rt.ledger.committed_txid() >= runs:
@@ -536,7 +548,8 @@ class Chaos(OperatorActs, SinkChecks):
         left = backlog(rt)
         if left and not result.difference:
             result.difference = f"{left} records were never committed"
-        garbage = staging_left(rt)
+        lost = any(e.startswith("redis-lost-writes") for e in result.events)
+        garbage = staging_left(rt, rt.ledger.committed_txid() if lost else None)
         if garbage and not result.difference:
             result.difference = (
                 f"staging left behind once every txid committed: {garbage[0]}"
@@ -584,6 +597,7 @@ def run_chaos(
     postgres: LocalPostgres | None = None,
     kafka: LocalKafka | None = None,
     expiry: bool = False,
+    lost_writes: bool = False,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
@@ -597,6 +611,7 @@ def run_chaos(
         postgres=postgres,
         kafka=kafka,
         expiry=expiry,
+        lost_writes=lost_writes,
     ) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)

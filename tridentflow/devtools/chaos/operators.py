@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import random
 
 from tridentflow.devtools.chaos.schedule import Schedule
@@ -11,6 +13,7 @@ from tridentflow.errors import (
 from tridentflow.faults import Fault, FaultPlan, InjectedFault, SimulatedCrash
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.sinks import DeltaSink, IcebergSink
+from tridentflow.steps.export import export
 from tridentflow.steps.runs import (
     coordinate_run,
     emit_run,
@@ -57,6 +60,39 @@ class OperatorActs:
         sched.lagging = (target, rng.randint(1, 3))
         role = "ledger" if target == ledger_master else "shard"
         sched.result.events.append(f"replication-lag:{role}@step{step}")
+        return True
+
+    def _lost_writes_step(self, sched: Schedule, step: int) -> bool:
+        """Redis comes back with an older copy of itself (an AOF that lost its tail, a backup
+        restored): maybe take a snapshot now; a few steps later SIGKILL Redis and start it
+        from that snapshot - the commits since are gone from Redis, not from the sinks
+        outside it (lakehouse tables, PostgreSQL), whose next export must notice. A new
+        runtime (a new process) goes on. True if this step was spent on it."""
+        rng = sched.lost_rng
+        assert rng is not None
+        if sched.snapshot_in is None:
+            if sched.lost_writes or rng.random() >= 0.15:
+                return False
+            sched.rt.client.save()
+            sched.snapshot_in = rng.randint(4, 12)
+            sched.changes_at_snapshot = copy.deepcopy(sched.committed_changes)
+            sched.result.events.append(f"snapshot@step{step}")
+            return True
+        if sched.snapshot_in > 0:
+            sched.snapshot_in -= 1
+            return False
+        old = sched.rt
+        with contextlib.suppress(Exception):  # the sinks take the commits since the snapshot
+            export(old.with_(faults=FaultPlan()))
+        self.redis.back_to_snapshot()
+        sched.snapshot_in, sched.lost_writes = None, True
+        sched.rt = self._runtime(old.pipeline, old.home, old.faults, old.shards or 1)
+        old.client.close()
+        sched.batch_after_loss = rng.choice((1, 2, 3, 5, 20))
+        back_to = sched.rt.ledger.committed_txid()
+        sched.committed_changes = sched.changes_at_snapshot  # the streams in Redis went back
+        sched.forget_changes_after(back_to)
+        sched.result.events.append(f"redis-lost-writes@step{step}:back-to-{back_to}")
         return True
 
     def _reset_in_flight(self, sched: Schedule, run_id: str, next_step: str, step: int) -> None:

@@ -60,6 +60,17 @@ class Schedule:
         self.parallel_rng = random.Random(0)
         """Parallel runs' own generator (when, how many): the steps' draws stay."""
         self.rewinds = 0
+        self.lost_rng: random.Random | None = None
+        """The lost-writes family's own generator (None: off): the steps' draws stay."""
+        self.snapshot_in: int | None = None
+        """Steps until Redis goes back to the snapshot taken (None: none taken)."""
+        self.lost_writes = False
+        """Whether Redis already went back to a snapshot in this schedule (once at most)."""
+        self.changes_at_snapshot: dict[str, dict[int, dict[str, str]]] = {}
+        """``committed_changes`` when the snapshot was taken: what the streams go back to."""
+        self.batch_after_loss: int | None = None
+        """The batch size the runs after the loss use (another deploy's: the lost txids'
+        replays then read other batches than the sinks hold)."""
         self.unsent: list[str] = []
         """Lines produced while the broker was frozen: sent when it is back."""
         self.freeze: threading.Timer | None = None
