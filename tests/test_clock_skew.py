@@ -1,0 +1,77 @@
+"""Clock skew between the machines of one txid (issue 55): a run's lease, a commit's hold and
+a txid's timestamps are judged by Redis's clock (``TIME`` inside the scripts), never by the
+clock of the process that asks - so a coordinator ten minutes ahead and a retry ten minutes
+behind still exclude each other, and no wall clock of a worker decides anything."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import produce
+from tridentflow.engines.local import LocalEngine
+from tridentflow.ops.audit import audit
+from tridentflow.registry import load_pipeline
+from tridentflow.steps.committer import commit
+from tridentflow.steps.runs import coordinate_run, emit_run
+from tridentflow.steps.runtime import Runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+SKEW_S = 600.0
+LEASE_MS = 1500
+
+WALL_CLOCK_READS = {
+    "state/changes.py": "a sink position's at_ms (status shows when it moved)",
+    "state/rewind.py": "a rewind's at_ms in the list of rewinds (status, the view)",
+    "tridentflow/steps/export.py": "a sink failure's at_ms (status shows when it failed)",
+    "tridentflow/steps/runs.py": "a task try's end, for the view's durations",
+}
+"""Every read of the process's wall clock in the steps, the ops and the state layer, and what
+it is for: none decides anything (leases, holds and commit times come from Redis)."""
+
+
+def skew(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """This process's wall clock ``seconds`` off (the monotonic clock is its own anyway)."""
+    real, real_ns = time.time, time.time_ns
+    monkeypatch.setattr(time, "time", lambda: real() + seconds)
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + int(seconds * 1e9))
+
+
+@pytest.mark.parametrize("ahead", [SKEW_S, -SKEW_S])
+def test_leases_exclude_each_other_whatever_the_workers_clocks_say(
+    redis_url, redis_client, home, monkeypatch, ahead
+):
+    rt = Runtime.open(load_pipeline("wordcount"), redis_url, home)
+    rt.ledger.reset(force=True)
+    produce(rt, ["a bb", "bb ccc"])
+    skew(monkeypatch, ahead)  # the coordinator's machine
+    first = coordinate_run(rt, "run-a", lease_ms=LEASE_MS)
+    skew(monkeypatch, -ahead)  # the next run's machine: twenty minutes apart from it
+    started = time.monotonic()
+    second = rt.ledger.bind_run("run-b", lease_ms=LEASE_MS)
+    assert second.txid != first["txid"] or second.how != "adopted"  # the lease still holds
+    time.sleep(max(0.0, LEASE_MS / 1000 + 0.2 - (time.monotonic() - started)))
+    third = rt.ledger.bind_run("run-c", lease_ms=LEASE_MS)
+    assert (third.txid, third.how) == (first["txid"], "adopted")  # expired by Redis's clock
+    emit_run(rt, "run-c", LocalEngine())
+    assert commit(rt, third.txid).status == "committed"
+    info = rt.ledger.history(limit=1)[0]
+    redis_now_ms = int(redis_client.time()[0]) * 1000
+    assert abs(int(info["committed_ms"]) - redis_now_ms) < 60_000  # Redis's time, not ours
+    assert audit(rt).ok
+
+
+def test_no_step_decides_by_the_workers_wall_clock():
+    """Every ``time.time()`` of the steps, the ops and the state layer is a timestamp for
+    people (WALL_CLOCK_READS); a new one must say what it is for here - and decide nothing."""
+    found = {}
+    for folder in ("state", "tridentflow/steps", "tridentflow/ops"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if re.search(r"\btime\.time(_ns)?\(\)|datetime\.now\(", path.read_text()):
+                found[str(path.relative_to(ROOT))] = WALL_CLOCK_READS.get(
+                    str(path.relative_to(ROOT))
+                )
+    assert found and set(found) == set(WALL_CLOCK_READS), found
