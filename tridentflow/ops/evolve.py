@@ -104,10 +104,9 @@ def drop_state(rt: Runtime, name: str) -> DropResult:
             f"{', '.join(kept) or 'none'})"
         )
     if name in states and not states[name].get(DROPPING):
-        states[name] = {**states[name], DROPPING: True}
-        rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+        _mark(rt, name, **{DROPPING: True})
     deleted = delete_state_keys(rt.client, rt.keyspace, name)
-    _forget(rt, name)
+    _replace_in_record(rt, name, None)
     return DropResult(name, deleted)
 
 
@@ -115,18 +114,28 @@ def _recorded_states(rt: Runtime) -> dict[str, dict[str, object]]:
     return dict(json.loads(rt.ledger.settings().get(STATES, "{}")))
 
 
-def _forget(rt: Runtime, name: str) -> None:
-    """Take ``name`` out of the record: its shape, and the states whose change logs the
-    commits write (a sink of it is gone with it)."""
+def _mark(rt: Runtime, name: str, **fields: object) -> None:
+    """Add ``fields`` to state ``name``'s entry in the record (the step under way)."""
+    states = _recorded_states(rt)
+    states[name] = {**states[name], **fields}
+    rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+
+
+def _replace_in_record(rt: Runtime, old: str, new: str | None) -> None:
+    """State ``old`` leaves the record - its shape, its place among the states whose change
+    logs the commits write - and ``new`` (if any) takes it: the code's shape for it, counting
+    since ``old`` did. Idempotent."""
     recorded = rt.ledger.settings()
     states = json.loads(recorded.get(STATES, "{}"))
     values = {}
-    if name in states:
-        del states[name]
+    if old in states:
+        since = states.pop(old).get("since")
+        if new is not None:
+            states[new] = {**shapes(rt)[new], "since": since}
         values[STATES] = json.dumps(states, sort_keys=True)
     logged = json.loads(recorded.get(CHANGE_LOGS, "[]"))
-    if name in logged:
-        values[CHANGE_LOGS] = json.dumps([s for s in logged if s != name])
+    if old in logged:
+        values[CHANGE_LOGS] = json.dumps(sorted({*logged, *([new] if new else [])} - {old}))
     if values:
         rt.ledger.record_settings(values)
 
@@ -154,8 +163,7 @@ def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
         )
     if entry is None or not entry.get(RENAMING):
         _check_renamable(rt, states, old, new)
-        states[old] = {**states[old], RENAMING: new}
-        rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+        _mark(rt, old, **{RENAMING: new})
     elif entry[RENAMING] != new:
         raise EvolveRefused(
             f"state {old} of {rt.pipeline.name} is being renamed to {entry[RENAMING]}: "
@@ -163,13 +171,11 @@ def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
             f"{old}={entry[RENAMING]}`)"
         )
     _fence_the_next_txid(rt, (old, new))
-    states = _recorded_states(rt)
-    if not states[old].get(MOVING):  # an attempt fenced above may have written under NEW
+    if not _recorded_states(rt)[old].get(MOVING):  # a fenced attempt may have written as NEW
         delete_state_keys(rt.client, rt.keyspace, new)
-        states[old] = {**states[old], MOVING: True}
-        rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+        _mark(rt, old, **{MOVING: True})
     moved = rename_state_keys(rt.client, rt.keyspace, old, new)
-    _take_place(rt, old, new)
+    _replace_in_record(rt, old, new)
     return RenameResult(old, new, moved)
 
 
@@ -222,22 +228,6 @@ def _fence_the_next_txid(rt: Runtime, names: tuple[str, ...]) -> None:
         claim_shards(rt.client, rt.keyspace, names, fence)
 
 
-def _take_place(rt: Runtime, old: str, new: str) -> None:
-    """NEW takes OLD's place in the record: its shape and since, and the change logs."""
-    recorded = rt.ledger.settings()
-    states = json.loads(recorded.get(STATES, "{}"))
-    values = {}
-    if old in states:
-        entry = {k: v for k, v in states.pop(old).items() if k not in (RENAMING, MOVING)}
-        states[new] = {**shapes(rt)[new], "since": entry.get("since")}
-        values[STATES] = json.dumps(states, sort_keys=True)
-    logged = json.loads(recorded.get(CHANGE_LOGS, "[]"))
-    if old in logged:
-        values[CHANGE_LOGS] = json.dumps(sorted({*logged, new} - {old}))
-    if values:
-        rt.ledger.record_settings(values)
-
-
 @dataclass(frozen=True)
 class MigrateResult:
     state: str
@@ -257,8 +247,7 @@ def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
     entry = states.get(name)
     if entry is None or not entry.get(MIGRATING):
         _check_migratable(rt, states, name)
-        states[name] = {**states[name], MIGRATING: ref}
-        rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
+        _mark(rt, name, **{MIGRATING: ref})
     elif entry[MIGRATING] != ref:
         raise EvolveRefused(
             f"state {name} of {rt.pipeline.name} is being migrated with {entry[MIGRATING]}: "
