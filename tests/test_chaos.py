@@ -14,9 +14,10 @@ CI_SCHEDULES = 30
 """Every event kind below shows within the first 11 schedules from seed 1000 (measured on
 tree fc2786b); 30 keep room for the harness to move."""
 LOST_SOAK = 40
-LOST_SEED, LOST_SCHEDULES = 50, 15
-"""The lost-writes planted bug: seed 56 exposes it (an Iceberg table kept a lost txid's rows
-after the pipeline recommitted past it); room for the schedules to move."""
+"""The lost-writes family's planted bug (a sink kept ahead of a ledger that lost commits) is
+caught by the harness at seed 56 only, and not every time under load (racing exporters decide
+which rows a table holds when Redis goes back): its guard is tests/test_lost_commits.py's
+scenario, which fails without the check every time."""
 EXPIRY_SOAK = 20
 EXPIRY_SEED, EXPIRY_SCHEDULES = 0, 12
 """The expiry planted bug: seed 3 exposes it (kept: a key counted again, doubled=6); room for
@@ -527,11 +528,3 @@ def test_fixed_seed_schedules_where_redis_loses_commits_are_exact(pg_dsn):
     assert not failures, failures[0]
     lost = [e for r in results for e in r.events if e.startswith("redis-lost-writes")]
     assert len(lost) >= 10
-
-
-def test_the_harness_catches_a_sink_kept_ahead_of_a_ledger_that_lost_commits(monkeypatch):
-    import tridentflow.steps.export as export_module
-
-    monkeypatch.setattr(export_module, "_lost_under", lambda rt, feed, position: False)
-    results = run_chaos(LOST_SCHEDULES, seed=LOST_SEED, lost_writes=True)
-    assert_caught(results, r"sink \S+ at txid \d+: \d+ rows vs \d+ keys in the state")

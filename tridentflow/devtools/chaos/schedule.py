@@ -66,6 +66,7 @@ class Schedule:
         """Steps until Redis goes back to the snapshot taken (None: none taken)."""
         self.lost_writes = False
         """Whether Redis already went back to a snapshot in this schedule (once at most)."""
+        self.resets_at_snapshot = 0
         self.changes_at_snapshot: dict[str, dict[int, dict[str, str]]] = {}
         """``committed_changes`` when the snapshot was taken: what the streams go back to."""
         self.batch_after_loss: int | None = None
