@@ -30,6 +30,18 @@ PER_TXID = ("written", "undo", "changes")
 """The kinds of key a state has one of per txid (written-sets, undo logs, change logs)."""
 
 
+def _slots(keyspace: KeySpace) -> list[KeySpace]:
+    """The pipeline's own slot and each of its state shards' (an unsharded one: itself)."""
+    return [keyspace, *(keyspace.shard(i) for i in range(keyspace.shards))]
+
+
+def _per_txid(client: redis.Redis, slot: KeySpace, kind: str, name: str) -> Iterator[str]:
+    """The existing keys of state ``name`` of one per-txid ``kind`` in ``slot`` (SCAN)."""
+    escaped = slot.base.replace("{", "\\{").replace("}", "\\}")
+    for raw in client.scan_iter(match=f"{escaped}:{kind}:{name}:*", count=1000):
+        yield _text(raw)
+
+
 def state_keys(client: redis.Redis, keyspace: KeySpace, name: str) -> Iterator[str]:
     """Every key of state ``name`` that exists now, each once (read-only)."""
     for key, _same in _keys_of(client, keyspace, name, name):
@@ -41,9 +53,8 @@ def _keys_of(
 ) -> Iterator[tuple[str, str]]:
     """(each existing key of state ``name``, the same key of state ``other``): in the same
     slot - a state's name is not in its hash tag - so RENAME works on a Redis Cluster."""
-    slots = [keyspace, *(keyspace.shard(i) for i in range(keyspace.shards))]
     seen: set[str] = set()
-    for slot in slots:
+    for slot in _slots(keyspace):
         fixed = [
             (slot.state(name), slot.state(other)),
             (_copy_key(slot, name), _copy_key(slot, other)),
@@ -56,10 +67,8 @@ def _keys_of(
             if key not in seen and client.exists(key):
                 seen.add(key)
                 yield key, same
-        escaped = slot.base.replace("{", "\\{").replace("}", "\\}")
         for kind in PER_TXID:
-            for raw in client.scan_iter(match=f"{escaped}:{kind}:{name}:*", count=1000):
-                key = raw.decode() if isinstance(raw, bytes) else raw
+            for key in _per_txid(client, slot, kind, name):
                 if key not in seen:
                     seen.add(key)
                     txid = int(key.rsplit(":", 1)[1])
@@ -167,7 +176,7 @@ def migrate_state_keys(
 
 def finish_migration(client: redis.Redis, keyspace: KeySpace, name: str) -> None:
     """Forget a finished migration's notes (every slot's done-set and copy). Idempotent."""
-    for slot in [keyspace, *(keyspace.shard(i) for i in range(keyspace.shards))]:
+    for slot in _slots(keyspace):
         client.delete(_done_key(slot, name), _copy_key(slot, name))
 
 
@@ -175,16 +184,11 @@ def _value_keys(
     client: redis.Redis, keyspace: KeySpace, name: str
 ) -> Iterator[tuple[KeySpace, str]]:
     """(slot, key) of every key of state ``name`` that holds stored values."""
-    slots = [keyspace, *(keyspace.shard(i) for i in range(keyspace.shards))]
     seen: set[str] = set()
-    for slot in slots:
-        escaped = slot.base.replace("{", "\\{").replace("}", "\\}")
+    for slot in _slots(keyspace):
         keys = [slot.state(name)]
         for kind in VALUE_KINDS:
-            keys += [
-                _text(raw)
-                for raw in client.scan_iter(match=f"{escaped}:{kind}:{name}:*", count=1000)
-            ]
+            keys += list(_per_txid(client, slot, kind, name))
         for key in keys:
             if key not in seen and client.exists(key):
                 seen.add(key)
