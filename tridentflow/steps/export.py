@@ -372,6 +372,8 @@ def _export_feed(
     rows_total = 0
     reloaded: int | None = None
     must_reload = resync
+    if position < target:  # one record for every txid this export may apply, before any
+        allow_sink(rt.client, rt.keyspace, feed.name, target, ctx.generation)
     while must_reload or position < target:
         txid = attempt.txid = position + 1
         columnar = sink.takes_arrow and not expand.steps
@@ -403,7 +405,6 @@ def _export_feed(
             _note(rt, feed, at, ctx.generation)
             continue
         rows = items if columnar else stream_rows(items, expand)
-        allow_sink(rt.client, rt.keyspace, feed.name, txid, ctx.generation)
         if sink.apply(ctx, txid, rows):
             applied.append(txid)
             rows_total += len(rows)
