@@ -111,10 +111,11 @@ class CommitAttempt:
     def claim(
         self,
         states: Mapping[str, tuple[StateKind, BackingMap]],
-        shards: int,
+        shards: int | None,
         expiring: Mapping[str, int] | None = None,
     ) -> dict[str, MapState]:
-        """Check the shard count, claim every shard, and open one fenced writer per state
+        """Check the shard count (``shards``: the one asked for; None: the stored one),
+        claim every shard, and open one fenced writer per state
         (name -> its MapState, in the order given); ``expiring``: state -> its
         expire_after_txids. Idempotent for this attempt."""
         self.expiring = dict(expiring or {})

@@ -84,3 +84,8 @@ def from_lua_error(message: str) -> StateError | None:
         if text.startswith(prefix):
             return cls(text[len(prefix) :].strip())
     return None
+
+
+class ReshardUnderWay(StateError):
+    """``tridentflow reshard`` is moving the pipeline's state to another shard layout: a
+    commit writes nothing now and succeeds when retried after it (state.reshard)."""

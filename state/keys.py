@@ -46,12 +46,18 @@ class KeySpace:
     prefix: str = "tf"
     shards: int = 1
     """State shards (1: every state in the pipeline's own slot, fenced against the ledger)."""
+    layout: int = 0
+    """Which layout of ``shards`` the state shards' hash tags name: each ``tridentflow
+    reshard`` moves the state to a new one, so the tags of two layouts never coincide and the
+    state can be copied side by side (0: the first, ``pipeline/I``; L: ``pipeline/vL/I``)."""
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.pipeline)
         if self.namespace:
             check_name("namespace", self.namespace)
         check_shards(self.shards)
+        if not isinstance(self.layout, int) or self.layout < 0:
+            raise ValueError(f"a shard layout is a whole number >= 0, got {self.layout!r}")
 
     @property
     def sharded(self) -> bool:
@@ -61,7 +67,7 @@ class KeySpace:
         """The keys of state shard ``index`` (this keyspace itself when unsharded)."""
         if not self.sharded:
             return self
-        tag = shard_tags(self.pipeline, self.shards)[index]
+        tag = shard_tags(self.pipeline, self.shards, self.layout)[index]
         return ShardSpace(self.pipeline, self.namespace, self.prefix, tag=tag)
 
     def shard_index(self, field: str) -> int:
@@ -284,15 +290,17 @@ def check_shards(shards: int) -> int:
 
 
 @lru_cache(maxsize=64)
-def shard_tags(pipeline: str, shards: int) -> tuple[str, ...]:
+def shard_tags(pipeline: str, shards: int, layout: int = 0) -> tuple[str, ...]:
     """Hash tags of the shards: ``pipeline/I`` (or ``pipeline/I.K``, the first K whose slot
-    falls in the I-th of ``shards`` equal slot ranges)."""
+    falls in the I-th of ``shards`` equal slot ranges); in a later ``layout`` L,
+    ``pipeline/vL/I`` (or ``pipeline/vL/I.K``)."""
+    head = f"{pipeline}/" if layout == 0 else f"{pipeline}/v{layout}/"
     tags = []
     for index in range(shards):
         low = index * REDIS_CLUSTER_HASH_SLOTS // shards
         high = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
         for k in count():
-            tag = f"{pipeline}/{index}" if k == 0 else f"{pipeline}/{index}.{k}"
+            tag = f"{head}{index}" if k == 0 else f"{head}{index}.{k}"
             if low <= key_slot(tag.encode()) < high:
                 tags.append(tag)
                 break

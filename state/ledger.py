@@ -534,11 +534,13 @@ class Ledger:
         namespace: str = "",
         shards: int = 1,
         reset_shards: int | None = None,
+        layout: int = 0,
     ) -> None:
-        """``shards``: the state shards the pipeline's state is stored in; ``reset_shards``:
-        the count it is laid out in after a ``reset`` (default: the same)."""
+        """``shards`` and ``layout``: the state shards the pipeline's state is stored in;
+        ``reset_shards``: the count it is laid out in after a ``reset`` (default: the same;
+        its layout 0)."""
         self.client = client
-        self.keys = KeySpace(pipeline, namespace, shards=shards)
+        self.keys = KeySpace(pipeline, namespace, shards=shards, layout=layout)
         self.reset_shards = reset_shards or shards
         self.pipeline = pipeline
         self._generation = generation
@@ -876,7 +878,7 @@ class Ledger:
             [generation, "1" if force else "0"],
         )
         self._generation = generation
-        self.keys = replace(self.keys, shards=self.reset_shards)
+        self.keys = replace(self.keys, shards=self.reset_shards, layout=0)
         set_shard_generations(self.client, self.keys, generation)
         keep = {self.keys.generation}
         keep.update(self.keys.shard(i).generation for i in range(self.keys.shards))

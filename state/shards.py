@@ -27,16 +27,19 @@ for a moment (HOLD_COMMITS) rather than retry forever.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
+from functools import partial
 from itertools import chain
 from typing import Any, TypeVar
 
 import redis
 
 from tridentflow_state.backing import Fence
-from tridentflow_state.errors import StateError
+from tridentflow_state.errors import ReshardUnderWay, StateError
 from tridentflow_state.expiry import ShardedExpiryIndex
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
@@ -50,13 +53,14 @@ QUERY_SNAPSHOT = LuaScript(
 -- atomic snapshot (state.shards.query_state combines such snapshots into one committed view).
 -- KEYS[1] the slot's ledger hash (the pipeline's ledger, or a state shard's fence)
 -- KEYS[2] state hash   ARGV fields (at least one)
--- Returns {committed txid, newest txid whose tombstones were dropped, value1, value2, ...}
+-- Returns {committed txid, newest txid whose tombstones were dropped, layout, value1, ...}
 -- (a missing field is nil). ``committed`` is the ledger's, or for a shard the txid its fence
--- is closed to (the txid holding it, minus one, until it settles).
-local out = {tonumber(redis.call('HGET', KEYS[1], 'committed') or '0'),
-  tonumber(redis.call('HGET', KEYS[1], 'dropped_txid') or '0')}
+-- is closed to (the txid holding it, minus one, until it settles). ``layout``: the shard
+-- layout the slot's values belong to (state.reshard: another one once a reshard moved them).
+local head = redis.call('HMGET', KEYS[1], 'committed', 'dropped_txid', 'state_layout')
+local out = {tonumber(head[1] or '0'), tonumber(head[2] or '0'), tonumber(head[3] or '0')}
 local values = redis.call('HMGET', KEYS[2], unpack(ARGV))
-for i = 1, #ARGV do out[i + 2] = values[i] end
+for i = 1, #ARGV do out[i + 3] = values[i] end
 return out
 """,
 )
@@ -143,6 +147,10 @@ return 1
 
 SHARDS_FIELD = "state_shards"
 """Ledger field recording the pipeline's shard count (absent: 1, or nothing committed yet)."""
+LAYOUT_FIELD = "state_layout"
+"""Ledger field: the layout number of the shards' hash tags (KeySpace.layout; absent: 0)."""
+RESHARD_FIELD = "resharding"
+"""Ledger field, JSON, while ``tridentflow reshard`` moves the state (state.reshard)."""
 
 T = TypeVar("T")
 
@@ -215,48 +223,65 @@ class ShardedRedisBackingMap:
         return ShardedExpiryIndex(self.keyspace, [shard.expiry for shard in self.shards])
 
 
-def stored_shards(client: redis.Redis, keyspace: KeySpace) -> int | None:
-    """The shard count the pipeline's state was written with (None: nothing says yet)."""
-    raw = client.hget(keyspace.ledger, SHARDS_FIELD)
+def stored_layout(client: redis.Redis, keyspace: KeySpace) -> tuple[int, int] | None:
+    """(shard count, layout number) the pipeline's state is stored with (None: nothing says
+    yet). One read of the ledger."""
+    raw, layout = client.hmget(keyspace.ledger, [SHARDS_FIELD, LAYOUT_FIELD])
     if raw is None:
         committed = int(client.hget(keyspace.ledger, "committed") or 0)
-        return 1 if committed > 0 else None  # committed before shards existed: one
-    return int(raw)
+        return (1, int(layout or 0)) if committed > 0 else None  # before shards existed: one
+    return int(raw), int(layout or 0)
+
+
+def stored_shards(client: redis.Redis, keyspace: KeySpace) -> int | None:
+    """The shard count the pipeline's state was written with (None: nothing says yet)."""
+    stored = stored_layout(client, keyspace)
+    return None if stored is None else stored[0]
 
 
 def with_stored_layout(client: redis.Redis, keyspace: KeySpace) -> KeySpace:
-    """``keyspace`` with the shard count its pipeline's state is stored with (readers must
-    use this one: a wrong count would read empty hashes, silently)."""
-    shards = stored_shards(client, keyspace) or keyspace.shards
-    if shards == keyspace.shards:
+    """``keyspace`` with the shard count and layout its pipeline's state is stored with
+    (readers must use this one: a wrong one would read empty hashes, silently)."""
+    shards, layout = stored_layout(client, keyspace) or (keyspace.shards, keyspace.layout)
+    if (shards, layout) == (keyspace.shards, keyspace.layout):
         return keyspace
-    return KeySpace(keyspace.pipeline, keyspace.namespace, keyspace.prefix, shards)
+    return replace(keyspace, shards=shards, layout=layout)
 
 
-def check_layout(client: redis.Redis, keyspace: KeySpace, configured: int) -> int:
+def check_layout(client: redis.Redis, keyspace: KeySpace, configured: int | None) -> int:
     """The stored shard count (``configured`` if none yet); StateError (one line) if the
-    pipeline's state is stored with another count than ``configured``. Reads only."""
-    stored = stored_shards(client, keyspace) or configured
-    if stored != configured:
+    pipeline's state is stored with another count than ``configured`` (None: the run asks
+    for none, the stored one wins). Reads only."""
+    stored = stored_shards(client, keyspace) or configured or keyspace.shards
+    if configured is not None and stored != configured:
         raise StateError(
             f"pipeline {keyspace.pipeline}'s state is stored in {stored} shard(s) but this run "
-            f"asks for {configured} (state_shards / TRIDENTFLOW_STATE_SHARDS): keep "
-            f"{stored}, or reset the pipeline to change it"
+            f"asks for {configured} (state_shards / TRIDENTFLOW_STATE_SHARDS): set {stored}, "
+            f"or move the state with `tridentflow reshard {keyspace.pipeline} --shards "
+            f"{configured} --yes`"
         )
     return stored
 
 
-def ensure_shards(client: redis.Redis, keyspace: KeySpace, configured: int) -> None:
-    """Before a commit writes with ``keyspace``: record the ``configured`` shard count in the
-    ledger on first use; StateError (one line) if the state is stored with another count, or
-    if ``keyspace`` was read before a reset changed it. Idempotent."""
+def ensure_shards(client: redis.Redis, keyspace: KeySpace, configured: int | None) -> None:
+    """Before a commit writes with ``keyspace``: record the shard count on first use
+    (``configured``, else the keyspace's); StateError (one line) if the state is stored with
+    another count than ``configured``, or if ``keyspace`` was read before a reset or a
+    reshard moved it; ReshardUnderWay (retry later) while a reshard runs. Idempotent."""
     if stored_shards(client, keyspace) is None:
-        client.hsetnx(keyspace.ledger, SHARDS_FIELD, configured)
+        client.hsetnx(keyspace.ledger, SHARDS_FIELD, configured or keyspace.shards)
+    moving = client.hget(keyspace.ledger, RESHARD_FIELD)
+    if moving is not None:
+        plan = json.loads(moving)
+        raise ReshardUnderWay(
+            f"pipeline {keyspace.pipeline}'s state is moving to {plan['to'][0]} shard(s) "
+            "(`tridentflow reshard`): this commit writes nothing; retry once it is done"
+        )
     stored = check_layout(client, keyspace, configured)
-    if keyspace.shards != stored:
+    if (keyspace.shards, keyspace.layout) != stored_layout(client, keyspace):
         raise StateError(
-            f"pipeline {keyspace.pipeline}'s state moved to {stored} shard(s) (a reset) since "
-            f"this step read {keyspace.shards}: run the step again"
+            f"pipeline {keyspace.pipeline}'s state moved to {stored} shard(s) (a reset or a "
+            f"reshard) since this step read {keyspace.shards}: run the step again"
         )
 
 
@@ -293,10 +318,18 @@ def settle_shards(
 
 READ_TRIES = 4
 """Lock-free attempts at a consistent view before a reader holds the next commits back."""
+LAYOUT_TRIES = 3
+"""Reads of a state that a reshard moved under them before a reader gives up (each rereads
+the stored layout)."""
 READ_HOLD_MS = 5000
 """How long one hold keeps new commits waiting (renewed while the reader still waits)."""
 READ_WAIT_S = 60.0
 """How long a reader waits, holding commits back, for the commit in flight to finish."""
+
+
+class LayoutMoved(StateError):
+    """A reader's keyspace names a shard layout a reshard has moved the state from: read
+    again with the stored one (``query_state`` does)."""
 
 
 def _snapshots(
@@ -314,7 +347,9 @@ def _snapshots(
             reply = QUERY_SNAPSHOT(
                 client, [space.ledger, space.state(state_name)], [keys[j] for j in part]
             )
-            out.append((int(reply[0]), int(reply[1]), part, reply[2:]))
+            if int(reply[2]) != keyspace.layout:
+                raise LayoutMoved(keyspace.pipeline)
+            out.append((int(reply[0]), int(reply[1]), part, reply[3:]))
     return out
 
 
@@ -362,8 +397,21 @@ def query_state(
     READ_TRIES such misses (commits outpacing the read), the reader holds the next commits
     back (HOLD_COMMITS: BEGIN_COMMIT waits, the commit in flight finishes) and reads again:
     a reader makes progress at any commit rate, and delays commits only when it must."""
-    return read_consistently(lambda: _consistent_view(client, keyspace, state_name, keys),
-                             client, keyspace, f"state {state_name}")  # fmt: skip
+    space = keyspace
+    for _ in range(LAYOUT_TRIES):
+        try:
+            return read_consistently(
+                partial(_consistent_view, client, space, state_name, keys),
+                client,
+                space,
+                f"state {state_name}",
+            )
+        except LayoutMoved:  # a reshard moved the state since the layout was read
+            space = with_stored_layout(client, space)
+    raise StateError(
+        f"state {state_name} of pipeline {keyspace.pipeline} kept moving between shard "
+        "layouts while read: read again"
+    )
 
 
 T_View = TypeVar("T_View")
@@ -410,6 +458,7 @@ __all__ = [
     "set_shard_generations",
     "settle_shards",
     "split_by_shard",
+    "stored_layout",
     "stored_shards",
     "with_stored_layout",
 ]

@@ -123,6 +123,23 @@ def test_state_shards_put_one_pipelines_state_on_every_master(tf, cluster, tmp_p
     assert other.returncode == 1 and len(other.stderr.strip().splitlines()) == 1, other.stderr
     assert "stored in 3 shard(s) but this run asks for 2" in other.stderr
     assert [client.hgetall(k) for k in hashes] == before
+
+    # moved to 2 shards without a reset: on two masters, the old layout gone, exact after
+    env = {**env, "TRIDENTFLOW_STATE_SHARDS": "2"}
+    moved = tf("reshard", "wordcount-opaque", "--shards", "2", "--yes", "--json", env=env)
+    assert moved.returncode == 0, moved.stderr
+    assert json.loads(moved.stdout)["layout"] == 1
+    assert all(client.hlen(k) == 0 for k in hashes)
+    two = KeySpace("wordcount-opaque", "sharded", shards=2, layout=1)
+    assert len({cluster.master_of(two.shard(i).state("counts")) for i in range(2)}) == 2
+    assert all(client.hlen(two.shard(i).state("counts")) > 0 for i in range(2))
+    ran = tf("run", "wordcount-opaque", "--engine", "local", env=env)
+    assert ran.returncode == 0, ran.stderr
+    rows = json.loads(tf("query", "wordcount-opaque", *SEED_COUNTS, "--json", env=env).stdout)
+    expected = {w: n + (w in ("how", "are", "you")) for w, n in SEED_COUNTS.items()}
+    assert {r["key"][0]: r["value"] for r in rows["values"]} == expected
+    assert tf("audit", "wordcount-opaque", env=env).stdout.strip() == "lost=0 doubled=0"
+    assert json.loads(tf("status", "wordcount-opaque", "--json", env=env).stdout)["shards"] == 2
     assert tf("reset", "wordcount-opaque", "--yes", env=env).returncode == 0
     left = [k for k in client.scan_iter(match=keys.shard_pattern) if b"generation" not in k]
     assert left == []

@@ -35,11 +35,14 @@ POINTS = (
     "mid-export",
     "lose-tuple",
     "mid-rewind",
+    "mid-reshard",
 )
-STEP_POINTS = tuple(p for p in POINTS if p not in ("mid-export", "mid-rewind"))
+STEP_POINTS = tuple(p for p in POINTS if p not in ("mid-export", "mid-rewind", "mid-reshard"))
 """The points inside the run's steps (coordinate, emit, commit); ``mid-export`` is in the
 export, which only a pipeline with sinks has, ``mid-rewind`` in a rewind (state.rewind: after
-each chunk of restored keys; its txid is the one being rewound)."""
+each chunk of restored keys; its txid is the one being rewound), ``mid-reshard`` in a
+reshard (tridentflow.ops.reshard: its txid the next to commit, its attempt K the K-th point:
+1 part-way through the copy, 2 copied, 3 switched, 4 part-way through the deletion)."""
 ENV = "TRIDENTFLOW_FAULTS"
 
 _FAULT = re.compile(

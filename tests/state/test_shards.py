@@ -157,7 +157,7 @@ def test_a_reset_refuses_the_old_generation_on_every_shard(sharded, redis_client
 
 def test_the_stored_count_wins_and_a_different_one_is_refused(sharded, redis_client):
     assert stored_shards(redis_client, sharded.keys) == 3
-    with pytest.raises(StateError, match=r"stored in 3 shard.* asks for 2.*reset the pipeline"):
+    with pytest.raises(StateError, match=r"stored in 3 shard.* asks for 2.*tridentflow reshard"):
         ensure_shards(redis_client, KeySpace("shard-test", shards=2), 2)
     with pytest.raises(StateError, match="moved to 3 shard"):  # a keyspace read before a reset
         ensure_shards(redis_client, KeySpace("shard-test", shards=2), 3)

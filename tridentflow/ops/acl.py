@@ -66,6 +66,8 @@ COMMANDS = (
     # tridentflow evolve: a rename moves keys; a migration swaps a rewritten copy in
     "rename",
     "sismember",
+    # tridentflow reshard: the expiry index copied member by member to the new shards
+    "zscan",
 )
 
 

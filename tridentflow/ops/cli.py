@@ -16,6 +16,7 @@
     tridentflow reset PIPELINE --yes [--source] [--force]
     tridentflow evolve PIPELINE --drop-state NAME | --rename-state OLD=NEW
                        | --migrate NAME=module:function --yes [--json]
+    tridentflow reshard PIPELINE --shards M --yes [--json]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
@@ -248,6 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--migrate", metavar="NAME=MODULE:FUNCTION", help="rewrite every value of a state"
     )
+    p.add_argument("--yes", action="store_true", help="really do it")
+    p.add_argument("--json", action="store_true")
+    _common(p)
+
+    p = sub.add_parser(
+        "reshard", help="move a pipeline's state to another number of shards, between txids"
+    )
+    p.add_argument("pipeline")
+    p.add_argument("--shards", type=int, required=True, metavar="M")
     p.add_argument("--yes", action="store_true", help="really do it")
     p.add_argument("--json", action="store_true")
     _common(p)
@@ -789,6 +799,25 @@ def cmd_evolve(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_reshard(args: argparse.Namespace, out: TextIO) -> int:
+    from tridentflow.ops.reshard import reshard
+
+    pipeline = load_pipeline(args.pipeline)
+    if not args.yes:
+        raise TridentflowError(
+            f"reshard would move every state of pipeline {pipeline.name} to {args.shards} "
+            "shard(s) (commits wait meanwhile): add --yes"
+        )
+    done = reshard(_runtime(args, pipeline), args.shards)
+    line = (
+        f"reshard: pipeline {done.pipeline} moved from {done.from_shards} to {done.to_shards} "
+        f"shard(s): {done.keys_copied} key(s), {done.fields_copied} field(s) copied, "
+        f"{done.keys_deleted} old key(s) deleted in {done.seconds:.1f}s"
+    )
+    out.write((json.dumps(done.to_json()) if args.json else line) + "\n")
+    return 0
+
+
 def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args)
     if not isinstance(rt.log, Trims):
@@ -938,6 +967,7 @@ COMMANDS = {
     "reset": cmd_reset,
     "rewind": cmd_rewind,
     "evolve": cmd_evolve,
+    "reshard": cmd_reshard,
     "trim": cmd_trim,
     "chaos": cmd_chaos,
     "spark-connect": cmd_spark_connect,

@@ -67,6 +67,7 @@ from tridentflow_state.evolve import (
     rename_state_keys,
     state_keys,
 )
+from tridentflow_state.reshard import plan_under_way
 from tridentflow_state.shards import claim_shards
 
 
@@ -111,6 +112,13 @@ def drop_state(rt: Runtime, name: str) -> DropResult:
 
 
 def _recorded_states(rt: Runtime) -> dict[str, dict[str, object]]:
+    plan = plan_under_way(rt.client, rt.keyspace)
+    if plan is not None:
+        raise EvolveRefused(
+            f"pipeline {rt.pipeline.name} is being resharded to {plan.to_shards} shards: "
+            f"finish that first (`tridentflow reshard {rt.pipeline.name} --shards "
+            f"{plan.to_shards} --yes`)"
+        )
     return dict(json.loads(rt.ledger.settings().get(STATES, "{}")))
 
 

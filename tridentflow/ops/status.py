@@ -10,6 +10,7 @@ from tridentflow.steps.export import sink_status
 from tridentflow.steps.recorded_settings import STATES
 from tridentflow.steps.recorded_settings import disagreements as settings_disagreements
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.reshard import plan_under_way
 from tridentflow_state.rewind import rewinding_to
 from tridentflow_state.undo import retained
 
@@ -65,6 +66,8 @@ def status(rt: Runtime) -> dict[str, Any]:
         "sinks": sink_status(rt),
         "rewindable": rewindable(rt),
         "retain_txids": rt.retain_txids,
+        "shards": rt.keyspace.shards,
+        "resharding": _resharding(rt),
         "rewinding": rewinding_to(rt.client, rt.keyspace),
         "rewinds": ledger.rewinds(5),
         "settings": {
@@ -72,6 +75,15 @@ def status(rt: Runtime) -> dict[str, Any]:
             "disagreements": settings_disagreements(rt, recorded),
         },
     }
+
+
+def _resharding(rt: Runtime) -> dict[str, Any] | None:
+    """A reshard under way (``tridentflow reshard``): from and to how many shards, and its
+    phase; None if none is."""
+    plan = plan_under_way(rt.client, rt.keyspace)
+    if plan is None:
+        return None
+    return {"from": plan.from_shards, "to": plan.to_shards, "phase": plan.phase}
 
 
 def rewindable(rt: Runtime) -> dict[str, Any] | None:
@@ -164,7 +176,14 @@ def format_status(info: dict[str, Any]) -> str:
         f"pipeline       {info['pipeline']}  ({info['source_mode']} source, "
         f"{info['guarantee'].upper()})",
         f"committed txid {info['committed_txid']}",
+        f"state shards   {info['shards']}",
     ]
+    moving = info.get("resharding")
+    if moving:
+        lines.append(
+            f"resharding     from {moving['from']} to {moving['to']} shards ({moving['phase']}):"
+            " commits wait; run the same `tridentflow reshard` to finish it"
+        )
     lines += _state_lines(info)
     lines += _pending_lines(info)
     lines.append(f"quarantined    {info['quarantined']} bad records")

@@ -270,7 +270,7 @@ def writer_for(
     if op is None:
         return PythonApply(rt, staged, attempt, pool, persisted)
     refs = staged.blocks(name)
-    if refs is not None:
+    if refs is not None and staged.blocks_lie_in(rt.keyspace):
         return StagedBlocks(rt, staged, attempt, pool, persisted, op, refs)
     return InRedisChunks(rt, staged, attempt, pool, persisted, op)
 
@@ -462,7 +462,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     )
     check_settings(rt)  # one line if this process would change them unmeant
     kinds = {name: (p.state.kind, rt.backing(name)) for name, p in states.items()}
-    writers = attempt.claim(kinds, rt.state_shards, rt.pipeline.expiring)
+    writers = attempt.claim(kinds, rt.asked_shards, rt.pipeline.expiring)
     attempt.expect(sum(staged.key_count(name) for name in writers))
     with ThreadPoolExecutor(max(2, rt.keyspace.shards), thread_name_prefix="tf-commit") as pool:
         for name, state in writers.items():

@@ -44,7 +44,7 @@ from tridentflow_state.keys import KeySpace, check_name, check_shards
 from tridentflow_state.ledger import Ledger
 from tridentflow_state.redis_backing import RedisBackingMap
 from tridentflow_state.replication import wait_for_replicas_of
-from tridentflow_state.shards import ShardedRedisBackingMap, check_layout, stored_shards
+from tridentflow_state.shards import ShardedRedisBackingMap, check_layout, stored_layout
 
 log = logging.getLogger(__name__)
 HOME_ENV = "TRIDENTFLOW_HOME"
@@ -193,6 +193,19 @@ class Runtime:
         except ValueError as exc:
             raise TridentflowError(f"{SHARDS_ENV}: {exc}") from None
 
+    @property
+    def asked_shards(self) -> int | None:
+        """The shard count this run asks for - the command line, the pipeline's
+        ``state_shards`` or TRIDENTFLOW_STATE_SHARDS - or None if nothing asks (then the
+        stored count wins: one ``tridentflow reshard`` set)."""
+        if (
+            self.shards is None
+            and self.pipeline.state_shards is None
+            and not explicit_setting(SHARDS_ENV)
+        ):
+            return None
+        return self.state_shards
+
     def own_retain_txids(self) -> tuple[int, str]:
         """This process's own retain_txids and where it comes from (FROM_*): ``retain`` (the
         command line), else the pipeline's ``retain_txids``, else TRIDENTFLOW_RETAIN_TXIDS,
@@ -223,13 +236,14 @@ class Runtime:
         one while nothing is stored)."""
         base = KeySpace(self.pipeline.name, self.namespace)
         configured = self.state_shards
-        shards = stored_shards(self.client, base) or configured
+        shards, layout = stored_layout(self.client, base) or (configured, 0)
         return Ledger(
             self.client,
             self.pipeline.name,
             namespace=self.namespace,
             shards=shards,
             reset_shards=configured,
+            layout=layout,
         )
 
     @property
@@ -369,7 +383,7 @@ class Runtime:
     def check_layout(self) -> None:
         """StateError (one line) if the state is stored in another shard count than this run
         writes with: a run checks this before it binds a txid (the commit checks it again)."""
-        check_layout(self.client, self.keyspace, self.state_shards)
+        check_layout(self.client, self.keyspace, self.asked_shards)
 
     def backing(self, state_name: str) -> RedisBackingMap | ShardedRedisBackingMap:
         if self.keyspace.sharded:

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,12 @@ class StagedBatch:
     def blocks(self, state: str) -> list[BlockRef] | None:
         """The state's staged blocks in Redis, or None (staged as a file)."""
         return None
+
+    def blocks_lie_in(self, keyspace: KeySpace) -> bool:
+        """Whether the staged blocks lie next to ``keyspace``'s state shards, so that the
+        commit can apply them where they lie (not after ``tridentflow reshard`` moved the
+        state to another layout: their lines are then read back and routed anew)."""
+        return False
 
     def apply_numeric_block(
         self, ref: BlockRef, state: str, kind: StateKind, op: str, fence: Fence
@@ -337,6 +343,11 @@ class RedisStagedBatch(StagedBatch):
             )
         return [BlockRef.from_json(b) for b in info["blocks"]]
 
+    def blocks_lie_in(self, keyspace: KeySpace) -> bool:
+        assert self.space is not None
+        here = self.space.keyspace
+        return (here.shards, here.layout) == (keyspace.shards, keyspace.layout)
+
     @property
     def staged_in(self) -> str:
         writers = {info.get("writer") for info in self.manifest["states"].values()}
@@ -446,6 +457,7 @@ class RedisStagingArea:
             before_manifest()
         manifest = dict(header)
         manifest["counts"] = {str(p): c.to_json() for p, c in sorted(counts.items())}
+        manifest["layout"] = [self.keyspace.shards, self.keyspace.layout]  # where blocks lie
         manifest["states"] = states
         manifest["bad"] = {
             "lines": sum(r.lines for r in bad_refs),
@@ -465,6 +477,11 @@ class RedisStagingArea:
         line count and SHA-1); IncompleteBatchError if torn, expired or missing."""
         manifest = self.manifest(txid, attempt)
         space = self.space(txid, attempt)
+        if "layout" in manifest:  # staged before a reshard: its blocks lie in the old layout
+            shards, layout = (int(n) for n in manifest["layout"])
+            if (shards, layout) != (self.keyspace.shards, self.keyspace.layout):
+                moved = replace(self.keyspace, shards=shards, layout=layout)
+                space = BlockSpace(moved, self.generation, int(txid), int(attempt))
         try:
             verify_blocks(self.client, space, manifest_blocks(manifest))
         except StagedBlockError as exc:
