@@ -18,6 +18,8 @@ LOST_SOAK = 40
 caught by the harness at seed 56 only, and not every time under load (racing exporters decide
 which rows a table holds when Redis goes back): its guard is tests/test_lost_commits.py's
 scenario, which fails without the check every time."""
+RESHARD_SEED, RESHARD_SCHEDULES = 20, 6
+"""The reshard planted bug: seed 23 exposes it (tree of this change); room to move."""
 EXPIRY_SOAK = 20
 EXPIRY_SEED, EXPIRY_SCHEDULES = 0, 12
 """The expiry planted bug: seed 3 exposes it (kept: a key counted again, doubled=6); room for
@@ -62,6 +64,8 @@ def test_fixed_seed_schedules_are_exact(pg_dsn):
         "rewind-cut-short",
         "parallel:",
         "cleared-emit:",
+        "reshard:",
+        "reshard-cut-short",
     ):
         assert kind in events, f"no {kind} event in {CI_SCHEDULES} schedules"
 
@@ -107,6 +111,18 @@ def test_the_harness_catches_a_sink_that_reads_values_after_the_fact(monkeypatch
     assert re.search(r"holds .*, but that txid's commit wrote", results[-1].difference or ""), (
         results[-1].line()
     )
+
+
+def test_the_harness_catches_a_batch_applied_in_the_layout_it_was_staged_in(monkeypatch):
+    """The reshard family's planted bug: a batch staged in Redis before the operator's
+    reshard, applied where its blocks lie (the old layout's shard numbers) instead of read back
+    and routed to the new shards - seed 23 (1 -> 3 shards between its emit and its commit)."""
+    from tridentflow.steps.staging import RedisStagedBatch
+
+    monkeypatch.setattr(RedisStagedBatch, "blocks_lie_in", lambda self, keyspace: True)
+    results = run_chaos(RESHARD_SCHEDULES, seed=RESHARD_SEED)
+    assert not results[-1].ok, results[-1].line()
+    assert "reshard:1->3" in " ".join(results[-1].events)
 
 
 def test_the_harness_catches_an_opaque_replay_applied_on_curr(monkeypatch):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from tridentflow.errors import TridentflowError
 from tridentflow.steps.recorded_settings import DROPPING, MIGRATING, RENAMING, STATES
 from tridentflow.steps.runtime import Runtime
+from tridentflow.steps.staging import RedisStagingArea
 from tridentflow_state.backing import Fence
 from tridentflow_state.keys import check_shards
 from tridentflow_state.reshard import (
@@ -110,10 +111,20 @@ def reshard(rt: Runtime, shards: int) -> ReshardResult:
         _fault(rt, committed, 3)
     committed = rt.ledger.committed_txid()
     close_old_fences(client, base, plan)
+    _discard_unlisted_staging(rt, plan)
     deleted = delete_old_layout(client, base, plan, lambda: _fault(rt, committed, 4))
     finish(client, base)
     return ReshardResult(name, plan.from_shards, plan.to_shards, plan.to_layout, keys, fields,
                          deleted, time.monotonic() - started)  # fmt: skip
+
+
+def _discard_unlisted_staging(rt: Runtime, plan: Plan) -> None:
+    """Blocks of the pending txids that emits which died part-way left in the old layout:
+    the commits' cleanup looks in the layouts their manifests name, so these go now (a
+    batch a manifest lists stays, to commit in the new layout)."""
+    area = RedisStagingArea(rt.client, rt.keyspace, rt.ledger.generation)
+    for txid in rt.ledger.pending_txids():
+        area.discard_unlisted(plan.old(rt.keyspace), txid)
 
 
 def _fault(rt: Runtime, committed: int, point: int) -> None:

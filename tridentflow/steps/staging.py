@@ -476,12 +476,7 @@ class RedisStagingArea:
         """Load and verify a staged attempt (every block checked inside Redis: present, its
         line count and SHA-1); IncompleteBatchError if torn, expired or missing."""
         manifest = self.manifest(txid, attempt)
-        space = self.space(txid, attempt)
-        if "layout" in manifest:  # staged before a reshard: its blocks lie in the old layout
-            shards, layout = (int(n) for n in manifest["layout"])
-            if (shards, layout) != (self.keyspace.shards, self.keyspace.layout):
-                moved = replace(self.keyspace, shards=shards, layout=layout)
-                space = BlockSpace(moved, self.generation, int(txid), int(attempt))
+        space = self._space_of(txid, attempt, manifest)
         try:
             verify_blocks(self.client, space, manifest_blocks(manifest))
         except StagedBlockError as exc:
@@ -509,11 +504,36 @@ class RedisStagingArea:
             )
         return manifest
 
+    def _space_of(self, txid: int, attempt: int, manifest: dict[str, Any]) -> BlockSpace:
+        """Where an attempt's blocks lie: in the layout its manifest names (one staged
+        before ``tridentflow reshard`` moved the state: the old one), else this keyspace's."""
+        return BlockSpace(self._layout_of(manifest), self.generation, int(txid), int(attempt))
+
+    def _layout_of(self, manifest: dict[str, Any]) -> KeySpace:
+        if "layout" not in manifest:
+            return self.keyspace
+        shards, layout = (int(n) for n in manifest["layout"])
+        if (shards, layout) == (self.keyspace.shards, self.keyspace.layout):
+            return self.keyspace
+        return replace(self.keyspace, shards=shards, layout=layout)
+
+    def _layouts(self, txid: int) -> list[KeySpace]:
+        """This keyspace and every other layout a manifest of ``txid`` was staged in."""
+        spaces = {(self.keyspace.shards, self.keyspace.layout): self.keyspace}
+        for raw in self.client.hvals(self.manifests_key(txid)) or []:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                space = self._layout_of(json.loads(raw))
+                spaces.setdefault((space.shards, space.layout), space)
+        return list(spaces.values())
+
     def discard(self, txid: int) -> None:
         """Delete every staged attempt of ``txid``: every block its writers indexed (those no
-        manifest names too) and the manifests. Idempotent, best effort (blocks expire anyway)."""
+        manifest names too), in every layout its manifests name, and the manifests.
+        Idempotent, best effort (blocks expire anyway)."""
+        layouts = self._layouts(txid)
         self._delete_listed(txid, None)
-        discard_blocks(self.client, self.keyspace, self.generation, txid)
+        for space in layouts:
+            discard_blocks(self.client, space, self.generation, txid)
         self.client.delete(self.manifests_key(txid))
 
     def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
@@ -522,18 +542,32 @@ class RedisStagingArea:
         wanted = {int(a) for a in attempts}
         if not wanted:
             return
+        layouts = self._layouts(txid)
         self._delete_listed(txid, wanted)
-        discard_blocks(self.client, self.keyspace, self.generation, txid, wanted)
+        for space in layouts:
+            discard_blocks(self.client, space, self.generation, txid, wanted)
         self.client.hdel(self.manifests_key(txid), *map(str, sorted(wanted)))
+
+    def discard_unlisted(self, layout: KeySpace, txid: int) -> int:
+        """Delete the blocks of ``txid`` staged in ``layout`` that no manifest lists - what
+        emits that died part-way left there - and that layout's indexes of them: once
+        ``tridentflow reshard`` left ``layout``, nothing else finds them (the blocks a
+        manifest lists go with the commit). Idempotent; returns the blocks deleted."""
+        listed: set[str] = set()
+        for attempt, raw in (self.client.hgetall(self.manifests_key(txid)) or {}).items():
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                manifest = json.loads(raw)
+                space = self._space_of(txid, int(attempt), manifest)
+                listed.update(space.key(r) for r in manifest_blocks(manifest))
+        return discard_blocks(self.client, layout, self.generation, txid, None, listed)
 
     def prune(self, batch: StagedBatch) -> None:
         """Delete the blocks of ``batch``'s attempt that its manifest does not name: those of
         Spark task attempts that were killed or lost the race to another (best effort)."""
-        listed = {
-            self.space(batch.txid, batch.attempt).key(r) for r in manifest_blocks(batch.manifest)
-        }
+        space = self._space_of(batch.txid, batch.attempt, batch.manifest)
+        listed = {space.key(r) for r in manifest_blocks(batch.manifest)}
         discard_blocks(
-            self.client, self.keyspace, self.generation, batch.txid, {batch.attempt}, listed
+            self.client, space.keyspace, self.generation, batch.txid, {batch.attempt}, listed
         )
 
     def _delete_listed(self, txid: int, attempts: set[int] | None) -> None:
@@ -547,4 +581,5 @@ class RedisStagingArea:
                 manifest = json.loads(raw)
             except ValueError:
                 continue
-            delete_blocks(self.client, self.space(txid, int(attempt)), manifest_blocks(manifest))
+            space = self._space_of(txid, int(attempt), manifest)
+            delete_blocks(self.client, space, manifest_blocks(manifest))

@@ -44,6 +44,9 @@ RETAIN_TXIDS = 3
 """Undo logs kept in every schedule (the operator's rewinds)."""
 REWIND_CHANCE = 0.04
 """Per step: the operator rewinds the pipeline (at most twice a schedule)."""
+RESHARD_CHANCE = 0.03
+"""Per step: the operator reshards the pipeline to another count (at most once a schedule;
+not where Redis goes back to a snapshot, which would take the layout back with it)."""
 PARALLEL_CHANCE = 0.06
 """Per step between runs: several runs at once (a backfill with max_active_runs > 1)."""
 STEP_FAILURES = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)

@@ -26,6 +26,7 @@ from tridentflow.devtools.chaos.config import (
     PARALLEL_CHANCE,
     PARALLEL_WAITS,
     PIPELINES,
+    RESHARD_CHANCE,
     RETAIN_TXIDS,
     RETRIES,
     REWIND_CHANCE,
@@ -180,6 +181,7 @@ class Chaos(OperatorActs, SinkChecks):
         sched.seed = seed
         sched.lake = lakehouse_schedule(seed)
         sched.parallel_rng = random.Random(f"parallel-{seed}")
+        sched.reshard_rng = random.Random(f"reshard-{seed}")
         if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
             sched.lost_rng = random.Random(f"lost-{seed}")
         self._drop_sink_targets(rt, seed)
@@ -288,6 +290,17 @@ class Chaos(OperatorActs, SinkChecks):
             events.append(f"dark:{dark.partition}@{dark.first}-{dark.last}")
         return FaultPlan(tuple(faults), tuple(darks))
 
+    @staticmethod
+    def _reshard_drawn(sched: Schedule, rt: Runtime, weight: int = 1) -> bool:
+        """Whether the operator reshards now (RESHARD_CHANCE times ``weight``; once a
+        schedule at most, never where Redis goes back to a snapshot, nor before a commit)."""
+        return (
+            sched.lost_rng is None
+            and sched.reshards < 1
+            and sched.reshard_rng.random() < RESHARD_CHANCE * weight
+            and rt.ledger.committed_txid() > 0  # before: nothing to move, refused
+        )
+
     def _drive(self, sched: Schedule, runs: int, batch_size: int) -> None:
         rng, result = sched.rng, sched.result
         run_no, failures, dark_failures, step_index = 0, 0, 0, 0
@@ -313,6 +326,9 @@ class Chaos(OperatorActs, SinkChecks):
                 self._rewind_in_flight(sched, run_id, steps[step_index], step)
                 run_no, failures, step_index = run_no + 1, 0, 0
                 run_id = f"run-{run_no}"
+                continue
+            if self._reshard_drawn(sched, rt):
+                self._reshard_in_flight(sched, run_id, steps[step_index], step)
                 continue
             if step_index == 0 and sched.parallel_rng.random() < PARALLEL_CHANCE:
                 run_no = self._parallel_runs(sched, run_no, batch_size)
@@ -350,6 +366,9 @@ class Chaos(OperatorActs, SinkChecks):
                         sched.maybe_freeze_mid_emit(run_id)
                         emit_run(rt, run_id, self.engine, lease_ms=60_000)
                         sched.maybe_late_block_writer(run_id, step)
+                        if self._reshard_drawn(sched, rt, 4):  # its batch commits resharded
+                            self._reshard_in_flight(sched, run_id, "commit", step)
+                            rt = sched.rt
                     else:
                         racers = 2 if rng.random() < 0.2 else 1
                         if racers > 1:

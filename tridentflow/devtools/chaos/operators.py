@@ -6,6 +6,7 @@ import contextlib
 import copy
 import random
 
+from tridentflow.devtools.chaos.config import SHARD_CHOICES
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.errors import (
     ReplicationError,
@@ -233,6 +234,47 @@ class OperatorActs:
             other.client.close()
         old.client.close()
         sched.rt = fresh.with_(faults=old.faults)
+
+    def _reshard_in_flight(self, sched: Schedule, run_id: str, next_step: str, step: int) -> None:
+        """An operator reshards the pipeline to another count (1-3) while ``run_id`` is in
+        flight; half the time the reshard is killed at one of its fault points
+        (``mid-reshard``: raise or crash) and run again. While it is cut short, the run's
+        commit must be refused (ReshardUnderWay); after it, a commit by the run's process
+        that read the old layout must be refused too (it is told to run again), and the run
+        goes on in a new process - its batch staged before the reshard commits after it. The
+        final checks count every record once."""
+        from tridentflow.ops.reshard import reshard
+        from tridentflow_state.errors import ReshardUnderWay, StateError
+
+        old, rng, events = sched.rt, sched.reshard_rng, sched.result.events
+        current = old.keyspace.shards
+        target = rng.choice([n for n in SHARD_CHOICES if n != current])
+        sched.reshards += 1
+        txid = old.ledger.committed_txid() + 1
+        faults = FaultPlan()
+        if rng.random() < 0.5:
+            fault = Fault("mid-reshard", txid, rng.randint(1, 4), rng.choice(("raise", "crash")))
+            faults = FaultPlan((fault,))
+        killed = f"({faults.faults[0]})" if faults.faults else ""
+        events.append(f"reshard:{current}->{target}@step{step}:before-{next_step}{killed}")
+        bound = old.ledger.txid_of_run(run_id)
+        pending = bound is not None and bound > old.ledger.committed_txid()
+        try:
+            reshard(self._runtime(old.pipeline, old.home, faults, current), target)
+        except (InjectedFault, SimulatedCrash):
+            events.append("reshard-cut-short")
+            if next_step == "commit" and pending:
+                waiting = self._runtime(old.pipeline, old.home, FaultPlan(), current)
+                self._expect_refused(
+                    sched, waiting, run_id, "commit", "during a reshard cut short",
+                    (ReshardUnderWay,),
+                )  # fmt: skip
+                waiting.client.close()
+            reshard(self._runtime(old.pipeline, old.home, FaultPlan(), current), target)
+        if next_step == "commit" and pending:
+            self._expect_refused(sched, old, run_id, "commit", "after a reshard", (StateError,))
+        old.client.close()
+        sched.rt = self._runtime(old.pipeline, old.home, old.faults, target)
 
     def _expect_refused(
         self,

@@ -60,6 +60,9 @@ class Schedule:
         self.parallel_rng = random.Random(0)
         """Parallel runs' own generator (when, how many): the steps' draws stay."""
         self.rewinds = 0
+        self.reshard_rng = random.Random(0)
+        """The operator's reshards' own generator: the steps' draws stay as they were."""
+        self.reshards = 0
         self.lost_rng: random.Random | None = None
         """The lost-writes family's own generator (None: off): the steps' draws stay."""
         self.snapshot_in: int | None = None
