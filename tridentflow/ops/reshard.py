@@ -11,7 +11,9 @@ M state shards without a reset, between two txids.
    change logs - is copied into layout L', field by field into the shard each key's CRC-32
    gives it among M, in chunks (state.reshard; memory bounded by the chunk); each key copied
    whole is noted, so a rerun skips it. The new shards get their fences and generation.
-4. The ledger names L' (shard count, layout number, the plan's next phase: one HSET). From
+4. With ``--wait-replicas`` (TRIDENTFLOW_WAIT_REPLICAS), the copy must be on that many
+   replicas of every new shard's master first, and the switch on the ledger's after.
+   The ledger names L' (shard count, layout number, the plan's next phase: one HSET). From
    here a reader or a step that read L finds it moved and reads L' (a commit is told to run
    again).
 5. The old shards' fences close for good, then L's keys are deleted, in chunks; the plan
@@ -107,7 +109,10 @@ def reshard(rt: Runtime, shards: int) -> ReshardResult:
         keys, fields = copy_layout(client, base, plan, lambda: _fault(rt, committed, 1))
         _fault(rt, committed, 2)
         prepare_fences(client, base, plan, fence)
+        then = "run the same reshard again once they caught up"
+        rt.require_replicated("the reshard's copy", then, shards=True, also=plan.new(base))
         switch_layout(client, base, plan)
+        rt.require_replicated("the reshard's switch to the new layout", then)
         _fault(rt, committed, 3)
     committed = rt.ledger.committed_txid()
     close_old_fences(client, base, plan)

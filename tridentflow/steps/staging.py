@@ -520,7 +520,7 @@ class RedisStagingArea:
     def _layouts(self, txid: int) -> list[KeySpace]:
         """This keyspace and every other layout a manifest of ``txid`` was staged in."""
         spaces = {(self.keyspace.shards, self.keyspace.layout): self.keyspace}
-        for raw in self.client.hvals(self.manifests_key(txid)) or []:
+        for raw in (self.client.hgetall(self.manifests_key(txid)) or {}).values():
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 space = self._layout_of(json.loads(raw))
                 spaces.setdefault((space.shards, space.layout), space)

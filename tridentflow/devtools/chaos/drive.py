@@ -82,8 +82,11 @@ class Chaos(OperatorActs, SinkChecks):
         kafka: LocalKafka | None = None,
         expiry: bool = False,
         lost_writes: bool = False,
+        reshards: bool = False,
     ) -> None:
-        """``lost_writes``: the family "Redis loses acknowledged commits while sinks outside
+        """``reshards``: the family "an operator reshards mid-run" (OperatorActs.
+        _reshard_in_flight): once per schedule at most, not with ``lost_writes``.
+        ``lost_writes``: the family "Redis loses acknowledged commits while sinks outside
         it keep them" - once per schedule at most, Redis goes back to a snapshot taken a few
         steps before (own redis-server only; sources outside Redis).
         ``kafka``: the broker the Kafka pipelines' schedules read (and freeze).
@@ -115,6 +118,7 @@ class Chaos(OperatorActs, SinkChecks):
         self.kafka = kafka
         self.expiry = expiry
         self.lost_writes = lost_writes and redis_url is None
+        self.reshards = reshards
         logging.getLogger("psycopg").setLevel(logging.ERROR)  # killed sessions are on purpose
 
     @property
@@ -182,6 +186,7 @@ class Chaos(OperatorActs, SinkChecks):
         sched.lake = lakehouse_schedule(seed)
         sched.parallel_rng = random.Random(f"parallel-{seed}")
         sched.reshard_rng = random.Random(f"reshard-{seed}")
+        sched.reshard = self.reshards
         if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
             sched.lost_rng = random.Random(f"lost-{seed}")
         self._drop_sink_targets(rt, seed)
@@ -293,9 +298,11 @@ class Chaos(OperatorActs, SinkChecks):
     @staticmethod
     def _reshard_drawn(sched: Schedule, rt: Runtime, weight: int = 1) -> bool:
         """Whether the operator reshards now (RESHARD_CHANCE times ``weight``; once a
-        schedule at most, never where Redis goes back to a snapshot, nor before a commit)."""
+        schedule at most, in ``run_chaos(reshards=True)`` only, never where Redis goes back
+        to a snapshot, nor before a commit)."""
         return (
-            sched.lost_rng is None
+            sched.reshard
+            and sched.lost_rng is None
             and sched.reshards < 1
             and sched.reshard_rng.random() < RESHARD_CHANCE * weight
             and rt.ledger.committed_txid() > 0  # before: nothing to move, refused
@@ -617,6 +624,7 @@ def run_chaos(
     kafka: LocalKafka | None = None,
     expiry: bool = False,
     lost_writes: bool = False,
+    reshards: bool = False,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
@@ -631,6 +639,7 @@ def run_chaos(
         kafka=kafka,
         expiry=expiry,
         lost_writes=lost_writes,
+        reshards=reshards,
     ) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)
