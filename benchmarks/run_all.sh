@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 declare -a ORDER=(
   user_scores user_scores_frames batch_operations batch_operations_frames per_exchange
   per_exchange_frames vs_spark vs_spark_all staging_scale staging_scale_large staging_scale_cluster
-  commit_throughput commit_profile produce commit_scaleout commit_scaleout_shards undo_retention expiry memory postgres_sink lakehouse_sink
+  commit_throughput commit_profile produce commit_scaleout commit_scaleout_shards undo_retention expiry memory reshard reshard_cluster postgres_sink lakehouse_sink
   kafka_source wordcount_vs_pyspark pipelining batch_operations_connect per_exchange_connect
   airflow_connect airflow_connect_redis airflow_both_connect airflow_both_submit on_data
 )
@@ -46,6 +46,8 @@ declare -A COMMAND=(
   [postgres_sink]="python -m benchmarks.postgres_sink --keys 1000000 --export"
   [lakehouse_sink]="python -m benchmarks.lakehouse_sink --keys 1000000 --repeat 3 --export"
   [memory]="python -m benchmarks.memory --sizes 1000000,10000000 --chunk 1000000 --retain 3"
+  [reshard]="python -m benchmarks.reshard --keys 1000000"
+  [reshard_cluster]="python -m benchmarks.reshard --keys 1000000 --cluster"
   [kafka_source]="python -m benchmarks.kafka_source --records 2000000"
   [wordcount_vs_pyspark]="python benchmarks/wordcount_vs_pyspark.py"
   [pipelining]="python benchmarks/pipelining.py"

@@ -44,7 +44,7 @@ RETAIN_TXIDS = 3
 """Undo logs kept in every schedule (the operator's rewinds)."""
 REWIND_CHANCE = 0.04
 """Per step: the operator rewinds the pipeline (at most twice a schedule)."""
-RESHARD_CHANCE = 0.03
+RESHARD_CHANCE = 0.1
 """Per step: the operator reshards the pipeline to another count (at most once a schedule;
 not where Redis goes back to a snapshot, which would take the layout back with it)."""
 PARALLEL_CHANCE = 0.06
