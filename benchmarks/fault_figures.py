@@ -1,0 +1,177 @@
+"""Figures for docs/operations.md (issue 55): what the chaos harness's fault families ran and
+found, and the acknowledged commits a Redis crash loses under each persistence setting.
+
+    python -m benchmarks.fault_figures [--schedules 20] [--kills 5]
+
+1. Per family (``run_chaos`` with the family on; seeds from 3000): schedules run, fault events
+   injected (every event that is a fault or an operator's act: raises, crashes, outages, Redis
+   restarts, duplicate commits, resets, rewinds, reshards, Redis going back to a snapshot, sink
+   failures), txids committed, records counted, lost, doubled, and the wall time.
+2. Loss bound: a pipeline commits one small txid after another (one record each, local engine)
+   against a redis-server of its own; at a random moment (0.5-1.5 s in) the server is
+   SIGKILLed and started again from its files; the acknowledged commits it lost are the last
+   txid the committer was told committed minus the ledger's committed txid after the restart.
+   ``--kills`` times per setting: AOF ``appendfsync always``, AOF ``everysec``, no persistence.
+   A process kill keeps what Redis wrote to the OS, so ``everysec`` loses nothing here; what
+   a power loss takes with it (up to the last second's fsync) is the commit rate times one
+   second, printed beside it. Then the time from the restart to the next commit (a retrying
+   task's, without a human).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec
+from tridentflow.devtools import devredis
+from tridentflow.devtools.chaos import run_chaos
+from tridentflow.engines.local import LocalEngine
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.runtime import Runtime, connect
+
+FAMILIES = (
+    ("process deaths, outages, Redis restarts, sinks, resets, rewinds", {}),
+    ("+ expiry (keys expire after 1-3 txids)", {"expiry": True}),
+    ("+ Redis goes back to a snapshot (lost acknowledged writes)", {"lost_writes": True}),
+    ("+ an operator reshards mid-run", {"reshards": True}),
+)
+FAULT_MARKS = (
+    "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",
+    "rewind-to:", "reshard:", "redis-lost-writes", "pg-", "sink-raised", "sink-died",
+    "late-block-writer", "lose-tuple", "freeze",
+)  # fmt: skip
+
+
+def families(schedules: int) -> None:
+    print(f"chaos families, {schedules} schedules each (seeds from 3000):")
+    for label, flags in FAMILIES:
+        started = time.perf_counter()
+        results = run_chaos(schedules, seed=3000, **flags)
+        took = time.perf_counter() - started
+        faults = sum(1 for r in results for e in r.events if any(m in e for m in FAULT_MARKS))
+        bad = [r for r in results if not r.ok]
+        print(
+            f"  {label}: {len(results)} schedules, {faults} faults injected, "
+            f"{sum(r.txids for r in results)} txids, {sum(r.records for r in results)} records, "
+            f"lost={sum(r.lost for r in results)} doubled={sum(r.doubled for r in results)}"
+            f"{' FIRST DIFFERENCE: ' + str(bad[0].difference) if bad else ''} ({took:.0f} s)"
+        )
+
+
+def pipeline() -> Pipeline:
+    p = Pipeline("loss-bound", LogSource(fields=("key",), mode=SourceMode.TRANSACTIONAL))
+    p.stream.group_by("key").persistent_aggregate(
+        StateSpec("counts", StateKind.OPAQUE), Count(), out_field="n"
+    )
+    return p
+
+
+class Server:
+    """A redis-server of this benchmark's own, with one persistence setting."""
+
+    def __init__(self, directory: Path, fsync: str | None) -> None:
+        self.directory, self.fsync = directory, fsync
+        self.port = devredis.free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        args = devredis.server_args(self.port, self.directory, appendonly=self.fsync is not None)
+        if self.fsync is not None:
+            args[args.index("everysec")] = self.fsync
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        devredis.wait_ready(self.port, self.proc)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+def one_kill(work: Path, fsync: str | None, rng: random.Random) -> tuple[int, float, float]:
+    """(acknowledged commits lost, commits per second before the kill, seconds from the
+    restart to the next commit) of one kill."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    server = Server(work / "redis", fsync)
+    (work / "redis").mkdir()
+    server.start()
+    rt = Runtime(pipeline(), connect(server.url), work / "home")
+    rt.ledger.reset(force=True)
+    rt.log.append_spread([[f"k{i % 100}"] for i in range(100_000)])
+    acked, stop = [0], threading.Event()
+
+    def commit_forever() -> None:
+        while not stop.is_set():
+            try:
+                summary = run_batches(rt, LocalEngine(), max_batches=1, batch_size=1)
+            except Exception:  # the server is gone: stop
+                return
+            for result in summary.results:
+                if result.status == "committed":
+                    acked[0] = max(acked[0], result.txid)
+
+    worker = threading.Thread(target=commit_forever, daemon=True)
+    started = time.perf_counter()
+    worker.start()
+    time.sleep(rng.uniform(0.5, 1.5))
+    server.kill()
+    rate = acked[0] / (time.perf_counter() - started)
+    stop.set()
+    worker.join(timeout=30)
+    last = acked[0]
+    server.start()
+    restarted = time.perf_counter()
+    after = Runtime(pipeline(), connect(server.url), work / "home")
+    committed = after.ledger.committed_txid()
+    run_batches(after, LocalEngine(), max_batches=1, batch_size=1)
+    recovery = time.perf_counter() - restarted
+    server.kill()
+    return last - committed, rate, recovery
+
+
+def loss_bounds(kills: int) -> None:
+    rng = random.Random(55)
+    work = Path(tempfile.mkdtemp(prefix="tf-bench-loss-"))
+    print(f"loss bound: redis-server SIGKILLed {kills} times while one-record txids commit:")
+    try:
+        for label, fsync in (("AOF always", "always"), ("AOF everysec", "everysec"),
+                             ("no persistence", None)):  # fmt: skip
+            runs = [one_kill(work / "run", fsync, rng) for _ in range(kills)]
+            lost = [n for n, _, _ in runs]
+            rate = sum(r for _, r, _ in runs) / kills
+            recovery = max(s for _, _, s in runs)
+            print(
+                f"  {label}: acknowledged commits lost per kill {lost} (max {max(lost)}); "
+                f"{rate:.0f} commits/s, so one second of fsync is {rate:.0f} txids; "
+                f"restart to the next commit at most {recovery:.2f} s"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--schedules", type=int, default=20)
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--only", choices=("families", "loss"), default=None)
+    args = parser.parse_args()
+    if args.only in (None, "loss"):
+        loss_bounds(args.kills)
+    if args.only in (None, "families"):
+        families(args.schedules)
+
+
+if __name__ == "__main__":
+    main()
