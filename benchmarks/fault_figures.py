@@ -100,8 +100,9 @@ class Server:
 
 
 def one_kill(work: Path, fsync: str | None, rng: random.Random) -> tuple[int, float, float]:
-    """(acknowledged commits lost, commits per second before the kill, seconds from the
-    restart to the next commit) of one kill."""
+    """(acknowledged commits lost - negative: txids committed whose acknowledgement the kill
+    cut off -, commits per second before the kill, seconds from the restart to the next
+    commit) of one kill."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     server = Server(work / "redis", fsync)
@@ -109,6 +110,7 @@ def one_kill(work: Path, fsync: str | None, rng: random.Random) -> tuple[int, fl
     server.start()
     rt = Runtime(pipeline(), connect(server.url), work / "home")
     rt.ledger.reset(force=True)
+    rt.source_heads()
     rt.log.append_spread([[f"k{i % 100}"] for i in range(100_000)])
     acked, stop = [0], threading.Event()
 
@@ -149,11 +151,13 @@ def loss_bounds(kills: int) -> None:
         for label, fsync in (("AOF always", "always"), ("AOF everysec", "everysec"),
                              ("no persistence", None)):  # fmt: skip
             runs = [one_kill(work / "run", fsync, rng) for _ in range(kills)]
-            lost = [n for n, _, _ in runs]
+            lost = [max(0, n) for n, _, _ in runs]
+            unacked = sum(max(0, -n) for n, _, _ in runs)
             rate = sum(r for _, r, _ in runs) / kills
             recovery = max(s for _, _, s in runs)
             print(
-                f"  {label}: acknowledged commits lost per kill {lost} (max {max(lost)}); "
+                f"  {label}: acknowledged commits lost per kill {lost} (max {max(lost)}; "
+                f"committed but not acknowledged: {unacked}); "
                 f"{rate:.0f} commits/s, so one second of fsync is {rate:.0f} txids; "
                 f"restart to the next commit at most {recovery:.2f} s"
             )
