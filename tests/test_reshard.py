@@ -204,6 +204,27 @@ def test_a_reader_that_read_the_old_layout_reads_the_new_one(twins):
     assert query_state(moving.client, resharded_once, "counts", keys) == before
 
 
+def test_a_listing_begun_before_a_reshard_is_told_to_list_again(twins):
+    from tridentflow.errors import TridentflowError
+
+    moving, _, open_ = twins
+    persist = moving.pipeline.states["counts"]
+    first = list_state(moving, persist, 2)
+    assert first.next is not None
+    reshard(open_("moving"), 3)
+    moved = open_("moving")
+    with pytest.raises(TridentflowError, match=r"moved to another shard layout .* list it again"):
+        list_state(moved, persist, 2, first.next)
+    page, seen = list_state(moved, persist, 2), []
+    while True:  # a listing begun after it pages through the new layout, every key once
+        seen += page.items
+        if page.next is None:
+            break
+        assert page.next.endswith("-1")  # the cursor names the layout
+        page = list_state(moved, persist, 2, page.next)
+    assert sorted(seen) == sorted(list_state(moved, persist, 10_000).items)
+
+
 def test_what_a_reshard_refuses_in_one_line(twins, redis_url, home, tmp_path):
     moving, _, open_ = twins
     with pytest.raises(ReshardRefused, match="in 1 shard\\(s\\) already"):

@@ -194,10 +194,18 @@ def list_state(
     )
 
 
+def _moved(name: str) -> TridentflowError:
+    return TridentflowError(
+        f"state {name} moved to another shard layout (`tridentflow reshard`) since this "
+        "listing began: list it again"
+    )
+
+
 def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> StatePage | None:
     """One page (see list_state); None if a key on it is beyond txid C+1, or a tombstone of a
     txid beyond C was dropped meanwhile (a key absent now may have existed as of C)."""
-    shards = rt.keyspace.shards
+    shards, layout = rt.keyspace.shards, rt.keyspace.layout
+    name = persist.state.name
     if after is None:
         committed, shard, scan, skip = rt.ledger.committed_txid(), 0, 0, 0
     else:
@@ -205,15 +213,22 @@ def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> 
             parts = [int(part) for part in after.split("-")]
             if len(parts) == 3:  # a cursor of an unsharded listing
                 parts.insert(1, 0)
-            committed, shard, scan, skip = parts
-            if not 0 <= shard < shards:
-                raise ValueError
+            if len(parts) == 4:  # of the first shard layout
+                parts.append(0)
+            committed, shard, scan, skip, listed_in = parts
         except ValueError:
             raise TridentflowError(f"--after {after!r} is not a cursor from a listing") from None
-    name = persist.state.name
+        if listed_in != layout:
+            raise _moved(name)
+        if not 0 <= shard < shards:
+            raise TridentflowError(f"--after {after!r} is not a cursor from a listing")
 
     def cursor(shard: int, scan: int, skip: int) -> str:
-        parts = (committed, scan, skip) if shards == 1 else (committed, shard, scan, skip)
+        parts: tuple[int, ...] = (
+            (committed, scan, skip) if shards == 1 else (committed, shard, scan, skip)
+        )
+        if layout:  # after a reshard: the layout too, so a cursor never reads another one
+            parts = (committed, shard, scan, skip, layout)
         return "-".join(map(str, parts))  # unsharded: the cursor as it always was
 
     entries: list[tuple[bytes, bytes]] = []
@@ -239,8 +254,13 @@ def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> 
         if len(entries) == limit:
             following = cursor(shard, scan, skip)
             break
-    dropped = [rt.client.hget(rt.keyspace.shard(i).ledger, "dropped_txid") for i in read_shards]
-    if max(int(d or 0) for d in dropped) > committed:
+    heads = [
+        rt.client.hmget(rt.keyspace.shard(i).ledger, ["dropped_txid", "state_layout"])
+        for i in read_shards
+    ]
+    if any(int(moved or 0) != layout for _, moved in heads):
+        raise _moved(name)  # a reshard moved the state while this page was read
+    if max(int(dropped or 0) for dropped, _ in heads) > committed:
         return None
     agg = persist.aggregator
     items = []

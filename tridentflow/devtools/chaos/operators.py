@@ -68,7 +68,8 @@ class OperatorActs:
         restored): maybe take a snapshot now; a few steps later SIGKILL Redis and start it
         from that snapshot - the commits since are gone from Redis, not from the sinks
         outside it (lakehouse tables, PostgreSQL), whose next export must notice. A new
-        runtime (a new process) goes on. True if this step was spent on it."""
+        runtime (a new process) goes on. True if this step was spent on it (the loss: the
+        run in flight died with Redis; a snapshot is taken in passing)."""
         rng = sched.lost_rng
         assert rng is not None
         if sched.snapshot_in is None:
@@ -79,7 +80,7 @@ class OperatorActs:
             sched.resets_at_snapshot = _resets(sched)
             sched.changes_at_snapshot = copy.deepcopy(sched.committed_changes)
             sched.result.events.append(f"snapshot@step{step}")
-            return True
+            return False  # the run goes on: only Redis's loss ends it
         if sched.snapshot_in > 0:
             sched.snapshot_in -= 1
             return False
