@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,7 @@ from tridentflow_state.evolve import (
     rename_state_keys,
     state_keys,
 )
+from tridentflow_state.keys import KeySpace
 from tridentflow_state.reshard import plan_under_way
 from tridentflow_state.shards import claim_shards
 
@@ -178,7 +180,7 @@ def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
             f"finish that first (`tridentflow evolve {rt.pipeline.name} --rename-state "
             f"{old}={entry[RENAMING]}`)"
         )
-    _fence_the_next_txid(rt, (old, new))
+    fence_the_next_txid(rt, (old, new))
     if not _recorded_states(rt)[old].get(MOVING):  # a fenced attempt may have written as NEW
         delete_state_keys(rt.client, rt.keyspace, new)
         _mark(rt, old, **{MOVING: True})
@@ -225,15 +227,21 @@ def _check_renamable(rt: Runtime, states: dict[str, dict[str, object]], old: str
         )
 
 
-def _fence_the_next_txid(rt: Runtime, names: tuple[str, ...]) -> None:
-    """Begin a commit attempt of the next txid and claim every shard with its token: an
-    attempt already under way writes nothing more (its writes are refused as fenced)."""
+def fence_the_next_txid(
+    rt: Runtime, names: Iterable[str], keyspace: KeySpace | None = None
+) -> Fence | None:
+    """Begin a commit attempt of the next txid and claim every shard of ``keyspace`` (the
+    runtime's by default) with its token: an attempt already under way writes nothing more
+    (its writes are refused as fenced) nor marks its txid. That attempt's fence (None: no
+    txid left to fence, which cannot happen while commits are refused)."""
     ticket = rt.ledger.begin_commit(rt.ledger.committed_txid() + 1)
     if ticket is None:  # the txid committed between the two reads: fence the one after
         ticket = rt.ledger.begin_commit(rt.ledger.committed_txid() + 1)
-    if ticket is not None:
-        fence = Fence(ticket.txid, ticket.token, ticket.generation)
-        claim_shards(rt.client, rt.keyspace, names, fence)
+    if ticket is None:
+        return None
+    fence = Fence(ticket.txid, ticket.token, ticket.generation)
+    claim_shards(rt.client, keyspace or rt.keyspace, list(names), fence)
+    return fence
 
 
 @dataclass(frozen=True)
@@ -261,7 +269,7 @@ def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
             f"state {name} of {rt.pipeline.name} is being migrated with {entry[MIGRATING]}: "
             f"finish that first, with the same function"
         )
-    _fence_the_next_txid(rt, (name,))
+    fence_the_next_txid(rt, (name,))
     migrated = migrate_state_keys(rt.client, rt.keyspace, name, function)
     states = _recorded_states(rt)
     since = states[name].get("since")

@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 
 from tridentflow.errors import TridentflowError
+from tridentflow.ops.evolve import fence_the_next_txid
 from tridentflow.steps.recorded_settings import DROPPING, MIGRATING, RENAMING, STATES
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import RedisStagingArea
-from tridentflow_state.backing import Fence
 from tridentflow_state.keys import check_shards
 from tridentflow_state.reshard import (
     Plan,
@@ -48,7 +48,7 @@ from tridentflow_state.reshard import (
     record_plan,
     switch_layout,
 )
-from tridentflow_state.shards import claim_shards, stored_layout
+from tridentflow_state.shards import stored_layout
 
 
 class ReshardRefused(TridentflowError):
@@ -104,7 +104,8 @@ def reshard(rt: Runtime, shards: int) -> ReshardResult:
         )
     keys = fields = 0
     if plan.phase == "copying":
-        fence = _fence_the_next_txid(rt, plan)
+        fence = fence_the_next_txid(rt, _state_names(rt), plan.old(base))
+        assert fence is not None, "no commit can land while the plan is recorded"
         committed = fence.txid - 1
         keys, fields = copy_layout(client, base, plan, lambda: _fault(rt, committed, 1))
         _fault(rt, committed, 2)
@@ -156,19 +157,6 @@ def _new_plan(rt: Runtime, shards: int) -> Plan:
                     "that first"
                 )
     return Plan(stored[0], stored[1], shards, next_layout(client, base), "copying")
-
-
-def _fence_the_next_txid(rt: Runtime, plan: Plan) -> Fence:
-    """Begin a commit attempt of the next txid and claim every old shard with its token, so
-    an attempt under way writes nothing more; that attempt's fence."""
-    ledger = rt.ledger
-    ticket = ledger.begin_commit(ledger.committed_txid() + 1)
-    if ticket is None:  # the txid committed between the two reads: fence the one after
-        ticket = ledger.begin_commit(ledger.committed_txid() + 1)
-    assert ticket is not None, "no commit can land while the plan is recorded"
-    fence = Fence(ticket.txid, ticket.token, ticket.generation)
-    claim_shards(rt.client, plan.old(rt.keyspace), _state_names(rt), fence)
-    return fence
 
 
 def _state_names(rt: Runtime) -> list[str]:
