@@ -18,7 +18,7 @@ LOST_SOAK = 40
 caught by the harness at seed 56 only, and not every time under load (racing exporters decide
 which rows a table holds when Redis goes back): its guard is tests/test_lost_commits.py's
 scenario, which fails without the check every time."""
-RESHARD_SOAK = 15
+RESHARD_SOAK = 10
 RESHARD_SEED, RESHARD_SCHEDULES = 10, 6
 """The reshard planted bug: seed 13 exposes it (1 -> 3 shards between an emit staged in Redis
 and its commit); room to move."""
