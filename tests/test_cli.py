@@ -74,6 +74,15 @@ def test_errors_are_one_line(tf):
         assert "Traceback" not in out.stderr
 
 
+def test_chaos_adds_the_families_asked_for(tf):
+    out = tf("chaos", "--schedules", "2", "--seed", "2003", "--family", "reshards", "--verbose")
+    assert out.returncode == 0, out.stderr
+    assert "reshard:1->2@step7:before-commit" in out.stdout
+    assert out.stdout.strip().endswith("lost=0 doubled=0")
+    bad = tf("chaos", "--schedules", "1", "--family", "floods")
+    assert bad.returncode != 0 and "invalid choice: 'floods'" in bad.stderr
+
+
 def test_reset_then_query_shows_zero(tf):
     tf("produce", "wordcount", "-", input="a b\n")
     tf("run", "wordcount", "--engine", "local")

