@@ -13,7 +13,8 @@ next run.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import redis
@@ -88,22 +89,25 @@ def rename_state_keys(client: redis.Redis, keyspace: KeySpace, old: str, new: st
 
 def delete_state_keys(client: redis.Redis, keyspace: KeySpace, name: str) -> int:
     """UNLINK every key of state ``name`` (Redis frees big hashes in the background), in
-    chunks of DELETE_CHUNK keys of one slot. Idempotent; returns how many were deleted."""
-    deleted = 0
-    chunk: list[str] = []
-    for key in state_keys(client, keyspace, name):
-        chunk.append(key)
-        if len(chunk) >= DELETE_CHUNK:
-            deleted += _unlink(client, chunk)
-            chunk = []
-    if chunk:
+    chunks of DELETE_CHUNK keys. Idempotent; returns how many were deleted."""
+    return unlink_all(client, state_keys(client, keyspace, name))
+
+
+def unlink_all(
+    client: redis.Redis, keys: Iterable[str], after_chunk: Callable[[], None] | None = None
+) -> int:
+    """UNLINK ``keys`` DELETE_CHUNK at a time, one call per key (``_unlink``: on a Redis
+    Cluster a chunk's keys may lie in several slots); ``after_chunk`` is called after each
+    chunk. Returns how many existed."""
+    deleted, keys = 0, iter(keys)
+    while chunk := list(islice(keys, DELETE_CHUNK)):
         deleted += _unlink(client, chunk)
+        if after_chunk is not None:
+            after_chunk()
     return deleted
 
 
 def _unlink(client: redis.Redis, keys: list[str]) -> int:
-    """UNLINK ``keys`` one call per key: on a Redis Cluster the keys of a chunk may lie in
-    several slots (the per-txid keys of different shards)."""
     with client.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.unlink(key)

@@ -26,6 +26,7 @@ from typing import Any
 import redis
 
 from tridentflow_state.backing import Fence
+from tridentflow_state.evolve import PER_TXID, unlink_all
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.shards import LAYOUT_FIELD, RESHARD_FIELD, SHARDS_FIELD
 
@@ -33,9 +34,6 @@ COPY_CHUNK = 1000
 """Fields (or members) read and written at a time."""
 CLOSED_TXID = 2**53 - 1
 """The txid a moved-from shard's fence is closed at: every claim of it is refused."""
-MOVABLE = ("state", "expiry", "written", "undo", "changes")
-"""The kinds of key a state has in each slot of its layout (tridentflow_state.keys)."""
-_PER_TXID = ("written", "undo", "changes")
 
 
 @dataclass(frozen=True)
@@ -86,23 +84,19 @@ def _slots(keyspace: KeySpace) -> list[KeySpace]:
     return [keyspace.shard(i) for i in range(keyspace.shards)]
 
 
-def _pattern(slot: KeySpace) -> str:
-    return slot.base.replace("{", "\\{").replace("}", "\\}") + ":*"
-
-
 def movable_keys(client: redis.Redis, slot: KeySpace) -> Iterator[tuple[str, str, str, int | None]]:
     """(key, kind, state, txid or None) of every key of a state in ``slot`` (SCAN; a key may
     come twice, as SCAN's rule allows)."""
     shape = re.compile(
         re.escape(slot.base) + r":(state|expiry|written|undo|changes):([^:]+)(?::(\d+))?$"
     )
-    for raw in client.scan_iter(match=_pattern(slot), count=1000):
+    for raw in client.scan_iter(match=slot.pattern, count=1000):
         key = raw.decode() if isinstance(raw, bytes) else raw
         found = shape.match(key)
         if found is None:
             continue
         kind, name, txid = found.groups()
-        if (txid is None) == (kind in _PER_TXID):
+        if (txid is None) == (kind in PER_TXID):
             continue
         yield key, kind, name, None if txid is None else int(txid)
 
@@ -256,28 +250,10 @@ def delete_old_layout(
     """UNLINK every state key of the old layout (the closed fences and generations stay:
     two small keys per old shard), in chunks; ``after_chunk`` is called after each (a fault
     point). Idempotent; returns how many went."""
-    deleted = 0
-    for slot in _slots(plan.old(keyspace)):
-        chunk: list[str] = []
-        for key, _kind, _name, _txid in movable_keys(client, slot):
-            chunk.append(key)
-            if len(chunk) >= 500:
-                deleted += _unlink(client, chunk)
-                chunk = []
-                if after_chunk is not None:
-                    after_chunk()
-        if chunk:
-            deleted += _unlink(client, chunk)
-            if after_chunk is not None:
-                after_chunk()
-    return deleted
-
-
-def _unlink(client: redis.Redis, keys: list[str]) -> int:
-    with client.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.unlink(key)
-        return sum(int(n) for n in pipe.execute())
+    return sum(
+        unlink_all(client, (key for key, *_ in movable_keys(client, slot)), after_chunk)
+        for slot in _slots(plan.old(keyspace))
+    )
 
 
 def finish(client: redis.Redis, keyspace: KeySpace) -> None:
