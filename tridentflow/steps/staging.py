@@ -517,22 +517,29 @@ class RedisStagingArea:
             return self.keyspace
         return replace(self.keyspace, shards=shards, layout=layout)
 
-    def _layouts(self, txid: int) -> list[KeySpace]:
-        """This keyspace and every other layout a manifest of ``txid`` was staged in."""
+    def _manifests(self, txid: int) -> dict[int, dict[str, Any]]:
+        """Every readable manifest of ``txid``, by attempt (one HGETALL)."""
+        out = {}
+        for attempt, raw in (self.client.hgetall(self.manifests_key(txid)) or {}).items():
+            with contextlib.suppress(ValueError, TypeError):
+                out[int(attempt)] = json.loads(raw)
+        return out
+
+    def _layouts(self, manifests: dict[int, dict[str, Any]]) -> list[KeySpace]:
+        """This keyspace and every other layout one of ``manifests`` was staged in."""
         spaces = {(self.keyspace.shards, self.keyspace.layout): self.keyspace}
-        for raw in (self.client.hgetall(self.manifests_key(txid)) or {}).values():
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                space = self._layout_of(json.loads(raw))
-                spaces.setdefault((space.shards, space.layout), space)
+        for manifest in manifests.values():
+            space = self._layout_of(manifest)
+            spaces.setdefault((space.shards, space.layout), space)
         return list(spaces.values())
 
     def discard(self, txid: int) -> None:
         """Delete every staged attempt of ``txid``: every block its writers indexed (those no
         manifest names too), in every layout its manifests name, and the manifests.
         Idempotent, best effort (blocks expire anyway)."""
-        layouts = self._layouts(txid)
-        self._delete_listed(txid, None)
-        for space in layouts:
+        manifests = self._manifests(txid)
+        self._delete_listed(txid, manifests)
+        for space in self._layouts(manifests):
             discard_blocks(self.client, space, self.generation, txid)
         self.client.delete(self.manifests_key(txid))
 
@@ -542,9 +549,9 @@ class RedisStagingArea:
         wanted = {int(a) for a in attempts}
         if not wanted:
             return
-        layouts = self._layouts(txid)
-        self._delete_listed(txid, wanted)
-        for space in layouts:
+        manifests = {a: m for a, m in self._manifests(txid).items() if a in wanted}
+        self._delete_listed(txid, manifests)
+        for space in self._layouts(manifests):
             discard_blocks(self.client, space, self.generation, txid, wanted)
         self.client.hdel(self.manifests_key(txid), *map(str, sorted(wanted)))
 
@@ -553,12 +560,11 @@ class RedisStagingArea:
         emits that died part-way left there - and that layout's indexes of them: once
         ``tridentflow reshard`` left ``layout``, nothing else finds them (the blocks a
         manifest lists go with the commit). Idempotent; returns the blocks deleted."""
-        listed: set[str] = set()
-        for attempt, raw in (self.client.hgetall(self.manifests_key(txid)) or {}).items():
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                manifest = json.loads(raw)
-                space = self._space_of(txid, int(attempt), manifest)
-                listed.update(space.key(r) for r in manifest_blocks(manifest))
+        listed = {
+            self._space_of(txid, attempt, manifest).key(ref)
+            for attempt, manifest in self._manifests(txid).items()
+            for ref in manifest_blocks(manifest)
+        }
         return discard_blocks(self.client, layout, self.generation, txid, None, listed)
 
     def prune(self, batch: StagedBatch) -> None:
@@ -570,16 +576,9 @@ class RedisStagingArea:
             self.client, space.keyspace, self.generation, batch.txid, {batch.attempt}, listed
         )
 
-    def _delete_listed(self, txid: int, attempts: set[int] | None) -> None:
-        """The blocks the manifests of ``attempts`` (None: all) of ``txid`` list - staged
-        before blocks were indexed, they are found only there."""
-        key = self.manifests_key(txid)
-        for attempt, raw in (self.client.hgetall(key) or {}).items():
-            if attempts is not None and int(attempt) not in attempts:
-                continue
-            try:
-                manifest = json.loads(raw)
-            except ValueError:
-                continue
-            space = self._space_of(txid, int(attempt), manifest)
+    def _delete_listed(self, txid: int, manifests: dict[int, dict[str, Any]]) -> None:
+        """The blocks ``manifests`` (of ``txid``'s attempts) list - staged before blocks
+        were indexed, they are found only there."""
+        for attempt, manifest in manifests.items():
+            space = self._space_of(txid, attempt, manifest)
             delete_blocks(self.client, space, manifest_blocks(manifest))
