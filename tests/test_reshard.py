@@ -225,6 +225,37 @@ def test_a_listing_begun_before_a_reshard_is_told_to_list_again(twins):
     assert sorted(seen) == sorted(list_state(moved, persist, 10_000).items)
 
 
+def test_a_process_that_predates_the_reshard_reads_as_of_the_new_one_or_is_told_to_retry(twins):
+    """query --as-of reads the undo logs where they are now; an export whose change log moved
+    while it read is told to export again, not handed "gone" (a reload); a rewind waits for
+    a reshard cut short."""
+    from tridentflow.errors import TridentflowError
+    from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+
+    moving, staying, open_ = twins
+    before = open_("moving")  # opened before the reshard: its keyspace names the old layout
+    assert before.keyspace.shards == 1
+    reshard(open_("moving"), 3)
+    persist = before.pipeline.states["counts"]
+    keys = [("the",), ("fox",), ("lazy",)]
+    twin = staying.pipeline.states["counts"]
+    for txid in (2, 3):
+        assert query_as_of(before, persist, keys, txid) == query_as_of(staying, twin, keys, txid)
+    produce(moving, LINES[5:6])
+    run_batches(open_("moving"), LocalEngine(), max_batches=1, batch_size=100)
+    with pytest.raises(TridentflowError, match="while exported: export again"):
+        export(before)
+    export(open_("moving"))
+    faulty = open_("moving").with_(faults=FaultPlan.parse("mid-reshard@6#2"))
+    with pytest.raises(InjectedFault):
+        reshard(faulty, 2)
+    with pytest.raises(RewindRefused, match="being resharded to 2 shards: finish that first"):
+        rewind_pipeline(open_("moving"), 4, force=True)
+    reshard(open_("moving"), 2)
+    step(staying, LINES[5:6])
+    assert everything(open_("moving")) == everything(staying)
+
+
 def test_what_a_reshard_refuses_in_one_line(twins, redis_url, home, tmp_path):
     moving, _, open_ = twins
     with pytest.raises(ReshardRefused, match="in 1 shard\\(s\\) already"):

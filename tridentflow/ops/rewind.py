@@ -29,6 +29,7 @@ from typing import Any
 from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError, one_line
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import RedisStagingArea
+from tridentflow_state.reshard import plan_under_way
 from tridentflow_state.rewind import REWIND_PREFIX, RewindResult, rewind, rewinding_to
 from tridentflow_state.undo import offsets_after, retained
 
@@ -129,6 +130,13 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     with the same target to finish a rewind that was cut short."""
     if isinstance(target, bool) or not isinstance(target, int) or target < 0:
         raise TridentflowError(f"rewind --to takes a txid (a whole number >= 0), got {target!r}")
+    plan = plan_under_way(rt.client, rt.keyspace)
+    if plan is not None:  # it would restore values into the layout being copied away
+        raise RewindRefused(
+            f"pipeline {rt.pipeline.name} is being resharded to {plan.to_shards} shards: "
+            f"finish that first (`tridentflow reshard {rt.pipeline.name} --shards "
+            f"{plan.to_shards} --yes`)"
+        )
     reload = check_rewindable(rt, target)
     owed = _tables_owed(rt)
     if owed is not None and _states_rewound(rt, owed.generation):

@@ -40,6 +40,7 @@ from tridentflow_state.changes import (
     sink_positions,
 )
 from tridentflow_state.codec import encode_key, tuple_key
+from tridentflow_state.shards import with_stored_layout
 
 SNAPSHOT_PAGE = 10_000
 SNAPSHOT_TRIES = 5
@@ -238,6 +239,11 @@ def _change_pages(
         stored = json.loads(b"[" + b",".join(page.values()) + b"]")
         pages.append((fields, keys, stored))
     if sum(len(fields) for fields, _, _ in pages) != count:  # dropped while read
+        if with_stored_layout(rt.client, rt.keyspace) != rt.keyspace:
+            raise TridentflowError(  # not gone: moved by a reshard since this process began
+                f"state {feed.state} moved to another shard layout (`tridentflow reshard`) "
+                "while exported: export again"
+            )
         return None
     return pages
 

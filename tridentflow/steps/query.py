@@ -19,7 +19,7 @@ from tridentflow.nodes import Persist
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.codec import decode_key, encode_key
 from tridentflow_state.maps import StoredValue, decode_stored
-from tridentflow_state.shards import query_state, read_consistently
+from tridentflow_state.shards import query_state, read_consistently, with_stored_layout
 from tridentflow_state.undo import changed_since, priors_as_of, retained, value_as_of
 
 
@@ -107,9 +107,12 @@ def query_as_of(
         keys = [()]
     encoded = [encode_key(k) for k in keys]
     name = persist.state.name
-    committed, values = query_state(rt.client, rt.keyspace, name, encoded)
-    priors = priors_as_of(rt.client, rt.keyspace, name, encoded, as_of, committed)
+    space = with_stored_layout(rt.client, rt.keyspace)  # this process may predate a reshard
+    committed, values = query_state(rt.client, space, name, encoded)
+    priors = priors_as_of(rt.client, space, name, encoded, as_of, committed)
     check_retained(rt, as_of)  # nothing read was trimmed meanwhile
+    if with_stored_layout(rt.client, space) != space:  # the undo logs moved while read
+        raise _moved(name, "while read: query it again")
     agg = persist.aggregator
     zero = absent_value(agg)
     out = []
@@ -194,10 +197,9 @@ def list_state(
     )
 
 
-def _moved(name: str) -> TridentflowError:
+def _moved(name: str, then: str = "since this listing began: list it again") -> TridentflowError:
     return TridentflowError(
-        f"state {name} moved to another shard layout (`tridentflow reshard`) since this "
-        "listing began: list it again"
+        f"state {name} moved to another shard layout (`tridentflow reshard`) {then}"
     )
 
 
