@@ -223,14 +223,25 @@ class ShardedRedisBackingMap:
         return ShardedExpiryIndex(self.keyspace, [shard.expiry for shard in self.shards])
 
 
+def _ledger_layout(
+    client: redis.Redis, keyspace: KeySpace
+) -> tuple[tuple[int, int] | None, bytes | None]:
+    """(the stored (shard count, layout number), None while nothing says yet; the reshard
+    plan under way, None if none) - one HMGET of the ledger."""
+    raw, layout, committed, moving = client.hmget(
+        keyspace.ledger, [SHARDS_FIELD, LAYOUT_FIELD, "committed", RESHARD_FIELD]
+    )
+    if raw is not None:
+        return (int(raw), int(layout or 0)), moving
+    if int(committed or 0) > 0:  # committed before shards existed: one
+        return (1, int(layout or 0)), moving
+    return None, moving
+
+
 def stored_layout(client: redis.Redis, keyspace: KeySpace) -> tuple[int, int] | None:
     """(shard count, layout number) the pipeline's state is stored with (None: nothing says
     yet). One read of the ledger."""
-    raw, layout = client.hmget(keyspace.ledger, [SHARDS_FIELD, LAYOUT_FIELD])
-    if raw is None:
-        committed = int(client.hget(keyspace.ledger, "committed") or 0)
-        return (1, int(layout or 0)) if committed > 0 else None  # before shards existed: one
-    return int(raw), int(layout or 0)
+    return _ledger_layout(client, keyspace)[0]
 
 
 def stored_shards(client: redis.Redis, keyspace: KeySpace) -> int | None:
@@ -252,35 +263,42 @@ def check_layout(client: redis.Redis, keyspace: KeySpace, configured: int | None
     """The stored shard count (``configured`` if none yet); StateError (one line) if the
     pipeline's state is stored with another count than ``configured`` (None: the run asks
     for none, the stored one wins). Reads only."""
-    stored = stored_shards(client, keyspace) or configured or keyspace.shards
-    if configured is not None and stored != configured:
+    return _checked_count(keyspace, stored_shards(client, keyspace), configured)
+
+
+def _checked_count(keyspace: KeySpace, stored: int | None, configured: int | None) -> int:
+    count = stored or configured or keyspace.shards
+    if configured is not None and count != configured:
         raise StateError(
-            f"pipeline {keyspace.pipeline}'s state is stored in {stored} shard(s) but this run "
-            f"asks for {configured} (state_shards / TRIDENTFLOW_STATE_SHARDS): set {stored}, "
+            f"pipeline {keyspace.pipeline}'s state is stored in {count} shard(s) but this run "
+            f"asks for {configured} (state_shards / TRIDENTFLOW_STATE_SHARDS): set {count}, "
             f"or move the state with `tridentflow reshard {keyspace.pipeline} --shards "
             f"{configured} --yes`"
         )
-    return stored
+    return count
 
 
 def ensure_shards(client: redis.Redis, keyspace: KeySpace, configured: int | None) -> None:
     """Before a commit writes with ``keyspace``: record the shard count on first use
     (``configured``, else the keyspace's); StateError (one line) if the state is stored with
     another count than ``configured``, or if ``keyspace`` was read before a reset or a
-    reshard moved it; ReshardUnderWay (retry later) while a reshard runs. Idempotent."""
-    if stored_shards(client, keyspace) is None:
+    reshard moved it; ReshardUnderWay (retry later) while a reshard runs. Idempotent; one
+    read of the ledger (two and a write the first time)."""
+    stored, moving = _ledger_layout(client, keyspace)
+    if stored is None:
         client.hsetnx(keyspace.ledger, SHARDS_FIELD, configured or keyspace.shards)
-    moving = client.hget(keyspace.ledger, RESHARD_FIELD)
+        stored, moving = _ledger_layout(client, keyspace)
     if moving is not None:
         plan = json.loads(moving)
         raise ReshardUnderWay(
             f"pipeline {keyspace.pipeline}'s state is moving to {plan['to'][0]} shard(s) "
             "(`tridentflow reshard`): this commit writes nothing; retry once it is done"
         )
-    stored = check_layout(client, keyspace, configured)
-    if (keyspace.shards, keyspace.layout) != stored_layout(client, keyspace):
+    assert stored is not None  # recorded just now, if by nobody before
+    count = _checked_count(keyspace, stored[0], configured)
+    if (keyspace.shards, keyspace.layout) != stored:
         raise StateError(
-            f"pipeline {keyspace.pipeline}'s state moved to {stored} shard(s) (a reset or a "
+            f"pipeline {keyspace.pipeline}'s state moved to {count} shard(s) (a reset or a "
             f"reshard) since this step read {keyspace.shards}: run the step again"
         )
 
