@@ -203,6 +203,38 @@ def _moved(name: str, then: str = "since this listing began: list it again") -> 
     )
 
 
+def _read_cursor(after: str, name: str, shards: int, layout: int) -> tuple[int, int, int, int]:
+    """(committed txid, shard, HSCAN cursor, entries to skip) a listing's cursor holds;
+    TridentflowError (one line) if it is none, or names another shard layout."""
+    try:
+        parts = [int(part) for part in after.split("-")]
+        if len(parts) == 3:  # a cursor of an unsharded listing
+            parts.insert(1, 0)
+        if len(parts) == 4:  # of the first shard layout
+            parts.append(0)
+        committed, shard, scan, skip, listed_in = parts
+    except ValueError:
+        raise TridentflowError(f"--after {after!r} is not a cursor from a listing") from None
+    if listed_in != layout:
+        raise _moved(name)
+    if not 0 <= shard < shards:
+        raise TridentflowError(f"--after {after!r} is not a cursor from a listing")
+    return committed, shard, scan, skip
+
+
+def _write_cursor(
+    committed: int, shard: int, scan: int, skip: int, shards: int, layout: int
+) -> str:
+    """The cursor ``_read_cursor`` reads: unsharded, as it always was; after a reshard with
+    its layout too, so a cursor never reads another one."""
+    parts: tuple[int, ...] = (committed, shard, scan, skip)
+    if layout:
+        parts = (*parts, layout)
+    elif shards == 1:
+        parts = (committed, scan, skip)
+    return "-".join(map(str, parts))
+
+
 def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> StatePage | None:
     """One page (see list_state); None if a key on it is beyond txid C+1, or a tombstone of a
     txid beyond C was dropped meanwhile (a key absent now may have existed as of C)."""
@@ -211,27 +243,10 @@ def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> 
     if after is None:
         committed, shard, scan, skip = rt.ledger.committed_txid(), 0, 0, 0
     else:
-        try:
-            parts = [int(part) for part in after.split("-")]
-            if len(parts) == 3:  # a cursor of an unsharded listing
-                parts.insert(1, 0)
-            if len(parts) == 4:  # of the first shard layout
-                parts.append(0)
-            committed, shard, scan, skip, listed_in = parts
-        except ValueError:
-            raise TridentflowError(f"--after {after!r} is not a cursor from a listing") from None
-        if listed_in != layout:
-            raise _moved(name)
-        if not 0 <= shard < shards:
-            raise TridentflowError(f"--after {after!r} is not a cursor from a listing")
+        committed, shard, scan, skip = _read_cursor(after, name, shards, layout)
 
     def cursor(shard: int, scan: int, skip: int) -> str:
-        parts: tuple[int, ...] = (
-            (committed, scan, skip) if shards == 1 else (committed, shard, scan, skip)
-        )
-        if layout:  # after a reshard: the layout too, so a cursor never reads another one
-            parts = (committed, shard, scan, skip, layout)
-        return "-".join(map(str, parts))  # unsharded: the cursor as it always was
+        return _write_cursor(committed, shard, scan, skip, shards, layout)
 
     entries: list[tuple[bytes, bytes]] = []
     read_shards = {shard}
