@@ -19,7 +19,7 @@ Then the keys that do expire: with N = 1, each txid updates --batch new keys and
 --batch of the txid before (so every commit writes --batch keys and removes --batch keys).
 
 The S keys beyond the batch are loaded as a commit of txid 1 leaves them (the hash field
-``[1,1,null]``, and in the index with score 1): loading 10M keys through ten million records
+``[1,1,null]``, and in the index's bucket of txid 1): loading 10M keys through ten million records
 of a commit would time the loader, not the commit. Needs a Redis: TRIDENTFLOW_REDIS_URL, else
 a private redis-server (no persistence).
 """
@@ -40,6 +40,7 @@ from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.expiry import add_chunks, add_count
 from tridentflow_state.maps import StateKind
 
 LOAD_CHUNK = 10_000
@@ -75,11 +76,10 @@ def load(rt: Runtime, size: int, batch: int, indexed: bool) -> None:
     index = rt.keyspace.expiry("s")
     for start in range(batch, size, LOAD_CHUNK):
         fields = [f"k{i}" for i in range(start, min(size, start + LOAD_CHUNK))]
-        with client.pipeline(transaction=False) as pipe:
-            pipe.hset(state, mapping={f'["{f}"]': "[1,1,null]" for f in fields})
-            if indexed:
-                pipe.zadd(index, {f'["{f}"]': 1 for f in fields})
-            pipe.execute()
+        client.hset(state, mapping={f'["{f}"]': "[1,1,null]" for f in fields})
+        if indexed:
+            add_chunks(client, index, {1: [f'["{f}"]' for f in fields]})
+            add_count(client, index, len(fields))
 
 
 def sweep(rt: Runtime, through: int) -> int:

@@ -32,19 +32,32 @@ class Fence:
 
 
 class ExpiryIndex(Protocol):
-    """The index expiry reads its candidates from: each live key of one state scored by the
-    txid that last wrote it (tridentflow_state.expiry has the rules and the Redis ones)."""
-
-    def follow(self, fields: Sequence[str]) -> int:
-        """Score ``fields`` by their stamps (only ever raised), drop those not live."""
-        ...
+    """The index expiry reads its candidates from: every live key of one state under the txid
+    that last wrote it (tridentflow_state.expiry has the rules and the Redis one)."""
 
     def merge(self, txid: int) -> int:
-        """Follow every field committed ``txid`` wrote; idempotent."""
+        """Index every field committed ``txid`` wrote; idempotent."""
+        ...
+
+    def forget(self, through: int) -> int:
+        """Drop what the index holds at or below ``through`` (after the mark of the txid that
+        expired by it); idempotent."""
+        ...
+
+    def compact(self, through: int, fence: Fence | None) -> int:
+        """Drop, if the index has grown past the state, what it holds above ``through`` for
+        keys written since; fenced by ``fence``. Never changes what ``candidates`` and
+        ``written_between`` say of a live key."""
         ...
 
     def candidates(self, through: int) -> Iterator[list[str]]:
-        """The fields scored at or below ``through``, in chunks."""
+        """In chunks, every live key last written at or before ``through`` (and maybe keys
+        written since: each is checked against its stamp)."""
+        ...
+
+    def written_between(self, after: int, through: int) -> set[str]:
+        """The keys a committed txid in (``after``, ``through``] wrote, as far as the index
+        holds them (every live one)."""
         ...
 
     def built(self) -> bool:
@@ -157,7 +170,7 @@ class MemoryBackingMap:
 
 class MemoryExpiryIndex:
     """The expiry index of a MemoryBackingMap (tridentflow.testing): the Redis index's rules
-    over a dict."""
+    over a dict of each key's last committed write (exact: it holds no key twice)."""
 
     def __init__(self, backing: MemoryBackingMap) -> None:
         self.backing = backing
@@ -167,26 +180,28 @@ class MemoryExpiryIndex:
     def built(self) -> bool:
         return self.is_built
 
-    def follow(self, fields: Sequence[str]) -> int:
-        removed = 0
-        for field in fields:
-            raw = self.backing._data.get(field)
-            stamp = None if raw is None else live_stamp(raw)
-            if stamp is None:
-                removed += self.scores.pop(field, None) is not None
-            else:
-                self.scores[field] = max(stamp, self.scores.get(field, stamp))
-        return removed
-
     def merge(self, txid: int) -> int:
         written = sorted(self.backing._written.pop(txid, set()))
-        self.follow(written)
+        for field in written:
+            self.scores[field] = max(txid, self.scores.get(field, txid))
         return len(written)
+
+    def forget(self, through: int) -> int:
+        gone = [field for field, score in self.scores.items() if score <= through]
+        for field in gone:
+            del self.scores[field]
+        return len(gone)
+
+    def compact(self, through: int, fence: Fence | None) -> int:
+        return 0  # it holds each key once
 
     def candidates(self, through: int) -> Iterator[list[str]]:
         due = sorted(f for f, score in self.scores.items() if score <= through)
         for i in range(0, len(due), 1000):
             yield due[i : i + 1000]
+
+    def written_between(self, after: int, through: int) -> set[str]:
+        return {f for f, score in self.scores.items() if after < score <= through}
 
     def rebuild(self) -> int:
         self.is_built = True

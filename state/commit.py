@@ -125,6 +125,8 @@ class CommitAttempt:
             writer = make_map_state(kind, backing, name)
             writer.begin_commit(self.txid, self.fence)
             self.writers[name], self.kinds[name] = writer, kind
+        for name, after in self.expiring.items():  # before the writes: their stamps are T's
+            self.writers[name].compact_expiry(self.txid - after)
         return self.writers
 
     # -- 3. writes ------------------------------------------------------------------------------
@@ -212,10 +214,12 @@ class CommitAttempt:
                 tx = None if self.kinds[name] is StateKind.NON_TRANSACTIONAL else self.txid
                 backing = self.writers[name].backing
                 dropped += backing.drop_tombstones(tx, keys, self.ticket.generation)
-        for name in self.expiring:  # the index follows what the txid wrote (or is built)
+        for name, after in self.expiring.items():  # the index follows what the txid wrote
             index = self.writers[name].backing.expiry
             index.merge(self.txid)
-            if not index.built():
+            if index.built():
+                index.forget(self.txid - after)  # this txid expired by them
+            else:
                 index.rebuild()
         for name in changed:  # a sink further behind than this reloads or fails
             trim_changes(self.client, self.keyspace, name, self.txid, change_log_limit)

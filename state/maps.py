@@ -305,6 +305,18 @@ class MapState(ABC):
             self.backing.multi_put(resets, self._fence)
         return len(resets)
 
+    def compact_expiry(self, through: int) -> int:
+        """Let the expiry index drop the keys it holds twice, if it has grown past the state
+        (tridentflow_state.expiry). Call after ``begin_commit`` and before the batch's
+        writes: a key this txid writes is stamped with it, and a key stamped with the
+        committing txid is one whose last committed update the index alone knows (an earlier
+        attempt's), so it is kept where it is. Fenced; the keys dropped."""
+        index = self.backing.expiry
+        if self.kind is StateKind.NON_TRANSACTIONAL or not index.built():
+            return 0
+        index.merge(self.current_txid - 1)  # what a commit of txid-1 cut short left
+        return index.compact(through, self._fence)
+
     def expire(self, through: int, batch_keys: BatchKeys = None) -> list[str]:
         """Remove every key whose last update was at a txid <= ``through`` and which this
         txid does not update, as tombstones under the current txid: fenced, stamped and
@@ -324,21 +336,29 @@ class MapState(ABC):
             return []
         index.merge(txid - 1)  # what a commit of txid-1 cut short after its mark left
         batch: set[str] | None = None
+        since: set[str] | None = None  # keys a committed txid after ``through`` wrote
         expired: list[str] = []
         for chunk in index.candidates(through):
             fresh = [k for k in chunk if k not in self._written_now and k not in self._reached_now]
             writes: list[tuple[str, StoredValue]] = []
-            stale: list[str] = []
             for key, stored in zip(fresh, self.read(fresh), strict=True):
-                committed = None if stored is None else stored.curr
-                if stored is not None and stored.txid == txid:
+                if stored is None:
+                    continue  # gone since it was indexed
+                if stored.txid == txid:
                     batch = self._batch_set(batch_keys) if batch is None else batch
                     if key in batch:
                         continue  # updated by this txid (another path than Python's)
-                    committed = stored.prev  # an earlier attempt's write does not count
-                if committed is None:
-                    stale.append(key)  # not live as of txid-1: the index lags behind
+                    # an earlier attempt's write does not count: was the key's last committed
+                    # update after ``through``? Then the index holds it there too.
+                    since = index.written_between(through, txid - 1) if since is None else since
+                    if key in since:
+                        continue
+                    committed = stored.prev
+                elif stored.txid is not None and stored.txid > through:
+                    continue  # written since: due with the later txid's bucket
                 else:
+                    committed = stored.curr
+                if committed is not None:  # a tombstone is gone already
                     writes.append((key, StoredValue(txid, None, committed)))
             if writes:
                 self.backing.multi_put([(k, v.to_json()) for k, v in writes], self._fence)
@@ -347,8 +367,6 @@ class MapState(ABC):
                     self._written_now[key] = value
                     self._tombstones.add(key)
                 expired.extend(key for key, _ in writes)
-            if stale:
-                index.follow(stale)
         return sorted(expired)
 
     def _batch_set(self, batch_keys: BatchKeys) -> set[str]:

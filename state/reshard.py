@@ -27,6 +27,7 @@ import redis
 
 from tridentflow_state.backing import Fence
 from tridentflow_state.evolve import PER_TXID, unlink_all
+from tridentflow_state.expiry import CHUNK, PAGE, add_count, chunk_fields
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.shards import LAYOUT_FIELD, RESHARD_FIELD, SHARDS_FIELD
 
@@ -111,7 +112,9 @@ def copy_key(
     client: redis.Redis, new: KeySpace, key: str, kind: str, name: str, txid: int | None
 ) -> int:
     """Copy one key of the old layout into ``new``, each field (member) into the shard
-    ``new.shard_index`` gives it, COPY_CHUNK at a time. Idempotent. Returns the fields."""
+    ``new.shard_index`` gives it, COPY_CHUNK at a time; an expiry index's chunks are split
+    field by field, each part keeping its bucket. Idempotent (a rerun may split an expiry
+    bucket into other chunks: a field held twice is allowed there). Returns the fields."""
     copied = 0
     if kind == "expiry":
         items: Iterator[Any] = client.zscan_iter(key, count=COPY_CHUNK)
@@ -122,32 +125,57 @@ def copy_key(
     targets = [_target(new.shard(i), kind, name, txid) for i in range(new.shards)]
     chunk: list[tuple[Any, Any]] = []
 
-    def flush() -> None:
+    def flush() -> int:
+        if kind == "expiry":
+            return _copy_chunks(client, new, targets, chunk)
         groups: dict[int, list[tuple[Any, Any]]] = {}
         for field, value in chunk:
-            text = field.decode("utf-8", "surrogatepass") if isinstance(field, bytes) else field
-            groups.setdefault(new.shard_index(text), []).append((field, value))
+            groups.setdefault(new.shard_index(_decoded(field)), []).append((field, value))
         with client.pipeline(transaction=False) as pipe:
             for index, group in groups.items():
                 target = targets[index]
-                if kind == "expiry":
-                    pipe.zadd(target, {f: score for f, score in group})
-                elif kind == "written":
+                if kind == "written":
                     pipe.sadd(target, *(f for f, _ in group))
                 else:
                     pipe.hset(target, mapping=dict(group))
             pipe.execute()
+        return len(chunk)
 
+    limit = PAGE if kind == "expiry" else COPY_CHUNK  # an expiry member holds CHUNK fields
     for item in items:
         chunk.append(item)
-        if len(chunk) >= COPY_CHUNK:
-            flush()
-            copied += len(chunk)
+        if len(chunk) >= limit:
+            copied += flush()
             chunk = []
     if chunk:
-        flush()
-        copied += len(chunk)
+        copied += flush()
     return copied
+
+
+def _decoded(field: Any) -> str:
+    return field.decode("utf-8", "surrogatepass") if isinstance(field, bytes) else field
+
+
+def _copy_chunks(
+    client: redis.Redis, new: KeySpace, targets: list[str], members: list[tuple[Any, float]]
+) -> int:
+    """Split an expiry index's chunks (``members``: chunk, bucket) field by field into the
+    ``targets`` indexes, each part in its bucket; each target's ``#<n>`` count raised by what
+    it got. The fields copied."""
+    parts: dict[tuple[int, float], list[str]] = {}
+    for member, score in members:
+        for field in chunk_fields(member):
+            parts.setdefault((new.shard_index(field), score), []).append(field)
+    got = [0] * len(targets)
+    with client.pipeline(transaction=False) as pipe:
+        for (index, score), fields in parts.items():
+            got[index] += len(fields)
+            for i in range(0, len(fields), CHUNK):
+                pipe.zadd(targets[index], {"\n".join(fields[i : i + CHUNK]): score}, gt=True)
+        pipe.execute()
+    for target, fields in zip(targets, got, strict=True):
+        add_count(client, target, fields)
+    return sum(got)
 
 
 def _done_key(keyspace: KeySpace) -> str:

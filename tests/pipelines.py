@@ -535,5 +535,13 @@ def expiring_transactional() -> Pipeline:
     return expiring("transactional")
 
 
+def expiring_after_3() -> Pipeline:
+    return expiring("opaque", after=3)
+
+
+def expiring_after_20() -> Pipeline:
+    return expiring("opaque", after=20)
+
+
 def expiring_sharded() -> Pipeline:
     return expiring("opaque", shards=3)

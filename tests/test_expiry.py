@@ -26,6 +26,9 @@ from tridentflow.steps.export import changes_of, export
 from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
 from tridentflow.testing import CollectSink, run_batches
+from tridentflow_state import expiry
+from tridentflow_state.codec import live_stamp
+from tridentflow_state.expiry import chunk_fields, expiry_index
 
 AFTER = 2
 POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger", "after-mark")
@@ -135,6 +138,27 @@ def _step_by_step(rt, batches: list[list[str]], faults: dict[int, str], first: i
         assert rt.ledger.committed_txid() == txid
 
 
+def _stored(rt) -> dict[str, str]:
+    """State ``counts`` as stored: field -> raw value, every shard."""
+    spaces = [rt.keyspace.shard(i) for i in range(rt.keyspace.shards)]
+    out = {}
+    for space in spaces:
+        out.update(rt.client.hgetall(space.state("counts")))
+    return {k.decode(): v.decode() for k, v in out.items()}
+
+
+def _index(rt, every: bool = False) -> dict:
+    """The expiry index of state ``counts``: field -> the highest bucket holding it (every
+    bucket, with ``every``), every shard."""
+    found: dict[str, list[int]] = {}
+    for i in range(rt.keyspace.shards):
+        key = rt.keyspace.shard(i).expiry("counts")
+        for member, score in rt.client.zrange(key, 0, -1, withscores=True):
+            for field in chunk_fields(member):
+                found.setdefault(field, []).append(int(score + 0.5))
+    return found if every else {field: max(b) for field, b in found.items()}
+
+
 def _counts(rt) -> dict[str, int]:
     page = list_state(rt, rt.pipeline.states["counts"], limit=10_000)
     return {key[0] if isinstance(key, tuple | list) else key: value for key, value in page.items}
@@ -142,12 +166,17 @@ def _counts(rt) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", ["tests.pipelines:expiring", "tests.pipelines:expiring_sharded",
                                   "tests.pipelines:expiring_transactional"])  # fmt: skip
+@pytest.mark.parametrize("compacting", [False, True], ids=["", "compacting"])
 def test_redis_keeps_exactly_the_keys_the_rule_keeps_with_a_fault_at_every_point(
-    redis_url, home, name
+    redis_url, home, name, compacting, monkeypatch
 ):
     """A fault at every point of the txids that expire keys (raise and crash): the state
     after each txid is the model's; each txid's change log removes exactly the keys it
-    expired; the history says how many."""
+    expired; the history says how many. ``compacting``: the index compacts whenever it holds
+    a key twice (the default waits until it holds twice the state)."""
+    if compacting:
+        monkeypatch.setattr(expiry, "COMPACT_RATIO", 1)  # as compacting_eagerly()
+        monkeypatch.setattr(expiry, "COMPACT_SLACK", 0)
     batches = draws(12, seed=7)
     expected, expired = model(batches, AFTER)
     points = iter(POINTS * 4)
@@ -162,15 +191,14 @@ def test_redis_keeps_exactly_the_keys_the_rule_keeps_with_a_fault_at_every_point
         assert removed == expired[txid - 1], txid
     history = {entry["txid"]: entry for entry in rt.ledger.history(20)}
     assert [history[t]["expired"] for t in range(1, 13)] == [len(e) for e in expired]
-    index = (
-        rt.client.zcard(rt.keyspace.expiry("counts"))
-        if not rt.keyspace.sharded
-        else sum(
-            rt.client.zcard(rt.keyspace.shard(i).expiry("counts"))
-            for i in range(rt.keyspace.shards)
-        )
-    )
-    assert index == len(expected)  # the index holds the live keys, no more
+    index = expiry_index(rt.client, rt.keyspace, "counts")
+    index.merge(12), index.forget(12 - AFTER)  # what txid 12's settle did, unless cut short
+    buckets = _index(rt)  # each live key under the txid that last wrote it
+    stored = _stored(rt).items()
+    stamps = {field: live_stamp(raw) for field, raw in stored if live_stamp(raw) is not None}
+    assert set(stamps) == {f'["{word}"]' for word in expected}
+    assert {field: buckets.get(field) for field in stamps} == stamps
+    assert min(min(b) for b in _index(rt, every=True).values()) > 12 - AFTER  # nothing older
     report = audit(rt)
     assert (report.ok, report.unaudited, report.keys) == (True, [], len(expected)), report.line()
 
@@ -200,7 +228,7 @@ def test_a_rewind_brings_expired_keys_back_and_the_replay_expires_them_again(
     assert _counts(rt) == model(batches, AFTER)[0] == {"c": 3, "d": 1}
     rewind_pipeline(rt, 2, force=True)
     assert _counts(rt) == model(batches[:2], AFTER)[0] == {"a": 2, "b": 2}
-    assert rt.client.zcard(rt.keyspace.expiry("counts")) == 2  # made again from the values
+    assert _index(rt) == {'["a"]': 1, '["b"]': 2}  # made again from the values
     coordinate(rt, 3, batch_size=1000)  # the replay reads the three batches left as one
     emit(rt, 3, LocalEngine())
     commit(rt, 3)
@@ -280,3 +308,60 @@ def expiring_words(after: int | None) -> Pipeline:
         .persistent_aggregate(spec, Count(), out_field="count")
     )
     return pipeline
+
+
+def test_a_key_an_earlier_attempt_wrote_is_judged_by_its_last_committed_update(redis_url, home):
+    """Key k is indexed under txids 1 and 3 (a key written again keeps its older bucket). At
+    txid 4 (N = 3: due are txids <= 1) a first attempt writes k and dies before the mark; its
+    replay lacks k (its partition went dark: an opaque replay may differ). k comes up from
+    bucket 1 with the earlier attempt's stamp: its last committed update (3) is what counts,
+    so it stays. Fails if the commit took the earlier attempt's key as last updated at 1."""
+    rt = runtime("tests.pipelines:expiring_after_3", redis_url, home)
+    rt.ledger.reset(force=True)
+    for txid, (p0, p1) in enumerate([("k", "a"), ("b", "c"), ("k", "d"), ("e", "k")], start=1):
+        rt.source_heads()
+        rt.log.append(0, [{"sentence": p0}])
+        rt.log.append(1, [{"sentence": p1}])
+        plans = ["before-ledger@4", "dark:1@4"] if txid == 4 else [""]
+        for plan in plans:
+            attempt = rt.with_(faults=FaultPlan.parse(plan))
+            try:
+                coordinate(attempt, txid, batch_size=1)
+                emit(attempt, txid, LocalEngine())
+                commit(attempt, txid)
+            except InjectedFault:
+                continue
+        assert rt.ledger.committed_txid() == txid
+    assert _counts(rt) == {"k": 2, "b": 1, "c": 1, "d": 1, "e": 1}  # a: txid 1, gone at 4
+    coordinate(rt, 5, batch_size=1)  # partition 1's record of txid 4 comes with txid 5
+    emit(rt, 5, LocalEngine())
+    commit(rt, 5)
+    assert _counts(rt)["k"] == 3
+
+
+def test_an_index_of_keys_written_every_txid_compacts_to_about_the_state_s_size(
+    redis_url, home, monkeypatch
+):
+    """Ten keys written every txid and one new key a txid, N = 20: without compaction the
+    index would hold each hot key once per txid of the window (200 and more); it holds at
+    most twice the state (+ the slack, lowered to 5 here, + one txid's keys), and exactly the
+    keys the rule keeps are kept."""
+    monkeypatch.setattr(expiry, "COMPACT_SLACK", 5)
+    rt = runtime("tests.pipelines:expiring_after_20", redis_url, home)
+    rt.ledger.reset(force=True)
+    hot = " ".join(f"h{i}" for i in range(10))
+    batches = [[f"{hot} n{t}"] for t in range(1, 41)]
+    index = expiry_index(rt.client, rt.keyspace, "counts")
+    held = []
+    for txid, lines in enumerate(batches, start=1):
+        _step_by_step(rt, [lines], {}, first=txid)
+        held.append(sum(len(b) for b in _index(rt, every=True).values()))
+        assert index.count() == held[-1]  # the count it compacts by is exact here
+    expected, _ = model(batches, 20)
+    assert _counts(rt) == expected  # 10 hot keys, n21..n40
+    assert max(held) <= 2 * (len(expected) + 11) + 5 + 11, held
+    assert max(held[20:]) < 10 * 20  # what the window alone would hold
+    buckets = _index(rt)
+    assert {f'["{k}"]': buckets[f'["{k}"]'] for k in expected} == {
+        f'["{k}"]': 40 if k[0] == "h" else int(k[1:]) for k in expected
+    }

@@ -218,10 +218,12 @@ class _Run:
             removed = self._commit(txid, number, staged)
         for name, keys in removed.items():  # once the txid is marked: no replay needs them
             self.backings[name].drop_tombstones(txid, keys)
-        for name in self.pipeline.expiring:  # the expiry index follows what the txid wrote
+        for name, after in self.pipeline.expiring.items():  # the index follows the txid
             index = self.backings[name].expiry
             index.merge(txid)
-            if not index.built():
+            if index.built():
+                index.forget(txid - after)
+            else:
                 index.rebuild()
         self.read = base + sum(end - start for start, end in ranges.values())
         self.committed = txid

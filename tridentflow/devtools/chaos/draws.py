@@ -40,3 +40,10 @@ def schedule_expiry(seed: int) -> int:
     stamped, and recountable txid by txid by audit): 1, 2 or 3, from a generator of its own
     (what else a seed draws stays what it was)."""
     return random.Random(f"expiry-{seed}").choice((1, 2, 3))
+
+
+def schedule_compacting(seed: int) -> bool:
+    """Whether an expiry schedule's indexes compact whenever they hold a key twice (half of
+    them; by default an index waits until it holds twice its state): the compaction then runs
+    in nearly every commit, faults and all."""
+    return random.Random(f"compacting-{seed}").random() < 0.5

@@ -34,7 +34,12 @@ from tridentflow.devtools.chaos.config import (
     RedisServer,
     ScheduleResult,
 )
-from tridentflow.devtools.chaos.draws import lakehouse_schedule, schedule_shards, schedule_staging
+from tridentflow.devtools.chaos.draws import (
+    lakehouse_schedule,
+    schedule_compacting,
+    schedule_shards,
+    schedule_staging,
+)
 from tridentflow.devtools.chaos.operators import OperatorActs
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.sinks import SinkChecks, sink_faults
@@ -63,6 +68,7 @@ from tridentflow.steps.runs import (
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow.steps.watch import Watch, work_waiting
 from tridentflow_state.codec import decode_key
+from tridentflow_state.expiry import compacting_eagerly
 
 
 class Chaos(OperatorActs, SinkChecks):
@@ -196,7 +202,12 @@ class Chaos(OperatorActs, SinkChecks):
         plan = FaultPlan(plan.faults + sink_faults(sched.sink_rng, runs, result.events), plan.darks)
         sched.rt = rt = rt.with_(faults=plan)
         batch_size = rng.choice([1, 2, 3, 5, 20])
-        self._drive(sched, runs, batch_size)
+        if rt.pipeline.expiring and schedule_compacting(seed):
+            result.events.append("expiry-compacting")
+            with compacting_eagerly():
+                self._drive(sched, runs, batch_size)
+        else:
+            self._drive(sched, runs, batch_size)
 
         sched.end_outage("drain")
         loses = sched.rt.log.chaos.removals_lose_records
