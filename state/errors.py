@@ -32,6 +32,11 @@ class PipelineBusyError(StateError):
     """A reset was refused: a run holds a live lease on a pending txid (use --force)."""
 
 
+class RewindingError(StateError):
+    """A read was refused: a rewind is under way (tridentflow_state.rewind), so the state is
+    no committed txid's until it finishes."""
+
+
 class RewindError(StateError):
     """A rewind was refused: its target is not retained or not committed, or another
     rewind is under way (tridentflow_state.rewind)."""
@@ -70,6 +75,7 @@ LUA_ERROR_PREFIXES: dict[str, type[StateError]] = {
     "TFMETA": MetadataError,
     "TFGENERATION": GenerationError,
     "TFBUSY": PipelineBusyError,
+    "TFREWINDING": RewindingError,
     "TFREWIND": RewindError,
     "TFRETRY": RetryError,
     "TFHELD": CommitsHeldError,

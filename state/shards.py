@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import redis
 
 from tridentflow_state.backing import Fence
-from tridentflow_state.errors import ReshardUnderWay, StateError
+from tridentflow_state.errors import ReshardUnderWay, RewindingError, StateError
 from tridentflow_state.expiry import ShardedExpiryIndex
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
@@ -52,11 +52,19 @@ QUERY_SNAPSHOT = LuaScript(
 -- Read fields of a map state together with what its slot knows of the commits, as one
 -- atomic snapshot (state.shards.query_state combines such snapshots into one committed view).
 -- KEYS[1] the slot's ledger hash (the pipeline's ledger, or a state shard's fence)
--- KEYS[2] state hash   ARGV fields (at least one)
+-- KEYS[2] state hash   KEYS[3] the slot's generation key   ARGV fields (at least one)
 -- Returns {committed txid, newest txid whose tombstones were dropped, layout, value1, ...}
 -- (a missing field is nil). ``committed`` is the ledger's, or for a shard the txid its fence
 -- is closed to (the txid holding it, minus one, until it settles). ``layout``: the shard
 -- layout the slot's values belong to (state.reshard: another one once a reshard moved them).
+-- Refused (TFREWINDING) while a rewind is under way (state.rewind): the values are going
+-- back txid by txid while the ledger still names the txid they leave.
+local generation = redis.call('GET', KEYS[3])
+if generation and string.sub(generation, 1, 7) == 'rewind:' then
+  return redis.error_reply('TFREWINDING the pipeline is being rewound: its state is the' ..
+    ' state of no committed txid until the rewind finishes (run the rewind again if it was' ..
+    ' cut short); read again then')
+end
 local head = redis.call('HMGET', KEYS[1], 'committed', 'dropped_txid', 'state_layout')
 local out = {tonumber(head[1] or '0'), tonumber(head[2] or '0'), tonumber(head[3] or '0')}
 local values = redis.call('HMGET', KEYS[2], unpack(ARGV))
@@ -345,6 +353,20 @@ READ_WAIT_S = 60.0
 """How long a reader waits, holding commits back, for the commit in flight to finish."""
 
 
+def generation_unless_rewinding(client: redis.Redis, keyspace: KeySpace) -> str | None:
+    """The pipeline's generation; RewindingError (one line) while a rewind is under way. A
+    reader that reads it before and after a view knows no rewind began or ended between."""
+    raw = client.get(keyspace.generation)
+    generation = raw.decode() if isinstance(raw, bytes) else raw
+    if generation is not None and generation.startswith("rewind:"):
+        raise RewindingError(
+            f"pipeline {keyspace.pipeline}: the pipeline is being rewound: its state is no "
+            "committed txid's until the rewind finishes (run the rewind again if it was cut "
+            "short); read again then"
+        )
+    return generation
+
+
 class LayoutMoved(StateError):
     """A reader's keyspace names a shard layout a reshard has moved the state from: read
     again with the stored one (``query_state`` does)."""
@@ -362,9 +384,14 @@ def _snapshots(
         space = keyspace.shard(index)
         for i in range(0, len(where), CHUNK):
             part = where[i : i + CHUNK]
-            reply = QUERY_SNAPSHOT(
-                client, [space.ledger, space.state(state_name)], [keys[j] for j in part]
-            )
+            try:
+                reply = QUERY_SNAPSHOT(
+                    client,
+                    [space.ledger, space.state(state_name), space.generation],
+                    [keys[j] for j in part],
+                )
+            except RewindingError as exc:
+                raise RewindingError(f"pipeline {keyspace.pipeline}: {exc}") from None
             if int(reply[2]) != keyspace.layout:
                 raise LayoutMoved(keyspace.pipeline)
             out.append((int(reply[0]), int(reply[1]), part, reply[3:]))
@@ -471,6 +498,7 @@ __all__ = [
     "check_layout",
     "claim_shards",
     "ensure_shards",
+    "generation_unless_rewinding",
     "query_state",
     "read_consistently",
     "set_shard_generations",

@@ -22,6 +22,10 @@ RESHARD_SOAK = 10
 RESHARD_SEED, RESHARD_SCHEDULES = 10, 6
 """The reshard planted bug: seed 13 exposes it (1 -> 3 shards between an emit staged in Redis
 and its commit); room to move."""
+READER_SOAK = 10
+READER_SEED, READER_SCHEDULES = 4000, 6
+"""The reader planted bug: seed 4000 exposes it (a pending txid's value listed as committed);
+room to move."""
 EXPIRY_SOAK = 20
 EXPIRY_SEED, EXPIRY_SCHEDULES = 0, 12
 """The expiry planted bug: seed 3 exposes it (kept: a key counted again, doubled=6); room for
@@ -556,3 +560,31 @@ def test_fixed_seed_schedules_where_redis_loses_commits_are_exact(pg_dsn):
     assert not failures, failures[0]
     lost = [e for r in results for e in r.events if e.startswith("redis-lost-writes")]
     assert len(lost) >= 10
+
+
+@pytest.mark.soak
+def test_fixed_seed_schedules_with_a_concurrent_reader_are_exact():
+    """The reader family: while each schedule runs, a thread lists its recountable states,
+    each listing compared at once with the recount as of the txid it names."""
+    results = run_chaos(READER_SOAK, seed=4100, reader=True)
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    verified = [int(e.split(":")[1]) for r in results for e in r.events if e.startswith("reader:")]
+    assert len(verified) == READER_SOAK and sum(verified) >= 5 * READER_SOAK, verified
+
+
+def test_the_concurrent_reader_catches_a_listing_that_shows_a_pending_txid(monkeypatch):
+    """The family: a half-committed txid seen by a reader. A listing at C that shows the
+    values a pending attempt of C+1 wrote (instead of their ``prev``) is caught."""
+    original = StoredValue.committed_view
+
+    def pending_shown(self, committed):
+        if self.txid is not None and self.txid == committed + 1:
+            return self.curr  # the bug
+        return original(self, committed)
+
+    monkeypatch.setattr(StoredValue, "committed_view", pending_shown)
+    results = run_chaos(READER_SCHEDULES, seed=READER_SEED, redis_restarts=False, reader=True)
+    last = results[-1]
+    assert not last.ok, f"{len(results)} schedules did not expose it"
+    assert "a concurrent reader listed" in (last.difference or ""), last.line()

@@ -16,10 +16,15 @@ from tridentflow.ops.audit import audit
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
 from tridentflow.steps.driver import run_batches
-from tridentflow.steps.query import list_state, list_state_as_of, query_as_of
+from tridentflow.steps.query import list_state, list_state_as_of, query, query_as_of
 from tridentflow.steps.runs import RunNotBoundError, commit_run, coordinate_run, emit_run
 from tridentflow.steps.runtime import Runtime
-from tridentflow_state.errors import GenerationError, PipelineBusyError, RewindError
+from tridentflow_state.errors import (
+    GenerationError,
+    PipelineBusyError,
+    RewindError,
+    RewindingError,
+)
 from tridentflow_state.rewind import rewinding_to
 
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"]
@@ -145,6 +150,12 @@ def test_a_rewind_and_a_replay_with_fixed_code_equal_a_recompute(
         runtime("tests.pipelines:kept_fixed", redis_url, home).ledger.check_generation()
     with pytest.raises(RewindError, match="a rewind to txid 5 is under way"):
         rewind_pipeline(runtime("tests.pipelines:kept", redis_url, home), 4)
+    reader = runtime("tests.pipelines:kept_fixed", redis_url, home)  # half restored: no txid's
+    for persist in reader.pipeline.states.values():
+        with pytest.raises(RewindingError, match=r"is being rewound: .* read again then"):
+            list_state(reader, persist, limit=10_000)
+        with pytest.raises(RewindingError, match=r"is being rewound: .* read again then"):
+            query(reader, persist, [("a",)] if persist.group_fields else [()])
     good = good.with_(faults=FaultPlan())
     report = rewind_pipeline(good, 5)
     assert (report.result.target, report.result.committed) == (5, 9)

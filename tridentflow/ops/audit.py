@@ -17,6 +17,7 @@ history no longer holds every committed txid (it keeps the last 1000).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,12 +163,23 @@ def expected_txid_by_txid(rt: Runtime, committed: int) -> dict[str, dict[str, An
     if not names or committed == 0:
         return {name: {} for name in names} if names else None
     entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}
-    if any("ranges" not in entries.get(t, {}) for t in range(1, committed + 1)):
-        return None
+    recounts = recount_txid_by_txid(rt, names, entries, committed)
+    return next((values for txid, values in recounts if txid == committed), None)
+
+
+def recount_txid_by_txid(
+    rt: Runtime, names: list[str], entries: dict[int, dict[str, Any]], through: int
+) -> Iterator[tuple[int, dict[str, dict[str, Any]]]]:
+    """States ``names`` (recountable) as they should be right after each txid 1..``through``
+    (state -> encoded key -> value; the same dicts, updated in place), recomputed from the
+    ranges the history ``entries`` (txid -> entry) kept, each state's expiry rule applied
+    after each txid. Yields nothing if ``entries`` lack one of those txids."""
+    if any("ranges" not in entries.get(t, {}) for t in range(1, through + 1)):
+        return
     plan = compile_pipeline(rt.pipeline, names)
     values: dict[str, dict[str, Any]] = {name: {} for name in names}
     last: dict[str, dict[str, int]] = {name: {} for name in names}
-    for txid in range(1, committed + 1):
+    for txid in range(1, through + 1):
         ranges = {int(p): (start, end) for p, (start, end) in entries[txid]["ranges"].items()}
         ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
         result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
@@ -182,7 +194,10 @@ def expected_txid_by_txid(rt: Runtime, committed: int) -> dict[str, dict[str, An
                     stamps.pop(key, None)
                 else:
                     state[key], stamps[key] = value, txid
-            due = txid - persist.state.expire_after_txids
+            after = persist.state.expire_after_txids
+            if after is None:
+                continue
+            due = txid - after
             for key in [k for k, t in stamps.items() if t <= due and k not in touched]:
                 del state[key], stamps[key]
-    return values
+        yield txid, values

@@ -19,7 +19,12 @@ from tridentflow.nodes import Persist
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.codec import decode_key, encode_key
 from tridentflow_state.maps import StoredValue, decode_stored
-from tridentflow_state.shards import query_state, read_consistently, with_stored_layout
+from tridentflow_state.shards import (
+    generation_unless_rewinding,
+    query_state,
+    read_consistently,
+    with_stored_layout,
+)
 from tridentflow_state.undo import changed_since, priors_as_of, retained, value_as_of
 
 
@@ -240,6 +245,7 @@ def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> 
     txid beyond C was dropped meanwhile (a key absent now may have existed as of C)."""
     shards, layout = rt.keyspace.shards, rt.keyspace.layout
     name = persist.state.name
+    generation = generation_unless_rewinding(rt.client, rt.keyspace)
     if after is None:
         committed, shard, scan, skip = rt.ledger.committed_txid(), 0, 0, 0
     else:
@@ -277,6 +283,8 @@ def _list_page(rt: Runtime, persist: Persist, limit: int, after: str | None) -> 
     ]
     if any(int(moved or 0) != layout for _, moved in heads):
         raise _moved(name)  # a reshard moved the state while this page was read
+    if generation_unless_rewinding(rt.client, rt.keyspace) != generation:
+        return None  # a rewind (or a reset) began or ended while the page was read
     if max(int(dropped or 0) for dropped, _ in heads) > committed:
         return None
     agg = persist.aggregator

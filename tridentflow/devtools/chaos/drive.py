@@ -41,6 +41,7 @@ from tridentflow.devtools.chaos.draws import (
     schedule_staging,
 )
 from tridentflow.devtools.chaos.operators import OperatorActs
+from tridentflow.devtools.chaos.reader import ConcurrentReader
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.sinks import SinkChecks, sink_faults
 from tridentflow.devtools.devcluster import LocalCluster
@@ -89,8 +90,12 @@ class Chaos(OperatorActs, SinkChecks):
         expiry: bool = False,
         lost_writes: bool = False,
         reshards: bool = False,
+        reader: bool = False,
     ) -> None:
-        """``reshards``: the family "an operator reshards mid-run" (OperatorActs.
+        """``reader``: the family "a concurrent reader" (chaos.reader): a thread lists the
+        recountable states while each schedule runs, every listing compared afterwards with the
+        recount as of the txid it names.
+        ``reshards``: the family "an operator reshards mid-run" (OperatorActs.
         _reshard_in_flight): once per schedule at most, not with ``lost_writes``.
         ``lost_writes``: the family "Redis loses acknowledged commits while sinks outside
         it keep them" - once per schedule at most, Redis goes back to a snapshot taken a few
@@ -125,6 +130,7 @@ class Chaos(OperatorActs, SinkChecks):
         self.expiry = expiry
         self.lost_writes = lost_writes and redis_url is None
         self.reshards = reshards
+        self.reader = reader
         logging.getLogger("psycopg").setLevel(logging.ERROR)  # killed sessions are on purpose
 
     @property
@@ -202,11 +208,16 @@ class Chaos(OperatorActs, SinkChecks):
         plan = FaultPlan(plan.faults + sink_faults(sched.sink_rng, runs, result.events), plan.darks)
         sched.rt = rt = rt.with_(faults=plan)
         batch_size = rng.choice([1, 2, 3, 5, 20])
-        if rt.pipeline.expiring and schedule_compacting(seed):
-            result.events.append("expiry-compacting")
-            with compacting_eagerly():
-                self._drive(sched, runs, batch_size)
-        else:
+        reader = None
+        with contextlib.ExitStack() as during:
+            if rt.pipeline.expiring and schedule_compacting(seed):
+                result.events.append("expiry-compacting")
+                during.enter_context(compacting_eagerly())
+            if self.reader:  # lists the states while the schedule runs
+                opened = rt.pipeline
+                reader = during.enter_context(
+                    ConcurrentReader(lambda: self._runtime(opened, home, shards=shards))
+                )
             self._drive(sched, runs, batch_size)
 
         sched.end_outage("drain")
@@ -221,6 +232,9 @@ class Chaos(OperatorActs, SinkChecks):
         result.txids = rt.ledger.committed_txid()
         result.records = len(sched.produced)
         self._check(rt, sched.produced, result)
+        if reader is not None:
+            result.difference = result.difference or reader.first_difference()
+            result.events.append(f"reader:{reader.verified}")
         self._check_sinks(rt, result, sched.committed_changes)
         self._drop_sink_targets(rt, seed)
         rt.client.close()
@@ -636,6 +650,7 @@ def run_chaos(
     expiry: bool = False,
     lost_writes: bool = False,
     reshards: bool = False,
+    reader: bool = False,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
@@ -651,6 +666,7 @@ def run_chaos(
         expiry=expiry,
         lost_writes=lost_writes,
         reshards=reshards,
+        reader=reader,
     ) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)
