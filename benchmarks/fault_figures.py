@@ -42,6 +42,7 @@ FAMILIES = (
     ("+ expiry (keys expire after 1-3 txids)", {"expiry": True}),
     ("+ Redis goes back to a snapshot (lost acknowledged writes)", {"lost_writes": True}),
     ("+ an operator reshards mid-run", {"reshards": True}),
+    ("+ a concurrent reader (each listing checked against its txid)", {"reader": True}),
 )
 FAULT_MARKS = (
     "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",
@@ -58,10 +59,12 @@ def families(schedules: int) -> None:
         took = time.perf_counter() - started
         faults = sum(1 for r in results for e in r.events if any(m in e for m in FAULT_MARKS))
         bad = [r for r in results if not r.ok]
+        read = [int(e.split(":")[1]) for r in results for e in r.events if e.startswith("reader:")]
         print(
             f"  {label}: {len(results)} schedules, {faults} faults injected, "
             f"{sum(r.txids for r in results)} txids, {sum(r.records for r in results)} records, "
             f"lost={sum(r.lost for r in results)} doubled={sum(r.doubled for r in results)}"
+            f"{f', {sum(read)} listings checked' if read else ''}"
             f"{' FIRST DIFFERENCE: ' + str(bad[0].difference) if bad else ''} ({took:.0f} s)"
         )
 

@@ -11,7 +11,7 @@ persistence unless TRIDENTFLOW_REDIS_URL is set):
 * ``opaque``, ``transactional``: a Count state of S keys loaded by real commits of --chunk new
   keys each (local engine), measured after the last commit settled;
 * ``opaque+expiry``: the same with ``expire_after_txids=1000`` - the expiry index holds each
-  key once more (a sorted-set member scored by its last txid).
+  key once more (a line of a chunk in the bucket of the txid that wrote it).
 
 Each is reported as ``used_memory`` grown per key (what ``maxmemory`` counts), and by part:
 ``MEMORY USAGE key SAMPLES 0`` summed over the keys of each part (the state's hash, the expiry
