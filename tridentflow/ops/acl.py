@@ -55,8 +55,8 @@ COMMANDS = (
     "wait",
     # reset: finds a pipeline's keys by SCAN with its MATCH pattern
     "scan",
-    # expiry (expire_after_txids): the index of each key's last writing txid, merged from the
-    # written-sets after a mark
+    # expiry (expire_after_txids): the index of per-txid buckets, merged from the written-sets
+    # after a mark, forgotten and compacted
     "zadd",
     "zrem",
     "zrangebyscore",
@@ -66,7 +66,7 @@ COMMANDS = (
     # tridentflow evolve: a rename moves keys; a migration swaps a rewritten copy in
     "rename",
     "sismember",
-    # tridentflow reshard: the expiry index copied member by member to the new shards
+    # tridentflow reshard: the expiry index's chunks split key by key into the new shards
     "zscan",
 )
 
