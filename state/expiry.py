@@ -274,14 +274,8 @@ class RedisExpiryIndex:
         Read a score at a time, so a bucket dropped meanwhile (a late ``forget`` of the txid
         before) moves no other bucket's page."""
         for score in self._scores("-inf", through):
-            start = 0
-            while True:
-                page = self.client.zrangebyscore(self.key, score, score, start=start, num=PAGE)
-                for chunk in page:
-                    yield _text(chunk).split("\n")
-                if len(page) < PAGE:
-                    break
-                start += len(page)
+            for chunk in self._chunks_at(score):
+                yield chunk_fields(chunk)
 
     def written_between(self, after: int, through: int) -> set[str]:
         """The fields of the buckets in (``after``, ``through``]: those a committed txid in
@@ -290,20 +284,25 @@ class RedisExpiryIndex:
         if through <= after:
             return fields
         for score in self._scores(f"({after}", through):
-            start = 0
-            while True:
-                page = self.client.zrangebyscore(self.key, score, score, start=start, num=PAGE)
-                for chunk in page:
-                    fields.update(_text(chunk).split("\n"))
-                if len(page) < PAGE:
-                    break
-                start += len(page)
+            for chunk in self._chunks_at(score):
+                fields.update(chunk_fields(chunk))
         return fields
 
     def count(self) -> int:
         """About how many fields the index's chunks hold (the ``#<n>`` member)."""
         head = self.client.zrangebyscore(self.key, "+inf", "+inf", start=0, num=1)
         return int(_text(head[0])[1:]) if head else 0
+
+    def _chunks_at(self, score: str) -> Iterator[bytes | str]:
+        """The chunks at exactly ``score``, PAGE a read (the index does not move meanwhile:
+        see ``candidates``)."""
+        start = 0
+        while True:
+            page = self.client.zrangebyscore(self.key, score, score, start=start, num=PAGE)
+            yield from page
+            if len(page) < PAGE:
+                return
+            start += len(page)
 
     def _scores(self, low: str, through: int) -> Iterator[str]:
         """The distinct scores in [``low``, ``through``], lowest first, one read each."""
