@@ -63,11 +63,11 @@ COMPACT_SLACK = CHUNK
 
 @contextmanager
 def compacting_eagerly() -> Iterator[None]:
-    """Within: every index compacts as soon as it holds a key twice (tests and the chaos
-    harness; not thread-safe: module settings)."""
+    """Within: every index compacts at every claim of a commit (tests and the chaos harness;
+    not thread-safe: module settings)."""
     global COMPACT_RATIO, COMPACT_SLACK
     saved = COMPACT_RATIO, COMPACT_SLACK
-    COMPACT_RATIO, COMPACT_SLACK = 1, 0
+    COMPACT_RATIO, COMPACT_SLACK = 0, 0
     try:
         yield
     finally:

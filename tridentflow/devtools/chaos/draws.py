@@ -43,7 +43,6 @@ def schedule_expiry(seed: int) -> int:
 
 
 def schedule_compacting(seed: int) -> bool:
-    """Whether an expiry schedule's indexes compact whenever they hold a key twice (half of
-    them; by default an index waits until it holds twice its state): the compaction then runs
-    in nearly every commit, faults and all."""
+    """Whether an expiry schedule's indexes compact at every claim of a commit (half of them;
+    by default an index waits until it holds twice its state), faults and all."""
     return random.Random(f"compacting-{seed}").random() < 0.5
