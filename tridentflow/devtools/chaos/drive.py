@@ -208,18 +208,7 @@ class Chaos(OperatorActs, SinkChecks):
         plan = FaultPlan(plan.faults + sink_faults(sched.sink_rng, runs, result.events), plan.darks)
         sched.rt = rt = rt.with_(faults=plan)
         batch_size = rng.choice([1, 2, 3, 5, 20])
-        reader = None
-        with contextlib.ExitStack() as during:
-            if rt.pipeline.expiring and schedule_compacting(seed):
-                result.events.append("expiry-compacting")
-                during.enter_context(compacting_eagerly())
-            if self.reader:  # lists the states while the schedule runs
-                opened = rt.pipeline
-                reader = during.enter_context(
-                    ConcurrentReader(lambda: self._runtime(opened, home, shards=shards))
-                )
-            self._drive(sched, runs, batch_size)
-
+        reader = self._drive_with_families(sched, runs, batch_size, home, shards)
         sched.end_outage("drain")
         loses = sched.rt.log.chaos.removals_lose_records
         if loses and status(sched.rt)["unavailable_partitions"]:
@@ -241,6 +230,25 @@ class Chaos(OperatorActs, SinkChecks):
         shutil.rmtree(home, ignore_errors=True)
         result.seconds = time.monotonic() - started
         return result
+
+    def _drive_with_families(
+        self, sched: Schedule, runs: int, batch_size: int, home: Path, shards: int
+    ) -> ConcurrentReader | None:
+        """``_drive`` under what the opt-in families add while the schedule runs: eager
+        compaction (half the expiry schedules), the concurrent reader (returned, to be asked
+        for its first difference once the schedule is checked)."""
+        rt, seed, reader = sched.rt, sched.seed, None
+        with contextlib.ExitStack() as during:
+            if rt.pipeline.expiring and schedule_compacting(seed):
+                sched.result.events.append("expiry-compacting")
+                during.enter_context(compacting_eagerly())
+            if self.reader:  # lists the states while the schedule runs
+                opened = rt.pipeline
+                reader = during.enter_context(
+                    ConcurrentReader(lambda: self._runtime(opened, home, shards=shards))
+                )
+            self._drive(sched, runs, batch_size)
+        return reader
 
     def _drain_on_events(self, sched: Schedule, batch_size: int) -> None:
         """Drain as ``schedule="on-data"`` runs a pipeline, Airflow's side as it behaves: a
