@@ -22,6 +22,9 @@ JSON endpoints over what the Redis ledger knows (never XCom, which a cleared tas
   and leaves an entry in Airflow's audit log
 * ``POST /tridentflow/api/pipelines/{name}/rewind?to=N&force=B``  rewind (as ``tridentflow
   rewind``); needs edit rights on the DAG's runs; an entry in Airflow's audit log
+* ``POST /tridentflow/api/pipelines/{name}/reshard?shards=M``  move every state to M shards
+  (as ``tridentflow reshard``); needs edit rights on the DAG's runs; an entry in Airflow's
+  audit log
 * ``GET  /tridentflow/openapi.json``, ``/tridentflow/docs``, ``/tridentflow/redoc``  the API's
   schema, Swagger UI and ReDoc (authenticated like the rest)
 * ``GET  /tridentflow/metrics``                              every pipeline's figures in
@@ -551,6 +554,29 @@ async def post_rewind(
         report = await run_in_threadpool(rewind_pipeline, rt, to, force)
     result = report.to_json(name)
     audit_log(dag_id, None, user, result, event="tridentflow.rewind")
+    return {**result, "dag_id": dag_id}
+
+
+@app.post("/api/pipelines/{name}/reshard")
+async def post_reshard(
+    name: str,
+    shards: Annotated[int, Query(ge=1)],
+    user: Annotated[Any, Depends(current_user)],
+) -> dict[str, Any]:
+    """Move every state of the pipeline to ``shards`` shards (tridentflow.ops.reshard: the
+    same checks, result and resumability as ``tridentflow reshard``; commits wait meanwhile;
+    409 with one line when refused, nothing changed). Needs edit rights on the DAG's runs
+    (403 otherwise); each reshard is an entry in Airflow's audit log (event
+    ``tridentflow.reshard``)."""
+    from starlette.concurrency import run_in_threadpool
+
+    from tridentflow.ops.reshard import reshard
+
+    pipeline, dag_id = editable(name, user, "resharding a pipeline")
+    with runtime(pipeline) as rt:
+        done = await run_in_threadpool(reshard, rt, shards)
+    result = done.to_json()
+    audit_log(dag_id, None, user, result, event="tridentflow.reshard")
     return {**result, "dag_id": dag_id}
 
 

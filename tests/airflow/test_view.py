@@ -576,6 +576,52 @@ def test_state_as_of_an_older_txid_and_a_rewind_from_the_view(client, redis_url,
     assert (run["status"], run["txid"], run["rewound_to"]) == ("rewound", 4, 2)
 
 
+def test_an_operator_reshards_from_the_view_and_the_next_commits_land_in_the_new_shards(
+    client, redis_url, home, monkeypatch
+):
+    """Reshard from the view: 403 without edit rights, 409 in one line when there is nothing
+    to do (nothing changed); done, the pipeline's answer says 3 shards, the audit log gets
+    an entry, and the txids after it commit exactly into the new layout."""
+    rt = runtime("wordcount", redis_url, home)
+    lines = sentences(12, seed=7)
+    produce(rt, lines)
+    for n in (1, 2):
+        coordinate_run(rt, f"manual__{n}", batch_size=6)
+        emit_run(rt, f"manual__{n}", LocalEngine())
+        commit_run(rt, f"manual__{n}")
+    assert client.get("/api/pipelines/wordcount").json()["shards"] == 1
+    logged = []
+    monkeypatch.setattr(view, "audit_log", lambda *a, **kw: logged.append((a, kw)))
+    monkeypatch.setattr(view, "may_edit_runs", lambda user, dag_id: False)
+    refused = client.post("/api/pipelines/wordcount/reshard?shards=3")
+    assert refused.status_code == 403
+    assert refused.json()["detail"].startswith("resharding a pipeline needs edit rights")
+    monkeypatch.setattr(view, "may_edit_runs", lambda user, dag_id: True)
+    same = client.post("/api/pipelines/wordcount/reshard?shards=1")
+    assert same.status_code == 409
+    assert same.json()["detail"] == "pipeline wordcount's state is in 1 shard(s) already"
+    assert client.post("/api/pipelines/wordcount/reshard?shards=0").status_code == 422
+    done = client.post("/api/pipelines/wordcount/reshard?shards=3")
+    assert done.status_code == 200, done.text
+    said = done.json()
+    assert (said["from_shards"], said["to_shards"]) == (1, 3) and said["keys_copied"] > 0
+    assert said["line"].startswith("reshard: pipeline wordcount moved from 1 to 3 shard(s)")
+    ((_args, kwargs),) = logged
+    assert kwargs == {"event": "tridentflow.reshard"} and _args[3]["to_shards"] == 3
+    info = client.get("/api/pipelines/wordcount").json()
+    assert (info["shards"], info["resharding"]) == (3, None)
+    more = sentences(6, seed=8)
+    produce(rt, more)
+    rt = runtime("wordcount", redis_url, home)  # a fresh process: it reads the stored layout
+    coordinate_run(rt, "manual__3", batch_size=6)
+    emit_run(rt, "manual__3", LocalEngine())
+    commit_run(rt, "manual__3")
+    listed = client.get("/api/pipelines/wordcount/state/counts/keys?limit=1000").json()
+    assert listed["committed_txid"] == 3
+    assert {k[0]: v for k, v in items(listed).items()} == word_counts(lines + more)
+    assert client.post("/api/pipelines/wordcount/audit").json()["line"] == "lost=0 doubled=0"
+
+
 def test_settings_that_disagree_with_the_recorded_ones_are_shown_in_one_line(
     client, redis_url, home, monkeypatch
 ):

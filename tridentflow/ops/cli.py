@@ -818,12 +818,7 @@ def cmd_reshard(args: argparse.Namespace, out: TextIO) -> int:
             "shard(s) (commits wait meanwhile): add --yes"
         )
     done = reshard(_runtime(args, pipeline), args.shards)
-    line = (
-        f"reshard: pipeline {done.pipeline} moved from {done.from_shards} to {done.to_shards} "
-        f"shard(s): {done.keys_copied} key(s), {done.fields_copied} field(s) copied, "
-        f"{done.keys_deleted} old key(s) deleted in {done.seconds:.1f}s"
-    )
-    out.write((json.dumps(done.to_json()) if args.json else line) + "\n")
+    out.write((json.dumps(done.to_json()) if args.json else done.line()) + "\n")
     return 0
 
 

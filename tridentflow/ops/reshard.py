@@ -78,7 +78,16 @@ class ReshardResult:
             "fields_copied": self.fields_copied,
             "keys_deleted": self.keys_deleted,
             "seconds": round(self.seconds, 3),
+            "line": self.line(),
         }
+
+    def line(self) -> str:
+        """What was done, in one line (the CLI's output, the view's answer)."""
+        return (
+            f"reshard: pipeline {self.pipeline} moved from {self.from_shards} to "
+            f"{self.to_shards} shard(s): {self.keys_copied} key(s), {self.fields_copied} "
+            f"field(s) copied, {self.keys_deleted} old key(s) deleted in {self.seconds:.1f}s"
+        )
 
 
 def reshard(rt: Runtime, shards: int) -> ReshardResult:
