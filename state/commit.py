@@ -31,6 +31,7 @@ from typing import Any
 import redis
 
 from tridentflow_state.backing import BackingMap, Fence
+from tridentflow_state.batch_times import BatchTimes, ExpiryRule
 from tridentflow_state.changes import record_changes, trim_changes
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.ledger import CommitTicket, Ledger
@@ -73,8 +74,12 @@ class CommitAttempt:
         self.writers: dict[str, MapState] = {}
         self.kinds: dict[str, StateKind] = {}
         self.marked = False
-        self.expiring: dict[str, int] = {}
-        """State -> its expire_after_txids (``claim``)."""
+        self.expiring: dict[str, ExpiryRule] = {}
+        """State -> its expiry rule (``claim``)."""
+        self.batch_time: int | None = None
+        """The batch time the txid's metadata froze (``claim``; None: none)."""
+        self.horizons: dict[str, int] = {}
+        """State -> the txid at or before which a key's last update is too old (``claim``)."""
         self.expired: dict[str, list[str]] = {}
         """State -> the keys this attempt expired (``finish_writes``)."""
         self.expected = 0
@@ -112,22 +117,43 @@ class CommitAttempt:
         self,
         states: Mapping[str, tuple[StateKind, BackingMap]],
         shards: int | None,
-        expiring: Mapping[str, int] | None = None,
+        expiring: Mapping[str, ExpiryRule | int] | None = None,
+        at_ms: int | None = None,
     ) -> dict[str, MapState]:
         """Check the shard count (``shards``: the one asked for; None: the stored one),
         claim every shard, and open one fenced writer per state
-        (name -> its MapState, in the order given); ``expiring``: state -> its
-        expire_after_txids. Idempotent for this attempt."""
-        self.expiring = dict(expiring or {})
+        (name -> its MapState, in the order given); ``expiring``: state -> its expiry rule
+        (an int: expire_after_txids), ``at_ms`` the batch time the txid's metadata froze
+        (None: none; a rule in time then expires nothing at this txid). Idempotent for this
+        attempt."""
+        self.expiring = {
+            name: rule if isinstance(rule, ExpiryRule) else ExpiryRule(after_txids=rule)
+            for name, rule in (expiring or {}).items()
+        }
         ensure_shards(self.client, self.keyspace, shards)
         claim_shards(self.client, self.keyspace, self._settled_at_mark(states), self.fence)
+        self.batch_time = at_ms
+        self.horizons = self._horizons(at_ms)
         for name, (kind, backing) in states.items():
             writer = make_map_state(kind, backing, name)
             writer.begin_commit(self.txid, self.fence)
             self.writers[name], self.kinds[name] = writer, kind
-        for name, after in self.expiring.items():  # before the writes: their stamps are T's
-            self.writers[name].compact_expiry(self.txid - after)
+        for name, horizon in self.horizons.items():  # before the writes: their stamps are T's
+            self.writers[name].compact_expiry(horizon)
         return self.writers
+
+    def _horizons(self, at_ms: int | None) -> dict[str, int]:
+        """State -> its expiry horizon at this txid; a rule in time reads (and the txid's
+        batch time joins) the batch times (tridentflow_state.batch_times). Fenced."""
+        periods = sorted({r.after_ms for r in self.expiring.values() if r.after_ms is not None})
+        by_time: dict[int, int] = {}
+        if periods and at_ms is not None:
+            times = BatchTimes(self.client, self.keyspace)
+            by_time = times.claim(self.fence, at_ms, self.retain_txids, periods)
+        return {
+            name: rule.horizon(self.txid, by_time.get(rule.after_ms or 0, 0))
+            for name, rule in self.expiring.items()
+        }
 
     # -- 3. writes ------------------------------------------------------------------------------
     def expect(self, keys: int) -> None:
@@ -156,14 +182,14 @@ class CommitAttempt:
     def finish_writes(
         self, batch_keys: Callable[[str], Iterable[str]], logged: Iterable[str] = ()
     ) -> int:
-        """Expire the keys of each expiring state last updated ``expire_after_txids`` or more
-        txids ago (``expired``); roll back the keys an earlier attempt wrote that this batch
+        """Expire the keys of each expiring state last updated at or before its horizon
+        (``expired``); roll back the keys an earlier attempt wrote that this batch
         lacks; write the change log of each ``logged`` state (the keys the txid changed, its
         expired keys with them). ``batch_keys(state)`` lists the batch's keys of a state (its
         staged keys); called only where needed. Fenced; returns the keys rolled back."""
-        for name, after in self.expiring.items():
+        for name, horizon in self.horizons.items():
             keys = partial(batch_keys, name)
-            self.expired[name] = self.writers[name].expire(self.txid - after, keys)
+            self.expired[name] = self.writers[name].expire(horizon, keys)
         rolled_back = sum(
             writer.rollback_stray_keys(partial(batch_keys, name))
             for name, writer in self.writers.items()
@@ -214,11 +240,11 @@ class CommitAttempt:
                 tx = None if self.kinds[name] is StateKind.NON_TRANSACTIONAL else self.txid
                 backing = self.writers[name].backing
                 dropped += backing.drop_tombstones(tx, keys, self.ticket.generation)
-        for name, after in self.expiring.items():  # the index follows what the txid wrote
+        for name, horizon in self.horizons.items():  # the index follows what the txid wrote
             index = self.writers[name].backing.expiry
             index.merge(self.txid)
             if index.built():
-                index.forget(self.txid - after)  # this txid expired by them
+                index.forget(horizon)  # this txid expired by them
             else:
                 index.rebuild()
         for name in changed:  # a sink further behind than this reloads or fails

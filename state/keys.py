@@ -164,6 +164,12 @@ class KeySpace:
     def tx(self, txid: int) -> str:
         return f"{self.base}:tx:{int(txid)}"
 
+    @property
+    def batch_times(self) -> str:
+        """Sorted set: the batch time each committed txid's metadata froze, scored by the
+        txid (tridentflow_state.batch_times; only for a state with ``expire_after``)."""
+        return f"{self.base}:batch-times"
+
     def state(self, name: str) -> str:
         return f"{self.base}:state:{check_name('state', name)}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 from tridentflow import (
     Aggregator,
@@ -504,10 +505,16 @@ def lakehoused() -> Pipeline:
 # -- expiry (tests/test_expiry.py) -------------------------------------------------------------
 
 
-def expiring(kind: str = "opaque", after: int = 2, shards: int | None = None) -> Pipeline:
+def expiring(
+    kind: str = "opaque",
+    after: int | None = 2,
+    shards: int | None = None,
+    period: timedelta | None = None,
+    sink: bool = True,
+) -> Pipeline:
     """The word count into ``counts`` (over a transactional source for a transactional
-    state, else an opaque one), whose keys expire after ``after`` txids without an update;
-    its new values appended to a Redis stream."""
+    state, else an opaque one), whose keys expire after ``after`` txids without an update
+    (and/or ``period`` of batch time); its new values appended to a Redis stream."""
     from tridentflow.examples.wordcount import split
     from tridentflow.sinks.redisstream import RedisStreamSink
 
@@ -524,10 +531,11 @@ def expiring(kind: str = "opaque", after: int = 2, shards: int | None = None) ->
     counts = (
         pipeline.stream.each("sentence", split, "word")
         .group_by("word")
-        .persistent_aggregate(StateSpec("counts", kind, expire_after_txids=after), Count(),
-                              out_field="count")
+        .persistent_aggregate(StateSpec("counts", kind, expire_after_txids=after,
+                                        expire_after=period), Count(), out_field="count")
     )  # fmt: skip
-    counts.new_values_stream().sink(RedisStreamSink(f"expiring-out-{kind}-{shards or 1}"))
+    if sink:
+        counts.new_values_stream().sink(RedisStreamSink(f"expiring-out-{kind}-{shards or 1}"))
     return pipeline
 
 
@@ -545,3 +553,29 @@ def expiring_after_20() -> Pipeline:
 
 def expiring_sharded() -> Pipeline:
     return expiring("opaque", shards=3)
+
+
+HOUR = timedelta(hours=1)
+
+
+def expiring_in_time() -> Pipeline:
+    """Keys expire after an hour of batch time without an update (tests/test_batch_times.py)."""
+    return expiring("opaque", after=None, period=HOUR)
+
+
+def expiring_in_time_sharded() -> Pipeline:
+    return expiring("opaque", after=None, shards=3, period=HOUR)
+
+
+def expiring_in_time_transactional() -> Pipeline:
+    return expiring("transactional", after=None, period=HOUR)
+
+
+def expiring_either_way() -> Pipeline:
+    """After 3 txids or an hour of batch time, whichever comes first."""
+    return expiring("opaque", after=3, period=HOUR)
+
+
+def expiring_either_way_unexported() -> Pipeline:
+    """The same, with no sink (its Redis keys are the pipeline's only)."""
+    return expiring("opaque", after=3, period=HOUR, sink=False)

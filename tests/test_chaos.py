@@ -28,8 +28,9 @@ READER_SEED, READER_SCHEDULES = 4000, 6
 room to move."""
 EXPIRY_SOAK = 20
 EXPIRY_SEED, EXPIRY_SCHEDULES = 0, 12
-"""The expiry planted bug: seed 3 exposes it (kept: a key counted again, doubled=6); room for
-the schedules to move when the harness changes."""
+"""The expiry planted bugs: seed 3 exposes each (an earlier attempt's write taken for an
+update: doubled; batch times that go back: doubled=25); room for the schedules to move when
+the harness changes."""
 
 
 @pytest.mark.soak
@@ -169,14 +170,15 @@ def test_the_harness_catches_a_missing_stray_key_rollback(monkeypatch, seed):
 
 @pytest.mark.soak
 def test_fixed_seed_schedules_with_expiry_are_exact():
-    """The expiry family: every schedule's states expire keys (after 1, 2 or 3 txids) under
-    every fault of the harness; audit recounts them txid by txid."""
+    """The expiry family: every schedule's states expire keys (after 1, 2 or 3 txids, after 2
+    or 4 s of the schedule's batch clock, or both) under every fault of the harness; audit
+    recounts them txid by txid."""
     results = run_chaos(EXPIRY_SOAK, seed=3000, expiry=True)
     failures = [r.line() for r in results if not r.ok]
     assert not failures, failures[0]
     events = " ".join(e for r in results for e in r.events)
-    for after in (1, 2, 3):
-        assert f"expiry:{after}" in events
+    for rule in ("expiry:1", "expiry:2", "expiry:3", "expiry-time:2000", "expiry-time:4000"):
+        assert rule in events
 
 
 def test_the_harness_catches_an_expiry_that_takes_an_earlier_attempts_write_for_an_update(
@@ -197,6 +199,19 @@ def test_the_harness_catches_an_expiry_that_takes_an_earlier_attempts_write_for_
     assert not last.ok, f"{len(results)} schedules did not expose it"
     kept = re.search(r": expected None, stored ", last.difference or "")
     assert last.doubled > 0 or kept, last.line()  # the kept key: counted again, or still there
+
+
+def test_the_harness_catches_batch_times_that_go_back_along_the_txids(monkeypatch):
+    """The family: a clock that goes back (a failover to a Redis whose clock is behind, a
+    coordinator on a skewed host). Batch times frozen as the clock reads them, not raised to
+    txid-1's, make the claim's search and audit's recount disagree on what has expired."""
+    import tridentflow.steps.coordinator as coordinator
+
+    monkeypatch.setattr(coordinator, "batch_time", lambda rt, txid: rt.batch_clock(txid))
+    results = run_chaos(EXPIRY_SCHEDULES, seed=EXPIRY_SEED, redis_restarts=False, expiry=True)
+    last = results[-1]
+    assert not last.ok, f"{len(results)} schedules did not expose it"
+    assert any(e.startswith("expiry-time:") for e in last.events), last.line()
 
 
 @pytest.mark.soak

@@ -78,6 +78,7 @@ def test_the_first_commit_records_every_states_shape(deployed):
             "keys": ["word"],
             "in": [],
             "expire_after_txids": None,
+            "expire_after_ms": None,
             "since": 1,
         }
     }

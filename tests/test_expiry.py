@@ -27,6 +27,7 @@ from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
 from tridentflow.testing import CollectSink, run_batches
 from tridentflow_state import expiry
+from tridentflow_state.batch_times import ExpiryRule
 from tridentflow_state.codec import live_stamp
 from tridentflow_state.expiry import chunk_fields, expiry_index
 
@@ -82,7 +83,7 @@ def test_an_expiring_state_is_recounted_txid_by_txid_not_from_the_whole_source()
     cannot know it; it recounts such a state txid by txid (tested against Redis below)."""
     persist = expiring().states["counts"]
     assert persist.recountable and not persist.batch_invariant
-    assert expiring().expiring == {"counts": AFTER}
+    assert expiring().expiring == {"counts": ExpiryRule(after_txids=AFTER)}
 
 
 # -- the rule, with no server (tridentflow.testing) ------------------------------------------------

@@ -109,6 +109,27 @@ def test_an_acl_user_runs_its_pipeline_and_cannot_touch_another(tf, acl_server, 
     assert not any(USER_PASSWORD in text or secure_redis.ADMIN_PASSWORD in text for text in outputs)
 
 
+def test_an_acl_user_runs_a_pipeline_whose_keys_expire_by_txids_and_batch_time(
+    tf, acl_server, tmp_path
+):
+    """The expiry index and the batch times' sorted set need nothing but the printed line:
+    three txids of a state expiring after 3 txids or an hour, status and audit."""
+    ref = "tests.pipelines:expiring_either_way_unexported"
+    acl_server.add_user("tf-exp", USER_PASSWORD, "expiring-opaque")
+    env = {
+        "TRIDENTFLOW_REDIS_URL": acl_server.url("tf-exp", USER_PASSWORD),
+        "TRIDENTFLOW_HOME": str(tmp_path / "h"),
+    }
+    for line in ("a b", "b", "c"):
+        assert tf("produce", ref, "-", input=line + "\n", env=env).returncode == 0
+        ran = tf("run", ref, "--engine", "local", env=env)
+        assert ran.returncode == 0, ran.stderr
+    for step in (("status", ref), ("audit", ref)):
+        proc = tf(*step, env=env)
+        assert proc.returncode == 0, (step, proc.stderr)
+    assert "expire after 3 txids or 1:00:00 of batch time" in tf("status", ref, env=env).stdout
+
+
 def test_an_acl_user_runs_a_stream_pipeline_with_the_printed_line(tf, acl_server, tmp_path):
     """`tridentflow acl wordcount-stream` adds the streams' keys and the stream commands:
     produce, run (with state shards), query, audit, trim and reset --source all run; the

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
 from tridentflow.aggregators import AnyAggregator, Combiner, Persistable, StateUpdater, guard
 from tridentflow.errors import InvalidNameError, PipelineError
 from tridentflow.static_state import Lookup
+from tridentflow_state.batch_times import ExpiryRule
 from tridentflow_state.keys import check_name
 from tridentflow_state.maps import StateKind
 
@@ -28,29 +30,51 @@ def _checked_name(kind: str, name: str) -> str:
 class StateSpec:
     """A map state: its name, its kind, and - optionally - its expiry: with
     ``expire_after_txids = N`` the commit of txid T removes every key last updated at a txid
-    <= T - N that T does not update (a removal like any other: every sink drops the row, a
-    rewind brings it back; tridentflow_state.expiry)."""
+    <= T - N that T does not update; with ``expire_after = timedelta(...)``, every key last
+    updated at a txid whose batch time (frozen by the coordinator into its metadata, never a
+    committing machine's clock) is at or before T's minus that period; with both, whichever
+    comes first. A removal like any other: every sink drops the row, a rewind brings it back
+    (tridentflow_state.expiry, tridentflow_state.batch_times)."""
 
     name: str
     kind: StateKind = StateKind.OPAQUE
     expire_after_txids: int | None = None
+    expire_after: timedelta | None = None
 
     def __post_init__(self) -> None:
         _checked_name("state", self.name)
         object.__setattr__(self, "kind", StateKind.parse(self.kind))
-        after = self.expire_after_txids
-        if after is None:
+        after, period = self.expire_after_txids, self.expire_after
+        if after is None and period is None:
             return
-        if not isinstance(after, int) or isinstance(after, bool) or after < 1:
+        if after is not None and (
+            not isinstance(after, int) or isinstance(after, bool) or after < 1
+        ):
             raise PipelineError(
                 f"state {self.name}: expire_after_txids={after!r} is not a whole number >= 1 "
                 "(the txids a key may go without an update before it is removed)"
             )
+        if period is not None and (
+            not isinstance(period, timedelta) or period < timedelta(milliseconds=1)
+        ):
+            raise PipelineError(
+                f"state {self.name}: expire_after={period!r} is not a timedelta of 1 ms or "
+                "more (the batch time a key may go without an update before it is removed)"
+            )
         if self.kind is StateKind.NON_TRANSACTIONAL:
             raise PipelineError(
                 f"state {self.name}: a non-transactional state keeps no txid to expire by; "
-                "make it transactional or opaque, or drop expire_after_txids"
+                "make it transactional or opaque, or drop expire_after_txids/expire_after"
             )
+
+    @property
+    def expiry(self) -> ExpiryRule | None:
+        """The state's expiry rule (None: its keys never expire)."""
+        if self.expire_after_txids is None and self.expire_after is None:
+            return None
+        period = self.expire_after
+        after_ms = None if period is None else period // timedelta(milliseconds=1)
+        return ExpiryRule(self.expire_after_txids, after_ms)
 
 
 @dataclass(frozen=True)
@@ -250,7 +274,7 @@ class Persist:
     def batch_invariant(self) -> bool:
         """True if the state depends only on the records, not on how they were batched: then
         ``audit`` can recompute it from the whole source as one batch."""
-        return self.recountable and self.state.expire_after_txids is None
+        return self.recountable and self.state.expiry is None
 
     @property
     def recountable(self) -> bool:

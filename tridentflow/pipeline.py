@@ -60,6 +60,7 @@ from tridentflow.sources.specs import (
     SourceMode,
 )
 from tridentflow.static_state import FileLookup, Lookup, RedisHashLookup, StaticState
+from tridentflow_state.batch_times import ExpiryRule
 from tridentflow_state.keys import check_shards
 from tridentflow_state.maps import StateKind
 
@@ -763,13 +764,17 @@ class Pipeline:
         return [f for f in self.feeds if f.state == state]
 
     @property
-    def expiring(self) -> dict[str, int]:
-        """State -> its ``expire_after_txids``, for the states that expire keys."""
+    def expiring(self) -> dict[str, ExpiryRule]:
+        """State -> its expiry rule, for the states that expire keys."""
         return {
-            name: p.state.expire_after_txids
-            for name, p in self.states.items()
-            if p.state.expire_after_txids is not None
+            name: rule for name, p in self.states.items() if (rule := p.state.expiry) is not None
         }
+
+    @property
+    def expires_in_time(self) -> bool:
+        """Whether a state's keys expire by batch time (``expire_after``): then the
+        coordinator freezes each txid's batch time into its metadata."""
+        return any(rule.after_ms is not None for rule in self.expiring.values())
 
     @property
     def fed_states(self) -> list[str]:

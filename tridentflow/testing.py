@@ -23,6 +23,9 @@ What a run can go through, as in production:
   the retry commits the whole batch (keys only the first attempt wrote are rolled back).
 * ``ABORT`` inside a batch (Bytewax's sentinel): T's first emit attempt dies there, after the
   records before it went through your functions; the retry emits the whole batch.
+* ``at=[datetime, ...]``: each txid's batch time, as the coordinator would freeze it (a
+  state's ``expire_after`` is judged by these, never by the clock of the test); without it
+  every txid has the same time, so nothing expires by time.
 
 Keys: a one-field group key is its value (``"you"``), a key of several fields a tuple, a state
 with no group fields (a global aggregate) has the one key ``()``. Removed keys are absent.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from tridentflow.engines.base import ExecContext
@@ -52,6 +56,7 @@ from tridentflow.sources.filelog import FileLog
 from tridentflow.steps.committer import apply_in_python
 from tridentflow.steps.export import stream_rows
 from tridentflow_state.backing import Fence, MemoryBackingMap
+from tridentflow_state.batch_times import horizon_by_time
 from tridentflow_state.codec import decode_key
 from tridentflow_state.maps import StoredValue, make_map_state
 
@@ -133,6 +138,7 @@ def run_batches(
     replay: Iterable[int] | Mapping[int, Batch] = (),
     crash_mid_commit: Iterable[int] = (),
     on_bad: str = "raise",
+    at: Sequence[datetime] | None = None,
 ) -> States:
     """Run ``batches`` as txids 1, 2, ... of ``pipeline`` (coordinate, emit on the local
     engine, commit to in-memory states), with the replays and crashes asked for; each
@@ -140,10 +146,10 @@ def run_batches(
     if on_bad not in ("raise", "quarantine"):
         raise TestingError(f"on_bad is 'raise' or 'quarantine', got {on_bad!r}")
     _refuse_redis_lookups(pipeline)
-    run = _Run(pipeline, on_bad)
+    batches = list(batches)
+    run = _Run(pipeline, on_bad, _batch_times(at, len(batches)))
     replays = dict(replay) if isinstance(replay, Mapping) else {t: _SAME for t in replay}
     crashes = set(crash_mid_commit)
-    batches = list(batches)
     unknown = sorted(t for t in (*replays, *crashes) if not 1 <= t <= len(batches))
     if unknown:
         raise TestingError(
@@ -168,18 +174,39 @@ _SAME: Any = object()
 """A replay of the same records (``replay=[T]``)."""
 
 
+def _batch_times(at: Sequence[datetime] | None, count: int) -> list[int]:
+    """Each txid's batch time in ms (``at``; none given: all 0); TestingError (one line) if
+    ``at`` is not one non-decreasing datetime per batch."""
+    if at is None:
+        return [0] * count
+    times = list(at)
+    if len(times) != count or not all(isinstance(t, datetime) for t in times):
+        raise TestingError(f"at= gives one datetime per batch ({count}), got {times!r}")
+    ms = [int(t.timestamp() * 1000) for t in times]
+    back = next((i for i in range(1, count) if ms[i] < ms[i - 1]), None)
+    if back is not None:
+        raise TestingError(
+            f"at=: txid {back + 1}'s batch time {times[back]} is before txid {back}'s "
+            f"{times[back - 1]}; batch times never go back (the coordinator raises them)"
+        )
+    return ms
+
+
 class _Run:
     """One ``run_batches``: the log the batches are appended to, the in-memory states."""
 
-    def __init__(self, pipeline: Pipeline, on_bad: str) -> None:
+    def __init__(self, pipeline: Pipeline, on_bad: str, batch_times: list[int]) -> None:
         self.pipeline = pipeline
+        self.batch_times = batch_times
+        self.times: dict[int, int] = {}
+        """txid -> the batch time of each txid committed so far (as Redis's batch times)."""
         self.plan = compile_pipeline(pipeline)
         self.on_bad = on_bad
         self.engine = LocalEngine()
         self.partitions = pipeline.source.partitions
         self.backings = {name: MemoryBackingMap() for name in pipeline.states}
         self.expired: dict[str, list[str]] = {}
-        """State -> the keys the last commit attempt expired (expire_after_txids)."""
+        """State -> the keys the last commit attempt expired (expire_after_txids/_after)."""
         self.committed = 0
         self.quarantined: list[dict[str, Any]] = []
         self.root = ""
@@ -194,6 +221,7 @@ class _Run:
     # -- a txid --------------------------------------------------------------------------------
     def txid(self, txid: int, batch: Batch, replay: Any, crash: bool) -> None:
         self.expired = {}
+        horizons = self._horizons(txid)
         parts = self._parts(batch, txid)
         base = self.read
         ranges = self._append({p: [r for r in rs if r is not ABORT] for p, rs in parts.items()})
@@ -205,7 +233,7 @@ class _Run:
         partials, bad = self._compute(txid, ranges, base)
         attempts = [partials]
         if crash:  # the first attempt wrote half of the keys
-            self._commit(txid, 1, partials, half=True)
+            self._commit(txid, 1, partials, horizons, half=True)
         if replay is not None and replay is not _SAME:
             ranges = self._append(self._parts(replay, txid))
             staged, bad = self._compute(txid, ranges, base)
@@ -215,19 +243,30 @@ class _Run:
         self._quarantine(txid, bad)
         removed: dict[str, list[str]] = {}
         for number, staged in enumerate(attempts, start=2 if crash else 1):
-            removed = self._commit(txid, number, staged)
+            removed = self._commit(txid, number, staged, horizons)
         for name, keys in removed.items():  # once the txid is marked: no replay needs them
             self.backings[name].drop_tombstones(txid, keys)
-        for name, after in self.pipeline.expiring.items():  # the index follows the txid
+        for name, horizon in horizons.items():  # the index follows the txid
             index = self.backings[name].expiry
             index.merge(txid)
             if index.built():
-                index.forget(txid - after)
+                index.forget(horizon)
             else:
                 index.rebuild()
         self.read = base + sum(end - start for start, end in ranges.values())
         self.committed = txid
         self._export(txid, attempts[-1])
+
+    def _horizons(self, txid: int) -> dict[str, int]:
+        """State -> its expiry horizon at ``txid`` (tridentflow_state.batch_times); the txid's
+        batch time joins the recorded ones."""
+        at = self.batch_times[txid - 1]
+        horizons = {
+            name: rule.horizon(txid, horizon_by_time(self.times, txid, at, rule.after_ms or 0))
+            for name, rule in self.pipeline.expiring.items()
+        }
+        self.times[txid] = at
+        return horizons
 
     def _parts(self, batch: Batch, txid: int) -> dict[int, list[Any]]:
         if isinstance(batch, (str, bytes)) or not isinstance(batch, (Sequence, Mapping)):
@@ -284,7 +323,12 @@ class _Run:
         self.quarantined += [{"txid": txid, **b.to_json()} for b in bad]
 
     def _commit(
-        self, txid: int, attempt: int, partials: dict[str, list[tuple[str, Any]]], half=False
+        self,
+        txid: int,
+        attempt: int,
+        partials: dict[str, list[tuple[str, Any]]],
+        horizons: Mapping[str, int],
+        half: bool = False,
     ) -> dict[str, list[str]]:
         """One commit attempt of ``txid``, as the committer's: every state's keys (the first
         half only with ``half``: an attempt that died there), then an expiring state's keys
@@ -300,9 +344,8 @@ class _Run:
                 items = items[: len(items) // 2]
             if items:
                 apply_in_python(state, name, persist.aggregator, items)
-            after = persist.state.expire_after_txids
-            if not half and after is not None:
-                self.expired[name] = state.expire(txid - after)
+            if not half and name in horizons:
+                self.expired[name] = state.expire(horizons[name])
             if not half:
                 state.rollback_stray_keys()
             removed[name] = state.tombstones()

@@ -68,6 +68,11 @@ COMMANDS = (
     "sismember",
     # tridentflow reshard: the expiry index's chunks split key by key into the new shards
     "zscan",
+    # expiry in batch time (expire_after): each claim records its txid's batch time, searches
+    # the sorted set of them for the horizon and trims what no later claim needs
+    "zcard",
+    "zrange",
+    "zremrangebyscore",
 )
 
 

@@ -26,6 +26,7 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.plan import compile_pipeline
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.batch_times import horizon_by_time
 from tridentflow_state.ledger import HISTORY_LENGTH
 from tridentflow_state.maps import REMOVE, StoredValue
 
@@ -156,10 +157,10 @@ def _compare(
 def expected_txid_by_txid(rt: Runtime, committed: int) -> dict[str, dict[str, Any]] | None:
     """The expiring states as they should be, recomputed txid by txid (state -> key ->
     value): each committed txid's records - the ranges its history entry kept - applied,
-    then the state's expiry rule (``expire_after_txids``). None when there is no expiring
-    state to recount, or the history no longer holds every committed txid."""
+    then the state's expiry rule (``expire_after_txids``/``expire_after``). None when there is
+    no expiring state to recount, or the history no longer holds every committed txid."""
     names = [n for n, p in rt.pipeline.states.items()
-             if p.recountable and p.state.expire_after_txids is not None]  # fmt: skip
+             if p.recountable and p.state.expiry is not None]  # fmt: skip
     if not names or committed == 0:
         return {name: {} for name in names} if names else None
     entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}
@@ -173,13 +174,17 @@ def recount_txid_by_txid(
     """States ``names`` (recountable) as they should be right after each txid 1..``through``
     (state -> encoded key -> value; the same dicts, updated in place), recomputed from the
     ranges the history ``entries`` (txid -> entry) kept, each state's expiry rule applied
-    after each txid. Yields nothing if ``entries`` lack one of those txids."""
+    after each txid (a rule in time by the batch times the entries kept, as the commits
+    judged it: tridentflow_state.batch_times). Yields nothing if ``entries`` lack one of
+    those txids."""
     if any("ranges" not in entries.get(t, {}) for t in range(1, through + 1)):
         return
     plan = compile_pipeline(rt.pipeline, names)
     values: dict[str, dict[str, Any]] = {name: {} for name in names}
     last: dict[str, dict[str, int]] = {name: {} for name in names}
+    times: dict[int, int] = {}  # txid -> its batch time, for the txids that had one
     for txid in range(1, through + 1):
+        at = entries[txid].get("at_ms")
         ranges = {int(p): (start, end) for p, (start, end) in entries[txid]["ranges"].items()}
         ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
         result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
@@ -194,10 +199,13 @@ def recount_txid_by_txid(
                     stamps.pop(key, None)
                 else:
                     state[key], stamps[key] = value, txid
-            after = persist.state.expire_after_txids
-            if after is None:
+            rule = persist.state.expiry
+            if rule is None:
                 continue
-            due = txid - after
+            by_time = 0 if at is None else horizon_by_time(times, txid, at, rule.after_ms or 0)
+            due = rule.horizon(txid, by_time)
             for key in [k for k, t in stamps.items() if t <= due and k not in touched]:
                 del state[key], stamps[key]
+        if at is not None:
+            times[txid] = at
         yield txid, values

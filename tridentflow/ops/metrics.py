@@ -29,7 +29,8 @@ FIGURES: dict[str, str] = {
     "quarantined_records": "Records set aside as unreadable (see `tridentflow quarantine`).",
     "unavailable_partitions": "Source partitions that cannot be read now.",
     "sink_lag_txids": "Committed txids the slowest sink has not applied yet (absent: no sink).",
-    "last_commit_expired_keys": "Keys the last commit expired (expire_after_txids; absent: no "
+    "last_commit_expired_keys": "Keys the last commit expired (expire_after_txids or "
+    "expire_after; absent: no "
     "state expires keys).",
 }
 """Every figure, by name without the ``tridentflow_`` prefix, with its help text."""
@@ -81,7 +82,7 @@ def figures(rt: Runtime, info: Mapping[str, Any] | None = None) -> dict[str, flo
     ended = _commit_ended_ms(last) if last else None
     if ended is not None:
         out["last_commit_seconds"] = max(0.0, (now_ms - ended) / 1000)
-    if last and any("expire_after_txids" in s for s in info["states"].values()):
+    if last and any("expired_by_txid" in s for s in info["states"].values()):
         out["last_commit_expired_keys"] = float(last.get("expired", 0))
     lags = sink_lags(info)
     if lags:

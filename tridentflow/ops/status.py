@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from typing import Any
 
 from tridentflow.steps.export import sink_status
@@ -157,13 +158,17 @@ def _state_status(
     rt: Runtime, name: str, history: list[dict[str, Any]], shapes: dict[str, Any]
 ) -> dict[str, Any]:
     """A state's kind, keys and the txid it was first committed in (``since``, from the
-    recorded shapes; None: unknown, or not yet); for an expiring one, its expire_after_txids
-    and the keys expired by each commit of ``history`` (newest first)."""
+    recorded shapes; None: unknown, or not yet); for an expiring one, its rule
+    (``expire_after_txids``, ``expire_after_seconds``: the ones set) and the keys expired by
+    each commit of ``history`` (newest first)."""
     spec = rt.pipeline.states[name].state
     info: dict[str, Any] = {"kind": spec.kind.value, "keys": rt.backing(name).count()}
     info["since"] = shapes.get(name, {}).get("since")
-    if spec.expire_after_txids is not None:
-        info["expire_after_txids"] = spec.expire_after_txids
+    if spec.expiry is not None:
+        if spec.expire_after_txids is not None:
+            info["expire_after_txids"] = spec.expire_after_txids
+        if spec.expire_after is not None:
+            info["expire_after_seconds"] = spec.expire_after.total_seconds()
         info["expired_by_txid"] = {
             str(e["txid"]): (e.get("expired_by_state") or {}).get(name, 0) for e in history
         }
@@ -201,9 +206,14 @@ def _state_lines(info: dict[str, Any]) -> list[str]:
         line = f"state          {name}: {s['kind']}, {s['keys']} keys"
         if s.get("since") is not None:
             line += f", since txid {s['since']}"
-        if "expire_after_txids" in s:
+        if "expired_by_txid" in s:
+            rules = []
+            if "expire_after_txids" in s:
+                rules.append(f"{s['expire_after_txids']} txids")
+            if "expire_after_seconds" in s:
+                rules.append(f"{timedelta(seconds=s['expire_after_seconds'])} of batch time")
             expired = ", ".join(f"{t}: {n}" for t, n in list(s["expired_by_txid"].items())[:5])
-            line += f"; expire after {s['expire_after_txids']} txids (expired by txid {expired})"
+            line += f"; expire after {' or '.join(rules)} (expired by txid {expired})"
         lines.append(line)
     for name in info.get("kept_states", []):
         lines.append(

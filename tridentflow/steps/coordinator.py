@@ -12,6 +12,11 @@ metadata is on the replicas (a failover must not hand a replay other ranges).
   an empty range and is listed under ``unavailable``: its records come in a later txid.
 * opaque and non-transactional sources: the metadata holds only the batch size; the emitter
   reads from the committed positions whatever is readable (see tridentflow.steps.emitter).
+
+A pipeline with a state whose keys expire by time (``expire_after``) also gets the txid's
+*batch time* frozen in its metadata (``at_ms``): Redis's clock, never below txid-1's (times
+never go back along the txids, even after a failover to a Redis whose clock is behind); the
+commit judges expiry by it (tridentflow_state.batch_times), never by its own clock.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 from tridentflow.errors import NotReadyError, SourceError
 from tridentflow.sources.specs import SourceMode
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.batch_times import BatchTimes
 
 
 def coordinate(rt: Runtime, txid: int, batch_size: int | None = None) -> dict[str, Any]:
@@ -52,6 +58,8 @@ def new_metadata(
     if size < 1:
         raise SourceError(f"batch size must be a whole number >= 1, got {batch_size!r}")
     meta: dict[str, Any] = {"txid": txid, "mode": source.mode.value, "batch_size": size}
+    if rt.pipeline.expires_in_time:
+        meta["at_ms"] = batch_time(rt, txid)
     if source.mode is not SourceMode.TRANSACTIONAL:
         return meta
     if txid - 1 == committed:
@@ -77,3 +85,16 @@ def new_metadata(
     if unavailable:
         meta["unavailable"] = unavailable
     return meta
+
+
+def batch_time(rt: Runtime, txid: int) -> int:
+    """The batch time to freeze for ``txid`` (ms): the batch clock's (Redis's TIME by
+    default), raised to txid-1's if that is later - its metadata's, else the one its commit
+    recorded (tridentflow_state.batch_times)."""
+    now = rt.batch_clock(txid) if rt.batch_clock is not None else rt.redis_now_ms()
+    if txid <= 1:
+        return now
+    before = (rt.ledger.metadata(txid - 1) or {}).get("at_ms")
+    if before is None:
+        before = BatchTimes(rt.client, rt.keyspace).time_of(txid - 1)
+    return max(now, int(before or 0))

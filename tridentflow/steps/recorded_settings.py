@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tridentflow.errors import TridentflowError
 from tridentflow.steps.runtime import FROM_CODE, FROM_COMMAND_LINE, FROM_DEFAULT
+from tridentflow_state.batch_times import ExpiryRule
 
 if TYPE_CHECKING:
     from tridentflow.steps.runtime import Runtime
@@ -88,6 +89,7 @@ def shapes(rt: Runtime) -> dict[str, dict[str, Any]]:
             "keys": list(persist.group_fields),
             "in": list(persist.in_fields),
             "expire_after_txids": persist.state.expire_after_txids,
+            "expire_after_ms": (persist.state.expiry or ExpiryRule()).after_ms,
         }
     return out
 

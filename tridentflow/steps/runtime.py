@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -132,6 +132,9 @@ class Runtime:
     """Where this process's emits stage (``files`` | ``redis``); None: the ``staging``
     setting (TRIDENTFLOW_STAGING, or ``[tridentflow] staging``), else ``redis``. A commit reads
     an attempt wherever it was staged (``staging_of``)."""
+    batch_clock: Callable[[int], int] | None = None
+    """txid -> the ms the coordinator freezes as its batch time (expiry in time): tests and
+    the chaos harness give each txid its own; None: Redis's clock (TIME), never this host's."""
 
     @classmethod
     def open(

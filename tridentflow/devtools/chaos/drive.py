@@ -35,7 +35,9 @@ from tridentflow.devtools.chaos.config import (
     ScheduleResult,
 )
 from tridentflow.devtools.chaos.draws import (
+    expiry_events,
     lakehouse_schedule,
+    schedule_clock,
     schedule_compacting,
     schedule_shards,
     schedule_staging,
@@ -116,6 +118,7 @@ class Chaos(OperatorActs, SinkChecks):
         self.engine = engine or ENGINE
         self.cluster = cluster
         self.staging_kind = "files"  # the current schedule's (schedule_staging)
+        self.batch_clock: Callable[[int], int] | None = None  # the schedule's (schedule_clock)
         if cluster is not None:
             redis_url = cluster.url()
         self._own_workdir = workdir is None
@@ -151,6 +154,7 @@ class Chaos(OperatorActs, SinkChecks):
             shards=shards,
             retain=RETAIN_TXIDS,  # undo logs in every schedule: the operator's rewinds
             staging_kind=self.staging_kind,
+            batch_clock=self.batch_clock,
             **waits,
         )
 
@@ -174,11 +178,12 @@ class Chaos(OperatorActs, SinkChecks):
         shutil.rmtree(home, ignore_errors=True)
         shards = schedule_shards(seed)
         self.staging_kind = schedule_staging(seed)
-        rt = self._runtime(self._pipeline(name, seed), home, shards=shards)
+        pipeline = self._pipeline(name, seed)
+        self.batch_clock = schedule_clock(seed) if pipeline.expires_in_time else None
+        rt = self._runtime(pipeline, home, shards=shards)
         if shards > 1:
             result.events.append(f"state-shards:{shards}")
-        if rt.pipeline.expiring:
-            result.events.append(f"expiry:{max(rt.pipeline.expiring.values())}")
+        result.events += expiry_events(rt.pipeline)
         if self.staging_kind != "files":
             result.events.append(f"staging:{self.staging_kind}")
         traits = rt.log.chaos  # what the source says the harness may do to it

@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 from dataclasses import replace
+from datetime import timedelta
 
 import redis
 
@@ -15,6 +16,7 @@ from tridentflow.devtools.chaos.draws import (
     lakehouse_format,
     lakehouse_schedule,
     schedule_expiry,
+    schedule_expiry_time,
     sink_parts,
 )
 from tridentflow.devtools.chaos.schedule import Schedule
@@ -23,6 +25,7 @@ from tridentflow.errors import (
     one_line,
 )
 from tridentflow.faults import Fault, SimulatedCrash
+from tridentflow.pipeline import Pipeline
 from tridentflow.registry import load_pipeline
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink, SinkError
 from tridentflow.sinks.redisstream import companion_key
@@ -38,6 +41,21 @@ class SinkChecks:
     """The schedule's sinks (mixed into Chaos): built on every state, exported with faults,
     compared with the state."""
 
+    @staticmethod
+    def _expire_keys(pipeline: Pipeline, seed: int) -> None:
+        """Every state that can expire keys (stamped, and recountable txid by txid by audit)
+        gets the schedule's expiry rule."""
+        period, by_txids = schedule_expiry_time(seed)
+        rule = {
+            "expire_after_txids": schedule_expiry(seed) if by_txids else None,
+            "expire_after": None if period is None else timedelta(milliseconds=period),
+        }
+        for index, persist in enumerate(pipeline.persists):
+            stamped = persist.state.kind is not StateKind.NON_TRANSACTIONAL
+            if persist.recountable and stamped:
+                state = replace(persist.state, **rule)
+                pipeline.persists[index] = replace(persist, state=state)
+
     def _pipeline(self, name: str, seed: int):
         """A fresh pipeline ``name`` with this schedule's sinks on every state."""
         pipeline = load_pipeline(name)
@@ -50,12 +68,8 @@ class SinkChecks:
                 config={"bootstrap.servers": self.kafka.bootstrap},
                 timeout_s=0.5,  # a frozen broker fails each call within half a second
             )
-        after = schedule_expiry(seed) if self.expiry else None  # the expiry family
-        for index, persist in enumerate(pipeline.persists):
-            stamped = persist.state.kind is not StateKind.NON_TRANSACTIONAL
-            if after and persist.recountable and stamped:
-                state = replace(persist.state, expire_after_txids=after)
-                pipeline.persists[index] = replace(persist, state=state)
+        if self.expiry:  # the expiry family: by txids, by batch time, or both
+            self._expire_keys(pipeline, seed)
         parts = sink_parts(seed)
         for state in sorted(pipeline.states):
             changes = pipeline.state(state).new_values_stream().map(_canonical, ["key", "value"])

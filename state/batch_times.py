@@ -1,0 +1,150 @@
+"""Expiry in time: a state with ``expire_after = P`` (a period) loses, at the commit of txid T,
+every key whose last update was at a txid whose *batch time* is at or before T's minus P, and
+which T does not update.
+
+A batch time is what the coordinator froze into the txid's metadata (``at_ms``: Redis's clock
+when the metadata was first stored, never below the txid before's - batch times never go back
+along the txids), never the committing machine's clock: every attempt of T - a retry, a replay
+after a crash, a zombie - reads the same time and decides the same. The rule becomes a txid
+*horizon* - the newest txid before T whose batch time is <= T's - P (0: none) - and the expiry
+index (tridentflow_state.expiry) removes what it removes for a horizon in txids; with both
+rules on one state the later horizon wins (a key goes when either rule says so).
+
+The batch times of the committed txids are one sorted set in the ledger's slot (score: the
+txid; member ``<txid>:<ms>``), written by the claim of each txid that has a time (CLAIM_TIMES:
+fenced like a write of the txid; it replaces what a rewound era left at and after the txid) and
+read there by a binary search (times are non-decreasing in txids). It keeps only what a later
+claim can still ask for: once txid T is marked, a rewind goes back at most to T -
+``retain_txids`` and the next claim's batch time is never below the txid it follows, so every
+later cut-off is at or after the batch time of T - ``retain_txids`` minus the longest period;
+the newest time at or before that and every later one stay.
+
+A txid whose metadata has no time (coordinated before expiry in time was turned on) records
+none and expires nothing by time; nor do keys whose last update has no time until the
+cut-off passes a txid that has one - the same for every attempt and for ``audit``'s recount
+(``horizon_by_time`` over the times the history kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from tridentflow_state.backing import Fence
+from tridentflow_state.keys import KeySpace
+from tridentflow_state.scripts import FENCE_CHECK, LuaScript
+
+
+@dataclass(frozen=True)
+class ExpiryRule:
+    """When a state's keys expire: after ``after_txids`` txids without an update, after
+    ``after_ms`` of batch time without one, or by whichever comes first (both set)."""
+
+    after_txids: int | None = None
+    after_ms: int | None = None
+
+    def horizon(self, txid: int, by_time: int = 0) -> int:
+        """The txid at or before which an update is too old at the commit of ``txid``
+        (``by_time``: the time rule's horizon, ``horizon_by_time``)."""
+        parts = []
+        if self.after_txids is not None:
+            parts.append(txid - self.after_txids)
+        if self.after_ms is not None:
+            parts.append(by_time)
+        return max(parts)
+
+
+def horizon_by_time(times: Mapping[int, int], txid: int, at_ms: int, after_ms: int) -> int:
+    """The newest txid before ``txid`` whose batch time (``times``: txid -> ms, non-decreasing
+    in txids) is at or before ``at_ms - after_ms``; 0 if none. What CLAIM_TIMES answers."""
+    cutoff = at_ms - after_ms
+    return max((t for t, ms in times.items() if t < txid and ms <= cutoff), default=0)
+
+
+CLAIM_TIMES = LuaScript(
+    "batch_times_claim",
+    FENCE_CHECK
+    + r"""
+-- Record txid ARGV[1]'s batch time, answer each period's horizon, drop the times no later
+-- claim can ask for. Fenced like a write of txid ARGV[1] (generation, order, newest token).
+-- KEYS[1] batch times (score: txid; member: '<txid>:<ms>')  KEYS[2] ledger
+-- KEYS[3] tx hash of ARGV[1]  KEYS[4] generation key
+-- ARGV[1] txid  ARGV[2] commit token  ARGV[3] generation  ARGV[4] the txid's batch time (ms)
+-- ARGV[5] the oldest txid a rewind may return to  ARGV[6..] periods (ms)
+-- Returns, per period, the newest txid before ARGV[1] whose time is <= ARGV[4] - period (0:
+-- none). Idempotent for the txid: what it drops lies before every horizon it answers.
+local err = gen_check(KEYS[4], ARGV[3]) or
+  fence_check(KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2])
+if err then return redis.error_reply(err) end
+local txid, at = tonumber(ARGV[1]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], txid, '+inf')  -- a rewound era's, at and after txid
+local before = redis.call('ZCARD', KEYS[1])  -- the times of the txids before: ranks 0..before-1
+redis.call('ZADD', KEYS[1], txid, txid .. ':' .. at)
+local function entry(rank)
+  local member = redis.call('ZRANGE', KEYS[1], rank, rank)[1]
+  local t, ms = string.match(member, '^(%d+):(%-?%d+)$')
+  return tonumber(t), tonumber(ms)
+end
+local function newest_at_or_before(cutoff)
+  local lo, hi, found = 0, before - 1, 0
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local t, ms = entry(mid)
+    if ms <= cutoff then found, lo = t, mid + 1 else hi = mid - 1 end
+  end
+  return found
+end
+local horizons, longest = {}, 0
+for i = 6, #ARGV do
+  local period = tonumber(ARGV[i])
+  horizons[#horizons + 1] = newest_at_or_before(at - period)
+  if period > longest then longest = period end
+end
+local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[5], ARGV[5])[1]
+if oldest then
+  local keep = newest_at_or_before(tonumber(string.match(oldest, ':(%-?%d+)$')) - longest)
+  if keep > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. keep) end
+end
+return horizons
+""",
+)
+
+
+class BatchTimes:
+    """The batch times of a pipeline's committed txids (one sorted set in the ledger's slot)."""
+
+    def __init__(self, client: redis.Redis, keyspace: KeySpace) -> None:
+        self.client, self.keyspace = client, keyspace
+
+    @property
+    def key(self) -> str:
+        return self.keyspace.batch_times
+
+    def claim(
+        self, fence: Fence, at_ms: int, retain_txids: int, periods: Sequence[int]
+    ) -> dict[int, int]:
+        """At the claim of ``fence.txid`` (batch time ``at_ms``): record its time and return
+        period -> horizon (``horizon_by_time`` over the recorded times). Fenced (FencedError,
+        CommitOrderError, GenerationError: nothing written); idempotent for the txid."""
+        ks, txid = self.keyspace, fence.txid
+        keys = [self.key, ks.ledger, ks.tx(txid), ks.generation]
+        oldest = max(txid - retain_txids, 0)  # once txid is marked, a rewind goes back to it
+        args = [txid, fence.token, fence.generation, int(at_ms), oldest, *periods]
+        found = CLAIM_TIMES(self.client, keys, args)
+        return dict(zip(periods, (int(h) for h in found), strict=True))
+
+    def time_of(self, txid: int) -> int | None:
+        """The recorded batch time of ``txid`` (None: none recorded, or dropped)."""
+        members = self.client.zrangebyscore(self.key, txid, txid)
+        return int(_text(members[0]).split(":")[1]) if members else None
+
+    def all(self) -> dict[int, int]:
+        """Every recorded txid -> its batch time (what is kept: see the module doc)."""
+        pairs = (_text(m).split(":") for m in self.client.zrange(self.key, 0, -1))
+        return {int(t): int(ms) for t, ms in pairs}
+
+
+def _text(member: bytes | str) -> str:
+    return member.decode() if isinstance(member, bytes) else member
