@@ -43,30 +43,44 @@ FAMILIES = (
     ("+ Redis goes back to a snapshot (lost acknowledged writes)", {"lost_writes": True}),
     ("+ an operator reshards mid-run", {"reshards": True}),
     ("+ a concurrent reader (each listing checked against its txid)", {"reader": True}),
+    ("+ Redis paused mid-step past every lease, adopters racing", {"paused": True}),
 )
 FAULT_MARKS = (
     "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",
     "rewind-to:", "reshard:", "redis-lost-writes", "pg-", "sink-raised", "sink-died",
-    "late-block-writer", "lose-tuple", "freeze",
+    "late-block-writer", "lose-tuple", "freeze", "pause@",
 )  # fmt: skip
 
 
-def families(schedules: int) -> None:
+def families(schedules: int, only: str | None = None) -> None:
+    """Each family (``only``: the one whose flag is named so, e.g. ``paused``)."""
     print(f"chaos families, {schedules} schedules each (seeds from 3000):")
     for label, flags in FAMILIES:
+        if only is not None and only not in flags:
+            continue
         started = time.perf_counter()
         results = run_chaos(schedules, seed=3000, **flags)
         took = time.perf_counter() - started
         faults = sum(1 for r in results for e in r.events if any(m in e for m in FAULT_MARKS))
         bad = [r for r in results if not r.ok]
         read = [int(e.split(":")[1]) for r in results for e in r.events if e.startswith("reader:")]
+        recovered = sorted(
+            int(e.split(":")[1]) for r in results for e in r.events if e.startswith("recovery-ms:")
+        )
         print(
             f"  {label}: {len(results)} schedules, {faults} faults injected, "
             f"{sum(r.txids for r in results)} txids, {sum(r.records for r in results)} records, "
             f"lost={sum(r.lost for r in results)} doubled={sum(r.doubled for r in results)}"
             f"{f', {sum(read)} listings checked' if read else ''}"
+            f"{recovery_line(recovered) if recovered else ''}"
             f"{' FIRST DIFFERENCE: ' + str(bad[0].difference) if bad else ''} ({took:.0f} s)"
         )
+
+
+def recovery_line(ms: list[int]) -> str:
+    """', recovery after N pauses: median M s, max X s' from sorted ms."""
+    median = ms[len(ms) // 2] / 1000
+    return f", recovery after {len(ms)} pauses: median {median:.1f} s, max {ms[-1] / 1000:.1f} s"
 
 
 def pipeline() -> Pipeline:
@@ -173,11 +187,14 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=20)
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--only", choices=("families", "loss"), default=None)
+    parser.add_argument(
+        "--family", default=None, help="with --only families: that family alone (its flag)"
+    )
     args = parser.parse_args()
     if args.only in (None, "loss"):
         loss_bounds(args.kills)
     if args.only in (None, "families"):
-        families(args.schedules)
+        families(args.schedules, args.family)
 
 
 if __name__ == "__main__":

@@ -212,3 +212,65 @@ def test_the_block_ref_round_trips_and_the_area_names_its_place(redis_url, tmp_p
     rt = _runtime("wordcount", redis_url, tmp_path / "h", 1, "names")
     area = RedisStagingArea(rt.client, rt.keyspace, "g1")
     assert str(area.describe(4, 2)).startswith("redis:tf:names:{wordcount}:staged:g1:4")
+
+
+def test_an_emit_of_a_committed_txid_deletes_what_a_zombie_of_it_left(
+    redis_url, tmp_path, monkeypatch
+):
+    """A zombie emit of txid 1 whose staging lands after the commit (its own discard failed:
+    Redis paused, say): the next emit of txid 1 - its retry - finds it committed and deletes
+    every attempt of it, so the zombie's staging does not outlive it (found by the chaos
+    harness's paused-Redis family)."""
+    monkeypatch.setenv("TRIDENTFLOW_STAGING", "redis")
+    rt = _runtime("wordcount", redis_url, tmp_path / "h", 1, "zombie")
+    rt.ledger.reset(force=True)
+    produce(rt, ["a b"])
+    _emitted(rt, 1)
+    commit(rt, 1)
+    assert _staged_keys(rt) == []
+    zombie = rt.staging.write(  # attempt 7, written late
+        {"txid": 1, "attempt": 7, "pipeline": "wordcount"}, {}, {"counts": [('["a"]', 1)]}
+    )
+    assert zombie.blocks("counts") and _staged_keys(rt) != []
+    assert emit(rt, 1, ENGINE) is None
+    assert _staged_keys(rt) == []
+
+
+def test_a_manifest_that_lands_after_its_writer_gave_up_carries_its_ttl(tmp_path, monkeypatch):
+    """Redis stopped (SIGSTOP) just before an attempt's manifest is written, past the client's
+    socket timeout: the write fails for its writer but runs once Redis goes on - with its
+    TTL (one MULTI), so even where nothing deletes it, it expires like the blocks."""
+    import os
+    import signal
+    import threading
+
+    from tridentflow.devtools import devredis
+    from tridentflow.redisconn import connect as connect_with
+    from tridentflow.registry import load_pipeline
+    from tridentflow.steps.runtime import Runtime
+
+    monkeypatch.setenv("TRIDENTFLOW_STAGING", "redis")
+    port = devredis.free_port()
+    server = devredis.start(port, tmp_path / "redis")
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        rt = Runtime(load_pipeline("wordcount"), connect_with(url, 0.3), tmp_path / "h")
+        key = rt.staging.manifests_key(1)
+
+        def stop_redis() -> None:  # the writer's next command finds Redis stopped
+            os.kill(server.pid, signal.SIGSTOP)
+            threading.Timer(1.0, os.kill, (server.pid, signal.SIGCONT)).start()
+
+        header = {"txid": 1, "attempt": 1, "pipeline": "wordcount"}
+        with pytest.raises(Exception, match="Timeout"):
+            rt.staging.write(header, {}, {"counts": [('["a"]', 1)]}, before_manifest=stop_redis)
+        admin = connect_with(url)
+        for _ in range(50):
+            if admin.exists(key):
+                break
+            threading.Event().wait(0.1)
+        assert admin.exists(key) and 0 < admin.ttl(key) <= 7 * 24 * 3600
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait(timeout=10)

@@ -10,6 +10,8 @@ Syntax (``TRIDENTFLOW_FAULTS`` or ``--faults``), a comma-separated list of:
   transaction, a stream after its first chunk). The fault fires only on that step's attempt
   ATTEMPT (default 1) of txid TXID, so resuming gets past it. ``raise`` (default) fails the
   step with InjectedFault; ``kill`` ends the process at once with SIGKILL (exit code 137).
+  (The chaos harness also builds ``crash`` faults - SimulatedCrash - and ``pause`` ones -
+  PAUSE_HOOK, its paused-Redis family - which no spec names.)
   ``lose-tuple`` is a data fault instead: in that emit attempt the first exchange between
   stages loses one tuple in transit, and the completeness check must fail the batch.
 * ``dark:P@TXID`` or ``dark:P@FIRST-LAST`` - partition P is unreadable while those txids emit
@@ -22,6 +24,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tridentflow.errors import TridentflowError
@@ -57,6 +60,11 @@ class FaultSpecError(TridentflowError, ValueError):
 
 class InjectedFault(RuntimeError):
     """Raised by a ``raise`` fault."""
+
+
+PAUSE_HOOK: Callable[[], None] | None = None
+"""What a ``pause`` fault calls (chaos harness only: its paused-Redis family stops Redis
+there and lets the step go on into it); None: a ``pause`` fault does nothing."""
 
 
 class SimulatedCrash(BaseException):
@@ -137,6 +145,10 @@ class FaultPlan:
         """Fail here if a fault is armed for (point, txid, attempt)."""
         fault = self.armed(point, txid, attempt)
         if fault is None:
+            return
+        if fault.action == "pause":  # the step goes on, into a stopped Redis
+            if PAUSE_HOOK is not None:
+                PAUSE_HOOK()
             return
         if fault.action == "crash":
             raise SimulatedCrash(f"simulated crash at {fault}")

@@ -124,20 +124,26 @@ def _tls_hint(url: str, text: str) -> str | None:
 CLIENT_OPTIONS = {"socket_connect_timeout": 5, "socket_timeout": 60, "health_check_interval": 30}
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str, socket_timeout: float | None = None) -> redis.Redis:
     """A Redis client for ``url``, checked with PING; a clear one-line error if Redis is
     unreachable, refuses the login, fails TLS, or does not let this user PING.
+    ``socket_timeout``: seconds a command may wait for its answer (default 60; then it fails
+    with a timeout, though Redis may still run it later - the chaos harness's paused-Redis
+    family shortens it).
 
     A URL naming any node of a Redis Cluster gives a cluster client (cluster mode is detected
     with INFO): every key of a pipeline shares one hash tag, so each script's keys live in one
     slot and one node."""
     shown = redacted(url)
+    options = dict(CLIENT_OPTIONS)
+    if socket_timeout is not None:
+        options["socket_timeout"] = socket_timeout
     try:
-        client = redis.Redis.from_url(url, **CLIENT_OPTIONS)
+        client = redis.Redis.from_url(url, **options)
         client.ping()
         if _cluster_enabled(client):  # (a db other than 0 failed at SELECT, below)
             client.close()
-            client = redis.RedisCluster.from_url(url, **CLIENT_OPTIONS)
+            client = redis.RedisCluster.from_url(url, **options)
             client.ping()
     except redis.AuthenticationError as exc:  # before ConnectionError: it is one
         raise TridentflowError(f"Redis at {shown} refused the login: {exc}") from None

@@ -19,7 +19,8 @@
     tridentflow reshard PIPELINE --shards M --yes [--json]
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
-                      [--remote sc://HOST:PORT] [--family expiry|lost-writes|reshards|reader ...]
+                      [--remote sc://HOST:PORT]
+                      [--family expiry|lost-writes|reshards|reader|paused ...]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
     tridentflow acl PIPELINE [--user U] [--namespace NS] [--cluster]
@@ -330,11 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--family",
         action="append",
-        choices=("expiry", "lost-writes", "reshards", "reader"),
+        choices=("expiry", "lost-writes", "reshards", "reader", "paused"),
         default=[],
         help="add a fault family (repeatable): states that expire keys, Redis going back to "
         "a snapshot while sinks keep the commits since, an operator resharding mid-run, a "
-        "concurrent reader checking every listing against the recount of its txid",
+        "concurrent reader checking every listing against the recount of its txid, Redis "
+        "paused (SIGSTOP) mid-step past every lease while an adopter run races",
     )
 
     p = sub.add_parser(
@@ -870,6 +872,7 @@ def _run_chaos(args: argparse.Namespace, report, engine, own) -> list:
             lost_writes="lost-writes" in args.family,
             reshards="reshards" in args.family,
             reader="reader" in args.family,
+            paused="paused" in args.family,
         )
     finally:
         if kafka is not None:

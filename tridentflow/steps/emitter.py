@@ -142,11 +142,14 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     blocks its executors wrote before the checks included; an attempt that stages deletes the
     blocks of its killed Spark tasks (``prune``) and the staging of earlier attempts of the
     txid that died part-way (all but the recorded one, which a commit may be reading); an
-    attempt that finds its txid committed meanwhile (a zombie) deletes its own. The commit
-    deletes the rest (committer.commit)."""
+    attempt that finds its txid committed meanwhile (a zombie) deletes the txid's staging, and
+    so does any emit of a committed txid - not best effort: if Redis does not answer (paused,
+    say), the step fails and its retry deletes it, so a zombie's staging never outlives it.
+    The commit deletes the rest (committer.commit)."""
     ledger = rt.ledger
     ledger.check_generation()
     if txid <= ledger.committed_txid():
+        rt.discard_staged(txid)  # what a zombie of it left, if its own discard failed
         return None
     meta = ledger.metadata(txid)
     if meta is None:
@@ -173,7 +176,7 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         rt.discard_attempts(txid, [attempt])
         raise
     if ledger.record_staged(txid, attempt) == 0:  # committed meanwhile: nobody will read it
-        rt.discard_attempts(txid, [attempt])
+        rt.discard_staged(txid)
         return None
     rt.staging.prune(staged)
     return staged

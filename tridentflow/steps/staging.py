@@ -464,8 +464,10 @@ class RedisStagingArea:
             "blocks": [r.to_json() for r in bad_refs],
         }
         key = self.manifests_key(txid)
-        self.client.hset(key, str(attempt), json.dumps(manifest))
-        self.client.expire(key, BLOCK_TTL_S)  # an old generation's (a rewind's) goes by itself
+        pipe = self.client.pipeline(transaction=True)  # the TTL with it, even if it lands late
+        pipe.hset(key, str(attempt), json.dumps(manifest))
+        pipe.expire(key, BLOCK_TTL_S)  # an old generation's (a rewind's) goes by itself
+        pipe.execute()
         return RedisStagedBatch(self.describe(txid, attempt), manifest, self.client, space)
 
     def describe(self, txid: int, attempt: int) -> Path:

@@ -10,6 +10,7 @@ from tridentflow.examples.mutating import expected_counts
 from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.codec import encode_key
+from tridentflow_state.ledger import HISTORY_LENGTH
 
 
 def staging_left(rt: Runtime, lost_beyond: int | None = None) -> list[str]:
@@ -37,6 +38,13 @@ def staging_left(rt: Runtime, lost_beyond: int | None = None) -> list[str]:
             )
         ]
     return sorted(found)
+
+
+def repeated_history_entries(rt: Runtime) -> list[int]:
+    """The txids the ledger's history holds more than once (each commit is one entry: a
+    retry, a replay or a command Redis ran twice must not add another)."""
+    seen = Counter(entry["txid"] for entry in rt.ledger.history(HISTORY_LENGTH))
+    return sorted(txid for txid, n in seen.items() if n > 1)
 
 
 WINDOWS = {"wordcount-windowed": (("per_window", 10, 10), ("sliding", 10, 5))}

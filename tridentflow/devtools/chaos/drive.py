@@ -9,13 +9,15 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import tridentflow.faults
 from tridentflow.devtools.chaos.checks import (
     WINDOWS,
     at_once,
     expected_by_key,
+    repeated_history_entries,
     staging_left,
     window_problem,
 )
@@ -43,6 +45,15 @@ from tridentflow.devtools.chaos.draws import (
     schedule_staging,
 )
 from tridentflow.devtools.chaos.operators import OperatorActs
+from tridentflow.devtools.chaos.pauses import (
+    PAUSE_CHANCE,
+    PAUSED_LEASE_MS,
+    PAUSED_SOCKET_TIMEOUT_S,
+    Pauser,
+    adopter,
+    paused_redis,
+    point_pauses,
+)
 from tridentflow.devtools.chaos.reader import ConcurrentReader
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.sinks import SinkChecks, sink_faults
@@ -93,8 +104,12 @@ class Chaos(OperatorActs, SinkChecks):
         lost_writes: bool = False,
         reshards: bool = False,
         reader: bool = False,
+        paused: bool = False,
     ) -> None:
-        """``reader``: the family "a concurrent reader" (chaos.reader): a thread lists the
+        """``paused``: the family "a paused Redis" (chaos.pauses): steps run through a
+        SIGSTOP of Redis longer than the runs' leases (1 s in this family) and the clients'
+        socket timeout (0.3 s), half of them raced by an adopter run (own redis-server only).
+        ``reader``: the family "a concurrent reader" (chaos.reader): a thread lists the
         recountable states while each schedule runs, every listing compared afterwards with the
         recount as of the txid it names.
         ``reshards``: the family "an operator reshards mid-run" (OperatorActs.
@@ -134,7 +149,16 @@ class Chaos(OperatorActs, SinkChecks):
         self.lost_writes = lost_writes and redis_url is None
         self.reshards = reshards
         self.reader = reader
+        self.paused = paused and redis_url is None
+        self.lease_ms = PAUSED_LEASE_MS if self.paused else 60_000
+        """The runs' leases: a pause outlasts them in the paused family."""
+        self.socket_timeout = PAUSED_SOCKET_TIMEOUT_S if self.paused else None
+        self.pauser = Pauser(lambda: self._redis_pid())
         logging.getLogger("psycopg").setLevel(logging.ERROR)  # killed sessions are on purpose
+
+    def _redis_pid(self) -> int:
+        assert self.redis.proc is not None, "the harness's redis-server is not running"
+        return self.redis.proc.pid
 
     @property
     def url(self) -> str:
@@ -148,7 +172,7 @@ class Chaos(OperatorActs, SinkChecks):
         waits = {"replicas": 1, "replica_timeout_ms": 300} if self.cluster is not None else {}
         return Runtime(
             pipeline,
-            connect(self.url),
+            connect(self.url, self.socket_timeout),
             home,
             faults or FaultPlan(),
             shards=shards,
@@ -161,9 +185,14 @@ class Chaos(OperatorActs, SinkChecks):
     def __enter__(self) -> Chaos:
         if self.external_url is None:
             self.redis.start()
+        if self.paused:  # a ``pause`` fault stops this harness's redis-server
+            tridentflow.faults.PAUSE_HOOK = self.pauser.pause
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.paused:
+            tridentflow.faults.PAUSE_HOOK = None
+            self.pauser.wait()
         self.redis.kill()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -204,6 +233,7 @@ class Chaos(OperatorActs, SinkChecks):
         sched.parallel_rng = random.Random(f"parallel-{seed}")
         sched.reshard_rng = random.Random(f"reshard-{seed}")
         sched.reshard = self.reshards
+        sched.pause_rng = random.Random(f"pause-{seed}") if self.paused else None
         if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
             sched.lost_rng = random.Random(f"lost-{seed}")
         self._drop_sink_targets(rt, seed)
@@ -211,9 +241,18 @@ class Chaos(OperatorActs, SinkChecks):
         runs = rng.randint(3, 8)
         plan = self._fault_plan(rng, runs, rt.pipeline.source.partitions, result.events)
         plan = FaultPlan(plan.faults + sink_faults(sched.sink_rng, runs, result.events), plan.darks)
+        if sched.pause_rng is not None:  # after the others: a fault drawn at a point wins
+            plan = FaultPlan(plan.faults + point_pauses(sched.pause_rng, runs, result.events),
+                             plan.darks)  # fmt: skip
         sched.rt = rt = rt.with_(faults=plan)
         batch_size = rng.choice([1, 2, 3, 5, 20])
         reader = self._drive_with_families(sched, runs, batch_size, home, shards)
+        self.pauser.wait()
+        if self.paused:  # seconds from each pause's end to the next commit
+            commits = [
+                e["committed_ms"] for e in sched.rt.ledger.history(1000) if e.get("committed_ms")
+            ]
+            result.events += [f"recovery-ms:{ms}" for ms in self.pauser.recoveries(commits)]
         sched.end_outage("drain")
         loses = sched.rt.log.chaos.removals_lose_records
         if loses and status(sched.rt)["unavailable_partitions"]:
@@ -352,6 +391,7 @@ class Chaos(OperatorActs, SinkChecks):
         run_id = f"run-{run_no}"
         steps = ("coordinate", "emit", "commit")
         for step in range(runs * 10):
+            self.pauser.wait()  # the harness's own reads wait for Redis to go on
             if self.cluster is not None and self._failover_step(sched, step):
                 continue
             if sched.lost_rng is not None and self._lost_writes_step(sched, step):
@@ -405,27 +445,17 @@ class Chaos(OperatorActs, SinkChecks):
             try:
                 for index in range(step_index, len(steps)):
                     step_index = index
-                    if steps[index] == "coordinate":
-                        coordinate_run(rt, run_id, batch_size, lease_ms=60_000)
-                    elif steps[index] == "emit":
-                        sched.maybe_freeze_mid_emit(run_id)
-                        emit_run(rt, run_id, self.engine, lease_ms=60_000)
-                        sched.maybe_late_block_writer(run_id, step)
-                        if self._reshard_drawn(sched, rt, 4):  # its batch commits resharded
-                            self._reshard_in_flight(sched, run_id, "commit", step)
-                            rt = sched.rt
-                    else:
-                        racers = 2 if rng.random() < 0.2 else 1
-                        if racers > 1:
-                            result.events.append(f"duplicate-commit@{run_id}")
-                        self._commit_race(rt, run_id, racers)
-                        sched.note_changes(rt.ledger.txid_of_run(run_id))
+                    with self._maybe_paused(sched, run_id, steps[index], batch_size):
+                        rt = self._step(sched, rt, run_id, steps[index], step, batch_size)
+                    if steps[index] == "commit":  # an exporter starts once Redis answers
+                        self.pauser.wait()
                         self._maybe_export(sched, f"after-commit:{run_id}")
                     if index < 2 and rng.random() < 0.15:
                         sched.append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
                 run_no, failures, step_index = run_no + 1, 0, 0
                 run_id = f"run-{run_no}"
             except PartitionUnavailable:
+                self.pauser.wait()
                 dark_failures += 1
                 if dark_failures >= 3:  # the operator repairs the partition
                     sched.rt = rt = rt.with_(faults=FaultPlan(rt.faults.faults, ()))
@@ -436,6 +466,7 @@ class Chaos(OperatorActs, SinkChecks):
                         dark_failures, run_no, failures, step_index = 0, run_no + 1, 0, 0
                         run_id = f"run-{run_no}"
             except STEP_FAILURES:
+                self.pauser.wait()  # a step that gave up on a paused Redis: it goes on first
                 failures += 1
                 if rng.random() < 0.3:  # an outage starts while the txid is being retried
                     txid = rt.ledger.committed_txid() + 1
@@ -452,6 +483,77 @@ class Chaos(OperatorActs, SinkChecks):
                     run_no, failures, step_index = run_no + 1, 0, 0
                     run_id = f"run-{run_no}"
 
+    def _step(
+        self, sched: Schedule, rt: Runtime, run_id: str, name: str, step: int, batch_size: int
+    ) -> Runtime:
+        """Step ``name`` of ``run_id`` (with what the families do around it); the runtime
+        the run goes on with."""
+        rng, result = sched.rng, sched.result
+        if name == "coordinate":
+            coordinate_run(rt, run_id, batch_size, lease_ms=self.lease_ms)
+        elif name == "emit":
+            sched.maybe_freeze_mid_emit(run_id)
+            emit_run(rt, run_id, self.engine, lease_ms=self.lease_ms)
+            sched.maybe_late_block_writer(run_id, step)
+            if self._reshard_drawn(sched, rt, 4):  # its batch commits resharded
+                self._reshard_in_flight(sched, run_id, "commit", step)
+                rt = sched.rt
+        else:
+            racers = 2 if rng.random() < 0.2 else 1
+            if racers > 1:
+                result.events.append(f"duplicate-commit@{run_id}")
+            self._commit_race(rt, run_id, racers)
+            sched.note_changes(rt.ledger.txid_of_run(run_id))
+        return rt
+
+    @contextlib.contextmanager
+    def _maybe_paused(
+        self, sched: Schedule, run_id: str, name: str, batch_size: int
+    ) -> Iterator[None]:
+        """In the paused family, now and then: Redis stopped during the block past every
+        lease and socket timeout (chaos.pauses); half of those times an adopter run, in a
+        process of its own, runs the next txid to the end from the moment Redis goes on,
+        racing the stale holder. The adopter's failures are those of a run (Airflow
+        retries it); its commit is followed by the sinks' checks like any other."""
+        if sched.pause_rng is None or sched.pause_rng.random() >= PAUSE_CHANCE:
+            yield
+            return
+        racing = sched.pause_rng.random() < 0.5
+        sched.result.events.append(f"pause@{run_id}:{name}" + ("+adopter" if racing else ""))
+        other = None  # the adopter's process, started before the pause
+        if racing:
+            other = self._runtime(sched.rt.pipeline, sched.rt.home, FaultPlan(),
+                                  sched.rt.shards or 1)  # fmt: skip
+        with paused_redis(self.pauser, sched.pause_rng) as resumed:
+            thread = None
+            if other is not None:
+                adopting = other
+                thread = adopter(resumed, lambda: self._adopt(sched, adopting, run_id, batch_size))
+            try:
+                yield
+            finally:
+                if thread is not None:
+                    thread.join()
+
+    def _adopt(self, sched: Schedule, rt: Runtime, run_id: str, batch_size: int) -> None:
+        """Another run's steps, from coordinate to commit, in its own process; a step that
+        fails ends it (as a run Airflow would retry later)."""
+        adopter_id = f"{run_id}-adopter"
+        try:
+            coordinate_run(rt, adopter_id, batch_size, lease_ms=self.lease_ms)
+            emit_run(rt, adopter_id, self.engine, lease_ms=self.lease_ms)
+            commit_run(rt, adopter_id, self.lease_ms)
+            sched.note_changes(rt.ledger.txid_of_run(adopter_id))
+            sched.result.events.append(f"adopted-by:{adopter_id}")
+        except STEP_FAILURES:
+            release_run(rt, adopter_id)  # it gives up: the txid goes to the next run
+        except BaseException as exc:  # not a step's failure: the schedule's difference
+            sched.result.difference = sched.result.difference or (
+                f"the adopter of {run_id} failed with {exc!r}"
+            )
+        finally:
+            rt.client.close()
+
     def _finish_run(self, rt: Runtime, run_id: str, steps: Sequence[str]) -> None:
         """The rest of a run whose txid committed while one of its steps failed (a commit cut
         short after its mark), as Airflow's retry or a person's clear runs it: every step
@@ -459,11 +561,11 @@ class Chaos(OperatorActs, SinkChecks):
         with contextlib.suppress(*STEP_FAILURES):
             for step in steps:
                 if step == "coordinate":
-                    coordinate_run(rt, run_id, None, lease_ms=60_000)
+                    coordinate_run(rt, run_id, None, lease_ms=self.lease_ms)
                 elif step == "emit":
-                    emit_run(rt, run_id, self.engine, lease_ms=60_000)
+                    emit_run(rt, run_id, self.engine, lease_ms=self.lease_ms)
                 else:
-                    commit_run(rt, run_id, 60_000)
+                    commit_run(rt, run_id, self.lease_ms)
 
     def _parallel_runs(self, sched: Schedule, run_no: int, batch_size: int) -> int:
         """2-3 runs at once, as Airflow runs a backfill with max_active_runs > 1: they bind in
@@ -506,7 +608,9 @@ class Chaos(OperatorActs, SinkChecks):
         try:
             for run_id in run_ids:  # in date order
                 if not retried(
-                    lambda r=run_id: coordinate_run(runtimes[r], r, batch_size, 60_000, run_state)
+                    lambda r=run_id: coordinate_run(
+                        runtimes[r], r, batch_size, self.lease_ms, run_state
+                    )
                 ):
                     give_up(run_id)
             todo = {r: ["emit", "commit"] for r in run_ids if r in live}
@@ -551,11 +655,11 @@ class Chaos(OperatorActs, SinkChecks):
             if step == "emit":
                 if not ready_to_emit(rt, txid):
                     return "waited"
-                emit_run(rt, run_id, self.engine, lease_ms=60_000)
+                emit_run(rt, run_id, self.engine, lease_ms=self.lease_ms)
             else:
                 if rt.ledger.committed_txid() < txid - 1:
                     return "waited"
-                commit_run(rt, run_id, 60_000, run_state)
+                commit_run(rt, run_id, self.lease_ms, run_state)
             return "ran"
         except STEP_FAILURES:
             return "failed"
@@ -573,7 +677,7 @@ class Chaos(OperatorActs, SinkChecks):
         stopped - records arriving in between, so the second try of ``first`` reads on."""
 
         def emit(run_id: str) -> bool:
-            return retried(lambda: emit_run(runtimes[run_id], run_id, self.engine, 60_000))
+            return retried(lambda: emit_run(runtimes[run_id], run_id, self.engine, self.lease_ms))
 
         if not emit(first):
             return
@@ -596,13 +700,15 @@ class Chaos(OperatorActs, SinkChecks):
         results: list[str] = []
 
         def attempt() -> None:
-            other = self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1)
-            try:
+            other = None
+            try:  # connecting may fail too (Redis paused): that racer's process died
+                other = self._runtime(rt.pipeline, rt.home, rt.faults, rt.shards or 1)
                 results.append(commit_run(other, run_id)["status"])
             except BaseException as exc:  # collected; re-raised below if no racer landed
                 errors.append(exc)
             finally:
-                other.client.close()
+                if other is not None:
+                    other.client.close()
 
         at_once(attempt, racers)
         if "committed" not in results and "already-committed" not in results and errors:
@@ -614,11 +720,19 @@ class Chaos(OperatorActs, SinkChecks):
             result.difference = f"{left} records were never committed"
         lost = any(e.startswith("redis-lost-writes") for e in result.events)
         garbage = staging_left(rt, rt.ledger.committed_txid() if lost else None)
+        if self.paused:  # a write given up on mid-pause may land after every cleanup
+            expiring = [k for k in garbage if ":" in k and rt.client.ttl(k) > 0]
+            if expiring:  # bounded by the staging TTL; never a key without one
+                result.events.append(f"staging-left-to-its-ttl:{len(expiring)}")
+            garbage = [k for k in garbage if k not in expiring]
         if garbage and not result.difference:
             result.difference = (
                 f"staging left behind once every txid committed: {garbage[0]}"
                 + f" and {len(garbage) - 1} more" * (len(garbage) > 1)
             )
+        repeated = repeated_history_entries(rt)
+        if repeated and not result.difference:
+            result.difference = f"the history holds txid {repeated[0]} more than once"
         report = audit(rt)
         result.lost, result.doubled = report.lost, report.doubled
         missed = sorted(set(rt.pipeline.expiring) & set(report.unaudited))
@@ -664,6 +778,7 @@ def run_chaos(
     lost_writes: bool = False,
     reshards: bool = False,
     reader: bool = False,
+    paused: bool = False,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
@@ -680,6 +795,7 @@ def run_chaos(
         lost_writes=lost_writes,
         reshards=reshards,
         reader=reader,
+        paused=paused,
     ) as chaos:
         for s in range(seed, seed + schedules):
             outcome = chaos.run_schedule(s)

@@ -292,9 +292,9 @@ class OperatorActs:
 
         try:
             if next_step == "coordinate":
-                coordinate_run(rt, run_id, lease_ms=60_000)
+                coordinate_run(rt, run_id, lease_ms=self.lease_ms)
             elif next_step == "emit":
-                emit_run(rt, run_id, self.engine, lease_ms=60_000)
+                emit_run(rt, run_id, self.engine, lease_ms=self.lease_ms)
             else:
                 commit_run(rt, run_id)
         except refusals:

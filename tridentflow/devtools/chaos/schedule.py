@@ -63,6 +63,8 @@ class Schedule:
         self.reshard_rng = random.Random(0)
         """The operator's reshards' own generator: the steps' draws stay as they were."""
         self.reshards = 0
+        self.pause_rng: random.Random | None = None
+        """The paused-Redis family's own generator (None: off): the steps' draws stay."""
         self.reshard = False
         """Whether the operator may reshard in this schedule (``run_chaos(reshards=True)``)."""
         self.lost_rng: random.Random | None = None

@@ -1,0 +1,137 @@
+"""The paused-Redis family (``run_chaos(paused=True)``): Redis stopped (SIGSTOP) in the middle
+of a step for longer than the runs' leases and the clients' socket timeout, then continued
+(SIGCONT) - what a stop-the-world pause, a VM migration or a saturated host does to it.
+
+While it is stopped, a step's command times out (redis-py raises; it does not send a command
+again) yet stays in Redis's socket buffer: when Redis goes on it runs it anyway - a write its
+client reported failed lands late (Jepsen's indeterminate write), and what other connections
+queued meanwhile (the step's cleanup after the failure, another process's steps) runs in any
+order with it. Its clock has moved past every lease. Two ways in:
+
+* **at a fault point** (a ``pause`` fault: ``after-coordinate``, ``in-emit``, ``mid-commit``,
+  ``before-ledger``, ``after-mark``, ``mid-export``): Redis stops there and the step goes on,
+  so the command right after the point is the one sent again;
+* **mid-step, raced** (``Chaos._maybe_paused``): Redis stops a few ms into a step; half of the
+  time an *adopter* - another run, as Airflow's next run - binds the txid the paused step
+  holds and runs it to the end once Redis goes on, while the stale holder carries on.
+
+Neither may double or lose a record.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+
+from tridentflow.faults import Fault
+
+PAUSE_CHANCE = 0.15
+"""The chance that a step of a paused-family schedule runs through a mid-step pause."""
+
+POINT_PAUSE_CHANCE = 0.3
+"""The chance that a txid of a paused-family schedule gets a pause at a fault point."""
+
+PAUSE_POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger", "after-mark",
+                "mid-export")  # fmt: skip
+"""Where a ``pause`` fault may stop Redis."""
+
+PAUSE_S = 1.5
+"""How long Redis stays stopped: past PAUSED_LEASE_MS and several socket timeouts."""
+
+PAUSED_LEASE_MS = 1_000
+"""The runs' leases in the family (60 s elsewhere): a pause outlasts them."""
+
+PAUSED_SOCKET_TIMEOUT_S = 0.3
+"""The clients' socket timeout in the family (60 s by default): a pause outlasts it."""
+
+
+class Pauser:
+    """Stops the process ``pid()`` names for PAUSE_S, in a thread of its own; ``wait`` until
+    every pause it started is over (Redis never stays stopped)."""
+
+    def __init__(self, pid: Callable[[], int]) -> None:
+        self.pid = pid
+        self._threads: list[threading.Thread] = []
+        self.resumed_ms: list[int] = []
+        """When each pause ended (this host's clock, ms: Redis's, on loopback) - taken by
+        ``recoveries``."""
+
+    def pause(self, delay: float = 0.0) -> threading.Event:
+        """Stop it ``delay`` seconds from now (0: before this returns, so the caller's next
+        command finds it stopped), for PAUSE_S; the event is set once it goes on."""
+        pid, resumed = self.pid(), threading.Event()
+        if delay <= 0:
+            os.kill(pid, signal.SIGSTOP)
+
+        def run() -> None:
+            try:
+                if delay > 0:
+                    time.sleep(delay)
+                    os.kill(pid, signal.SIGSTOP)
+                time.sleep(PAUSE_S)
+            except ProcessLookupError:  # killed meanwhile (a restart): nothing to continue
+                pass
+            finally:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                self.resumed_ms.append(int(time.time() * 1000))
+                resumed.set()
+
+        thread = threading.Thread(target=run, name="tf-chaos-pause", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return resumed
+
+    def wait(self) -> None:
+        while self._threads:
+            self._threads.pop().join()
+
+    def recoveries(self, committed_ms: list[int]) -> list[int]:
+        """For each pause ended since the last call: ms from its end to the next commit
+        (``committed_ms``: the commits' times, from the ledger's history) - the recovery
+        without a human; a pause no commit followed is left out. Forgets those pauses."""
+        ends, self.resumed_ms = self.resumed_ms, []
+        after = sorted(committed_ms)
+        return [
+            next(c for c in after if c >= end) - end for end in ends if after and after[-1] >= end
+        ]
+
+
+@contextmanager
+def paused_redis(pauser: Pauser, rng: random.Random) -> Iterator[threading.Event]:
+    """Within the block: Redis stopped after a few ms drawn from ``rng``, for PAUSE_S. Yields
+    an event set once it goes on; on leaving, waits for that."""
+    resumed = pauser.pause(rng.uniform(0, 0.04))
+    try:
+        yield resumed
+    finally:
+        resumed.wait()
+
+
+def point_pauses(rng: random.Random, runs: int, events: list[str]) -> tuple[Fault, ...]:
+    """``pause`` faults for txids 1..``runs`` (POINT_PAUSE_CHANCE each, at a point of
+    PAUSE_POINTS, the first attempt), noted in ``events``."""
+    faults = []
+    for txid in range(1, runs + 1):
+        if rng.random() < POINT_PAUSE_CHANCE:
+            fault = Fault(rng.choice(PAUSE_POINTS), txid, 1, "pause")
+            faults.append(fault)
+            events.append(str(fault))
+    return tuple(faults)
+
+
+def adopter(resumed: threading.Event, run: Callable[[], None]) -> threading.Thread:
+    """A thread that runs ``run`` (another run's steps) once Redis goes on."""
+
+    def go() -> None:
+        resumed.wait()
+        run()
+
+    thread = threading.Thread(target=go, name="tf-chaos-adopter", daemon=True)
+    thread.start()
+    return thread
