@@ -39,7 +39,7 @@ from tridentflow.steps.runtime import Runtime, connect
 
 FAMILIES = (
     ("process deaths, outages, Redis restarts, sinks, resets, rewinds", {}),
-    ("+ expiry (keys expire after 1-3 txids)", {"expiry": True}),
+    ("+ expiry (after 1-3 txids, 2-4 s of batch time, or both)", {"expiry": True}),
     ("+ Redis goes back to a snapshot (lost acknowledged writes)", {"lost_writes": True}),
     ("+ an operator reshards mid-run", {"reshards": True}),
     ("+ a concurrent reader (each listing checked against its txid)", {"reader": True}),

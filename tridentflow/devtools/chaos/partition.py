@@ -1,0 +1,245 @@
+"""A network partition between a txid's steps and Redis (issue 55), in a network namespace of
+its own: ``python -m tridentflow.devtools.chaos.partition`` re-runs itself under
+``unshare -n`` (Linux, root), so nothing but its own loopback is touched.
+
+Inside, Redis listens on 127.0.0.1 and 127.0.0.2. The driver (coordinate, commit) reaches it
+at 127.0.0.1; the emit - the executors' side, which writes the staged blocks - at 127.0.0.2.
+A partition is a routing rule that blackholes one address: packets of the connections
+already open are dropped (TCP retransmits them once it heals), new connections fail. It is
+drawn per txid at a fault point - ``in-emit`` (blocks written, the manifest not yet) cuts the
+executors off mid block-write, ``mid-commit``, ``before-ledger`` and ``after-mark`` cut the
+driver off mid-commit - and heals after PARTITION_S, past the clients' socket timeout: the
+step fails (a command reported failed may still land once it heals) and is retried as
+Airflow retries it. At the end: the counts of every word produced exact, ``audit`` clean,
+the history holding each txid once, no staging left without its TTL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import tridentflow.faults
+from tridentflow.devtools import devredis
+from tridentflow.devtools.chaos.checks import repeated_history_entries, staging_left
+from tridentflow.devtools.chaos.config import STEP_FAILURES
+from tridentflow.engines.local import LocalEngine
+from tridentflow.faults import Fault, FaultPlan
+from tridentflow.ops.audit import audit
+from tridentflow.registry import load_pipeline
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.query import query
+from tridentflow.steps.runtime import Runtime, connect
+
+DRIVER, EXECUTORS = "127.0.0.1", "127.0.0.2"
+PARTITION_S = 1.0
+"""How long a partition lasts: past SOCKET_TIMEOUT_S."""
+SOCKET_TIMEOUT_S = 0.3
+POINTS = {"in-emit": EXECUTORS, "mid-commit": DRIVER, "before-ledger": DRIVER,
+          "after-mark": DRIVER}  # fmt: skip
+"""Where a partition may start, and whose address it cuts off."""
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def prepare_namespace() -> None:
+    """In a fresh network namespace: loopback up, 127.0.0.2 on it, the local routing table
+    looked up after a slot (pref 5) where a partition's rule goes."""
+    _ip("link", "set", "lo", "up")
+    _ip("addr", "add", f"{EXECUTORS}/32", "dev", "lo")
+    _ip("rule", "del", "pref", "0", "lookup", "local")
+    _ip("rule", "add", "pref", "10", "lookup", "local")
+
+
+class Partitions:
+    """Cuts one address off for PARTITION_S (a blackhole rule), healing it in a thread;
+    ``wait`` until every cut healed; ``cut_off`` names who the next cut isolates."""
+
+    def __init__(self) -> None:
+        self.cut_off = DRIVER
+        self._threads: list[threading.Thread] = []
+        self.cuts: list[str] = []
+
+    def cut(self) -> None:
+        address = self.cut_off
+        _ip("rule", "add", "pref", "5", "to", address, "blackhole")
+        self.cuts.append(address)
+
+        def heal() -> None:
+            time.sleep(PARTITION_S)
+            _ip("rule", "del", "pref", "5", "to", address, "blackhole")
+
+        thread = threading.Thread(target=heal, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def wait(self) -> None:
+        while self._threads:
+            self._threads.pop().join()
+
+
+def drill(seed: int, workdir: Path) -> dict[str, Any]:
+    """4-8 txids of ``wordcount`` (transactional) or ``wordcount-opaque``, partitions drawn
+    from ``seed``; what the checks found. Run inside a namespace of its own, prepared
+    (``prepare_namespace``)."""
+    rng = random.Random(f"partition-{seed}")
+    port = devredis.free_port()
+    args = devredis.server_args(port, workdir / "redis")
+    args[args.index("--bind") + 1 : args.index("--bind") + 2] = [DRIVER, EXECUTORS]
+    args[args.index("--protected-mode") + 1] = "no"  # 127.0.0.2: inside this namespace only
+    (workdir / "redis").mkdir(parents=True)
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    devredis.wait_ready(port, server)
+    partitions = Partitions()
+    tridentflow.faults.PAUSE_HOOK = partitions.cut  # a "pause" fault starts a partition
+    try:
+        return _run(rng, seed, port, workdir, partitions)
+    finally:
+        tridentflow.faults.PAUSE_HOOK = None
+        partitions.wait()
+        server.kill()
+
+
+def _run(
+    rng: random.Random, seed: int, port: int, workdir: Path, partitions: Partitions
+) -> dict[str, Any]:
+    pipeline = load_pipeline(rng.choice(("wordcount", "wordcount-opaque")))
+    count = rng.randint(4, 8)
+    faults, events = [], []
+    for txid in range(1, count + 1):
+        if rng.random() < 0.7:
+            point = rng.choice(sorted(POINTS))
+            faults.append(Fault(point, txid, 1, "pause"))
+            events.append(f"{point}@{txid}:{POINTS[point]}")
+    plan = FaultPlan(tuple(faults))
+    home = workdir / "home"
+
+    def runtime(address: str) -> Runtime:
+        url = f"redis://{address}:{port}/0"
+        return Runtime(pipeline, connect(url, SOCKET_TIMEOUT_S), home, plan, url,
+                       staging_kind="redis")  # fmt: skip
+
+    driver, executors = runtime(DRIVER), runtime(EXECUTORS)
+    driver.ledger.reset(force=True)
+    produced: list[str] = []
+    failures = 0
+    for txid in range(1, count + 1):
+        lines = [" ".join(rng.choices(WORDS, k=rng.randint(1, 4))) for _ in range(3)]
+        driver.source_heads()
+        driver.log.append_spread(lines)
+        produced += lines
+        for _ in range(8):  # a failed step is retried, as Airflow retries it
+            try:
+                partitions.cut_off = DRIVER
+                coordinate(driver, txid, batch_size=1000)
+                partitions.cut_off = EXECUTORS
+                emit(executors, txid, LocalEngine())
+                partitions.cut_off = DRIVER
+                commit(driver, txid)
+                break
+            except STEP_FAILURES:
+                failures += 1
+                partitions.wait()  # the retry comes once the network is back
+        else:
+            return {"seed": seed, "ok": False, "difference": f"txid {txid} never committed"}
+    partitions.wait()
+    return _checked(driver, produced, seed, events, failures, partitions)
+
+
+def _checked(
+    rt: Runtime,
+    produced: list[str],
+    seed: int,
+    events: list[str],
+    failures: int,
+    partitions: Partitions,
+) -> dict[str, Any]:
+    words = Counter(w for line in produced for w in line.split())
+    keys = sorted(words)
+    _committed, values = query(rt, rt.pipeline.states["counts"], [(w,) for w in keys])
+    got = dict(zip(keys, values, strict=True))
+    lost = sum(max(0, words[w] - (got[w] or 0)) for w in keys)
+    doubled = sum(max(0, (got[w] or 0) - words[w]) for w in keys)
+    difference = None
+    if lost or doubled:
+        difference = f"counts: lost={lost} doubled={doubled}"
+    report = audit(rt)
+    if not difference and not report.ok:
+        difference = f"audit: {report.line()}"
+    repeated = repeated_history_entries(rt)
+    if not difference and repeated:
+        difference = f"the history holds txid {repeated[0]} more than once"
+    left = [k for k in staging_left(rt) if rt.client.ttl(k) <= 0]
+    if not difference and left:
+        difference = f"staging left without its TTL: {left[0]}"
+    return {
+        "seed": seed,
+        "ok": difference is None,
+        "difference": difference,
+        "pipeline": rt.pipeline.name,
+        "txids": rt.ledger.committed_txid(),
+        "records": len(produced),
+        "partitions": len(partitions.cuts),
+        "executor_partitions": partitions.cuts.count(EXECUTORS),
+        "step_failures": failures,
+        "events": events,
+        "lost": lost,
+        "doubled": doubled,
+    }
+
+
+def run_in_namespace(schedules: int, seed: int) -> list[dict[str, Any]]:
+    """Run ``schedules`` drills (seeds seed...) in a network namespace of their own (a
+    child process under ``unshare -n``); one result per drill. RuntimeError (one line) where
+    no namespace can be made (not Linux, not root)."""
+    module = "tridentflow.devtools.chaos.partition"
+    command = ["unshare", "-n", sys.executable, "-m", module, "--inside",
+               "--schedules", str(schedules), "--seed", str(seed)]  # fmt: skip
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        raise RuntimeError("a network partition drill needs unshare and ip (util-linux, iproute2)")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the partition drill failed (exit {done.returncode}): {tail}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--schedules", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.inside:
+        for result in run_in_namespace(args.schedules, args.seed):
+            print(json.dumps(result))
+        return
+    os.environ.setdefault("TRIDENTFLOW_STAGING", "redis")
+    prepare_namespace()
+    for seed in range(args.seed, args.seed + args.schedules):
+        workdir = Path(tempfile.mkdtemp(prefix="tridentflow-partition-"))
+        try:
+            result = drill(seed, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
