@@ -95,6 +95,19 @@ if not LINES then return redis.error_reply(block_err) end
 )
 
 
+STORE_MANIFEST = LuaScript(
+    "store_manifest",
+    """
+-- An emit attempt's manifest and the TTL of the hash holding it, in one call: a write its
+-- client gave up on (Redis paused, a partition) that lands later still expires.
+-- KEYS[1] the txid's manifests hash  ARGV[1] attempt  ARGV[2] manifest JSON  ARGV[3] TTL (s)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+""",
+)
+
+
 BLOCK_LINES = 5000
 """Lines per block: one APPLY_STAGED_NUMERIC call holds Redis for ~25 ms."""
 

@@ -261,6 +261,8 @@ def test_a_manifest_that_lands_after_its_writer_gave_up_carries_its_ttl(tmp_path
             os.kill(server.pid, signal.SIGSTOP)
             threading.Timer(1.0, os.kill, (server.pid, signal.SIGCONT)).start()
 
+        loaded = {"txid": 2, "attempt": 1, "pipeline": "wordcount"}  # the script loaded, as
+        rt.staging.write(loaded, {}, {"counts": [('["a"]', 1)]})  # on a Redis that ran one
         header = {"txid": 1, "attempt": 1, "pipeline": "wordcount"}
         with pytest.raises(Exception, match="Timeout"):
             rt.staging.write(header, {}, {"counts": [('["a"]', 1)]}, before_manifest=stop_redis)

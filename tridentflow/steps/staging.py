@@ -42,6 +42,7 @@ from tridentflow_state.maps import StateKind
 from tridentflow_state.staged import (
     BLOCK_LINES,
     BLOCK_TTL_S,
+    STORE_MANIFEST,
     BlockRef,
     BlockSpace,
     BlockWriter,
@@ -463,11 +464,9 @@ class RedisStagingArea:
             "lines": sum(r.lines for r in bad_refs),
             "blocks": [r.to_json() for r in bad_refs],
         }
-        key = self.manifests_key(txid)
-        pipe = self.client.pipeline(transaction=True)  # the TTL with it, even if it lands late
-        pipe.hset(key, str(attempt), json.dumps(manifest))
-        pipe.expire(key, BLOCK_TTL_S)  # an old generation's (a rewind's) goes by itself
-        pipe.execute()
+        key = self.manifests_key(txid)  # with its TTL even if it lands late; an old
+        # generation's (a rewind's) goes by itself
+        STORE_MANIFEST(self.client, [key], [attempt, json.dumps(manifest), BLOCK_TTL_S])
         return RedisStagedBatch(self.describe(txid, attempt), manifest, self.client, space)
 
     def describe(self, txid: int, attempt: int) -> Path:
