@@ -25,6 +25,7 @@ def _namespaces() -> str | None:
 pytestmark = pytest.mark.skipif(_namespaces() is not None, reason=str(_namespaces()))
 
 
+@pytest.mark.soak  # a drill of 6 schedules, ~30 s: the full suite, not the fast lane
 def test_partitions_of_the_executors_and_the_driver_lose_and_double_nothing():
     results = run_in_namespace(6, seed=0)
     assert len(results) == 6
