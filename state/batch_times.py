@@ -55,6 +55,15 @@ class ExpiryRule:
             parts.append(by_time)
         return max(parts)
 
+    def horizon_among(self, times: Mapping[int, int], txid: int, at_ms: int | None) -> int:
+        """``horizon`` with the time rule judged over ``times`` (txid -> batch time, the
+        txids before ``txid``) for batch time ``at_ms`` (None: the txid has none - nothing
+        expires by time). What CLAIM_TIMES gives the commit, for the harness and audit."""
+        by_time = 0
+        if self.after_ms is not None and at_ms is not None:
+            by_time = horizon_by_time(times, txid, at_ms, self.after_ms)
+        return self.horizon(txid, by_time)
+
 
 def horizon_by_time(times: Mapping[int, int], txid: int, at_ms: int, after_ms: int) -> int:
     """The newest txid before ``txid`` whose batch time (``times``: txid -> ms, non-decreasing

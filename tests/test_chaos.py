@@ -208,7 +208,7 @@ def test_the_harness_catches_batch_times_that_go_back_along_the_txids(monkeypatc
     txid-1's, make the claim's search and audit's recount disagree on what has expired."""
     import tridentflow.steps.coordinator as coordinator
 
-    monkeypatch.setattr(coordinator, "batch_time", lambda rt, txid: rt.batch_clock(txid))
+    monkeypatch.setattr(coordinator, "freeze_batch_time", lambda rt, txid: rt.batch_clock(txid))
     results = run_chaos(EXPIRY_SCHEDULES, seed=EXPIRY_SEED, redis_restarts=False, expiry=True)
     last = results[-1]
     assert not last.ok, f"{len(results)} schedules did not expose it"

@@ -56,7 +56,6 @@ from tridentflow.sources.filelog import FileLog
 from tridentflow.steps.committer import apply_in_python
 from tridentflow.steps.export import stream_rows
 from tridentflow_state.backing import Fence, MemoryBackingMap
-from tridentflow_state.batch_times import horizon_by_time
 from tridentflow_state.codec import decode_key
 from tridentflow_state.maps import StoredValue, make_map_state
 
@@ -262,7 +261,7 @@ class _Run:
         batch time joins the recorded ones."""
         at = self.batch_times[txid - 1]
         horizons = {
-            name: rule.horizon(txid, horizon_by_time(self.times, txid, at, rule.after_ms or 0))
+            name: rule.horizon_among(self.times, txid, at)
             for name, rule in self.pipeline.expiring.items()
         }
         self.times[txid] = at

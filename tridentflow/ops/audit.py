@@ -26,7 +26,6 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.plan import compile_pipeline
 from tridentflow.steps.runtime import Runtime
-from tridentflow_state.batch_times import horizon_by_time
 from tridentflow_state.ledger import HISTORY_LENGTH
 from tridentflow_state.maps import REMOVE, StoredValue
 
@@ -202,8 +201,7 @@ def recount_txid_by_txid(
             rule = persist.state.expiry
             if rule is None:
                 continue
-            by_time = 0 if at is None else horizon_by_time(times, txid, at, rule.after_ms or 0)
-            due = rule.horizon(txid, by_time)
+            due = rule.horizon_among(times, txid, at)
             for key in [k for k, t in stamps.items() if t <= due and k not in touched]:
                 del state[key], stamps[key]
         if at is not None:

@@ -425,6 +425,8 @@ def commit_stats(
         "expired": sum(len(keys) for keys in attempt.expired.values()),
         "expired_by_state": {name: len(keys) for name, keys in attempt.expired.items()},
         "ranges": {str(p): [start, end] for p, (start, end) in sorted(staged.ranges.items())},
+        # the batch time expiry judged by (audit's recount reads it); absent: none
+        **({} if attempt.batch_time is None else {"at_ms": attempt.batch_time}),
     }
 
 
@@ -479,10 +481,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     quarantined = quarantine(rt, staged, attempt.fence)
     rolled_back = attempt.finish_writes(staged.keys, rt.pipeline.fed_states)
     offsets = {p: end for p, (_start, end) in staged.ranges.items()}
-    stats = commit_stats(staged, attempt, quarantined, rolled_back)
-    if attempt.batch_time is not None:  # audit's recount judges expiry in time by it
-        stats["at_ms"] = attempt.batch_time
-    if attempt.mark(offsets, stats):
+    if attempt.mark(offsets, commit_stats(staged, attempt, quarantined, rolled_back)):
         rt.log.acknowledge(offsets)  # a shared stream keeps what this reader still needs
     attempt.settle(rt.pipeline.fed_states, rt.pipeline.change_log_limit)
     rt.discard_staged(txid)

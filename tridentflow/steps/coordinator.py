@@ -59,7 +59,7 @@ def new_metadata(
         raise SourceError(f"batch size must be a whole number >= 1, got {batch_size!r}")
     meta: dict[str, Any] = {"txid": txid, "mode": source.mode.value, "batch_size": size}
     if rt.pipeline.expires_in_time:
-        meta["at_ms"] = batch_time(rt, txid)
+        meta["at_ms"] = freeze_batch_time(rt, txid)
     if source.mode is not SourceMode.TRANSACTIONAL:
         return meta
     if txid - 1 == committed:
@@ -87,7 +87,7 @@ def new_metadata(
     return meta
 
 
-def batch_time(rt: Runtime, txid: int) -> int:
+def freeze_batch_time(rt: Runtime, txid: int) -> int:
     """The batch time to freeze for ``txid`` (ms): the batch clock's (Redis's TIME by
     default), raised to txid-1's if that is later - its metadata's, else the one its commit
     recorded (tridentflow_state.batch_times)."""

@@ -247,12 +247,7 @@ class Chaos(OperatorActs, SinkChecks):
         sched.rt = rt = rt.with_(faults=plan)
         batch_size = rng.choice([1, 2, 3, 5, 20])
         reader = self._drive_with_families(sched, runs, batch_size, home, shards)
-        self.pauser.wait()
-        if self.paused:  # seconds from each pause's end to the next commit
-            commits = [
-                e["committed_ms"] for e in sched.rt.ledger.history(1000) if e.get("committed_ms")
-            ]
-            result.events += [f"recovery-ms:{ms}" for ms in self.pauser.recoveries(commits)]
+        self._note_recoveries(sched)
         sched.end_outage("drain")
         loses = sched.rt.log.chaos.removals_lose_records
         if loses and status(sched.rt)["unavailable_partitions"]:
@@ -274,6 +269,16 @@ class Chaos(OperatorActs, SinkChecks):
         shutil.rmtree(home, ignore_errors=True)
         result.seconds = time.monotonic() - started
         return result
+
+    def _note_recoveries(self, sched: Schedule) -> None:
+        """Once every pause is over: in the paused family, the ms from each pause's end to
+        the next commit, as ``recovery-ms:N`` events (benchmarks.fault_figures)."""
+        self.pauser.wait()
+        if not self.paused:
+            return
+        history = sched.rt.ledger.history(1000)
+        commits = [e["committed_ms"] for e in history if e.get("committed_ms")]
+        sched.result.events += [f"recovery-ms:{ms}" for ms in self.pauser.recoveries(commits)]
 
     def _drive_with_families(
         self, sched: Schedule, runs: int, batch_size: int, home: Path, shards: int
