@@ -2,6 +2,8 @@
 found, and the acknowledged commits a Redis crash loses under each persistence setting.
 
     python -m benchmarks.fault_figures [--schedules 20] [--kills 5]
+    python -m benchmarks.fault_figures --only families --family all --schedules 300 \
+        --seed 7000 --postgres postgresql://postgres@127.0.0.1:5432/EMPTY_DB   # the soak
 
 1. Per family (``run_chaos`` with the family on; seeds from 3000): schedules run, fault events
    injected (every event that is a fault or an operator's act: raises, crashes, outages, Redis
@@ -45,6 +47,9 @@ FAMILIES = (
     ("+ a concurrent reader (each listing checked against its txid)", {"reader": True}),
     ("+ Redis paused mid-step past every lease, adopters racing", {"paused": True}),
 )
+EVERY_FAMILY = {"expiry": True, "lost_writes": True, "reshards": True, "reader": True,
+                "paused": True}  # fmt: skip
+"""``--family all``: every family at once, in one schedule (the soak of issue 55)."""
 FAULT_MARKS = (
     "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",
     "rewind-to:", "reshard:", "redis-lost-writes", "pg-", "sink-raised", "sink-died",
@@ -52,14 +57,20 @@ FAULT_MARKS = (
 )  # fmt: skip
 
 
-def families(schedules: int, only: str | None = None) -> None:
-    """Each family (``only``: the one whose flag is named so, e.g. ``paused``)."""
-    print(f"chaos families, {schedules} schedules each (seeds from 3000):")
-    for label, flags in FAMILIES:
-        if only is not None and only not in flags:
+def families(
+    schedules: int, only: str | None = None, postgres_dsn: str | None = None, seed: int = 3000
+) -> None:
+    """Each family (``only``: the one whose flag is named so, e.g. ``paused``; ``all``: every
+    family at once). ``postgres_dsn``: the sinks in that (empty) PostgreSQL database too."""
+    print(f"chaos families, {schedules} schedules each (seeds from {seed}):")
+    rows = FAMILIES
+    if only == "all":
+        rows = (("every family at once", EVERY_FAMILY),)
+    for label, flags in rows:
+        if only not in (None, "all") and only not in flags:
             continue
         started = time.perf_counter()
-        results = run_chaos(schedules, seed=3000, **flags)
+        results = run_chaos(schedules, seed=seed, postgres_dsn=postgres_dsn, **flags)
         took = time.perf_counter() - started
         faults = sum(1 for r in results for e in r.events if any(m in e for m in FAULT_MARKS))
         bad = [r for r in results if not r.ok]
@@ -188,13 +199,19 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--only", choices=("families", "loss"), default=None)
     parser.add_argument(
-        "--family", default=None, help="with --only families: that family alone (its flag)"
+        "--family",
+        default=None,
+        help="with --only families: that family alone (its flag), or all: every family at once",
+    )
+    parser.add_argument("--seed", type=int, default=3000, help="the families' first seed")
+    parser.add_argument(
+        "--postgres", default=None, help="an empty PostgreSQL database's DSN: the sinks there too"
     )
     args = parser.parse_args()
     if args.only in (None, "loss"):
         loss_bounds(args.kills)
     if args.only in (None, "families"):
-        families(args.schedules, args.family)
+        families(args.schedules, args.family, args.postgres, args.seed)
 
 
 if __name__ == "__main__":
