@@ -44,3 +44,21 @@ def assert_caught(results, pattern: str) -> None:
     last = results[-1]
     assert not last.ok, f"{len(results)} schedules did not expose it"
     assert re.search(pattern, last.difference or ""), last.line()
+
+
+def plant_in_lua(monkeypatch, after: str, lua: str) -> None:
+    """A planted bug inside Redis: every state script whose source holds the line ``after``
+    runs with ``lua`` inserted right below it (a new script, its own SHA), for this test."""
+    from tridentflow_state.scripts import LuaScript
+
+    original = LuaScript.__call__
+    planted: dict[str, LuaScript] = {}
+
+    def call(self, client, keys, args):
+        if after not in self.source:
+            return original(self, client, keys, args)
+        if self.name not in planted:
+            planted[self.name] = LuaScript(self.name, self.source.replace(after, after + lua))
+        return original(planted[self.name], client, keys, args)
+
+    monkeypatch.setattr(LuaScript, "__call__", call)

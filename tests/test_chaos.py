@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.helpers import assert_caught
+from tests.helpers import assert_caught, plant_in_lua
 from tridentflow.devtools.chaos import STREAM_PIPELINES, run_chaos
 from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 
@@ -27,6 +27,10 @@ READER_SEED, READER_SCHEDULES = 4000, 6
 """The reader planted bug: seed 4000 exposes it (a pending txid's value listed as committed);
 room to move."""
 PAUSED_SOAK, PAUSED_SEED = 10, 5000
+STALL_SCHEDULES = 8
+"""The stalled-holder planted bug: seed 5006 exposes it (an emit stalled at in-emit of txid
+3 goes on after txids 3-5 committed and records its staged attempt in txid 3's deleted tx
+hash); room to move."""
 EXPIRY_SOAK = 20
 EXPIRY_SEED, EXPIRY_SCHEDULES = 0, 12
 """The expiry planted bugs: seed 3 exposes each (an earlier attempt's write taken for an
@@ -227,6 +231,24 @@ def test_fixed_seed_schedules_with_a_paused_redis_are_exact():
     events = " ".join(e for r in results for e in r.events)
     for step in ("coordinate", "emit", "commit"):
         assert f":{step}+adopter" in events and "adopted-by:" in events
+    for point in ("in-emit", "mid-commit"):  # holders stalled past their leases
+        assert f"stalled:{point}@" in events
+
+
+@pytest.mark.soak
+def test_the_paused_family_catches_a_stalled_holder_writing_for_a_committed_txid(monkeypatch):
+    """The paused family's planted bug: Redis's guard against steps of a committed txid
+    (state.scripts COMMITTED_TXID) gone, as if a zombie's writes were judged by its lease
+    alone. A holder stalled past its lease while runs commit its txid and the next two goes
+    on and writes the txid's tx hash again, which nothing ever deletes. The plain harness
+    does not catch it in the same schedules (no step there outlives two later commits)."""
+    plant_in_lua(monkeypatch, "local function committed_already(ledger, txid)\n",
+                 "  do return false end\n")  # fmt: skip
+    results = run_chaos(STALL_SCHEDULES, seed=PAUSED_SEED, paused=True)
+    last = results[-1]
+    assert not last.ok, f"{len(results)} schedules did not expose it"
+    assert "tx hash was written after its commit" in (last.difference or ""), last.line()
+    assert any(e.startswith("stalled:") for e in last.events), last.line()
 
 
 @pytest.mark.soak

@@ -159,6 +159,33 @@ def test_a_commit_killed_after_its_mark_leaves_nothing_once_retried(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_commits_cut_after_their_marks_in_a_row_leave_nothing_after_the_next(
+    kind, redis_url, tmp_path, monkeypatch
+):
+    """Txids 1 and 2 each cut short after the mark and never retried (Redis paused across
+    the retries' cleanup too - the chaos harness's every-family soak found it): txid 3's
+    commit deletes what both left in files, not only txid 2's; in Redis, txid 1's is left to
+    its TTL (finding it would take a SCAN), never without one."""
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(60, seed=8))
+    rt = rt.with_(faults=FaultPlan(tuple(Fault("after-mark", t, 1, "crash") for t in (1, 2))))
+    for txid in (1, 2):
+        coordinate(rt, txid, batch_size=20)
+        emit(rt, txid, ENGINE)
+        with pytest.raises(SimulatedCrash):
+            commit(rt, txid)
+    coordinate(rt, 3, batch_size=20)
+    emit(rt, 3, ENGINE)
+    assert commit(rt, 3).status == "committed"
+    left = staging_left(rt)
+    if kind == "redis":
+        generation = rt.ledger.generation
+        assert left and all(f"{generation}:1" in k and rt.client.ttl(k) > 0 for k in left)
+    else:
+        assert left == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_batch_the_commit_refuses_is_deleted(kind, redis_url, tmp_path, monkeypatch):
     """Staged from offsets the ledger does not stand at (here moved by hand, as a replayed
     txid before it would move them): it can never commit, and goes when refused."""
@@ -228,6 +255,32 @@ def test_a_zombie_emit_that_stages_after_the_commit_deletes_its_attempt(
             return super().compute(plan, log_root, ranges, ctx)
 
     assert emit(zombie_rt, 1, CommitsMeanwhile()) is None
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_zombie_emit_whose_staging_the_commit_deleted_under_it_finds_the_txid_committed(
+    kind, redis_url, tmp_path, monkeypatch
+):
+    """The family 'a stalled holder' (the chaos harness's paused family found it): an emit
+    stops between its blocks and its manifest - its process paused - past its lease, while
+    another attempt of the txid commits and deletes every attempt's staging, the directory
+    it was writing into included; when it goes on, it answers as any emit of a committed
+    txid does (None), not with the error of the missing directory, and leaves nothing."""
+    import tridentflow.faults
+
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(40, seed=12))
+    coordinate(rt, 1, batch_size=100)
+    emit(rt, 1, ENGINE)  # attempt 1: the one the commit applies
+    stalled = rt.with_(faults=FaultPlan((Fault("in-emit", 1, 2, "stall"),)))
+    monkeypatch.setattr(
+        tridentflow.faults,
+        "STALL_HOOK",
+        lambda fault: commit(rt, 1),  # meanwhile
+    )
+    assert emit(stalled, 1, ENGINE) is None
+    assert rt.ledger.committed_txid() == 1
     assert staging_left(rt) == []
 
 

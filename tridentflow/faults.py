@@ -10,8 +10,9 @@ Syntax (``TRIDENTFLOW_FAULTS`` or ``--faults``), a comma-separated list of:
   transaction, a stream after its first chunk). The fault fires only on that step's attempt
   ATTEMPT (default 1) of txid TXID, so resuming gets past it. ``raise`` (default) fails the
   step with InjectedFault; ``kill`` ends the process at once with SIGKILL (exit code 137).
-  (The chaos harness also builds ``crash`` faults - SimulatedCrash - and ``pause`` ones -
-  PAUSE_HOOK, its paused-Redis family - which no spec names.)
+  (The chaos harness also builds ``crash`` faults - SimulatedCrash -, ``pause`` ones -
+  PAUSE_HOOK, its paused-Redis family - and ``stall`` ones - STALL_HOOK, the same family's
+  stalled holder -, which no spec names.)
   ``lose-tuple`` is a data fault instead: in that emit attempt the first exchange between
   stages loses one tuple in transit, and the completeness check must fail the batch.
 * ``dark:P@TXID`` or ``dark:P@FIRST-LAST`` - partition P is unreadable while those txids emit
@@ -65,6 +66,11 @@ class InjectedFault(RuntimeError):
 PAUSE_HOOK: Callable[[], None] | None = None
 """What a ``pause`` fault calls (chaos harness only: its paused-Redis family stops Redis
 there and lets the step go on into it); None: a ``pause`` fault does nothing."""
+
+STALL_HOOK: Callable[[Fault], None] | None = None
+"""What a ``stall`` fault calls, in the step's own thread (chaos harness only: the step stops
+there - a process paused, as a long GC pause or a stopped VM stops it - until the hook returns,
+past its lease, while other runs go on); None: a ``stall`` fault does nothing."""
 
 
 class SimulatedCrash(BaseException):
@@ -149,6 +155,10 @@ class FaultPlan:
         if fault.action == "pause":  # the step goes on, into a stopped Redis
             if PAUSE_HOOK is not None:
                 PAUSE_HOOK()
+            return
+        if fault.action == "stall":  # the step itself stops here, then goes on
+            if STALL_HOOK is not None:
+                STALL_HOOK(fault)
             return
         if fault.action == "crash":
             raise SimulatedCrash(f"simulated crash at {fault}")

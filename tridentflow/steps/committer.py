@@ -487,7 +487,7 @@ def commit(rt: Runtime, txid: int, wait: float = 0) -> CommitResult:
     rt.discard_staged(txid)
     if not attempt.marked:  # a concurrent attempt finished first; ours wrote nothing after it
         return CommitResult(txid, "already-committed")
-    rt.discard_staged(txid - 1)  # what a commit of txid-1 cut short after its mark left, if any
+    rt.discard_staged_before(txid)  # what commits cut short after their marks left, if any
     return CommitResult(
         txid, "committed", staged.records, attempt.expected,
         staged.attempt, attempt.token, rolled_back, quarantined,

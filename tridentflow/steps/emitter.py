@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+
 from tridentflow.engines.base import Engine, ExecContext, check_stages
 from tridentflow.errors import (
     IncompleteBatchError,
@@ -142,7 +144,8 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     blocks its executors wrote before the checks included; an attempt that stages deletes the
     blocks of its killed Spark tasks (``prune``) and the staging of earlier attempts of the
     txid that died part-way (all but the recorded one, which a commit may be reading); an
-    attempt that finds its txid committed meanwhile (a zombie) deletes the txid's staging, and
+    attempt that finds its txid committed meanwhile (a zombie - its failure too, the commit
+    having deleted the staging it was writing) deletes the txid's staging, and
     so does any emit of a committed txid - not best effort: if Redis does not answer (paused,
     say), the step fails and its retry deletes it, so a zombie's staging never outlives it.
     The commit deletes the rest (committer.commit)."""
@@ -174,12 +177,23 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         staged = _compute_and_stage(rt, txid, attempt, engine, ranges, next_positions, header)
     except Exception:
         rt.discard_attempts(txid, [attempt])
+        if _committed_meanwhile(rt, txid):  # a zombie: the commit deleted its staging under it
+            rt.discard_staged(txid)
+            return None
         raise
     if ledger.record_staged(txid, attempt) == 0:  # committed meanwhile: nobody will read it
         rt.discard_staged(txid)
         return None
     rt.staging.prune(staged)
     return staged
+
+
+def _committed_meanwhile(rt: Runtime, txid: int) -> bool:
+    """Whether ``txid`` is committed now (False if Redis cannot say: the failure stands)."""
+    try:
+        return txid <= rt.ledger.committed_txid()
+    except redis.RedisError:
+        return False
 
 
 def _compute_and_stage(

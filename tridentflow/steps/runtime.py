@@ -322,6 +322,14 @@ class Runtime:
         self.file_staging.discard(txid)
         self.redis_staging.discard(txid)
 
+    def discard_staged_before(self, txid: int) -> None:
+        """After ``txid`` committed: what commits of earlier txids cut short after their marks
+        left - every file-staged txid below it (a listing: files never expire), and txid-1's
+        Redis staging (Redis staging older than that, left by commits cut short twice in a row
+        and never retried, goes with its TTL: finding it would need a SCAN)."""
+        self.file_staging.discard_before(txid)
+        self.redis_staging.discard(txid - 1)
+
     def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
         """Delete abandoned emit ``attempts`` of ``txid`` wherever they staged, files and
         Redis (idempotent). Best effort: a failure is logged - the attempt's commit or its

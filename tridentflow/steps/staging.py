@@ -310,6 +310,16 @@ class StagingArea:
         """Delete every staged attempt of ``txid`` (idempotent)."""
         shutil.rmtree(self.tx_dir(txid), ignore_errors=True)
 
+    def discard_before(self, txid: int) -> None:
+        """Delete every staged attempt of every txid below ``txid`` (committed ones: what
+        commits cut short after their marks left, however many in a row). One directory
+        listing; idempotent."""
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.root):
+                number = entry.name.removeprefix("tx-")
+                if entry.name.startswith("tx-") and number.isdigit() and int(number) < txid:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
     def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
         """Delete the named attempts of ``txid`` - abandoned ones: refused, died part-way,
         superseded - and the txid's directory once it is empty (idempotent)."""

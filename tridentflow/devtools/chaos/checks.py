@@ -40,6 +40,22 @@ def staging_left(rt: Runtime, lost_beyond: int | None = None) -> list[str]:
     return sorted(found)
 
 
+def stale_tx_hashes(rt: Runtime) -> list[int]:
+    """Txids at least two below the committed one whose tx hash exists: the mark of txid T
+    deletes T-2's, and nothing of a committed txid may write one again (a zombie step, a
+    stalled holder going on, a command Redis ran late - state.scripts COMMITTED_TXID); one
+    written again would stay forever."""
+    committed = rt.ledger.committed_txid()
+    prefix = rt.keyspace.tx(0)[:-1]
+    found = []
+    for raw in rt.client.scan_iter(match=f"{prefix}*", count=1000):
+        key = raw.decode() if isinstance(raw, bytes) else raw
+        tail = key[len(prefix) :]
+        if tail.isdigit() and int(tail) <= committed - 2:
+            found.append(int(tail))
+    return sorted(found)
+
+
 def repeated_history_entries(rt: Runtime) -> list[int]:
     """The txids the ledger's history holds more than once (each commit is one entry: a
     retry, a replay or a command Redis ran twice must not add another)."""

@@ -19,6 +19,7 @@ from tridentflow.devtools.chaos.checks import (
     expected_by_key,
     repeated_history_entries,
     staging_left,
+    stale_tx_hashes,
     window_problem,
 )
 from tridentflow.devtools.chaos.config import (
@@ -49,10 +50,12 @@ from tridentflow.devtools.chaos.pauses import (
     PAUSE_CHANCE,
     PAUSED_LEASE_MS,
     PAUSED_SOCKET_TIMEOUT_S,
+    STALL_ADOPTERS,
     Pauser,
     adopter,
     paused_redis,
     point_pauses,
+    point_stalls,
 )
 from tridentflow.devtools.chaos.reader import ConcurrentReader
 from tridentflow.devtools.chaos.schedule import Schedule
@@ -108,7 +111,8 @@ class Chaos(OperatorActs, SinkChecks):
     ) -> None:
         """``paused``: the family "a paused Redis" (chaos.pauses): steps run through a
         SIGSTOP of Redis longer than the runs' leases (1 s in this family) and the clients'
-        socket timeout (0.3 s), half of them raced by an adopter run (own redis-server only).
+        socket timeout (0.3 s), half of them raced by an adopter run (own redis-server only),
+        and steps stalled past their leases while other runs commit their txid and the next.
         ``reader``: the family "a concurrent reader" (chaos.reader): a thread lists the
         recountable states while each schedule runs, every listing compared afterwards with the
         recount as of the txid it names.
@@ -154,6 +158,8 @@ class Chaos(OperatorActs, SinkChecks):
         """The runs' leases: a pause outlasts them in the paused family."""
         self.socket_timeout = PAUSED_SOCKET_TIMEOUT_S if self.paused else None
         self.pauser = Pauser(lambda: self._redis_pid())
+        self._stalling: tuple[Schedule, int] | None = None
+        """The schedule running and its batch size (what a stalled holder's adopters use)."""
         logging.getLogger("psycopg").setLevel(logging.ERROR)  # killed sessions are on purpose
 
     def _redis_pid(self) -> int:
@@ -187,11 +193,12 @@ class Chaos(OperatorActs, SinkChecks):
             self.redis.start()
         if self.paused:  # a ``pause`` fault stops this harness's redis-server
             tridentflow.faults.PAUSE_HOOK = self.pauser.pause
+            tridentflow.faults.STALL_HOOK = self._stalled_holder
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.paused:
-            tridentflow.faults.PAUSE_HOOK = None
+            tridentflow.faults.PAUSE_HOOK = tridentflow.faults.STALL_HOOK = None
             self.pauser.wait()
         self.redis.kill()
         if self._own_workdir:
@@ -244,8 +251,12 @@ class Chaos(OperatorActs, SinkChecks):
         if sched.pause_rng is not None:  # after the others: a fault drawn at a point wins
             plan = FaultPlan(plan.faults + point_pauses(sched.pause_rng, runs, result.events),
                              plan.darks)  # fmt: skip
+            stalls = point_stalls(random.Random(f"stall-{seed}"), runs, result.events,
+                                  plan.faults)  # fmt: skip
+            plan = FaultPlan(plan.faults + stalls, plan.darks)
         sched.rt = rt = rt.with_(faults=plan)
         batch_size = rng.choice([1, 2, 3, 5, 20])
+        self._stalling = (sched, batch_size)
         reader = self._drive_with_families(sched, runs, batch_size, home, shards)
         self._note_recoveries(sched)
         sched.end_outage("drain")
@@ -540,6 +551,23 @@ class Chaos(OperatorActs, SinkChecks):
                 if thread is not None:
                     thread.join()
 
+    def _stalled_holder(self, fault: Fault) -> None:
+        """A ``stall`` fault (chaos.pauses), in the stalled step's thread: past its lease, an
+        adopter run commits the step's txid T, and two next runs - records appended first,
+        over the same words - T+1 and T+2 (whose mark deletes T's tx hash: a stale write
+        recreating it stays); then the stale step goes on where it stopped."""
+        assert self._stalling is not None
+        sched, batch_size = self._stalling
+        sched.result.events.append(f"stalled:{fault.point}@{fault.txid}")
+        self.pauser.wait()  # a Redis paused meanwhile goes on first
+        time.sleep(self.lease_ms / 1000 + 0.2)  # its lease ran out (Redis's clock: this host's)
+        for n in range(STALL_ADOPTERS):
+            if n:
+                sched.append(sched.rng.randint(1, 5), during=f"stalled@{fault.txid}")
+            other = self._runtime(sched.rt.pipeline, sched.rt.home, FaultPlan(),
+                                  sched.rt.shards or 1)  # fmt: skip
+            self._adopt(sched, other, f"stalled{fault.txid}-{n}", batch_size)
+
     def _adopt(self, sched: Schedule, rt: Runtime, run_id: str, batch_size: int) -> None:
         """Another run's steps, from coordinate to commit, in its own process; a step that
         fails ends it (as a run Airflow would retry later)."""
@@ -550,7 +578,8 @@ class Chaos(OperatorActs, SinkChecks):
             commit_run(rt, adopter_id, self.lease_ms)
             sched.note_changes(rt.ledger.txid_of_run(adopter_id))
             sched.result.events.append(f"adopted-by:{adopter_id}")
-        except STEP_FAILURES:
+        except STEP_FAILURES as exc:
+            sched.result.events.append(f"adopter-failed:{adopter_id}:{type(exc).__name__}")
             release_run(rt, adopter_id)  # it gives up: the txid goes to the next run
         except BaseException as exc:  # not a step's failure: the schedule's difference
             sched.result.difference = sched.result.difference or (
@@ -738,6 +767,9 @@ class Chaos(OperatorActs, SinkChecks):
         repeated = repeated_history_entries(rt)
         if repeated and not result.difference:
             result.difference = f"the history holds txid {repeated[0]} more than once"
+        stale = stale_tx_hashes(rt)
+        if stale and not result.difference:
+            result.difference = f"txid {stale[0]}'s tx hash was written after its commit"
         report = audit(rt)
         result.lost, result.doubled = report.lost, report.doubled
         missed = sorted(set(rt.pipeline.expiring) & set(report.unaudited))

@@ -32,7 +32,11 @@ from typing import Any
 
 import tridentflow.faults
 from tridentflow.devtools import devredis
-from tridentflow.devtools.chaos.checks import repeated_history_entries, staging_left
+from tridentflow.devtools.chaos.checks import (
+    repeated_history_entries,
+    staging_left,
+    stale_tx_hashes,
+)
 from tridentflow.devtools.chaos.config import STEP_FAILURES
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import Fault, FaultPlan
@@ -185,6 +189,9 @@ def _checked(
     repeated = repeated_history_entries(rt)
     if not difference and repeated:
         difference = f"the history holds txid {repeated[0]} more than once"
+    stale = stale_tx_hashes(rt)
+    if not difference and stale:
+        difference = f"txid {stale[0]}'s tx hash was written after its commit"
     left = [k for k in staging_left(rt) if rt.client.ttl(k) <= 0]
     if not difference and left:
         difference = f"staging left without its TTL: {left[0]}"

@@ -15,7 +15,14 @@ order with it. Its clock has moved past every lease. Two ways in:
   time an *adopter* - another run, as Airflow's next run - binds the txid the paused step
   holds and runs it to the end once Redis goes on, while the stale holder carries on.
 
-Neither may double or lose a record.
+Neither may double or lose a record. And a third, the other side of a pause:
+
+* **a stalled holder** (a ``stall`` fault at ``after-coordinate``, ``in-emit``, ``mid-commit``
+  or ``before-ledger``): the step itself stops there - its process paused by a long GC pause
+  or a stopped VM - past its lease, while an adopter run binds its txid and commits it, and a
+  next run commits the txid after it over the same keys; then the stale holder goes on, with
+  the commit token, the staged attempt and the values it read before it stopped. Redis must
+  refuse every write it still makes (Kleppmann's fencing-token case): none may land.
 """
 
 from __future__ import annotations
@@ -39,6 +46,15 @@ POINT_PAUSE_CHANCE = 0.3
 PAUSE_POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger", "after-mark",
                 "mid-export")  # fmt: skip
 """Where a ``pause`` fault may stop Redis."""
+
+STALL_CHANCE = 0.2
+"""The chance that a txid of a paused-family schedule stalls its holder at a fault point."""
+
+STALL_POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger")
+"""Where a ``stall`` fault may stop a step (each before its txid is marked committed)."""
+
+STALL_ADOPTERS = 3
+"""Runs that commit while a holder is stalled: its txid T, then T+1 and T+2."""
 
 PAUSE_S = 1.5
 """How long Redis stays stopped: past PAUSED_LEASE_MS and several socket timeouts."""
@@ -122,6 +138,22 @@ def point_pauses(rng: random.Random, runs: int, events: list[str]) -> tuple[Faul
             fault = Fault(rng.choice(PAUSE_POINTS), txid, 1, "pause")
             faults.append(fault)
             events.append(str(fault))
+    return tuple(faults)
+
+
+def point_stalls(
+    rng: random.Random, runs: int, events: list[str], taken: tuple[Fault, ...]
+) -> tuple[Fault, ...]:
+    """``stall`` faults for txids 1..``runs`` (STALL_CHANCE each, at a point of STALL_POINTS,
+    the first attempt, where ``taken`` has no fault), noted in ``events``."""
+    busy = {(f.point, f.txid, f.attempt) for f in taken}
+    faults = []
+    for txid in range(1, runs + 1):
+        if rng.random() < STALL_CHANCE:
+            fault = Fault(rng.choice(STALL_POINTS), txid, 1, "stall")
+            if (fault.point, fault.txid, fault.attempt) not in busy:
+                faults.append(fault)
+                events.append(str(fault))
     return tuple(faults)
 
 
