@@ -46,9 +46,10 @@ def assert_caught(results, pattern: str) -> None:
     assert re.search(pattern, last.difference or ""), last.line()
 
 
-def plant_in_lua(monkeypatch, after: str, lua: str) -> None:
-    """A planted bug inside Redis: every state script whose source holds the line ``after``
-    runs with ``lua`` inserted right below it (a new script, its own SHA), for this test."""
+def lua_planted(after: str, lua: str):
+    """``LuaScript.__call__`` with a planted bug inside Redis: every state script whose source
+    holds the line ``after`` runs with ``lua`` inserted right below it (a new script, its own
+    SHA)."""
     from tridentflow_state.scripts import LuaScript
 
     original = LuaScript.__call__
@@ -61,4 +62,11 @@ def plant_in_lua(monkeypatch, after: str, lua: str) -> None:
             planted[self.name] = LuaScript(self.name, self.source.replace(after, after + lua))
         return original(planted[self.name], client, keys, args)
 
-    monkeypatch.setattr(LuaScript, "__call__", call)
+    return call
+
+
+def plant_in_lua(monkeypatch, after: str, lua: str) -> None:
+    """``lua_planted`` for this test."""
+    from tridentflow_state.scripts import LuaScript
+
+    monkeypatch.setattr(LuaScript, "__call__", lua_planted(after, lua))

@@ -35,3 +35,15 @@ def test_partitions_of_the_executors_and_the_driver_lose_and_double_nothing():
     assert points == {"in-emit", "mid-commit", "before-ledger", "after-mark"}
     assert sum(r["executor_partitions"] for r in results) > 0
     assert sum(r["step_failures"] for r in results) > 0  # the cuts made steps fail
+
+
+@pytest.mark.soak  # ~11 s
+def test_the_drill_catches_a_manifest_whose_ttl_is_a_second_command():
+    """The drill's planted bug (tests.plants): an emit's manifest written, then given its TTL,
+    in two commands. The executors cut off before the manifest: the write times out, its
+    writer fails and never sends the second; TCP delivers the first once the network heals,
+    after the retry's commit deleted the txid's staging - a manifest that never expires."""
+    results = run_in_namespace(2, seed=0, plant="tests.plants:manifest_in_two_commands")
+    caught = [r for r in results if not r["ok"]]
+    assert caught, results
+    assert "staging left without its TTL" in caught[0]["difference"]

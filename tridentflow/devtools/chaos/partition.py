@@ -17,6 +17,7 @@ the history holding each txid once, no staging left without its TTL.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import random
@@ -211,13 +212,16 @@ def _checked(
     }
 
 
-def run_in_namespace(schedules: int, seed: int) -> list[dict[str, Any]]:
+def run_in_namespace(schedules: int, seed: int, plant: str | None = None) -> list[dict[str, Any]]:
     """Run ``schedules`` drills (seeds seed...) in a network namespace of their own (a
-    child process under ``unshare -n``); one result per drill. RuntimeError (one line) where
-    no namespace can be made (not Linux, not root)."""
+    child process under ``unshare -n``); one result per drill. ``plant``: ``module:function``
+    called in the child first (a test's planted bug). RuntimeError (one line) where no
+    namespace can be made (not Linux, not root)."""
     module = "tridentflow.devtools.chaos.partition"
     command = ["unshare", "-n", sys.executable, "-m", module, "--inside",
                "--schedules", str(schedules), "--seed", str(seed)]  # fmt: skip
+    if plant is not None:
+        command += ["--plant", plant]
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         raise RuntimeError("a network partition drill needs unshare and ip (util-linux, iproute2)")
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
@@ -232,12 +236,18 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--plant", help="MODULE:FUNCTION called first, in the namespace (a planted bug)"
+    )
     args = parser.parse_args()
     if not args.inside:
-        for result in run_in_namespace(args.schedules, args.seed):
+        for result in run_in_namespace(args.schedules, args.seed, args.plant):
             print(json.dumps(result))
         return
     os.environ.setdefault("TRIDENTFLOW_STAGING", "redis")
+    if args.plant:
+        module_name, _, function = args.plant.partition(":")
+        getattr(importlib.import_module(module_name), function)()
     prepare_namespace()
     for seed in range(args.seed, args.seed + args.schedules):
         workdir = Path(tempfile.mkdtemp(prefix="tridentflow-partition-"))
