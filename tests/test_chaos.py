@@ -623,6 +623,9 @@ def test_fixed_seed_schedules_with_a_concurrent_reader_are_exact():
     assert not failures, failures[0]
     verified = [int(e.split(":")[1]) for r in results for e in r.events if e.startswith("reader:")]
     assert len(verified) == READER_SOAK and sum(verified) >= 5 * READER_SOAK, verified
+    streams = [int(e.split(":")[1]) for r in results for e in r.events
+               if e.startswith("reader-streams:")]  # fmt: skip
+    assert sum(streams) >= 5 * READER_SOAK, streams  # stream txids read as read_committed
 
 
 def test_the_concurrent_reader_catches_a_listing_that_shows_a_pending_txid(monkeypatch):
@@ -640,3 +643,17 @@ def test_the_concurrent_reader_catches_a_listing_that_shows_a_pending_txid(monke
     last = results[-1]
     assert not last.ok, f"{len(results)} schedules did not expose it"
     assert "a concurrent reader listed" in (last.difference or ""), last.line()
+
+
+def test_the_concurrent_reader_catches_a_stream_position_ahead_of_its_entries(monkeypatch):
+    """The family, on the new-values streams: a stream sink that moves its position (what a
+    ``read_committed`` consumer reads up to) with the first chunk of a txid's entries, not
+    the last. A consumer reading up to the position sees a txid with entries missing."""
+    import tridentflow.sinks.redisstream as redisstream
+
+    monkeypatch.setattr(redisstream, "APPEND_CHUNK", 1)  # a chunk per entry
+    plant_in_lua(monkeypatch, "local added = 0\n", "ARGV[4] = '1'\n")  # every chunk "last"
+    results = run_chaos(READER_SCHEDULES, seed=READER_SEED, redis_restarts=False, reader=True)
+    last = results[-1]
+    assert not last.ok, f"{len(results)} schedules did not expose it"
+    assert "a read_committed reader of chaos-" in (last.difference or ""), last.line()

@@ -338,6 +338,10 @@ def test_a_stream_sink_cut_between_its_streams_refuses_a_rewind_below_any_part(
             txid_key = (entry_id.decode().split("-")[0], fields[b"key"].decode())
             seen[txid_key] = seen.get(txid_key, 0) + 1
     assert set(seen.values()) == {1} and len(seen) == 40  # 20 keys x 2 txids, once each
+    for p in range(2):  # a consumer following a key finds it where stream_of says
+        for _id, fields in rt.client.xrange(f"parts-{p}"):
+            key = [fields[f.encode()].decode() for f in feed.sink.key_fields]
+            assert feed.sink.stream_of(key) == f"parts-{p}"
 
 
 def test_a_postgresql_export_overtaken_by_a_rewind_writes_nothing(

@@ -180,6 +180,11 @@ class RedisStreamSink(Sink):
             return [self.stream]
         return [self.stream.replace("{partition}", str(p)) for p in range(self.partitions)]
 
+    def stream_of(self, key: Sequence[Any]) -> str:
+        """The stream a key's entries go to (``key``: the values of the sink's key fields, in
+        order): a consumer following one key reads that stream only."""
+        return self.streams()[self._partition_of(tuple(key), list(range(len(key))))]
+
     def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
         """Each stream, on the Redis it is written to."""
         where = redis_namespace(self.url or ctx.redis_url)

@@ -274,6 +274,7 @@ class Chaos(OperatorActs, SinkChecks):
         if reader is not None:
             result.difference = result.difference or reader.first_difference()
             result.events.append(f"reader:{reader.verified}")
+            result.events.append(f"reader-streams:{reader.stream_reads}")
         self._check_sinks(rt, result, sched.committed_changes)
         self._drop_sink_targets(rt, seed)
         rt.client.close()
@@ -305,7 +306,10 @@ class Chaos(OperatorActs, SinkChecks):
             if self.reader:  # lists the states while the schedule runs
                 opened = rt.pipeline
                 reader = during.enter_context(
-                    ConcurrentReader(lambda: self._runtime(opened, home, shards=shards))
+                    ConcurrentReader(
+                        lambda: self._runtime(opened, home, shards=shards),
+                        changes=lambda: sched.committed_changes,
+                    )
                 )
             self._drive(sched, runs, batch_size)
         return reader

@@ -6,6 +6,13 @@ as of that txid (``recount_txid_by_txid``): a listing
 that shows txid T's values for some keys and T-1's for others - a half-committed txid, a
 pending attempt's writes, values of a txid a rewind or a lost write took back - differs.
 
+It reads the new-values streams too, as a ``read_committed`` consumer of a stream sink
+does: each stream up to the position its companion hash names (the txids whose every entry
+is in), and each txid there must hold exactly what that txid's commit wrote for the keys
+that go to that stream (the harness's ``committed_changes``) - no entry missing, none extra,
+none with another value. A position moved ahead of a txid's entries shows here even where
+the export finishes later and the final comparison finds nothing.
+
 Each listing is checked at once, in the reader's thread, against the source as it is then,
 and counted only if the pipeline's generation was the same before the listing and after its
 check (a reset or a rewind meanwhile: nothing to compare with) and it came back whole (a
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tridentflow.ops.audit import recount_txid_by_txid
+from tridentflow.sinks.redisstream import RedisStreamSink, companion_key
 from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.codec import encode_key
@@ -53,9 +61,20 @@ class ConcurrentReader:
     checks each listing at once against the recount as of its txid - the source as it is
     then (a reset may delete and rewrite it later)."""
 
-    def __init__(self, open_runtime: Callable[[], Runtime], limit: int = LIMIT) -> None:
+    def __init__(
+        self,
+        open_runtime: Callable[[], Runtime],
+        limit: int = LIMIT,
+        changes: Callable[[], dict[str, dict[int, dict[str, str]]]] | None = None,
+    ) -> None:
+        """``changes``: what each stream sink's txids wrote, as the harness noted it at each
+        commit (sink -> txid -> key -> value text; read again each time: it is replaced when
+        Redis goes back to a snapshot)."""
         self.open_runtime = open_runtime
         self.limit = limit
+        self.changes = changes
+        self.stream_reads = 0
+        """Stream reads checked: (stream, txid) pairs compared with what the txid wrote."""
         self.listings = 0
         self.verified = 0
         self.refused = 0
@@ -84,6 +103,8 @@ class ConcurrentReader:
                     rt = rt or self.open_runtime()
                     for name in sorted(n for n, p in rt.pipeline.states.items() if p.recountable):
                         self._check(rt, name)
+                    if self.changes is not None:
+                        self._check_streams(rt)
                 except Exception:  # Redis restarted, a reshard, "list it again": next round
                     self.refused += 1
                 self._stop.wait(PAUSE)
@@ -111,6 +132,26 @@ class ConcurrentReader:
         else:
             self.verified += 1
 
+    def _check_streams(self, rt: Runtime) -> None:
+        """Every stream sink's streams read as a ``read_committed`` consumer reads them (up
+        to the position), each txid there against what its commit wrote; counted only if the
+        pipeline's generation stood still meanwhile."""
+        generation = rt.client.get(rt.keyspace.generation)
+        lineage = rt.ledger.lineage()
+        wrote = {name: dict(by_txid) for name, by_txid in list(self.changes().items())}
+        problems, reads = [], 0
+        for feed in rt.pipeline.feeds:
+            if isinstance(feed.sink, RedisStreamSink) and feed.name in wrote:
+                for stream in feed.sink.streams():
+                    found = _stream_problem(rt, feed, stream, lineage, wrote[feed.name])
+                    reads += found[0]
+                    problems += found[1:]
+        if rt.client.get(rt.keyspace.generation) != generation:
+            self.refused += 1  # a reset or rewind meanwhile: nothing to compare with
+            return
+        self.stream_reads += reads
+        self.problems += problems
+
     def _recount(
         self, rt: Runtime, generation: bytes | None, listing: Listing
     ) -> dict[str, dict[str, Any]] | None:
@@ -129,6 +170,36 @@ class ConcurrentReader:
                 return None
             self._recounts[key] = last
         return self._recounts[key]
+
+
+def _stream_problem(
+    rt: Runtime, feed: Any, stream: str, lineage: str, wrote: dict[int, dict[str, str]]
+) -> tuple[Any, ...]:
+    """(txids compared, the first problem if any) of one stream read up to its position."""
+    sink_id = f"{rt.pipeline.name}/{feed.sink.name}"
+    gen, base, pos = rt.client.hmget(
+        companion_key(stream), f"{sink_id}:generation", f"{sink_id}:base", f"{sink_id}:txid"
+    )
+    if gen is None or gen.decode() != lineage or base is None or not int(pos or 0):
+        return (0,)
+    base, pos = int(base), int(pos)
+    seen: dict[int, dict[str, str]] = {}
+    for entry_id, fields in rt.client.xrange(stream, f"{base + 1}-0", str(base + pos)):
+        txid = int(entry_id.decode().split("-")[0]) - base
+        seen.setdefault(txid, {})[fields[b"key"].decode()] = fields[b"value"].decode()
+    compared = 0
+    for txid in sorted(t for t in wrote if t <= pos):
+        want = {k: v for k, v in wrote[txid].items() if feed.sink.stream_of([k]) == stream}
+        got = seen.get(txid, {})
+        compared += 1
+        if got != want:
+            key = sorted(set(got.items()) ^ set(want.items()))[0][0]
+            return compared, (
+                f"a read_committed reader of {stream} (position txid {pos}) saw txid {txid} "
+                f"with {key} = {got.get(key, 'no entry')}; that txid's commit wrote "
+                f"{want.get(key, 'nothing for it')}"
+            )
+    return (compared,)
 
 
 def _differs(rt: Runtime, listing: Listing, expected: dict[str, Any]) -> str | None:
