@@ -27,6 +27,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -70,7 +71,8 @@ def families(
         if only not in (None, "all") and only not in flags:
             continue
         started = time.perf_counter()
-        results = run_chaos(schedules, seed=seed, postgres_dsn=postgres_dsn, **flags)
+        results = run_chaos(schedules, seed=seed, postgres_dsn=postgres_dsn, on_result=progress,
+                            **flags)  # fmt: skip
         took = time.perf_counter() - started
         faults = sum(1 for r in results for e in r.events if any(m in e for m in FAULT_MARKS))
         bad = [r for r in results if not r.ok]
@@ -86,6 +88,12 @@ def families(
             f"{recovery_line(recovered) if recovered else ''}"
             f"{' FIRST DIFFERENCE: ' + str(bad[0].difference) if bad else ''} ({took:.0f} s)"
         )
+
+
+def progress(result) -> None:
+    """One line per schedule on stderr (a long soak shows how far it is)."""
+    print(f"seed {result.seed}: {'ok' if result.ok else 'FAILED'} ({result.seconds:.0f} s)",
+          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def recovery_line(ms: list[int]) -> str:
