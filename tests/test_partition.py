@@ -35,6 +35,8 @@ def test_partitions_of_the_executors_and_the_driver_lose_and_double_nothing():
     assert points == {"in-emit", "mid-commit", "before-ledger", "after-mark"}
     assert sum(r["executor_partitions"] for r in results) > 0
     assert sum(r["step_failures"] for r in results) > 0  # the cuts made steps fail
+    recovered = [ms for r in results for ms in r["recovery_ms"]]
+    assert recovered and all(ms >= 0 for ms in recovered)  # heal -> next commit, no human
 
 
 @pytest.mark.soak  # ~11 s

@@ -11,7 +11,8 @@ executors off mid block-write, ``mid-commit``, ``before-ledger`` and ``after-mar
 driver off mid-commit - and heals after PARTITION_S, past the clients' socket timeout: the
 step fails (a command reported failed may still land once it heals) and is retried as
 Airflow retries it. At the end: the counts of every word produced exact, ``audit`` clean,
-the history holding each txid once, no staging left without its TTL.
+the history holding each txid once, no tx hash of a committed txid written again, no staging
+left without its TTL; and the ms from each heal to the next commit (``recovery_ms``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tridentflow.devtools.chaos.checks import (
     stale_tx_hashes,
 )
 from tridentflow.devtools.chaos.config import STEP_FAILURES
+from tridentflow.devtools.chaos.pauses import recoveries
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import Fault, FaultPlan
 from tridentflow.ops.audit import audit
@@ -48,6 +50,7 @@ from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.query import query
 from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.ledger import HISTORY_LENGTH
 
 DRIVER, EXECUTORS = "127.0.0.1", "127.0.0.2"
 PARTITION_S = 1.0
@@ -80,6 +83,8 @@ class Partitions:
         self.cut_off = DRIVER
         self._threads: list[threading.Thread] = []
         self.cuts: list[str] = []
+        self.healed_ms: list[int] = []
+        """When each cut healed (this host's clock, ms: Redis's, on loopback)."""
 
     def cut(self) -> None:
         address = self.cut_off
@@ -89,6 +94,7 @@ class Partitions:
         def heal() -> None:
             time.sleep(PARTITION_S)
             _ip("rule", "del", "pref", "5", "to", address, "blackhole")
+            self.healed_ms.append(int(time.time() * 1000))
 
         thread = threading.Thread(target=heal, daemon=True)
         thread.start()
@@ -196,9 +202,13 @@ def _checked(
     left = [k for k in staging_left(rt) if rt.client.ttl(k) <= 0]
     if not difference and left:
         difference = f"staging left without its TTL: {left[0]}"
+    commits = [
+        e["committed_ms"] for e in rt.ledger.history(HISTORY_LENGTH) if e.get("committed_ms")
+    ]
     return {
         "seed": seed,
         "ok": difference is None,
+        "recovery_ms": recoveries(partitions.healed_ms, commits),
         "difference": difference,
         "pipeline": rt.pipeline.name,
         "txids": rt.ledger.committed_txid(),
@@ -231,6 +241,24 @@ def run_in_namespace(schedules: int, seed: int, plant: str | None = None) -> lis
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
+def summary(results: list[dict[str, Any]]) -> str:
+    """The drills in one line: what they did, lost and doubled, the recovery times."""
+    ms = sorted(m for r in results for m in r.get("recovery_ms", ()))
+    total = {k: sum(r.get(k, 0) for r in results)
+             for k in ("txids", "partitions", "executor_partitions", "step_failures", "lost",
+                       "doubled")}  # fmt: skip
+    bad = [r for r in results if not r["ok"]]
+    return (
+        f"partition drills: {len(results)} drills, {total['txids']} txids, "
+        f"{total['partitions']} partitions ({total['executor_partitions']} of the executors), "
+        f"{total['step_failures']} failed steps retried, lost={total['lost']} "
+        f"doubled={total['doubled']}"
+        + (f", the next commit {ms[len(ms) // 2] / 1000:.2f} s (median) and at most "
+           f"{ms[-1] / 1000:.2f} s after each of {len(ms)} heals" if ms else "")
+        + (f"; FIRST DIFFERENCE (seed {bad[0]['seed']}): {bad[0]['difference']}" if bad else "")
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--schedules", type=int, default=5)
@@ -241,8 +269,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     if not args.inside:
-        for result in run_in_namespace(args.schedules, args.seed, args.plant):
+        results = run_in_namespace(args.schedules, args.seed, args.plant)
+        for result in results:
             print(json.dumps(result))
+        print(summary(results))
         return
     os.environ.setdefault("TRIDENTFLOW_STAGING", "redis")
     if args.plant:

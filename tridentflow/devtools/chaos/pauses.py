@@ -112,10 +112,17 @@ class Pauser:
         (``committed_ms``: the commits' times, from the ledger's history) - the recovery
         without a human; a pause no commit followed is left out. Forgets those pauses."""
         ends, self.resumed_ms = self.resumed_ms, []
-        after = sorted(committed_ms)
-        return [
-            next(c for c in after if c >= end) - end for end in ends if after and after[-1] >= end
-        ]
+        return recoveries(ends, committed_ms)
+
+
+def recoveries(ends_ms: list[int], committed_ms: list[int]) -> list[int]:
+    """For each fault that ended at ``ends_ms`` (ms): ms from its end to the first commit at
+    or after it (``committed_ms``: the commits' times, from the ledger's history) - the
+    recovery without a human; a fault no commit followed is left out."""
+    after = sorted(committed_ms)
+    return [
+        next(c for c in after if c >= end) - end for end in ends_ms if after and after[-1] >= end
+    ]
 
 
 @contextmanager
