@@ -308,7 +308,7 @@ class Chaos(OperatorActs, SinkChecks):
                 reader = during.enter_context(
                     ConcurrentReader(
                         lambda: self._runtime(opened, home, shards=shards),
-                        changes=lambda: sched.committed_changes,
+                        changes=lambda: (sched.changes_lineage, sched.committed_changes),
                     )
                 )
             self._drive(sched, runs, batch_size)

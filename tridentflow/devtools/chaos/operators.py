@@ -125,7 +125,7 @@ class OperatorActs:
             sched.result.events.append(f"reset-after-replication-wait@step{step}")
         if not kafka:  # a reset reader of Kafka reads the whole topic again
             sched.produced.clear()
-        sched.committed_changes.clear()  # a new lineage: its streams start anew
+        sched.new_lineage()
         self._expect_refused(sched, old, run_id, next_step, "after a reset", (GenerationError,))
         old.client.close()
         sched.rt = fresh

@@ -37,6 +37,8 @@ from tridentflow_state.ledger import HISTORY_LENGTH
 
 LIMIT = 40
 """Listings kept per schedule."""
+Noted = tuple[str | None, dict[str, dict[int, dict[str, str]]]]
+"""(the lineage, sink -> txid -> key -> value text) the harness noted at each commit."""
 PAUSE = 0.03
 """Seconds between two rounds of listings."""
 
@@ -65,11 +67,12 @@ class ConcurrentReader:
         self,
         open_runtime: Callable[[], Runtime],
         limit: int = LIMIT,
-        changes: Callable[[], dict[str, dict[int, dict[str, str]]]] | None = None,
+        changes: Callable[[], Noted] | None = None,
     ) -> None:
-        """``changes``: what each stream sink's txids wrote, as the harness noted it at each
-        commit (sink -> txid -> key -> value text; read again each time: it is replaced when
-        Redis goes back to a snapshot)."""
+        """``changes``: the lineage they were noted in (None: none yet) and what each stream
+        sink's txids wrote, as the harness noted it at each commit (sink -> txid -> key ->
+        value text; asked again each time: it is replaced when Redis goes back to a
+        snapshot, and cleared by a reset)."""
         self.open_runtime = open_runtime
         self.limit = limit
         self.changes = changes
@@ -137,8 +140,10 @@ class ConcurrentReader:
         to the position), each txid there against what its commit wrote; counted only if the
         pipeline's generation stood still meanwhile."""
         generation = rt.client.get(rt.keyspace.generation)
-        lineage = rt.ledger.lineage()
-        wrote = {name: dict(by_txid) for name, by_txid in list(self.changes().items())}
+        lineage, noted = self.changes()
+        wrote = {name: dict(by_txid) for name, by_txid in list(noted.items())}
+        if lineage is None or self.changes()[0] != lineage:
+            return  # a reset meanwhile: the notes are another lineage's
         problems, reads = [], 0
         for feed in rt.pipeline.feeds:
             if isinstance(feed.sink, RedisStreamSink) and feed.name in wrote:

@@ -50,6 +50,9 @@ class Schedule:
         self.committed_changes: dict[str, dict[int, dict[str, str]]] = {}
         """Stream sink -> txid -> key -> value text: what each commit wrote to the change
         log (read right after it), which every stream entry of that txid must hold."""
+        self.changes_lineage: str | None = None
+        """The lineage ``committed_changes`` were noted in (None: none since the last reset);
+        a reader in another thread compares streams of that lineage only."""
 
         self.seed = 0
         self.kafka: LocalKafka | None = None
@@ -93,6 +96,7 @@ class Schedule:
         rt = self.rt
         if txid is None or txid > rt.ledger.committed_txid():
             return
+        self.changes_lineage = rt.ledger.lineage()
         for feed in rt.pipeline.feeds:
             if not isinstance(feed.sink, RedisStreamSink):
                 continue
@@ -102,6 +106,11 @@ class Schedule:
             rows = stream_rows(items, compile_chain(feed.node))
             noted = {str(row[0]): _text(row[1]) for row in rows}
             self.committed_changes.setdefault(feed.name, {})[txid] = noted
+
+    def new_lineage(self) -> None:
+        """A reset began a new lineage: its streams start anew, and so do the notes."""
+        self.changes_lineage = None
+        self.committed_changes.clear()
 
     def forget_changes_after(self, target: int) -> None:
         """A rewind to ``target`` took the later txids back: their replays commit anew."""
@@ -294,7 +303,7 @@ class Schedule:
         counts."""
         rt = self.rt
         reset_pipeline(rt, force=True)
-        self.committed_changes.clear()  # a new lineage: its streams start anew
+        self.new_lineage()
         log = rt.log
         assert log.chaos.disturb == "remove-entries"
         self.produced = [
