@@ -49,3 +49,17 @@ def test_the_drill_catches_a_manifest_whose_ttl_is_a_second_command():
     caught = [r for r in results if not r["ok"]]
     assert caught, results
     assert "staging left without its TTL" in caught[0]["difference"]
+
+
+@pytest.mark.soak  # a JVM in the namespace, 4 drills: ~40 s
+def test_partitions_of_sparks_own_executors_lose_and_double_nothing():
+    """The emits run on Spark (local[2], its JVM and Python workers inside the namespace):
+    the executors' address is cut off a drawn moment into the job - while its tasks read and
+    write blocks - past their socket timeout; the failed job is retried as Airflow retries
+    the task."""
+    results = run_in_namespace(4, seed=0, spark=True)
+    assert len(results) == 4
+    failures = [r for r in results if not r["ok"]]
+    assert not failures, failures[0]
+    spark_cuts = [e for r in results for e in r["events"] if e.startswith("spark-emit@")]
+    assert spark_cuts and sum(r["executor_partitions"] for r in results) >= len(spark_cuts)

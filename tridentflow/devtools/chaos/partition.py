@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from tridentflow.devtools.chaos.checks import (
 )
 from tridentflow.devtools.chaos.config import STEP_FAILURES
 from tridentflow.devtools.chaos.pauses import recoveries
+from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import Fault, FaultPlan
 from tridentflow.ops.audit import audit
@@ -59,6 +61,12 @@ SOCKET_TIMEOUT_S = 0.3
 POINTS = {"in-emit": EXECUTORS, "mid-commit": DRIVER, "before-ledger": DRIVER,
           "after-mark": DRIVER}  # fmt: skip
 """Where a partition may start, and whose address it cuts off."""
+SPARK_CUT_CHANCE = 0.8
+"""With Spark's executors: the chance that an emit is cut off part-way through its job."""
+SPARK_CUT_S = (0.0, 0.4)
+"""How far into a Spark emit its cut starts (s): the job's read, block writes or after."""
+SPARK_FAILURES: tuple[type[BaseException], ...] = (Exception,)
+"""A Spark job that failed (Py4J's error, not one of tridentflow's): Airflow retries it."""
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 
 
@@ -86,8 +94,9 @@ class Partitions:
         self.healed_ms: list[int] = []
         """When each cut healed (this host's clock, ms: Redis's, on loopback)."""
 
-    def cut(self) -> None:
-        address = self.cut_off
+    def cut(self, address: str | None = None) -> None:
+        """Cut ``address`` (default: whom ``cut_off`` names) off; it heals by itself."""
+        address = address or self.cut_off
         _ip("rule", "add", "pref", "5", "to", address, "blackhole")
         self.cuts.append(address)
 
@@ -100,15 +109,39 @@ class Partitions:
         thread.start()
         self._threads.append(thread)
 
+    def cut_during(self, address: str, delay: float) -> Callable[[], bool]:
+        """Cut ``address`` off ``delay`` seconds from now, in a thread, unless the function
+        returned is called first; it says whether the cut came."""
+        lock, state = threading.Lock(), {"cancelled": False, "cut": False}
+
+        def later() -> None:
+            time.sleep(delay)
+            with lock:
+                if not state["cancelled"]:
+                    self.cut(address)
+                    state["cut"] = True
+
+        def cancel() -> bool:
+            with lock:
+                state["cancelled"] = True
+                return state["cut"]
+
+        thread = threading.Thread(target=later, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return cancel
+
     def wait(self) -> None:
         while self._threads:
             self._threads.pop().join()
 
 
-def drill(seed: int, workdir: Path) -> dict[str, Any]:
+def drill(seed: int, workdir: Path, engine: Engine | None = None) -> dict[str, Any]:
     """4-8 txids of ``wordcount`` (transactional) or ``wordcount-opaque``, partitions drawn
     from ``seed``; what the checks found. Run inside a namespace of its own, prepared
-    (``prepare_namespace``)."""
+    (``prepare_namespace``). ``engine``: a Spark engine's emits (its executors' Python
+    workers write the blocks) instead of the local engine's; 2-3 txids, and most emits cut
+    off a drawn moment into the Spark job."""
     rng = random.Random(f"partition-{seed}")
     port = devredis.free_port()
     args = devredis.server_args(port, workdir / "redis")
@@ -120,7 +153,7 @@ def drill(seed: int, workdir: Path) -> dict[str, Any]:
     partitions = Partitions()
     tridentflow.faults.PAUSE_HOOK = partitions.cut  # a "pause" fault starts a partition
     try:
-        return _run(rng, seed, port, workdir, partitions)
+        return _run(rng, seed, port, workdir, partitions, engine or LocalEngine())
     finally:
         tridentflow.faults.PAUSE_HOOK = None
         partitions.wait()
@@ -128,10 +161,17 @@ def drill(seed: int, workdir: Path) -> dict[str, Any]:
 
 
 def _run(
-    rng: random.Random, seed: int, port: int, workdir: Path, partitions: Partitions
+    rng: random.Random,
+    seed: int,
+    port: int,
+    workdir: Path,
+    partitions: Partitions,
+    engine: Engine,
 ) -> dict[str, Any]:
     pipeline = load_pipeline(rng.choice(("wordcount", "wordcount-opaque")))
-    count = rng.randint(4, 8)
+    spark = engine.name == "spark"
+    retried = STEP_FAILURES + SPARK_FAILURES if spark else STEP_FAILURES  # a failed Spark job
+    count = rng.randint(2, 3) if spark else rng.randint(4, 8)
     faults, events = [], []
     for txid in range(1, count + 1):
         if rng.random() < 0.7:
@@ -141,8 +181,8 @@ def _run(
     plan = FaultPlan(tuple(faults))
     home = workdir / "home"
 
-    def runtime(address: str) -> Runtime:
-        url = f"redis://{address}:{port}/0"
+    def runtime(address: str) -> Runtime:  # executors connect by the URL: its timeout too
+        url = f"redis://{address}:{port}/0?socket_timeout={SOCKET_TIMEOUT_S}"
         return Runtime(pipeline, connect(url, SOCKET_TIMEOUT_S), home, plan, url,
                        staging_kind="redis")  # fmt: skip
 
@@ -160,11 +200,19 @@ def _run(
                 partitions.cut_off = DRIVER
                 coordinate(driver, txid, batch_size=1000)
                 partitions.cut_off = EXECUTORS
-                emit(executors, txid, LocalEngine())
+                cancel = None
+                if spark and rng.random() < SPARK_CUT_CHANCE:  # mid block-write, by the clock
+                    delay = rng.uniform(*SPARK_CUT_S)
+                    cancel = partitions.cut_during(EXECUTORS, delay)
+                try:
+                    emit(executors, txid, engine)
+                finally:
+                    if cancel is not None and cancel():
+                        events.append(f"spark-emit@{txid}+{delay:.1f}s:{EXECUTORS}")
                 partitions.cut_off = DRIVER
                 commit(driver, txid)
                 break
-            except STEP_FAILURES:
+            except retried:
                 failures += 1
                 partitions.wait()  # the retry comes once the network is back
         else:
@@ -222,16 +270,21 @@ def _checked(
     }
 
 
-def run_in_namespace(schedules: int, seed: int, plant: str | None = None) -> list[dict[str, Any]]:
+def run_in_namespace(
+    schedules: int, seed: int, plant: str | None = None, spark: bool = False
+) -> list[dict[str, Any]]:
     """Run ``schedules`` drills (seeds seed...) in a network namespace of their own (a
     child process under ``unshare -n``); one result per drill. ``plant``: ``module:function``
-    called in the child first (a test's planted bug). RuntimeError (one line) where no
-    namespace can be made (not Linux, not root)."""
+    called in the child first (a test's planted bug); ``spark``: the emits run on Spark
+    (local[2], started in the namespace). RuntimeError (one line) where no namespace can be
+    made (not Linux, not root)."""
     module = "tridentflow.devtools.chaos.partition"
     command = ["unshare", "-n", sys.executable, "-m", module, "--inside",
                "--schedules", str(schedules), "--seed", str(seed)]  # fmt: skip
     if plant is not None:
         command += ["--plant", plant]
+    if spark:
+        command.append("--spark")
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         raise RuntimeError("a network partition drill needs unshare and ip (util-linux, iproute2)")
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
@@ -259,6 +312,15 @@ def summary(results: list[dict[str, Any]]) -> str:
     )  # fmt: skip
 
 
+def _spark_engine() -> Engine:
+    """A Spark engine on local[2] inside the namespace (its JVM and Python workers bound to
+    the namespace's loopback)."""
+    from tridentflow.engines.spark import SparkEngine, spark_session
+
+    os.environ["SPARK_LOCAL_IP"] = DRIVER
+    return SparkEngine(spark_session("tridentflow-partition", "local[2]"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--schedules", type=int, default=5)
@@ -267,9 +329,12 @@ def main() -> None:
     parser.add_argument(
         "--plant", help="MODULE:FUNCTION called first, in the namespace (a planted bug)"
     )
+    parser.add_argument(
+        "--spark", action="store_true", help="emit with Spark (local[2]) in the namespace"
+    )
     args = parser.parse_args()
     if not args.inside:
-        results = run_in_namespace(args.schedules, args.seed, args.plant)
+        results = run_in_namespace(args.schedules, args.seed, args.plant, args.spark)
         for result in results:
             print(json.dumps(result))
         print(summary(results))
@@ -279,10 +344,11 @@ def main() -> None:
         module_name, _, function = args.plant.partition(":")
         getattr(importlib.import_module(module_name), function)()
     prepare_namespace()
+    engine = _spark_engine() if args.spark else None
     for seed in range(args.seed, args.seed + args.schedules):
         workdir = Path(tempfile.mkdtemp(prefix="tridentflow-partition-"))
         try:
-            result = drill(seed, workdir)
+            result = drill(seed, workdir, engine)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         print(json.dumps(result), flush=True)
