@@ -172,13 +172,8 @@ def _run(
     spark = engine.name == "spark"
     retried = STEP_FAILURES + SPARK_FAILURES if spark else STEP_FAILURES  # a failed Spark job
     count = rng.randint(2, 3) if spark else rng.randint(4, 8)
-    faults, events = [], []
-    for txid in range(1, count + 1):
-        if rng.random() < 0.7:
-            point = rng.choice(sorted(POINTS))
-            faults.append(Fault(point, txid, 1, "pause"))
-            events.append(f"{point}@{txid}:{POINTS[point]}")
-    plan = FaultPlan(tuple(faults))
+    events: list[str] = []
+    plan = _point_cuts(rng, count, events)
     home = workdir / "home"
 
     def runtime(address: str) -> Runtime:  # executors connect by the URL: its timeout too
@@ -197,20 +192,7 @@ def _run(
         produced += lines
         for _ in range(8):  # a failed step is retried, as Airflow retries it
             try:
-                partitions.cut_off = DRIVER
-                coordinate(driver, txid, batch_size=1000)
-                partitions.cut_off = EXECUTORS
-                cancel = None
-                if spark and rng.random() < SPARK_CUT_CHANCE:  # mid block-write, by the clock
-                    delay = rng.uniform(*SPARK_CUT_S)
-                    cancel = partitions.cut_during(EXECUTORS, delay)
-                try:
-                    emit(executors, txid, engine)
-                finally:
-                    if cancel is not None and cancel():
-                        events.append(f"spark-emit@{txid}+{delay:.1f}s:{EXECUTORS}")
-                partitions.cut_off = DRIVER
-                commit(driver, txid)
+                _one_txid(rng, txid, driver, executors, engine, partitions, events)
                 break
             except retried:
                 failures += 1
@@ -219,6 +201,44 @@ def _run(
             return {"seed": seed, "ok": False, "difference": f"txid {txid} never committed"}
     partitions.wait()
     return _checked(driver, produced, seed, events, failures, partitions)
+
+
+def _point_cuts(rng: random.Random, count: int, events: list[str]) -> FaultPlan:
+    """A partition at a fault point (of POINTS) of 70 % of txids 1..``count``, noted."""
+    faults = []
+    for txid in range(1, count + 1):
+        if rng.random() < 0.7:
+            point = rng.choice(sorted(POINTS))
+            faults.append(Fault(point, txid, 1, "pause"))
+            events.append(f"{point}@{txid}:{POINTS[point]}")
+    return FaultPlan(tuple(faults))
+
+
+def _one_txid(
+    rng: random.Random,
+    txid: int,
+    driver: Runtime,
+    executors: Runtime,
+    engine: Engine,
+    partitions: Partitions,
+    events: list[str],
+) -> None:
+    """One try of ``txid``'s three steps; with Spark, the emit cut off a drawn moment into
+    its job (most of the time)."""
+    partitions.cut_off = DRIVER
+    coordinate(driver, txid, batch_size=1000)
+    partitions.cut_off = EXECUTORS
+    cancel, delay = None, 0.0
+    if engine.name == "spark" and rng.random() < SPARK_CUT_CHANCE:  # mid block-write
+        delay = rng.uniform(*SPARK_CUT_S)
+        cancel = partitions.cut_during(EXECUTORS, delay)
+    try:
+        emit(executors, txid, engine)
+    finally:
+        if cancel is not None and cancel():
+            events.append(f"spark-emit@{txid}+{delay:.1f}s:{EXECUTORS}")
+    partitions.cut_off = DRIVER
+    commit(driver, txid)
 
 
 def _checked(
