@@ -329,6 +329,15 @@ class RedisExpiryIndex:
     def built(self) -> bool:
         return bool(self.client.exists(self.keyspace.expiry_built(self.state_name)))
 
+    def build_if_empty(self) -> bool:
+        """Mark the index built if its state holds no field at all (a fresh state: the empty
+        index is complete), so that expiry follows from the first txid even when the settles
+        that would build it are cut short. One HLEN; True if it is built now."""
+        if self.client.hlen(self.keyspace.state(self.state_name)):
+            return False
+        self.client.set(self.keyspace.expiry_built(self.state_name), 1)
+        return True
+
     def rebuild(self) -> int:
         """Make the index from the state hash and mark it built (BUILT below); the fields
         indexed."""
@@ -432,6 +441,13 @@ class ShardedExpiryIndex:
 
     def built(self) -> bool:
         return bool(self.client.exists(self.keyspace.expiry_built(self.state_name)))
+
+    def build_if_empty(self) -> bool:
+        """As RedisExpiryIndex.build_if_empty, over every shard's state."""
+        if any(self.client.hlen(i.keyspace.state(self.state_name)) for i in self.shards):
+            return False
+        self.client.set(self.keyspace.expiry_built(self.state_name), 1)
+        return True
 
     def rebuild(self) -> int:
         indexed = sum(index.rebuild_shard() for index in self.shards)

@@ -307,12 +307,16 @@ class MapState(ABC):
 
     def compact_expiry(self, through: int) -> int:
         """Let the expiry index drop the keys it holds twice, if it has grown past the state
-        (tridentflow_state.expiry). Call after ``begin_commit`` and before the batch's
+        (tridentflow_state.expiry); an index of a state that holds nothing yet is built here
+        (before any write: a fresh state's, complete as it is). Call after ``begin_commit``
+        and before the batch's
         writes: a key this txid writes is stamped with it, and a key stamped with the
         committing txid is one whose last committed update the index alone knows (an earlier
         attempt's), so it is kept where it is. Fenced; the keys dropped."""
         index = self.backing.expiry
-        if self.kind is StateKind.NON_TRANSACTIONAL or not index.built():
+        if self.kind is StateKind.NON_TRANSACTIONAL:
+            return 0
+        if not index.built() and not index.build_if_empty():  # built at a settle, later
             return 0
         index.merge(self.current_txid - 1)  # what a commit of txid-1 cut short left
         return index.compact(through, self._fence)
