@@ -284,6 +284,26 @@ def test_a_zombie_emit_whose_staging_the_commit_deleted_under_it_finds_the_txid_
     assert staging_left(rt) == []
 
 
+def test_a_commit_whose_staged_files_vanish_under_it_fails_in_one_line(
+    redis_url, tmp_path, monkeypatch
+):
+    """The family 'staging deleted under a zombie' on the commit's side (the every-family
+    soak, seed 7103: a stale attempt of txid 6 read its files while the commit of txid 7
+    deleted them): half-way through, the txid's staging goes; the commit fails with one
+    line naming the file and marks nothing, not with the missing file's error."""
+    import tridentflow.faults
+
+    rt = _fresh("partitioned-count", "files", redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(40, seed=13))
+    coordinate(rt, 1, batch_size=100)
+    emit(rt, 1, ENGINE)
+    stalled = rt.with_(faults=FaultPlan((Fault("mid-commit", 1, 1, "stall"),)))
+    monkeypatch.setattr(tridentflow.faults, "STALL_HOOK", lambda fault: rt.discard_staged(1))
+    with pytest.raises(IncompleteBatchError, match=r"staged file .* is gone .*: retry"):
+        commit(stalled, 1)
+    assert rt.ledger.committed_txid() == 0
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_runtime_that_reset_its_pipeline_stages_in_the_new_generation(
     kind, redis_url, tmp_path, monkeypatch

@@ -28,7 +28,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from tridentflow.engines.base import PartitionCount, staged_json
 from tridentflow.engines.batchops import StageReport
@@ -134,7 +134,7 @@ class StagedBatch:
         info = self.manifest.get("bad")
         if not info:
             return
-        with open(self.directory / info["file"], encoding="utf-8") as fh:
+        with self._open(self.directory / info["file"]) as fh:
             for line in fh:
                 yield json.loads(line)
 
@@ -178,7 +178,7 @@ class StagedBatch:
     def items(self, state: str) -> Iterator[tuple[str, Any]]:
         """(encoded key, partial) pairs of one state, in file order."""
         path, tsv = self._state_file(state)
-        with open(path, encoding="utf-8") as fh:
+        with self._open(path) as fh:
             for line in fh:
                 if tsv:
                     key, _tab, partial = line.partition("\t")
@@ -187,11 +187,24 @@ class StagedBatch:
                     key, partial = json.loads(line)
                     yield key, partial
 
+    def _open(self, path: Path) -> TextIO:
+        """A staged file, to read; IncompleteBatchError (one line) if it is gone - the txid
+        committed meanwhile and its staging was deleted, or someone deleted it - so the step
+        fails as any step does and its retry finds what happened."""
+        try:
+            return open(path, encoding="utf-8")
+        except FileNotFoundError:
+            raise IncompleteBatchError(
+                f"txid {self.txid} attempt {self.attempt}: staged file {path.name} is gone "
+                "(the txid committed meanwhile, or its staging was deleted): retry the commit; "
+                "if the txid is not committed, emit it again"
+            ) from None
+
     def lines(self, state: str) -> Iterator[str]:
         """The state's ``key TAB partial`` lines as they are in the file (newline included):
         the commit passes blocks of them to Redis without decoding (tridentflow_state.numeric)."""
         path, tsv = self._state_file(state)
-        with open(path, encoding="utf-8") as fh:
+        with self._open(path) as fh:
             if tsv:
                 yield from fh
                 return
