@@ -309,8 +309,8 @@ class MapState(ABC):
         """Let the expiry index drop the keys it holds twice, if it has grown past the state
         (tridentflow_state.expiry); an index of a state that holds nothing yet is built here
         (before any write: a fresh state's, complete as it is). Call after ``begin_commit``
-        and before the batch's
-        writes: a key this txid writes is stamped with it, and a key stamped with the
+        and before the batch's writes: a key this txid writes is stamped with it, and a key
+        stamped with the
         committing txid is one whose last committed update the index alone knows (an earlier
         attempt's), so it is kept where it is. Fenced; the keys dropped."""
         index = self.backing.expiry
