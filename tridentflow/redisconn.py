@@ -15,6 +15,8 @@ from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tridentflow.errors import TridentflowError
 
@@ -123,23 +125,32 @@ def _tls_hint(url: str, text: str) -> str | None:
 
 CLIENT_OPTIONS = {"socket_connect_timeout": 5, "socket_timeout": 60, "health_check_interval": 30}
 
+NO_RESEND = Retry(NoBackoff(), 0)
+"""A single server's client never sends a command again after a timeout or a lost
+connection (redis-py's ``Redis()`` would, up to 10 times): the first send may still run - a
+paused Redis runs it once it goes on, a cut connection ran the whole commands it delivered -
+and a command sent twice may run twice. A step that fails is retried whole, by its
+orchestrator; each step is idempotent as a whole, a single command need not be."""
+
 
 def connect(url: str, socket_timeout: float | None = None) -> redis.Redis:
     """A Redis client for ``url``, checked with PING; a clear one-line error if Redis is
     unreachable, refuses the login, fails TLS, or does not let this user PING.
     ``socket_timeout``: seconds a command may wait for its answer (default 60; then it fails
     with a timeout, though Redis may still run it later - the chaos harness's paused-Redis
-    family shortens it).
+    family shortens it). A single server's client never sends a command again (NO_RESEND);
+    a cluster client does, on a node's failure (redis-py's cluster retries, to follow a
+    failover).
 
     A URL naming any node of a Redis Cluster gives a cluster client (cluster mode is detected
     with INFO): every key of a pipeline shares one hash tag, so each script's keys live in one
     slot and one node."""
     shown = redacted(url)
-    options = dict(CLIENT_OPTIONS)
+    options: dict[str, object] = dict(CLIENT_OPTIONS)
     if socket_timeout is not None:
         options["socket_timeout"] = socket_timeout
     try:
-        client = redis.Redis.from_url(url, **options)
+        client = redis.Redis.from_url(url, retry=NO_RESEND, **options)
         client.ping()
         if _cluster_enabled(client):  # (a db other than 0 failed at SELECT, below)
             client.close()

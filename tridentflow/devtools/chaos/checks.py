@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from tridentflow.examples.mutating import expected_counts
-from tridentflow.steps.query import list_state
+from tridentflow.ops.audit import audit
+from tridentflow.steps.query import list_state, query
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.codec import encode_key
 from tridentflow_state.ledger import HISTORY_LENGTH
@@ -37,6 +39,24 @@ def staging_left(rt: Runtime, lost_beyond: int | None = None) -> list[str]:
                 and int(p.parent.name.removeprefix("tx-")) <= lost_beyond
             )
         ]
+    return sorted(found)
+
+
+def unindexed_blocks(rt: Runtime) -> list[str]:
+    """Staged blocks in Redis that the index of their txid's blocks in their slot does not
+    list, sorted. A writer indexes a block before it writes it (``state.staged.write_block``):
+    cut anywhere, it leaves an index entry without its block (harmless), never a block that no
+    cleanup finds - one that waits out its TTL (7 days) once its attempt is abandoned."""
+    found = []
+    for pattern in (rt.keyspace.pattern, rt.keyspace.shard_pattern):
+        for raw in rt.client.scan_iter(match=pattern, count=1000):
+            key = raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw
+            base, marker, rest = key.rpartition(":block:")
+            if not marker:
+                continue
+            generation, txid, _attempt, _name = rest.rsplit(":", 3)
+            if not rt.client.sismember(f"{base}:staged:{generation}:{txid}:blocks", key):
+                found.append(key)
     return sorted(found)
 
 
@@ -106,3 +126,34 @@ def at_once(work: Callable[[], None], n: int) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def drill_checks(rt: Runtime, produced: list[str]) -> dict[str, Any]:
+    """A drill of ``wordcount`` (or its opaque twin) checked once every txid committed: each
+    word of ``produced`` counted exactly (``lost``, ``doubled``), ``audit`` clean, the history
+    holding each txid once, no tx hash of a committed txid written again, no staging without
+    its TTL. ``difference``: the first that failed, None if none did."""
+    words = Counter(w for line in produced for w in line.split())
+    keys = sorted(words)
+    _committed, values = query(rt, rt.pipeline.states["counts"], [(w,) for w in keys])
+    got = dict(zip(keys, values, strict=True))
+    lost = sum(max(0, words[w] - (got[w] or 0)) for w in keys)
+    doubled = sum(max(0, (got[w] or 0) - words[w]) for w in keys)
+    differences = [f"counts: lost={lost} doubled={doubled}"] if lost or doubled else []
+    report = audit(rt)
+    if not report.ok:
+        differences.append(f"audit: {report.line()}")
+    differences += [f"the history holds txid {t} more than once"
+                    for t in repeated_history_entries(rt)[:1]]  # fmt: skip
+    differences += [f"txid {t}'s tx hash was written after its commit"
+                    for t in stale_tx_hashes(rt)[:1]]  # fmt: skip
+    left = [k for k in staging_left(rt) if rt.client.ttl(k) <= 0]
+    differences += [f"staging left without its TTL: {k}" for k in left[:1]]
+    differences += [f"a staged block no index lists: {k}" for k in unindexed_blocks(rt)[:1]]
+    return {"difference": differences[0] if differences else None, "lost": lost,
+            "doubled": doubled}  # fmt: skip
+
+
+def committed_times(rt: Runtime) -> list[int]:
+    """When each txid in the ledger's history committed (Redis's clock, ms)."""
+    return [e["committed_ms"] for e in rt.ledger.history(HISTORY_LENGTH) if e.get("committed_ms")]

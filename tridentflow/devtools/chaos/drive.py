@@ -20,6 +20,7 @@ from tridentflow.devtools.chaos.checks import (
     repeated_history_entries,
     staging_left,
     stale_tx_hashes,
+    unindexed_blocks,
     window_problem,
 )
 from tridentflow.devtools.chaos.config import (
@@ -768,6 +769,9 @@ class Chaos(OperatorActs, SinkChecks):
                 f"staging left behind once every txid committed: {garbage[0]}"
                 + f" and {len(garbage) - 1} more" * (len(garbage) > 1)
             )
+        stray = unindexed_blocks(rt)  # left to its TTL, but found by no cleanup meanwhile
+        if stray and not result.difference:
+            result.difference = f"a staged block no index lists: {stray[0]}"
         repeated = repeated_history_entries(rt)
         if repeated and not result.difference:
             result.difference = f"the history holds txid {repeated[0]} more than once"

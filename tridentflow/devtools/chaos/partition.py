@@ -28,31 +28,23 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import tridentflow.faults
 from tridentflow.devtools import devredis
-from tridentflow.devtools.chaos.checks import (
-    repeated_history_entries,
-    staging_left,
-    stale_tx_hashes,
-)
+from tridentflow.devtools.chaos.checks import committed_times, drill_checks
 from tridentflow.devtools.chaos.config import STEP_FAILURES
 from tridentflow.devtools.chaos.pauses import recoveries
 from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import Fault, FaultPlan
-from tridentflow.ops.audit import audit
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
-from tridentflow.steps.query import query
 from tridentflow.steps.runtime import Runtime, connect
-from tridentflow_state.ledger import HISTORY_LENGTH
 
 DRIVER, EXECUTORS = "127.0.0.1", "127.0.0.2"
 PARTITION_S = 1.0
@@ -249,35 +241,12 @@ def _checked(
     failures: int,
     partitions: Partitions,
 ) -> dict[str, Any]:
-    words = Counter(w for line in produced for w in line.split())
-    keys = sorted(words)
-    _committed, values = query(rt, rt.pipeline.states["counts"], [(w,) for w in keys])
-    got = dict(zip(keys, values, strict=True))
-    lost = sum(max(0, words[w] - (got[w] or 0)) for w in keys)
-    doubled = sum(max(0, (got[w] or 0) - words[w]) for w in keys)
-    difference = None
-    if lost or doubled:
-        difference = f"counts: lost={lost} doubled={doubled}"
-    report = audit(rt)
-    if not difference and not report.ok:
-        difference = f"audit: {report.line()}"
-    repeated = repeated_history_entries(rt)
-    if not difference and repeated:
-        difference = f"the history holds txid {repeated[0]} more than once"
-    stale = stale_tx_hashes(rt)
-    if not difference and stale:
-        difference = f"txid {stale[0]}'s tx hash was written after its commit"
-    left = [k for k in staging_left(rt) if rt.client.ttl(k) <= 0]
-    if not difference and left:
-        difference = f"staging left without its TTL: {left[0]}"
-    commits = [
-        e["committed_ms"] for e in rt.ledger.history(HISTORY_LENGTH) if e.get("committed_ms")
-    ]
+    found = drill_checks(rt, produced)
     return {
         "seed": seed,
-        "ok": difference is None,
-        "recovery_ms": recoveries(partitions.healed_ms, commits),
-        "difference": difference,
+        "ok": found["difference"] is None,
+        "recovery_ms": recoveries(partitions.healed_ms, committed_times(rt)),
+        "difference": found["difference"],
         "pipeline": rt.pipeline.name,
         "txids": rt.ledger.committed_txid(),
         "records": len(produced),
@@ -285,8 +254,8 @@ def _checked(
         "executor_partitions": partitions.cuts.count(EXECUTORS),
         "step_failures": failures,
         "events": events,
-        "lost": lost,
-        "doubled": doubled,
+        "lost": found["lost"],
+        "doubled": found["doubled"],
     }
 
 

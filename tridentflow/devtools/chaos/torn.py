@@ -1,0 +1,313 @@
+"""Torn writes (issue 55): a txid's steps talk to Redis through a proxy that cuts a connection
+after a drawn byte, ``python -m tridentflow.devtools.chaos.torn --schedules N --seed S``.
+
+The proxy forwards exactly the bytes before the cut and closes the connection to Redis
+cleanly (FIN): Redis runs every command those bytes hold whole - a pipeline of block writes up
+to some block, a manifest without what follows it, some of a commit's scripts - never the
+command the cut falls inside, and nothing after it (a torn pipeline). The client's side is
+reset (RST): its answers are lost, so it cannot tell what ran (an indeterminate write). The
+cut is drawn anywhere in a step's bytes (of what that step sent when it ran whole before):
+the coordinator's and the commit's (the driver's connection), the emit's block writes and
+manifest (the executors' connection, a proxy of its own). A step that fails is retried, as
+Airflow retries it. Checked as the partition drill is (``checks.drill_checks``): every
+word's count exact, ``audit`` clean, the history holding each txid once, no tx hash of a
+committed txid written again, no staging without its TTL; and the ms from each tear to the
+next commit (``recovery_ms``). No namespace, no root: the proxies listen on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import random
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tridentflow.devtools import devredis
+from tridentflow.devtools.chaos.checks import committed_times, drill_checks
+from tridentflow.devtools.chaos.config import STEP_FAILURES
+from tridentflow.devtools.chaos.pauses import recoveries
+from tridentflow.engines.local import LocalEngine
+from tridentflow.registry import load_pipeline
+from tridentflow.steps.committer import commit
+from tridentflow.steps.coordinator import coordinate
+from tridentflow.steps.emitter import emit
+from tridentflow.steps.runtime import Runtime, connect
+
+TEAR_CHANCE = 0.7
+"""The chance that a try of a txid's steps has one of them torn (if the drawn byte comes
+before that step ends)."""
+TORN_TRIES = 4
+"""Tries of a txid that may be torn; the ones after run whole (as a fault that passed)."""
+FIRST_GUESS_BYTES = 4096
+"""What a step is taken to send before it was seen whole once."""
+OVERSHOOT = 1.1
+"""The cut is drawn in [0, OVERSHOOT x the bytes the step sent whole]: now and then past its
+end (no tear: the step's answers all came)."""
+WORDS = tuple(f"w{n:02d}" for n in range(40))
+"""Many distinct keys: a txid's blocks span every state shard, in one pipeline of blocks."""
+
+
+class TearingProxy:
+    """A TCP proxy on 127.0.0.1 in front of Redis (``upstream``: its port). ``arm(n)``: the
+    clients' next ``n`` bytes (every connection, in the order they arrive) reach Redis, then
+    the connection carrying the next byte is cut - the bytes before it forwarded, Redis's side
+    closed (FIN: it runs the whole commands it got), the client's reset (RST). ``disarm``
+    says whether the cut came. Thread-safe; ``close`` stops it."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._left: int | None = None
+        self._torn = False
+        self._sockets: list[socket.socket] = []
+        self._closed = threading.Event()
+        self.sent = 0
+        """Bytes the clients sent so far (forwarded or not)."""
+        self.torn_ms: list[int] = []
+        """When each cut came (this host's clock, ms: Redis's, on loopback)."""
+        threading.Thread(target=self._accept, name="tf-torn-accept", daemon=True).start()
+
+    def arm(self, after: int) -> None:
+        with self._lock:
+            self._left, self._torn = max(0, after), False
+
+    def disarm(self) -> bool:
+        with self._lock:
+            torn, self._left, self._torn = self._torn, None, False
+            return torn
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _address = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._sockets += [client, server]
+            threading.Thread(target=self._to_redis, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(server, client), daemon=True).start()
+
+    def _cut_at(self, size: int) -> int | None:
+        """How many of the next ``size`` bytes go through before the cut; None: all, no cut."""
+        with self._lock:
+            self.sent += size
+            if self._left is None:
+                return None
+            if size <= self._left:
+                self._left -= size
+                return None
+            cut, self._left, self._torn = self._left, None, True
+            self.torn_ms.append(int(time.time() * 1000))
+            return cut
+
+    def _to_redis(self, client: socket.socket, server: socket.socket) -> None:
+        try:
+            while data := client.recv(65536):
+                cut = self._cut_at(len(data))
+                server.sendall(data if cut is None else data[:cut])
+                if cut is not None:
+                    server.shutdown(socket.SHUT_WR)  # Redis runs what came whole, then EOF
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    break
+        except OSError:
+            pass
+        finally:
+            client.close()  # with SO_LINGER 0 after a cut: a reset
+
+    @staticmethod
+    def _to_client(server: socket.socket, client: socket.socket) -> None:
+        try:
+            while data := server.recv(65536):
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            server.close()
+            client.close()
+
+
+def drill(seed: int, workdir: Path) -> dict[str, Any]:
+    """4-8 txids of ``wordcount`` (transactional) or ``wordcount-opaque``, staged in Redis,
+    state shards 1-3, tears drawn from ``seed``; what the checks found."""
+    rng = random.Random(f"torn-{seed}")
+    port = devredis.free_port()
+    (workdir / "redis").mkdir(parents=True)
+    server = subprocess.Popen(devredis.server_args(port, workdir / "redis"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    devredis.wait_ready(port, server)
+    driver_proxy, executors_proxy = TearingProxy(port), TearingProxy(port)
+    try:
+        return _run(rng, seed, workdir, driver_proxy, executors_proxy)
+    finally:
+        driver_proxy.close()
+        executors_proxy.close()
+        server.kill()
+
+
+def _run(
+    rng: random.Random,
+    seed: int,
+    workdir: Path,
+    driver_proxy: TearingProxy,
+    executors_proxy: TearingProxy,
+) -> dict[str, Any]:
+    pipeline = load_pipeline(rng.choice(("wordcount", "wordcount-opaque")))
+    shards = rng.randint(1, 3)
+
+    def runtime(proxy: TearingProxy) -> Runtime:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        return Runtime(pipeline, connect(url), workdir / "home", url=url, shards=shards,
+                       staging_kind="redis")  # fmt: skip
+
+    driver, executors = runtime(driver_proxy), runtime(executors_proxy)
+    driver.ledger.reset(force=True)
+    tearer = Tearer(rng)
+    steps: dict[str, tuple[TearingProxy, Callable[[int], object]]] = {
+        "coordinate": (driver_proxy, lambda txid: coordinate(driver, txid, batch_size=1000)),
+        "emit": (executors_proxy, lambda txid: emit(executors, txid, LocalEngine())),
+        "commit": (driver_proxy, lambda txid: commit(driver, txid)),
+    }
+    produced: list[str] = []
+    failures, count = 0, rng.randint(4, 8)
+    for txid in range(1, count + 1):
+        lines = [
+            " ".join(rng.choices(WORDS, k=rng.randint(1, 6))) for _ in range(rng.randint(3, 10))
+        ]
+        driver.source_heads()
+        driver.log.append_spread(lines)
+        produced += lines
+        for attempt in range(TORN_TRIES + 2):  # a failed step is retried, as Airflow does
+            torn = (
+                rng.choice(sorted(steps))
+                if attempt < TORN_TRIES and rng.random() < TEAR_CHANCE
+                else None
+            )
+            try:
+                for name, (proxy, step) in steps.items():
+                    tearer.run(f"{name}@{txid}", proxy, lambda s=step, t=txid: s(t), name == torn)
+                break
+            except STEP_FAILURES:
+                failures += 1
+        else:
+            return {"seed": seed, "ok": False, "difference": f"txid {txid} never committed"}
+    found = drill_checks(driver, produced)
+    torn_ms = driver_proxy.torn_ms + executors_proxy.torn_ms
+    return {
+        "seed": seed,
+        "ok": found["difference"] is None,
+        "difference": found["difference"],
+        "recovery_ms": recoveries(torn_ms, committed_times(driver)),
+        "pipeline": pipeline.name,
+        "shards": shards,
+        "txids": driver.ledger.committed_txid(),
+        "records": len(produced),
+        "tears": len(torn_ms),
+        "executor_tears": len(executors_proxy.torn_ms),
+        "step_failures": failures,
+        "events": tearer.events,
+        "lost": found["lost"],
+        "doubled": found["doubled"],
+    }
+
+
+class Tearer:
+    """Runs a step through its proxy, armed (if ``tear``) to cut at a byte drawn over what
+    the step sent the last time it ran whole; notes each tear (``events``: STEP@TXID+BYTE)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.whole: dict[str, int] = {}
+        """Bytes each step (by name) sent the last time it ran untorn."""
+        self.events: list[str] = []
+
+    def run(self, label: str, proxy: TearingProxy, step: Callable[[], object], tear: bool) -> None:
+        name = label.split("@")[0]
+        cut = None
+        if tear:
+            cut = self.rng.randint(0, int(self.whole.get(name, FIRST_GUESS_BYTES) * OVERSHOOT))
+            proxy.arm(cut)
+        before = proxy.sent
+        try:
+            step()
+        finally:
+            torn = proxy.disarm()
+            if torn:
+                self.events.append(f"{label}+{cut}")
+        if not torn:
+            self.whole[name] = proxy.sent - before
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+    """The drills in one line: what they did, lost and doubled, the recovery times."""
+    ms = sorted(m for r in results for m in r.get("recovery_ms", ()))
+    total = {k: sum(r.get(k, 0) for r in results)
+             for k in ("txids", "records", "tears", "executor_tears", "step_failures", "lost",
+                       "doubled")}  # fmt: skip
+    bad = [r for r in results if not r["ok"]]
+    return (
+        f"torn-write drills: {len(results)} drills, {total['txids']} txids, {total['records']} "
+        f"records, {total['tears']} tears ({total['executor_tears']} of the executors' "
+        f"writes), {total['step_failures']} failed steps retried, lost={total['lost']} "
+        f"doubled={total['doubled']}"
+        + (f", the next commit {ms[len(ms) // 2] / 1000:.2f} s (median) and at most "
+           f"{ms[-1] / 1000:.2f} s after each of {len(ms)} tears" if ms else "")
+        + (f"; FIRST DIFFERENCE (seed {bad[0]['seed']}): {bad[0]['difference']}" if bad else "")
+    )  # fmt: skip
+
+
+def run_drills(schedules: int, seed: int) -> list[dict[str, Any]]:
+    """``schedules`` drills, seeds ``seed``...: one result each."""
+    results = []
+    for n in range(seed, seed + schedules):
+        workdir = Path(tempfile.mkdtemp(prefix="tridentflow-torn-"))
+        try:
+            results.append(drill(n, workdir))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--schedules", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--plant", help="MODULE:FUNCTION called first (a planted bug, e.g. tests.plants:...)"
+    )
+    args = parser.parse_args()
+    if args.plant:
+        module_name, _, function = args.plant.partition(":")
+        getattr(importlib.import_module(module_name), function)()
+    results = run_drills(args.schedules, args.seed)
+    for result in results:
+        print(json.dumps(result))
+    print(summary(results))
+
+
+if __name__ == "__main__":
+    main()
