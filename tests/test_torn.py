@@ -51,6 +51,8 @@ def test_torn_steps_lose_double_and_leak_nothing():
     assert not bad, summary(results)
     steps = {e.split("@")[0] for r in results for e in r["events"]}
     assert steps == {"coordinate", "emit", "commit"}  # every step was torn somewhere
+    cuts = [e.split("@")[1] for r in results for e in r["events"]]
+    assert any("+" in c for c in cuts) and any("-" in c for c in cuts)  # commands, answers
     assert sum(r["executor_tears"] for r in results) > 0
     assert sum(r["step_failures"] for r in results) > 0
     recovered = [ms for r in results for ms in r["recovery_ms"]]
@@ -59,9 +61,10 @@ def test_torn_steps_lose_double_and_leak_nothing():
 
 def test_the_drill_catches_a_block_written_before_its_index(monkeypatch):
     """The drill's planted bug: a block's SET before its index's SADD - a tear between the
-    two leaves a block of an abandoned attempt that no cleanup finds."""
+    two leaves a block of an abandoned attempt that no cleanup finds (seed 2: the first of
+    seeds 0-29 whose cuts fall between the two on an attempt its retry abandoned)."""
     monkeypatch.setattr(staged, "write_block", write_block_before_its_index)
     monkeypatch.setattr(staging, "write_block", write_block_before_its_index)
-    results = run_drills(1, seed=0)
+    results = run_drills(1, seed=2)
     assert not results[0]["ok"]
     assert "a staged block no index lists" in results[0]["difference"]

@@ -5,14 +5,16 @@ The proxy forwards exactly the bytes before the cut and closes the connection to
 cleanly (FIN): Redis runs every command those bytes hold whole - a pipeline of block writes up
 to some block, a manifest without what follows it, some of a commit's scripts - never the
 command the cut falls inside, and nothing after it (a torn pipeline). The client's side is
-reset (RST): its answers are lost, so it cannot tell what ran (an indeterminate write). The
-cut is drawn anywhere in a step's bytes (of what that step sent when it ran whole before):
-the coordinator's and the commit's (the driver's connection), the emit's block writes and
-manifest (the executors' connection, a proxy of its own). A step that fails is retried, as
-Airflow retries it. Checked as the partition drill is (``checks.drill_checks``): every
-word's count exact, ``audit`` clean, the history holding each txid once, no tx hash of a
-committed txid written again, no staging without its TTL; and the ms from each tear to the
-next commit (``recovery_ms``). No namespace, no root: the proxies listen on loopback.
+reset (RST): its answers are lost, so it cannot tell what ran (an indeterminate write). Or the
+cut falls in Redis's answers: every command ran, the client's read is cut off mid-reply.
+The cut is drawn anywhere in a step's bytes (of what went that way when it ran whole
+before): the coordinator's and the commit's (the driver's connection), the emit's reads,
+block writes and manifest (the executors' connection, a proxy of its own). A step that
+fails is retried, as Airflow retries it. Checked as the partition drill is
+(``checks.drill_checks``): every word's count exact, ``audit`` clean, the history holding
+each txid once, no tx hash of a committed txid written again, no staging without its TTL,
+no staged block that no index lists; and the ms from each tear to the next commit
+(``recovery_ms``). No namespace, no root: the proxies listen on loopback.
 """
 
 from __future__ import annotations
@@ -57,12 +59,18 @@ WORDS = tuple(f"w{n:02d}" for n in range(40))
 """Many distinct keys: a txid's blocks span every state shard, in one pipeline of blocks."""
 
 
+TO_REDIS, TO_CLIENT = "commands", "answers"
+"""The two directions a cut may fall in: the clients' commands, Redis's answers."""
+
+
 class TearingProxy:
     """A TCP proxy on 127.0.0.1 in front of Redis (``upstream``: its port). ``arm(n)``: the
-    clients' next ``n`` bytes (every connection, in the order they arrive) reach Redis, then
-    the connection carrying the next byte is cut - the bytes before it forwarded, Redis's side
-    closed (FIN: it runs the whole commands it got), the client's reset (RST). ``disarm``
-    says whether the cut came. Thread-safe; ``close`` stops it."""
+    next ``n`` bytes of the clients' commands (every connection, in the order they arrive)
+    reach Redis, then the connection carrying the next byte is cut - the bytes before it
+    forwarded, Redis's side closed (FIN: it runs the whole commands it got), the client's
+    reset (RST). ``arm(n, TO_CLIENT)``: the same in Redis's answers - every command ran, the
+    client gets ``n`` more bytes of answers, then the reset (a read cut off mid-reply).
+    ``disarm`` says whether the cut came. Thread-safe; ``close`` stops it."""
 
     def __init__(self, upstream: int) -> None:
         self.upstream = upstream
@@ -70,23 +78,23 @@ class TearingProxy:
         self._listener.settimeout(0.2)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        self._left: int | None = None
+        self._armed: tuple[str, int] | None = None
         self._torn = False
         self._sockets: list[socket.socket] = []
         self._closed = threading.Event()
-        self.sent = 0
-        """Bytes the clients sent so far (forwarded or not)."""
+        self.moved = {TO_REDIS: 0, TO_CLIENT: 0}
+        """Bytes each way so far (forwarded or not)."""
         self.torn_ms: list[int] = []
         """When each cut came (this host's clock, ms: Redis's, on loopback)."""
         threading.Thread(target=self._accept, name="tf-torn-accept", daemon=True).start()
 
-    def arm(self, after: int) -> None:
+    def arm(self, after: int, direction: str = TO_REDIS) -> None:
         with self._lock:
-            self._left, self._torn = max(0, after), False
+            self._armed, self._torn = (direction, max(0, after)), False
 
     def disarm(self) -> bool:
         with self._lock:
-            torn, self._left, self._torn = self._torn, None, False
+            torn, self._armed, self._torn = self._torn, None, False
             return torn
 
     def close(self) -> None:
@@ -109,46 +117,50 @@ class TearingProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._sockets += [client, server]
-            threading.Thread(target=self._to_redis, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._to_client, args=(server, client), daemon=True).start()
+            for source, sink, direction in ((client, server, TO_REDIS),
+                                            (server, client, TO_CLIENT)):  # fmt: skip
+                threading.Thread(target=self._pump, args=(source, sink, client, server, direction),
+                                 daemon=True).start()  # fmt: skip
 
-    def _cut_at(self, size: int) -> int | None:
-        """How many of the next ``size`` bytes go through before the cut; None: all, no cut."""
+    def _cut_at(self, size: int, direction: str) -> int | None:
+        """How many of the next ``size`` bytes going ``direction`` pass before the cut; None:
+        all, no cut."""
         with self._lock:
-            self.sent += size
-            if self._left is None:
+            self.moved[direction] += size
+            if self._armed is None or self._armed[0] != direction:
                 return None
-            if size <= self._left:
-                self._left -= size
+            left = self._armed[1]
+            if size <= left:
+                self._armed = (direction, left - size)
                 return None
-            cut, self._left, self._torn = self._left, None, True
+            self._armed, self._torn = None, True
             self.torn_ms.append(int(time.time() * 1000))
-            return cut
+            return left
 
-    def _to_redis(self, client: socket.socket, server: socket.socket) -> None:
+    def _pump(
+        self,
+        source: socket.socket,
+        sink: socket.socket,
+        client: socket.socket,
+        server: socket.socket,
+        direction: str,
+    ) -> None:
+        """Forward ``source`` to ``sink`` until either closes, or up to the cut: then Redis's
+        side gets a FIN (it runs the whole commands it got) and the client's a reset."""
         try:
-            while data := client.recv(65536):
-                cut = self._cut_at(len(data))
-                server.sendall(data if cut is None else data[:cut])
+            while data := source.recv(65536):
+                cut = self._cut_at(len(data), direction)
+                sink.sendall(data if cut is None else data[:cut])
                 if cut is not None:
-                    server.shutdown(socket.SHUT_WR)  # Redis runs what came whole, then EOF
+                    server.shutdown(socket.SHUT_WR)
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    client.shutdown(socket.SHUT_RD)  # wakes the other pump's recv: it closes
                     break
         except OSError:
             pass
         finally:
             client.close()  # with SO_LINGER 0 after a cut: a reset
-
-    @staticmethod
-    def _to_client(server: socket.socket, client: socket.socket) -> None:
-        try:
-            while data := server.recv(65536):
-                client.sendall(data)
-        except OSError:
-            pass
-        finally:
             server.close()
-            client.close()
 
 
 def drill(seed: int, workdir: Path) -> dict[str, Any]:
@@ -236,30 +248,33 @@ def _run(
 
 
 class Tearer:
-    """Runs a step through its proxy, armed (if ``tear``) to cut at a byte drawn over what
-    the step sent the last time it ran whole; notes each tear (``events``: STEP@TXID+BYTE)."""
+    """Runs a step through its proxy, armed (if ``tear``) to cut its commands or its answers
+    (drawn) at a byte drawn over what went that way the last time the step ran whole; notes
+    each tear (``events``: STEP@TXID+BYTE, or STEP@TXID-BYTE for an answer cut off)."""
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
-        self.whole: dict[str, int] = {}
-        """Bytes each step (by name) sent the last time it ran untorn."""
+        self.whole: dict[tuple[str, str], int] = {}
+        """Bytes each step (by name) moved each way the last time it ran untorn."""
         self.events: list[str] = []
 
     def run(self, label: str, proxy: TearingProxy, step: Callable[[], object], tear: bool) -> None:
         name = label.split("@")[0]
-        cut = None
+        cut, direction = None, self.rng.choice((TO_REDIS, TO_CLIENT))
         if tear:
-            cut = self.rng.randint(0, int(self.whole.get(name, FIRST_GUESS_BYTES) * OVERSHOOT))
-            proxy.arm(cut)
-        before = proxy.sent
+            whole = self.whole.get((name, direction), FIRST_GUESS_BYTES)
+            cut = self.rng.randint(0, int(whole * OVERSHOOT))
+            proxy.arm(cut, direction)
+        before = dict(proxy.moved)
         try:
             step()
         finally:
             torn = proxy.disarm()
             if torn:
-                self.events.append(f"{label}+{cut}")
+                self.events.append(f"{label}{'+' if direction == TO_REDIS else '-'}{cut}")
         if not torn:
-            self.whole[name] = proxy.sent - before
+            for way in (TO_REDIS, TO_CLIENT):
+                self.whole[(name, way)] = proxy.moved[way] - before[way]
 
 
 def summary(results: list[dict[str, Any]]) -> str:
