@@ -68,3 +68,18 @@ def test_the_drill_catches_a_block_written_before_its_index(monkeypatch):
     results = run_drills(1, seed=2)
     assert not results[0]["ok"]
     assert "a staged block no index lists" in results[0]["difference"]
+
+
+@pytest.mark.spark  # the session's JVM; 3 drills, ~10 s
+def test_torn_reads_and_block_writes_of_sparks_executors_lose_and_double_nothing(spark):
+    """The emits run on Spark (local[2]): its executors' Python workers read the source and
+    write the blocks through the proxy, and the first two tries of each txid's emit are cut
+    at a drawn byte of their commands or answers; the failed job is retried as Airflow
+    retries the task."""
+    from tridentflow.engines.spark import SparkEngine
+
+    results = run_drills(3, seed=0, engine=SparkEngine(spark))
+    bad = [r for r in results if not r["ok"]]
+    assert not bad, summary(results)
+    assert sum(r["executor_tears"] for r in results) >= 5
+    assert all(e.startswith("emit@") for r in results for e in r["events"])

@@ -37,7 +37,9 @@ from typing import Any
 from tridentflow.devtools import devredis
 from tridentflow.devtools.chaos.checks import committed_times, drill_checks
 from tridentflow.devtools.chaos.config import STEP_FAILURES
+from tridentflow.devtools.chaos.partition import SPARK_FAILURES
 from tridentflow.devtools.chaos.pauses import recoveries
+from tridentflow.engines.base import Engine
 from tridentflow.engines.local import LocalEngine
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.committer import commit
@@ -50,6 +52,8 @@ TEAR_CHANCE = 0.7
 before that step ends)."""
 TORN_TRIES = 4
 """Tries of a txid that may be torn; the ones after run whole (as a fault that passed)."""
+SPARK_TORN_TRIES = 2
+"""With Spark: tries of a txid whose emit is torn (a Spark job is slow to retry)."""
 FIRST_GUESS_BYTES = 4096
 """What a step is taken to send before it was seen whole once."""
 OVERSHOOT = 1.1
@@ -163,9 +167,11 @@ class TearingProxy:
             server.close()
 
 
-def drill(seed: int, workdir: Path) -> dict[str, Any]:
+def drill(seed: int, workdir: Path, engine: Engine | None = None) -> dict[str, Any]:
     """4-8 txids of ``wordcount`` (transactional) or ``wordcount-opaque``, staged in Redis,
-    state shards 1-3, tears drawn from ``seed``; what the checks found."""
+    state shards 1-3, tears drawn from ``seed``; what the checks found. ``engine``: a Spark
+    engine's emits (its executors' Python workers read the source and write the blocks
+    through the proxy) instead of the local engine's; 2-3 txids."""
     rng = random.Random(f"torn-{seed}")
     port = devredis.free_port()
     (workdir / "redis").mkdir(parents=True)
@@ -174,7 +180,7 @@ def drill(seed: int, workdir: Path) -> dict[str, Any]:
     devredis.wait_ready(port, server)
     driver_proxy, executors_proxy = TearingProxy(port), TearingProxy(port)
     try:
-        return _run(rng, seed, workdir, driver_proxy, executors_proxy)
+        return _run(rng, seed, workdir, (driver_proxy, executors_proxy), engine or LocalEngine())
     finally:
         driver_proxy.close()
         executors_proxy.close()
@@ -185,9 +191,10 @@ def _run(
     rng: random.Random,
     seed: int,
     workdir: Path,
-    driver_proxy: TearingProxy,
-    executors_proxy: TearingProxy,
+    proxies: tuple[TearingProxy, TearingProxy],
+    engine: Engine,
 ) -> dict[str, Any]:
+    driver_proxy, executors_proxy = proxies
     pipeline = load_pipeline(rng.choice(("wordcount", "wordcount-opaque")))
     shards = rng.randint(1, 3)
 
@@ -201,11 +208,13 @@ def _run(
     tearer = Tearer(rng)
     steps: dict[str, tuple[TearingProxy, Callable[[int], object]]] = {
         "coordinate": (driver_proxy, lambda txid: coordinate(driver, txid, batch_size=1000)),
-        "emit": (executors_proxy, lambda txid: emit(executors, txid, LocalEngine())),
+        "emit": (executors_proxy, lambda txid: emit(executors, txid, engine)),
         "commit": (driver_proxy, lambda txid: commit(driver, txid)),
     }
     produced: list[str] = []
-    failures, count = 0, rng.randint(4, 8)
+    spark = engine.name == "spark"
+    retried = STEP_FAILURES + SPARK_FAILURES if spark else STEP_FAILURES  # a failed Spark job
+    failures, count = 0, rng.randint(3, 4) if spark else rng.randint(4, 8)
     for txid in range(1, count + 1):
         lines = [
             " ".join(rng.choices(WORDS, k=rng.randint(1, 6))) for _ in range(rng.randint(3, 10))
@@ -214,16 +223,12 @@ def _run(
         driver.log.append_spread(lines)
         produced += lines
         for attempt in range(TORN_TRIES + 2):  # a failed step is retried, as Airflow does
-            torn = (
-                rng.choice(sorted(steps))
-                if attempt < TORN_TRIES and rng.random() < TEAR_CHANCE
-                else None
-            )
+            torn = _torn_step(rng, attempt, spark)
             try:
                 for name, (proxy, step) in steps.items():
                     tearer.run(f"{name}@{txid}", proxy, lambda s=step, t=txid: s(t), name == torn)
                 break
-            except STEP_FAILURES:
+            except retried:
                 failures += 1
         else:
             return {"seed": seed, "ok": False, "difference": f"txid {txid} never committed"}
@@ -245,6 +250,17 @@ def _run(
         "lost": found["lost"],
         "doubled": found["doubled"],
     }
+
+
+def _torn_step(rng: random.Random, attempt: int, spark: bool) -> str | None:
+    """Which step of a txid's try ``attempt`` (0, 1, ...) is torn, if any: with TEAR_CHANCE
+    one of the three for the first TORN_TRIES tries; with Spark, the emit - its executors
+    reading and writing - of the first SPARK_TORN_TRIES tries."""
+    if spark:
+        return "emit" if attempt < SPARK_TORN_TRIES else None
+    if attempt < TORN_TRIES and rng.random() < TEAR_CHANCE:
+        return rng.choice(("commit", "coordinate", "emit"))
+    return None
 
 
 class Tearer:
@@ -295,13 +311,13 @@ def summary(results: list[dict[str, Any]]) -> str:
     )  # fmt: skip
 
 
-def run_drills(schedules: int, seed: int) -> list[dict[str, Any]]:
+def run_drills(schedules: int, seed: int, engine: Engine | None = None) -> list[dict[str, Any]]:
     """``schedules`` drills, seeds ``seed``...: one result each."""
     results = []
     for n in range(seed, seed + schedules):
         workdir = Path(tempfile.mkdtemp(prefix="tridentflow-torn-"))
         try:
-            results.append(drill(n, workdir))
+            results.append(drill(n, workdir, engine))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     return results
@@ -314,11 +330,17 @@ def main() -> None:
     parser.add_argument(
         "--plant", help="MODULE:FUNCTION called first (a planted bug, e.g. tests.plants:...)"
     )
+    parser.add_argument("--spark", action="store_true", help="emit with Spark (local[2])")
     args = parser.parse_args()
     if args.plant:
         module_name, _, function = args.plant.partition(":")
         getattr(importlib.import_module(module_name), function)()
-    results = run_drills(args.schedules, args.seed)
+    engine = None
+    if args.spark:
+        from tridentflow.engines.spark import SparkEngine, spark_session
+
+        engine = SparkEngine(spark_session("tridentflow-torn", "local[2]"))
+    results = run_drills(args.schedules, args.seed, engine)
     for result in results:
         print(json.dumps(result))
     print(summary(results))
