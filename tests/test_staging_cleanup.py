@@ -8,6 +8,8 @@ schedule."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.helpers import produce, sentences
@@ -322,4 +324,52 @@ def test_a_runtime_that_reset_its_pipeline_stages_in_the_new_generation(
     emit(rt, 1, ENGINE)
     assert staging_left(rt) and all(generation in k for k in staging_left(rt))
     assert commit(rt, 1).status == "committed"
+    assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_zombie_run_whose_txid_was_adopted_and_committed_deletes_what_it_staged(
+    kind, redis_url, tmp_path, monkeypatch
+):
+    """The family 'a zombie's step fails after its txid was adopted and committed': run A's
+    emit computes past its lease while run B adopts the txid and commits it; A then stages
+    (after B's commit deleted the txid's staging) and its emit fails before the ledger
+    answers (Redis paused at that moment, say). Its retry is refused - the txid is B's - but
+    first deletes what A staged for the committed txid: nothing waits for the next txid's
+    commit. (The every-family soak's seed 7216 left such an attempt of the last txid once.)"""
+    import redis
+
+    from tridentflow.steps.runs import RunNotBoundError, commit_run, coordinate_run, emit_run
+    from tridentflow_state.ledger import Ledger
+
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(40, seed=13))
+    coordinate_run(rt, "run-a", batch_size=100, lease_ms=200)
+    failures = []
+    record_staged = Ledger.record_staged
+
+    def unanswered(self, txid, attempt):
+        if failures:  # A's: Redis gives no answer (it ran nothing)
+            raise redis.TimeoutError("Timeout reading from socket")
+        return record_staged(self, txid, attempt)
+
+    class AdoptedMeanwhile(ExecutorsStage):
+        def compute(self, plan, log_root, ranges, ctx):
+            if not failures:  # run A, past its lease: B adopts and commits
+                time.sleep(0.3)
+                other = _runtime("wordcount", redis_url, tmp_path / kind, 2, f"clean-{kind}")
+                coordinate_run(other, "run-b", batch_size=100)
+                emit_run(other, "run-b", ENGINE)
+                assert commit_run(other, "run-b")["status"] == "committed"
+                assert staging_left(rt) == []
+                failures.append("run-a")
+            return super().compute(plan, log_root, ranges, ctx)
+
+    monkeypatch.setattr(Ledger, "record_staged", unanswered)
+    with pytest.raises(redis.TimeoutError):
+        emit_run(rt, "run-a", AdoptedMeanwhile(), lease_ms=200)
+    assert staging_left(rt) != []  # A's attempt, staged after B's commit
+    monkeypatch.setattr(Ledger, "record_staged", record_staged)
+    with pytest.raises(RunNotBoundError, match="adopted by run run-b"):
+        emit_run(rt, "run-a", ENGINE, lease_ms=200)  # its task's retry
     assert staging_left(rt) == []

@@ -109,7 +109,9 @@ def coordinate_run(
 def owned_txid(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> int:
     """The txid ``run_id`` is bound to; renews its lease. Refuses a txid another run adopted,
     a txid a rewind took back, and (GenerationError) any step of a run once its pipeline was
-    reset, or while it is being rewound."""
+    reset, or while it is being rewound. Refusing a txid another run adopted and committed,
+    it first deletes the txid's staging: what this run staged as a zombie after the commit
+    (its emit failed before the ledger answered) goes with its retry, not the next commit."""
     rt.ledger.check_generation()
     txid = rt.ledger.txid_of_run(run_id)
     lost = rt.ledger.lost_txid(run_id) if txid is None else None
@@ -120,6 +122,8 @@ def owned_txid(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> in
             f"rewound to txid {rewound[1]}): clear this run's coordinator to bind a fresh txid"
         )
     if lost is not None:
+        if lost[0] <= rt.ledger.committed_txid():  # what it staged as a zombie: nobody reads it
+            rt.discard_staged(lost[0])
         raise RunNotBoundError(
             f"txid {lost[0]} of run {run_id} was adopted by run {lost[1]} after this run "
             "stopped; clear this run's coordinator to bind a fresh txid"
