@@ -2,11 +2,12 @@
 of a step for longer than the runs' leases and the clients' socket timeout, then continued
 (SIGCONT) - what a stop-the-world pause, a VM migration or a saturated host does to it.
 
-While it is stopped, a step's command times out (redis-py raises; it does not send a command
-again) yet stays in Redis's socket buffer: when Redis goes on it runs it anyway - a write its
-client reported failed lands late (Jepsen's indeterminate write), and what other connections
-queued meanwhile (the step's cleanup after the failure, another process's steps) runs in any
-order with it. Its clock has moved past every lease. Two ways in:
+While it is stopped, a step's command times out (redis-py raises; tridentflow's client does
+not send it again: tridentflow.redisconn.NO_RESEND) yet stays in Redis's socket buffer: when
+Redis goes on it runs it anyway - a write its client reported failed lands late (Jepsen's
+indeterminate write), and what other connections queued meanwhile (the step's cleanup after
+the failure, another process's steps) runs in any order with it. Its clock has moved past
+every lease. Two ways in:
 
 * **at a fault point** (a ``pause`` fault: ``after-coordinate``, ``in-emit``, ``mid-commit``,
   ``before-ledger``, ``after-mark``, ``mid-export``): Redis stops there and the step goes on,
