@@ -157,3 +157,20 @@ def drill_checks(rt: Runtime, produced: list[str]) -> dict[str, Any]:
 def committed_times(rt: Runtime) -> list[int]:
     """When each txid in the ledger's history committed (Redis's clock, ms)."""
     return [e["committed_ms"] for e in rt.ledger.history(HISTORY_LENGTH) if e.get("committed_ms")]
+
+
+def drills_totals(results: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, int]:
+    """Each of ``keys`` summed over the drills' results."""
+    return {k: sum(r.get(k, 0) for r in results) for k in keys}
+
+
+def drills_tail(results: list[dict[str, Any]], faults: str) -> str:
+    """The end of a drills' summary line: the ms from each of the ``faults`` to the next
+    commit (median, max), and the first difference if any drill found one."""
+    ms = sorted(m for r in results for m in r.get("recovery_ms", ()))
+    bad = [r for r in results if not r["ok"]]
+    return (
+        (f", the next commit {ms[len(ms) // 2] / 1000:.2f} s (median) and at most "
+         f"{ms[-1] / 1000:.2f} s after each of {len(ms)} {faults}" if ms else "")
+        + (f"; FIRST DIFFERENCE (seed {bad[0]['seed']}): {bad[0]['difference']}" if bad else "")
+    )  # fmt: skip

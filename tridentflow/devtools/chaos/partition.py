@@ -34,7 +34,12 @@ from typing import Any
 
 import tridentflow.faults
 from tridentflow.devtools import devredis
-from tridentflow.devtools.chaos.checks import committed_times, drill_checks
+from tridentflow.devtools.chaos.checks import (
+    committed_times,
+    drill_checks,
+    drills_tail,
+    drills_totals,
+)
 from tridentflow.devtools.chaos.config import STEP_FAILURES
 from tridentflow.devtools.chaos.pauses import recoveries
 from tridentflow.engines.base import Engine
@@ -285,20 +290,15 @@ def run_in_namespace(
 
 def summary(results: list[dict[str, Any]]) -> str:
     """The drills in one line: what they did, lost and doubled, the recovery times."""
-    ms = sorted(m for r in results for m in r.get("recovery_ms", ()))
-    total = {k: sum(r.get(k, 0) for r in results)
-             for k in ("txids", "partitions", "executor_partitions", "step_failures", "lost",
-                       "doubled")}  # fmt: skip
-    bad = [r for r in results if not r["ok"]]
+    total = drills_totals(
+        results, ("txids", "partitions", "executor_partitions", "step_failures", "lost", "doubled")
+    )
     return (
         f"partition drills: {len(results)} drills, {total['txids']} txids, "
         f"{total['partitions']} partitions ({total['executor_partitions']} of the executors), "
         f"{total['step_failures']} failed steps retried, lost={total['lost']} "
-        f"doubled={total['doubled']}"
-        + (f", the next commit {ms[len(ms) // 2] / 1000:.2f} s (median) and at most "
-           f"{ms[-1] / 1000:.2f} s after each of {len(ms)} heals" if ms else "")
-        + (f"; FIRST DIFFERENCE (seed {bad[0]['seed']}): {bad[0]['difference']}" if bad else "")
-    )  # fmt: skip
+        f"doubled={total['doubled']}" + drills_tail(results, "heals")
+    )
 
 
 def _spark_engine() -> Engine:

@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from tridentflow.devtools import devredis
-from tridentflow.devtools.chaos.checks import committed_times, drill_checks
+from tridentflow.devtools.chaos.checks import (
+    committed_times,
+    drill_checks,
+    drills_tail,
+    drills_totals,
+)
 from tridentflow.devtools.chaos.config import STEP_FAILURES
 from tridentflow.devtools.chaos.partition import SPARK_FAILURES
 from tridentflow.devtools.chaos.pauses import recoveries
@@ -295,20 +300,15 @@ class Tearer:
 
 def summary(results: list[dict[str, Any]]) -> str:
     """The drills in one line: what they did, lost and doubled, the recovery times."""
-    ms = sorted(m for r in results for m in r.get("recovery_ms", ()))
-    total = {k: sum(r.get(k, 0) for r in results)
-             for k in ("txids", "records", "tears", "executor_tears", "step_failures", "lost",
-                       "doubled")}  # fmt: skip
-    bad = [r for r in results if not r["ok"]]
+    total = drills_totals(
+        results, ("txids", "records", "tears", "executor_tears", "step_failures", "lost", "doubled")
+    )
     return (
         f"torn-write drills: {len(results)} drills, {total['txids']} txids, {total['records']} "
         f"records, {total['tears']} tears ({total['executor_tears']} of the executors' "
         f"writes), {total['step_failures']} failed steps retried, lost={total['lost']} "
-        f"doubled={total['doubled']}"
-        + (f", the next commit {ms[len(ms) // 2] / 1000:.2f} s (median) and at most "
-           f"{ms[-1] / 1000:.2f} s after each of {len(ms)} tears" if ms else "")
-        + (f"; FIRST DIFFERENCE (seed {bad[0]['seed']}): {bad[0]['difference']}" if bad else "")
-    )  # fmt: skip
+        f"doubled={total['doubled']}" + drills_tail(results, "tears")
+    )
 
 
 def run_drills(schedules: int, seed: int, engine: Engine | None = None) -> list[dict[str, Any]]:
