@@ -218,7 +218,6 @@ def _run(
     }
     produced: list[str] = []
     spark = engine.name == "spark"
-    retried = STEP_FAILURES + SPARK_FAILURES if spark else STEP_FAILURES  # a failed Spark job
     failures, count = 0, rng.randint(3, 4) if spark else rng.randint(4, 8)
     for txid in range(1, count + 1):
         lines = [
@@ -227,31 +226,59 @@ def _run(
         driver.source_heads()
         driver.log.append_spread(lines)
         produced += lines
-        for attempt in range(TORN_TRIES + 2):  # a failed step is retried, as Airflow does
-            torn = _torn_step(rng, attempt, spark)
-            try:
-                for name, (proxy, step) in steps.items():
-                    tearer.run(f"{name}@{txid}", proxy, lambda s=step, t=txid: s(t), name == torn)
-                break
-            except retried:
-                failures += 1
-        else:
+        failed = _tries_of(rng, txid, steps, tearer, spark)
+        if failed is None:
             return {"seed": seed, "ok": False, "difference": f"txid {txid} never committed"}
+        failures += failed
+    return _result(seed, driver, proxies, produced, failures, tearer.events)
+
+
+def _tries_of(
+    rng: random.Random,
+    txid: int,
+    steps: dict[str, tuple[TearingProxy, Callable[[int], object]]],
+    tearer: Tearer,
+    spark: bool,
+) -> int | None:
+    """``txid``'s three steps tried until they all pass, a failed try retried as Airflow
+    retries a task (a failed Spark job too), the first ones torn (``_torn_step``); the tries
+    that failed, None if the txid never committed."""
+    retried = STEP_FAILURES + SPARK_FAILURES if spark else STEP_FAILURES
+    for attempt in range(TORN_TRIES + 2):
+        torn = _torn_step(rng, attempt, spark)
+        try:
+            for name, (proxy, step) in steps.items():
+                tearer.run(f"{name}@{txid}", proxy, lambda s=step, t=txid: s(t), name == torn)
+            return attempt
+        except retried:
+            continue
+    return None
+
+
+def _result(
+    seed: int,
+    driver: Runtime,
+    proxies: tuple[TearingProxy, TearingProxy],
+    produced: list[str],
+    failures: int,
+    events: list[str],
+) -> dict[str, Any]:
+    """The drill checked (``checks.drill_checks``) and counted, with its recovery times."""
     found = drill_checks(driver, produced)
-    torn_ms = driver_proxy.torn_ms + executors_proxy.torn_ms
+    torn_ms = proxies[0].torn_ms + proxies[1].torn_ms
     return {
         "seed": seed,
         "ok": found["difference"] is None,
         "difference": found["difference"],
         "recovery_ms": recoveries(torn_ms, committed_times(driver)),
-        "pipeline": pipeline.name,
-        "shards": shards,
+        "pipeline": driver.pipeline.name,
+        "shards": driver.shards,
         "txids": driver.ledger.committed_txid(),
         "records": len(produced),
         "tears": len(torn_ms),
-        "executor_tears": len(executors_proxy.torn_ms),
+        "executor_tears": len(proxies[1].torn_ms),
         "step_failures": failures,
-        "events": tearer.events,
+        "events": events,
         "lost": found["lost"],
         "doubled": found["doubled"],
     }
