@@ -139,3 +139,42 @@ def test_a_sink_ahead_of_a_ledger_that_lost_commits_reloads_or_is_refused(tmp_pa
             export(rt, sinks=["file"])  # still refused: never left holding the old rows
     finally:
         server.kill()
+
+
+def test_a_reload_after_a_loss_cut_short_is_redone_when_the_pipeline_recommitted_past_it(
+    tmp_path, pg_dsn
+):
+    """The loss's first export decides to reload; if the pipeline has meanwhile recommitted
+    past the sink's position, and the reload is cut short, the next export must still reload:
+    what Redis records as allowed may not move past the sink before the reload has landed."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        lake = tmp_path / "lake"
+        rt = Runtime(pipeline(lake, pg_dsn), connect(server.url), tmp_path / "home")
+        rt.source_heads()
+        rt.log.append_spread([f"w{i % 7} x{i % 3}" for i in range(16)])
+        _run_and_export(rt, 2, batch_size=2)
+        rt.client.save()  # txid 2: what Redis will come back with
+        _run_and_export(rt, 2, batch_size=2)  # the sinks hold txids 3, 4
+        server.kill()
+        (server.directory / "appendonlydir").rename(server.directory / "aof.lost")
+        server.start(appendonly=False)
+        rt = Runtime(pipeline(lake, pg_dsn), connect(server.url), tmp_path / "home")
+        rt.log.append_spread([f"w{i % 5} y" for i in range(9)])
+        run_batches(rt, LocalEngine(), max_batches=4, batch_size=3)  # past 4 before any export
+        assert rt.ledger.committed_txid() > 4
+
+        def cut_short(feed, point, txid):
+            raise RuntimeError(f"the exporter died reloading at txid {txid}")
+
+        for name in ("delta", "postgres"):
+            with pytest.raises(SinkError):
+                export(rt, sinks=[name], hook=cut_short)
+            [result] = export(rt, sinks=[name])
+            assert result.reloaded_at is not None, f"{name} was not reloaded after a cut reload"
+        assert _table(lake) == _state(rt)
+        postgres = {k: v[0] for k, v in table_rows(pg_dsn, "lossy_counts", "word").items()}
+        assert postgres == _state(rt)
+    finally:
+        server.kill()

@@ -378,8 +378,8 @@ def _export_feed(
     rows_total = 0
     reloaded: int | None = None
     must_reload = resync
-    if position < target:  # one record for every txid this export may apply, before any
-        allow_sink(rt.client, rt.keyspace, feed.name, target, ctx.generation)
+    if position < target and not must_reload:  # one record for every txid it may apply,
+        allow_sink(rt.client, rt.keyspace, feed.name, target, ctx.generation)  # before any
     while must_reload or position < target:
         txid = attempt.txid = position + 1
         columnar = sink.takes_arrow and not expand.steps
@@ -401,9 +401,10 @@ def _export_feed(
             attempt.txid = at
             rows = stream_rows(snapshot, expand)
             sink.apply(ctx, at, rows, replace_all=True)
-            # after, not before: a reload cut short leaves the sink past what Redis allowed,
-            # so the next export reloads it again (one done twice is the same reload)
-            allow_sink(rt.client, rt.keyspace, feed.name, at, ctx.generation)
+            # after, never before (nor the record above): a reload cut short leaves the sink
+            # past what Redis allowed, so the next export reloads it again (one done twice
+            # is the same reload); recorded first, the lost txids' rows would pass for allowed
+            allow_sink(rt.client, rt.keyspace, feed.name, max(at, target), ctx.generation)
             must_reload = False
             rows_total += len(rows)
             reloaded = position = at

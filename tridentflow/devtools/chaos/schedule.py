@@ -79,6 +79,10 @@ class Schedule:
         self.resets_at_snapshot = 0
         self.changes_at_snapshot: dict[str, dict[int, dict[str, str]]] = {}
         """``committed_changes`` when the snapshot was taken: what the streams go back to."""
+        self.exports_held_through: tuple[int, str] | None = None
+        """After Redis lost writes: (what the sinks held, the generation then) - no export
+        until the pipeline recommitted past that txid, and then the first one's reload is cut
+        short (a reset or rewind meanwhile reloads them anyway: the hold ends then)."""
         self.batch_after_loss: int | None = None
         """The batch size the runs after the loss use (another deploy's: the lost txids'
         replays then read other batches than the sinks hold)."""
