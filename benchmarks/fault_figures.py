@@ -60,11 +60,12 @@ FAULT_MARKS = (
 
 def families(
     schedules: int, only: str | None = None, postgres_dsn: str | None = None, seed: int = 3000
-) -> None:
+) -> bool:
     """Each family (``only``: the one whose flag is named so, e.g. ``paused``; ``all``: every
-    family at once). ``postgres_dsn``: the sinks in that (empty) PostgreSQL database too."""
+    family at once). ``postgres_dsn``: the sinks in that (empty) PostgreSQL database too.
+    False if a schedule found a difference."""
     print(f"chaos families, {schedules} schedules each (seeds from {seed}):")
-    rows = FAMILIES
+    rows, exact = FAMILIES, True
     if only == "all":
         rows = (("every family at once", EVERY_FAMILY),)
     for label, flags in rows:
@@ -76,7 +77,10 @@ def families(
         took = time.perf_counter() - started
         faults = sum(1 for r in results for e in r.events if any(m in e for m in FAULT_MARKS))
         bad = [r for r in results if not r.ok]
-        read = [int(e.split(":")[1]) for r in results for e in r.events if e.startswith("reader:")]
+        exact = exact and not bad
+        read = {kind: sum(int(e.split(":")[1]) for r in results for e in r.events
+                          if e.startswith(f"{kind}:"))
+                for kind in ("reader", "reader-streams", "reader-tables")}  # fmt: skip
         recovered = sorted(
             int(e.split(":")[1]) for r in results for e in r.events if e.startswith("recovery-ms:")
         )
@@ -84,10 +88,19 @@ def families(
             f"  {label}: {len(results)} schedules, {faults} faults injected, "
             f"{sum(r.txids for r in results)} txids, {sum(r.records for r in results)} records, "
             f"lost={sum(r.lost for r in results)} doubled={sum(r.doubled for r in results)}"
-            f"{f', {sum(read)} listings checked' if read else ''}"
+            f"{reader_line(read) if flags.get('reader') else ''}"
             f"{recovery_line(recovered) if recovered else ''}"
             f"{' FIRST DIFFERENCE: ' + str(bad[0].difference) if bad else ''} ({took:.0f} s)"
         )
+    return exact
+
+
+def reader_line(read: dict[str, int]) -> str:
+    """What the concurrent reader checked: state listings, stream txids, table snapshots."""
+    return (
+        f", {read['reader']} listings, {read['reader-streams']} stream txids and "
+        f"{read['reader-tables']} table snapshots checked"
+    )
 
 
 def progress(result) -> None:
@@ -218,8 +231,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.only in (None, "loss"):
         loss_bounds(args.kills)
-    if args.only in (None, "families"):
-        families(args.schedules, args.family, args.postgres, args.seed)
+    if args.only in (None, "families") and not families(
+        args.schedules, args.family, args.postgres, args.seed
+    ):
+        sys.exit(1)  # a difference: the figures above name it
 
 
 if __name__ == "__main__":

@@ -617,10 +617,11 @@ def test_fixed_seed_schedules_where_redis_loses_commits_are_exact(pg_dsn):
 
 
 @pytest.mark.soak
-def test_fixed_seed_schedules_with_a_concurrent_reader_are_exact():
+def test_fixed_seed_schedules_with_a_concurrent_reader_are_exact(pg_dsn):
     """The reader family: while each schedule runs, a thread lists its recountable states,
-    each listing compared at once with the recount as of the txid it names."""
-    results = run_chaos(READER_SOAK, seed=4100, reader=True)
+    each listing compared at once with the recount as of the txid it names; so are the
+    streams read up to their positions and the tables read in one snapshot each."""
+    results = run_chaos(READER_SOAK, seed=4100, reader=True, postgres_dsn=pg_dsn)
     failures = [r.line() for r in results if not r.ok]
     assert not failures, failures[0]
     verified = [int(e.split(":")[1]) for r in results for e in r.events if e.startswith("reader:")]
@@ -628,6 +629,12 @@ def test_fixed_seed_schedules_with_a_concurrent_reader_are_exact():
     streams = [int(e.split(":")[1]) for r in results for e in r.events
                if e.startswith("reader-streams:")]  # fmt: skip
     assert sum(streams) >= 5 * READER_SOAK, streams  # stream txids read as read_committed
+    tables = [int(e.split(":")[1]) for r in results for e in r.events
+              if e.startswith("reader-tables:")]  # fmt: skip
+    assert sum(tables) >= 5 * READER_SOAK, tables  # table snapshots, PostgreSQL and lakes
+    lakes = [int(e.split(":")[1]) for r in results for e in r.events
+             if e.startswith("reader-lakes:")]  # fmt: skip
+    assert sum(lakes) >= READER_SOAK, lakes  # Delta versions and Iceberg snapshots among them
 
 
 def test_the_concurrent_reader_catches_a_listing_that_shows_a_pending_txid(monkeypatch):
@@ -660,3 +667,41 @@ def test_the_concurrent_reader_catches_a_stream_position_ahead_of_its_entries(mo
     last = results[-1]
     assert not last.ok, f"{len(results)} schedules did not expose it"
     assert "a read_committed reader of chaos-" in (last.difference or ""), last.line()
+
+
+def test_the_concurrent_reader_catches_a_table_whose_rows_land_after_its_progress(
+    monkeypatch, pg_dsn
+):
+    """The family, on the tables outside Redis: a PostgreSQL sink that moves its progress row
+    to a txid in one transaction and writes that txid's rows in the next. Every export ends
+    right, so only a reader of the table between the two sees txid T stamped on T-1's rows."""
+    import time
+
+    from tridentflow.sinks import PostgresSink
+
+    original_apply, original_write = PostgresSink._apply, PostgresSink._write_rows
+
+    def progress_first(self, conn, ctx, txid, rows, replace_all):
+        later = []
+
+        def deferred(cur, table, rows_, empty, txid_):
+            later.append((table, rows_, empty, txid_))
+            return len(rows_)
+
+        self._write_rows = deferred
+        try:
+            applied = original_apply(self, conn, ctx, txid, rows, replace_all)
+        finally:
+            del self._write_rows
+        for table, rows_, empty, txid_ in later:  # the bug: the rows in a transaction after
+            time.sleep(0.02)
+            with conn.transaction(), conn.cursor() as cur:
+                original_write(self, cur, table, rows_, empty, txid_)
+        return applied
+
+    monkeypatch.setattr(PostgresSink, "_apply", progress_first)
+    results = run_chaos(READER_SCHEDULES, seed=READER_SEED, redis_restarts=False, reader=True,
+                        postgres_dsn=pg_dsn)  # fmt: skip
+    last = results[-1]
+    assert not last.ok, f"{len(results)} schedules did not expose it"
+    assert "a reader of sink postgres-" in (last.difference or ""), last.line()

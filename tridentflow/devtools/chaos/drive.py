@@ -276,6 +276,8 @@ class Chaos(OperatorActs, SinkChecks):
             result.difference = result.difference or reader.first_difference()
             result.events.append(f"reader:{reader.verified}")
             result.events.append(f"reader-streams:{reader.stream_reads}")
+            result.events.append(f"reader-tables:{reader.table_reads}")
+            result.events.append(f"reader-lakes:{reader.lake_reads}")
         self._check_sinks(rt, result, sched.committed_changes)
         self._drop_sink_targets(rt, seed)
         rt.client.close()
@@ -305,11 +307,13 @@ class Chaos(OperatorActs, SinkChecks):
                 sched.result.events.append("expiry-compacting")
                 during.enter_context(compacting_eagerly())
             if self.reader:  # lists the states while the schedule runs
-                opened = rt.pipeline
                 reader = during.enter_context(
-                    ConcurrentReader(
-                        lambda: self._runtime(opened, home, shards=shards),
+                    ConcurrentReader(  # a pipeline of its own: its sinks' catalogs, say
+                        lambda: self._runtime(
+                            self._pipeline(sched.result.pipeline, seed), home, shards=shards
+                        ),
                         changes=lambda: (sched.changes_lineage, sched.committed_changes),
+                        postgres_dsn=self.postgres_dsn,
                     )
                 )
             self._drive(sched, runs, batch_size)

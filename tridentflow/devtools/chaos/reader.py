@@ -13,6 +13,16 @@ that go to that stream (the harness's ``committed_changes``) - no entry missing,
 none with another value. A position moved ahead of a txid's entries shows here even where
 the export finishes later and the final comparison finds nothing.
 
+It reads the sinks' tables outside Redis too (PostgreSQL, Delta, Iceberg), as their own
+readers do: one snapshot of each table - PostgreSQL's REPEATABLE READ transaction reading the
+progress row and the rows, a Delta version or an Iceberg snapshot carrying its own stamp -
+must be the state exactly as of the txid it says it holds (the recount at that txid): a
+table half-way between two txids, a reload seen part-way, or the rows of txids Redis lost
+differ. A table is compared only while what it says it holds is this generation's, at most
+what Redis committed and allowed it (before and after the read), and Redis was not
+restarted meanwhile (a loss takes the allowed record back: rows past it are the lost
+timeline's until the next export reloads them).
+
 Each listing is checked at once, in the reader's thread, against the source as it is then,
 and counted only if the pipeline's generation was the same before the listing and after its
 check (a reset or a rewind meanwhile: nothing to compare with) and it came back whole (a
@@ -26,12 +36,17 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from tridentflow.ops.audit import recount_txid_by_txid
+from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink
+from tridentflow.sinks.iceberg import stamped
+from tridentflow.sinks.lakehouse import app_id
 from tridentflow.sinks.redisstream import RedisStreamSink, companion_key
 from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.changes import sink_allowed
 from tridentflow_state.codec import encode_key
 from tridentflow_state.ledger import HISTORY_LENGTH
 
@@ -68,16 +83,23 @@ class ConcurrentReader:
         open_runtime: Callable[[], Runtime],
         limit: int = LIMIT,
         changes: Callable[[], Noted] | None = None,
+        postgres_dsn: str | None = None,
     ) -> None:
         """``changes``: the lineage they were noted in (None: none yet) and what each stream
         sink's txids wrote, as the harness noted it at each commit (sink -> txid -> key ->
         value text; asked again each time: it is replaced when Redis goes back to a
-        snapshot, and cleared by a reset)."""
+        snapshot, and cleared by a reset). ``postgres_dsn``: where the PostgreSQL sinks'
+        tables are (None: those are not read)."""
         self.open_runtime = open_runtime
         self.limit = limit
         self.changes = changes
         self.stream_reads = 0
         """Stream reads checked: (stream, txid) pairs compared with what the txid wrote."""
+        self.postgres_dsn = postgres_dsn
+        self.table_reads = 0
+        """Table snapshots compared with the recount at the txid they hold."""
+        self.lake_reads = 0
+        """Of those, Delta and Iceberg tables' (the rest: PostgreSQL's)."""
         self.listings = 0
         self.verified = 0
         self.refused = 0
@@ -108,6 +130,9 @@ class ConcurrentReader:
                         self._check(rt, name)
                     if self.changes is not None:
                         self._check_streams(rt)
+                    for feed in rt.pipeline.feeds:
+                        if self.table_reads < self.limit and _table_reader(feed.sink):
+                            self._check_table(rt, feed)
                 except Exception:  # Redis restarted, a reshard, "list it again": next round
                     self.refused += 1
                 self._stop.wait(PAUSE)
@@ -156,6 +181,43 @@ class ConcurrentReader:
             return
         self.stream_reads += reads
         self.problems += problems
+
+    def _check_table(self, rt: Runtime, feed: Any) -> None:
+        """One snapshot of ``feed``'s table against the recount at the txid it holds, if
+        that is a txid of this generation Redis committed and allowed it, and Redis went on
+        (no restart) while it was read."""
+        persist = rt.pipeline.states[feed.state]
+        if not persist.recountable:
+            return
+        before = _redis_now(rt, feed)
+        generation = before[0]
+        if generation is None:
+            return
+        held, rows = _table_snapshot(feed.sink, rt.pipeline.name, generation.decode(),
+                                     self.postgres_dsn)  # fmt: skip
+        after = _redis_now(rt, feed)
+        history = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH) if e["txid"] <= held}
+        committed = rt.ledger.committed_txid()
+        allowed = min(before[2] or 0, after[2] or 0)
+        if held == 0 or after[:2] != before[:2] or not held <= min(allowed, committed):
+            return  # nothing yet, a reset, rewind or restart meanwhile, or the lost timeline's
+        listing = Listing(feed.state, held, {}, history)
+        expected = self._recount(rt, generation, listing)
+        if _redis_now(rt, feed)[:2] != before[:2] or expected is None:
+            self.refused += 1
+            return
+        self.table_reads += 1
+        self.lake_reads += not isinstance(feed.sink, PostgresSink)
+        agg = persist.aggregator
+        want = {k: _jsonish(agg.present(v)) for k, v in expected[feed.state].items()}
+        for key in sorted(want.keys() | rows.keys()):
+            if want.get(key) != rows.get(key):
+                self.problems.append(
+                    f"a reader of sink {feed.name}'s table saw txid {held} (its own stamp) "
+                    f"with {key} = {rows.get(key, 'no row')}; that txid committed "
+                    f"{want.get(key, 'no such key')}"
+                )
+                return
 
     def _recount(
         self, rt: Runtime, generation: bytes | None, listing: Listing
@@ -218,3 +280,70 @@ def _differs(rt: Runtime, listing: Listing, expected: dict[str, Any]) -> str | N
                 f"{want.get(key)!r}"
             )
     return None
+
+
+def _table_reader(sink: Any) -> bool:
+    """Whether the reader reads this sink as a table (its own snapshot)."""
+    return isinstance(sink, PostgresSink | DeltaSink | IcebergSink)
+
+
+def _redis_now(rt: Runtime, feed: Any) -> tuple[bytes | None, Any, int | None]:
+    """(the pipeline's generation, the server(s) answering - a restart changes them - and
+    what Redis allowed ``feed``'s sink to apply)."""
+    generation = rt.client.get(rt.keyspace.generation)
+    info = rt.client.info("server")
+    servers = info.get("run_id") or tuple(sorted(str(i.get("run_id")) for i in info.values()))
+    return generation, servers, sink_allowed(rt.client, rt.keyspace, feed.name)
+
+
+def _table_snapshot(
+    sink: Any, pipeline: str, generation: str, dsn: str | None
+) -> tuple[int, dict[str, str]]:
+    """(the txid one snapshot of the sink's table says it holds in ``generation``, 0 if none
+    or another generation's; its rows, key -> value as JSON text), read in one snapshot."""
+    stamp = SimpleNamespace(pipeline=pipeline, generation=generation)
+    if isinstance(sink, PostgresSink):
+        return _postgres_snapshot(sink, pipeline, generation, dsn) if dsn else (0, {})
+    if isinstance(sink, DeltaSink):
+        table = sink._table()  # one version: its stamp and its rows
+        if table is None:
+            return 0, {}
+        held = int(table.transaction_version(app_id(stamp, sink.name)) or 0)
+        rows = table.to_pyarrow_table().to_pylist() if held else []
+    else:
+        table = sink._table()  # one snapshot of the metadata: its stamps and its files
+        if table is None:
+            return 0, {}
+        held = stamped(table, app_id(stamp, sink.name))
+        rows = table.scan().to_arrow().to_pylist() if held else []
+    return held, {r["key"]: r["value"] for r in rows}
+
+
+def _postgres_snapshot(
+    sink: PostgresSink, pipeline: str, generation: str, dsn: str
+) -> tuple[int, dict[str, str]]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction():
+            found = conn.execute(
+                "SELECT to_regclass('tridentflow_progress') IS NOT NULL, "
+                "to_regclass(%s) IS NOT NULL",
+                (sink.table,),
+            ).fetchone()
+            if not all(found):
+                return 0, {}
+            row = conn.execute(
+                "SELECT generation, txid FROM tridentflow_progress WHERE pipeline = %s "
+                "AND sink = %s",
+                (pipeline, sink.name),
+            ).fetchone()
+            if row is None or row[0] != generation or not row[1]:
+                return 0, {}
+            rows = conn.execute(f'SELECT key, value FROM "{sink.table}"').fetchall()
+    return int(row[1]), {key: _jsonish(value) for key, value in rows}
+
+
+def _jsonish(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
