@@ -175,3 +175,23 @@ def test_a_redis_streams_pipeline_runs_on_the_cluster(tf, cluster, tmp_path):
     assert sum(client.xlen(k) for k in streams) == 0  # every entry committed, then trimmed
     rows = json.loads(tf("query", "wordcount-stream", *SEED_COUNTS, "--json", env=env).stdout)
     assert {r["key"][0]: r["value"] for r in rows["values"]} == SEED_COUNTS
+
+
+def test_a_cluster_client_does_not_send_a_timed_out_command_again(cluster):
+    """A Redis Cluster client never re-sends either (redis-py's cluster client would, up to 3
+    times, to follow a failover): the paused master runs the first INCR once it goes on; a
+    re-sent one would run too. The next command finds the nodes again."""
+    import os
+    import signal
+    import threading
+    import time
+
+    client = connect(cluster.url(0), socket_timeout=0.3)
+    client.set("resend:{n}", 0)
+    pid = cluster.process(cluster.master_of("resend:{n}")).pid
+    os.kill(pid, signal.SIGSTOP)
+    threading.Timer(1.5, os.kill, (pid, signal.SIGCONT)).start()
+    with pytest.raises((redis.TimeoutError, redis.ConnectionError)):
+        client.incr("resend:{n}")
+    time.sleep(2.0)  # the master went on: it ran what it had
+    assert int(client.get("resend:{n}")) == 1

@@ -126,8 +126,8 @@ def _tls_hint(url: str, text: str) -> str | None:
 CLIENT_OPTIONS = {"socket_connect_timeout": 5, "socket_timeout": 60, "health_check_interval": 30}
 
 NO_RESEND = Retry(NoBackoff(), 0)
-"""A single server's client never sends a command again after a timeout or a lost
-connection (redis-py's ``Redis()`` would, up to 10 times): the first send may still run - a
+"""The client never sends a command again after a timeout or a lost connection (redis-py's
+``Redis()`` would, up to 10 times; its cluster client 3): the first send may still run - a
 paused Redis runs it once it goes on, a cut connection ran the whole commands it delivered -
 and a command sent twice may run twice. A step that fails is retried whole, by its
 orchestrator; each step is idempotent as a whole, a single command need not be."""
@@ -138,9 +138,10 @@ def connect(url: str, socket_timeout: float | None = None) -> redis.Redis:
     unreachable, refuses the login, fails TLS, or does not let this user PING.
     ``socket_timeout``: seconds a command may wait for its answer (default 60; then it fails
     with a timeout, though Redis may still run it later - the chaos harness's paused-Redis
-    family shortens it). A single server's client never sends a command again (NO_RESEND);
-    a cluster client does, on a node's failure (redis-py's cluster retries, to follow a
-    failover).
+    family shortens it). The client never sends a command again (NO_RESEND), nor does a
+    cluster client: a node's failure fails the command and makes it find the nodes again
+    (where the slots are now), and the step fails, to be retried whole; a MOVED
+    redirection (nothing ran) is still followed.
 
     A URL naming any node of a Redis Cluster gives a cluster client (cluster mode is detected
     with INFO): every key of a pipeline shares one hash tag, so each script's keys live in one
@@ -154,7 +155,7 @@ def connect(url: str, socket_timeout: float | None = None) -> redis.Redis:
         client.ping()
         if _cluster_enabled(client):  # (a db other than 0 failed at SELECT, below)
             client.close()
-            client = redis.RedisCluster.from_url(url, **options)
+            client = redis.RedisCluster.from_url(url, retry=NO_RESEND, **options)
             client.ping()
     except redis.AuthenticationError as exc:  # before ConnectionError: it is one
         raise TridentflowError(f"Redis at {shown} refused the login: {exc}") from None
