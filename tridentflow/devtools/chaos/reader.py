@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from tridentflow.devtools.chaos.sinks import jsonish
 from tridentflow.ops.audit import recount_txid_by_txid
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink
 from tridentflow.sinks.iceberg import stamped
@@ -209,7 +210,7 @@ class ConcurrentReader:
         self.table_reads += 1
         self.lake_reads += not isinstance(feed.sink, PostgresSink)
         agg = persist.aggregator
-        want = {k: _jsonish(agg.present(v)) for k, v in expected[feed.state].items()}
+        want = {k: jsonish(agg.present(v)) for k, v in expected[feed.state].items()}
         for key in sorted(want.keys() | rows.keys()):
             if want.get(key) != rows.get(key):
                 self.problems.append(
@@ -342,8 +343,4 @@ def _postgres_snapshot(
             if row is None or row[0] != generation or not row[1]:
                 return 0, {}
             rows = conn.execute(f'SELECT key, value FROM "{sink.table}"').fetchall()
-    return int(row[1]), {key: _jsonish(value) for key, value in rows}
-
-
-def _jsonish(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
+    return int(row[1]), {key: jsonish(value) for key, value in rows}

@@ -264,7 +264,7 @@ class SinkChecks:
                 continue
             persist = rt.pipeline.states[feed.state]
             page = list_state(rt, persist, limit=1_000_000)
-            want = {encode_key(k): _jsonish(v) for k, v in page.items}
+            want = {encode_key(k): jsonish(v) for k, v in page.items}
             if isinstance(feed.sink, PostgresSink):
                 got = _table(self.postgres_dsn, feed.sink.table)
             elif isinstance(feed.sink, DeltaSink | IcebergSink):
@@ -310,7 +310,7 @@ def _canonical(*row):
 def _canonical_json(*row):
     """A new-values tuple as (the key's canonical encoding, the value as JSON text; None for
     a removed key): one column type whatever values the state holds (a lakehouse table)."""
-    return (encode_key(row[:-1]), None if row[-1] is None else _jsonish(row[-1]))
+    return (encode_key(row[:-1]), None if row[-1] is None else jsonish(row[-1]))
 
 
 def _lake_table(sink: DeltaSink | IcebergSink) -> dict[str, str]:
@@ -324,7 +324,8 @@ def _lake_table(sink: DeltaSink | IcebergSink) -> dict[str, str]:
     return {r["key"]: r["value"] for r in rows}
 
 
-def _jsonish(value) -> str:
+def jsonish(value) -> str:
+    """A value as the chaos tables compare it: JSON text, keys sorted."""
     return json.dumps(value, sort_keys=True)
 
 
@@ -342,7 +343,7 @@ def _table(dsn: str, table: str) -> dict[str, str]:
         if not exists:
             return {}
         rows = conn.execute(f'SELECT key, value FROM "{table}"').fetchall()
-    return {key: _jsonish(value) for key, value in rows}
+    return {key: jsonish(value) for key, value in rows}
 
 
 def _stream_view(
@@ -384,7 +385,7 @@ def _stream_view(
     view = {}
     for key, text in latest.items():
         if text != "null":
-            view[key] = _jsonish(json.loads(text)) if _is_json(text) else _jsonish(text)
+            view[key] = jsonish(json.loads(text)) if _is_json(text) else jsonish(text)
     return view, None
 
 
