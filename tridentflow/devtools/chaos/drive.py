@@ -683,6 +683,7 @@ class Chaos(OperatorActs, SinkChecks):
         finally:
             for other in runtimes.values():
                 other.client.close()
+        self.pauser.wait()  # the harness's own reads wait for a Redis paused meanwhile
         for run_id in run_ids:
             sched.note_changes(rt.ledger.txid_of_run(run_id))
         self._maybe_export(sched, f"after-parallel:{run_ids[-1]}")
