@@ -21,6 +21,7 @@ Needs ``pip install 'tridentflow[delta]'``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -112,7 +113,7 @@ class DeltaSink(Sink):
         table = self._table()
         if table is None:
             return 0
-        return int(table.transaction_version(app_id(ctx, self.name)) or 0)
+        return delta_position(table, app_id(ctx, self.name))
 
     def apply(
         self, ctx: ExportContext, txid: int, rows: Sequence[Row] | Any, replace_all: bool = False
@@ -133,7 +134,7 @@ class DeltaSink(Sink):
         deltalake = _deltalake()
         table = self._table()
         app = app_id(ctx, self.name)
-        position = int(table.transaction_version(app) or 0) if table is not None else 0
+        position = delta_position(table, app) if table is not None else 0
         if replace_all and not ctx.resync and position >= txid:
             return False  # a racing exporter got it there already
         if not replace_all:
@@ -150,7 +151,7 @@ class DeltaSink(Sink):
         if table is None and untyped(data):
             return True  # nothing to write yet, and no table to stamp: the next rows create it
         commit = deltalake.CommitProperties(
-            app_transactions=[deltalake.Transaction(app, txid)],
+            app_transactions=[deltalake.Transaction(app, txid), writer_txn(app)],
             custom_metadata={"tridentflow.txid": str(txid), "tridentflow.pipeline": ctx.pipeline,
                              "tridentflow.sink": self.name,
                              **({"tridentflow.reload": "true"} if replace_all else {})},
@@ -276,7 +277,7 @@ class DeltaSink(Sink):
         if version is None:
             return None
         commit = deltalake.CommitProperties(
-            app_transactions=[deltalake.Transaction(app, target)],
+            app_transactions=[deltalake.Transaction(app, target), writer_txn(app)],
             custom_metadata={
                 "tridentflow.txid": str(target),
                 "tridentflow.rewound_to": str(target),
@@ -352,3 +353,23 @@ def _line(exc: BaseException) -> str:
 
 
 __all__ = ["TXID_COLUMN", "DeltaSink"]
+
+
+def writer_txn(app: str) -> Any:
+    """The second txn of every commit of the sink: app ``<sink's stamp>:writer``, its version a
+    number naming the generation that wrote (the log keeps the newest: the last writer)."""
+    family, generation = app.rsplit(":", 1)
+    number = int(hashlib.sha1(generation.encode()).hexdigest()[:13], 16)  # < 2**52
+    return _deltalake().Transaction(f"{family}:writer", number)
+
+
+def delta_position(table: Any, app: str) -> int:
+    """The txid ``app``'s txn holds in ``table`` (as loaded); 0 if the sink's last commit was
+    another generation's (Redis went back to an older generation, its last writes lost: the
+    table holds another timeline's rows; the next export rebuilds it). A table from before
+    the writer was recorded: the txn decides alone."""
+    writer = writer_txn(app)
+    last = table.transaction_version(writer.app_id)
+    if last is not None and int(last) != writer.version:
+        return 0
+    return int(table.transaction_version(app) or 0)

@@ -428,12 +428,17 @@ def _no_retries(table: Any) -> Any:
 
 
 def stamped(table: Any, stamp: str) -> int:
-    """The txid of the newest snapshot in the table's current ancestry stamped ``stamp``."""
+    """The txid of the newest snapshot in the table's current ancestry stamped ``stamp``; 0 if
+    a snapshot of the same sink in another generation came after it (Redis went back to an
+    older generation, its last writes lost: the table holds another timeline's rows)."""
+    family = stamp.rsplit(":", 1)[0] + ":"
     snapshot = table.current_snapshot()
     while snapshot is not None:
         props = _props(snapshot)
         if props.get(APP) == stamp:
             return int(props.get(TXID, 0))
+        if str(props.get(APP, "")).startswith(family):
+            return 0
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
     return 0

@@ -42,6 +42,7 @@ from typing import Any
 from tridentflow.devtools.chaos.sinks import jsonish
 from tridentflow.ops.audit import recount_txid_by_txid
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink
+from tridentflow.sinks.delta import delta_position
 from tridentflow.sinks.iceberg import stamped
 from tridentflow.sinks.lakehouse import app_id
 from tridentflow.sinks.redisstream import RedisStreamSink, companion_key
@@ -309,7 +310,7 @@ def _table_snapshot(
         table = sink._table()  # one version: its stamp and its rows
         if table is None:
             return 0, {}
-        held = int(table.transaction_version(app_id(stamp, sink.name)) or 0)
+        held = delta_position(table, app_id(stamp, sink.name))
         rows = table.to_pyarrow_table().to_pylist() if held else []
     else:
         table = sink._table()  # one snapshot of the metadata: its stamps and its files
