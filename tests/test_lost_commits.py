@@ -178,3 +178,59 @@ def test_a_reload_after_a_loss_cut_short_is_redone_when_the_pipeline_recommitted
         assert postgres == _state(rt)
     finally:
         server.kill()
+
+
+def test_a_rewind_below_the_reload_after_a_loss_never_brings_back_the_lost_timeline(tmp_path):
+    """The lost txids' rows stay in a table's history under the same stamps (Delta versions,
+    Iceberg snapshots) after the reload that replaced them. A rewind to such a txid must not
+    carry the table back to them: below its last reload a table goes back by the state."""
+    from tridentflow import IcebergSink
+    from tridentflow.ops.rewind import rewind_pipeline
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    catalog = {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db",
+               "warehouse": f"file://{lake}/warehouse"}  # fmt: skip
+
+    def tables() -> Pipeline:
+        p = Pipeline("lossy-lake", LogSource(fields=("line",), mode=SourceMode.OPAQUE,
+                                             partitions=2), retain_txids=20)  # fmt: skip
+        counts = (
+            p.stream.each("line", lambda line: ((w,) for w in line.split()), "word")
+            .group_by("word")
+            .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+        )
+        counts.new_values_stream().sink(DeltaSink(lake / "counts", name="delta"))
+        counts.new_values_stream().sink(IcebergSink("lake.counts", catalog, name="iceberg"))
+        return p
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        rt = Runtime(tables(), connect(server.url), tmp_path / "home")
+        rt.source_heads()
+        rt.log.append_spread([f"w{i % 7} x{i % 3}" for i in range(16)])
+        for txid in range(1, 4):  # txids 1-3 exported; 2 and 3 then lost
+            run_batches(rt, LocalEngine(), max_batches=1, batch_size=2)
+            export(rt)
+            if txid == 1:
+                rt.client.save()  # what Redis will come back with
+        server.kill()
+        (server.directory / "appendonlydir").rename(server.directory / "aof.lost")
+        server.start(appendonly=False)
+        rt = Runtime(tables(), connect(server.url), tmp_path / "home")
+        rt.log.append_spread([f"w{i % 5} y" for i in range(9)])
+        run_batches(rt, LocalEngine(), max_batches=3, batch_size=5)  # other txids 2-4
+        results = export(rt)
+        assert {r.reloaded_at for r in results} == {4}  # the tables reloaded at txid 4
+        run_batches(rt, LocalEngine(), max_batches=1, batch_size=5)
+        export(rt)
+        rewind_pipeline(rt, 2, force=True)  # below the reload: txid 2 is the lost one's too
+        export(rt)
+        want = _state(rt)
+        assert _table(lake) == want
+        iceberg = IcebergSink("lake.counts", catalog, name="iceberg")._table()
+        got = {r["word"]: r["count"] for r in iceberg.scan().to_arrow().to_pylist()}
+        assert got == want
+    finally:
+        server.kill()

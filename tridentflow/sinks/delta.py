@@ -151,7 +151,9 @@ class DeltaSink(Sink):
         if table is None and untyped(data):
             return True  # nothing to write yet, and no table to stamp: the next rows create it
         commit = deltalake.CommitProperties(
-            app_transactions=[deltalake.Transaction(app, txid), writer_txn(app)],
+            app_transactions=[deltalake.Transaction(app, txid), writer_txn(app),
+                              *([deltalake.Transaction(f"{app}:reloaded", txid)]
+                                if replace_all else [])],
             custom_metadata={"tridentflow.txid": str(txid), "tridentflow.pipeline": ctx.pipeline,
                              "tridentflow.sink": self.name,
                              **({"tridentflow.reload": "true"} if replace_all else {})},
@@ -234,11 +236,14 @@ class DeltaSink(Sink):
     # -- rewind, time travel, housekeeping ---------------------------------------------------
     def version_of(self, stamp: str, txid: int) -> int | None:
         """The table version whose commit brought ``stamp``'s txn to ``txid`` (None: not in
-        the log any more, or never): found by bisection over the versions (the txn only
-        grows along them)."""
+        the log any more, or never, or below a later reload of ``stamp`` - what came before a
+        reload may be a timeline Redis lost): found by bisection over the versions (the txn
+        only grows along them)."""
         latest = self._table()
         if latest is None or int(latest.transaction_version(stamp) or 0) < txid:
             return None
+        if int(latest.transaction_version(f"{stamp}:reloaded") or 0) > txid:
+            return None  # below a reload: what came before may be a timeline Redis lost
         low, high = 0, latest.version()
         while low < high:
             middle = (low + high) // 2

@@ -312,15 +312,21 @@ class IcebergSink(Sink):
 
     # -- rewind, time travel, housekeeping ---------------------------------------------------
     def snapshot_of(self, stamp: str, txid: int) -> Any | None:
-        """The snapshot ``stamp`` stamped with ``txid`` (None: expired, or never)."""
+        """The snapshot ``stamp`` stamped with ``txid`` in the table's current ancestry (None:
+        expired, or never, or below a later reload of ``stamp``: what came before a reload
+        may be a timeline Redis lost - the same stamps, other rows)."""
         table = self._table()
-        if table is None:
-            return None
-        found = [
-            s for s in table.snapshots()
-            if _props(s).get(APP) == stamp and _props(s).get(TXID) == str(txid)
-        ]  # fmt: skip
-        return found[-1] if found else None
+        snapshot = table.current_snapshot() if table is not None else None
+        while snapshot is not None:
+            props = _props(snapshot)
+            if props.get(APP) == stamp:
+                if props.get(TXID) == str(txid):
+                    return snapshot
+                if props.get(RELOAD) and int(props.get(TXID, 0)) > txid:
+                    return None
+            parent = snapshot.parent_snapshot_id
+            snapshot = table.snapshot_by_id(parent) if parent is not None else None
+        return None
 
     def rewind_to(
         self, ctx: ExportContext, old_generation: str, target: int, known: Any = None
