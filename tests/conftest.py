@@ -163,3 +163,14 @@ def tf(cli_env):
         )
 
     return run
+
+
+@pytest.fixture
+def killable_redis(tmp_path):
+    """A redis-server (AOF on) of this test's own, to kill and restart: SIGKILLed at the end."""
+    from tridentflow.devtools.chaos import RedisServer
+
+    started = RedisServer(tmp_path / "redis")
+    started.start()
+    yield started
+    started.kill()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import sentences, word_counts
-from tridentflow.devtools.chaos import RedisServer
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import FaultPlan, InjectedFault
 from tridentflow.ops.audit import audit
@@ -27,11 +26,8 @@ BOUNDARIES = ["after-coordinate", "after-emit", "mid-commit", "before-ledger", "
 
 
 @pytest.fixture
-def server(tmp_path):
-    srv = RedisServer(tmp_path / "redis")
-    srv.start()
-    yield srv
-    srv.kill()
+def server(killable_redis):
+    return killable_redis
 
 
 def counts(rt, words):
