@@ -357,8 +357,6 @@ def _line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-__all__ = ["TXID_COLUMN", "DeltaSink"]
-
 
 def writer_txn(app: str) -> Any:
     """The second txn of every commit of the sink: app ``<sink's stamp>:writer``, its version a
@@ -378,3 +376,6 @@ def delta_position(table: Any, app: str) -> int:
     if last is not None and int(last) != writer.version:
         return 0
     return int(table.transaction_version(app) or 0)
+
+
+__all__ = ["TXID_COLUMN", "DeltaSink"]
