@@ -357,7 +357,6 @@ def _line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-
 def writer_txn(app: str) -> Any:
     """The second txn of every commit of the sink: app ``<sink's stamp>:writer``, its version a
     number naming the generation that wrote (the log keeps the newest: the last writer)."""
