@@ -148,15 +148,8 @@ class SinkChecks:
         its own), or an operator's ``export --resync``. A failing export leaves its sink
         behind; the commits never wait for it."""
         rng, rt = sched.sink_rng, sched.rt
-        if sched.exports_held_through is not None:
-            held, generation = sched.exports_held_through
-            same = rt.ledger.current_generation() == generation
-            if same and rt.ledger.committed_txid() <= held:
-                return
-            sched.exports_held_through = None
-            if same:
-                self._reload_cut_short(sched, when)
-                return
+        if self._held_after_loss(sched, when):
+            return
         roll = rng.random()
         if roll >= 0.6:
             return
@@ -205,6 +198,22 @@ class SinkChecks:
             # (once Redis lost commits, the lakehouse tables too: a table kept ahead of the
             # ledger shows as soon as the pipeline has recommitted past it)
             self._compare_sinks(rt, sched.result, only_postgres=True, lakes=sched.lost_writes)
+
+    def _held_after_loss(self, sched: Schedule, when: str) -> bool:
+        """After Redis lost writes (``Schedule.exports_held_through``): True while the tables
+        wait for the pipeline to recommit past them, and at the export that ends the wait
+        (its reload cut short, ``_reload_cut_short``); a reset or rewind meanwhile ends it."""
+        if sched.exports_held_through is None:
+            return False
+        held, generation = sched.exports_held_through
+        rt = sched.rt
+        same = rt.ledger.current_generation() == generation
+        if same and rt.ledger.committed_txid() <= held:
+            return True
+        sched.exports_held_through = None
+        if same:
+            self._reload_cut_short(sched, when)
+        return same
 
     def _reload_cut_short(self, sched: Schedule, when: str) -> None:
         """The first export since Redis lost writes, once the pipeline recommitted past
