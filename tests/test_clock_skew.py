@@ -24,13 +24,25 @@ SKEW_S = 600.0
 LEASE_MS = 1500
 
 WALL_CLOCK_READS = {
+    "plugins/tridentflow_airflow/launcher.py": "a component's start time for people (and hosts "
+    "without /proc); a process is known by its clock ticks since boot",
+    "plugins/tridentflow_airflow/operators.py": "a try's start when Airflow gives none (durations)",
+    "plugins/tridentflow_airflow/rest.py": "a triggered run's run_id (a label Airflow shows)",
+    "plugins/tridentflow_airflow/view.py": "a running try's duration so far (the view)",
     "state/changes.py": "a sink position's at_ms (status shows when it moved)",
     "state/rewind.py": "a rewind's at_ms in the list of rewinds (status, the view)",
     "tridentflow/steps/export.py": "a sink failure's at_ms (status shows when it failed)",
     "tridentflow/steps/runs.py": "a task try's end, for the view's durations",
+    "tridentflow/engines/spark.py": "the window of a shared Spark Connect session's id (a clock "
+    "step only starts a fresh session sooner)",
+    "tridentflow/sinks/iceberg.py": "vacuum's age cutoff for unreferenced files, as Delta's and "
+    "Iceberg's own (an operator's command, dry run by default, 168 h)",
 }
-"""Every read of the process's wall clock in the steps, the ops and the state layer, and what
-it is for: none decides anything (leases, holds and commit times come from Redis)."""
+"""Every read of the process's wall clock in the product (Airflow plugin, steps, ops, engines,
+sinks, the state layer), and what it is for: none decides a txid (leases, holds and commit
+times come from Redis) nor which process is which."""
+WALL_CLOCK_CALL = re.compile(r"\btime\.time(_ns)?\(\)|datetime\.now\(|create_time\(")
+PRODUCT = ("dags", "plugins", "spark_jobs", "state", "tridentflow")
 
 
 def skew(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
@@ -65,12 +77,16 @@ def test_leases_exclude_each_other_whatever_the_workers_clocks_say(
 
 
 def test_no_step_decides_by_the_workers_wall_clock():
-    """Every ``time.time()`` of the steps, the ops and the state layer is a timestamp for
-    people (WALL_CLOCK_READS); a new one must say what it is for here - and decide nothing."""
+    """Every wall-clock read of the product (``time.time()``, ``datetime.now()``, a process's
+    ``create_time()``) is a timestamp for people or a cutoff named in WALL_CLOCK_READS; a new
+    one must say what it is for here - and decide nothing. The test harness (devtools) is
+    not the product."""
     found = {}
-    for folder in ("state", "tridentflow/steps", "tridentflow/ops"):
+    for folder in PRODUCT:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if re.search(r"\btime\.time(_ns)?\(\)|datetime\.now\(", path.read_text()):
+            if "devtools" in path.parts:
+                continue
+            if WALL_CLOCK_CALL.search(path.read_text()):
                 found[str(path.relative_to(ROOT))] = WALL_CLOCK_READS.get(
                     str(path.relative_to(ROOT))
                 )

@@ -41,7 +41,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tridentflow.devtools import devredis
 from tridentflow.errors import TridentflowError
@@ -272,7 +272,9 @@ def _reaped_or_alive(pid: int) -> bool:
 
 
 def _started_at(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), None if there is none."""
+    """When process ``pid`` started (seconds since the epoch), None if there is none. Derived
+    from the wall clock: a clock step (NTP, a VM resumed from a snapshot) moves it - for people
+    and for hosts without ``/proc`` only; ``_since_boot`` is what identifies a process."""
     import psutil
 
     try:
@@ -281,68 +283,123 @@ def _started_at(pid: int) -> float | None:
         return None
 
 
-def _recorded(home: Path) -> dict[str, tuple[int, float | None]]:
-    """What ``pids.json`` says ``up`` started: name -> (pid, its start time). A file of an
-    older version holds pids only (start time None)."""
+def _boot_id() -> str | None:
+    """This boot of this machine (Linux), None where the kernel does not say."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _since_boot(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22):
+    fixed for the process's life whatever the wall clock does. None without ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and ")"
+    return int(fields[19])
+
+
+class Recorded(NamedTuple):
+    """A component as ``pids.json`` holds it: its pid and the marks of its start."""
+
+    pid: int
+    started: float | None  # seconds since the epoch (older files hold only this, or nothing)
+    boot: str | None = None  # the boot it started in
+    ticks: int | None = None  # its start, in clock ticks since that boot
+
+
+def _recorded(home: Path) -> dict[str, Recorded]:
+    """What ``pids.json`` says ``up`` started. Files of older versions hold the start time
+    only, or pids only."""
     try:
         raw = json.loads(_pids_file(home).read_text())
     except (FileNotFoundError, ValueError):
         return {}
-    found: dict[str, tuple[int, float | None]] = {}
+    found: dict[str, Recorded] = {}
     for name, entry in raw.items() if isinstance(raw, dict) else ():
         if isinstance(entry, dict) and isinstance(entry.get("pid"), int):
-            found[name] = (entry["pid"], entry.get("started"))
+            ticks = entry.get("ticks")
+            found[name] = Recorded(
+                entry["pid"],
+                entry.get("started"),
+                entry.get("boot"),
+                ticks if isinstance(ticks, int) else None,
+            )
         elif isinstance(entry, int):
-            found[name] = (entry, None)
+            found[name] = Recorded(entry, None)
     return found
 
 
 def _record(home: Path, pids: dict[str, int]) -> None:
-    """``pids.json``: each component's pid and its process's start time (what proves, later,
-    that a pid is still that component and not a stranger that reused it)."""
-    entries = {name: {"pid": pid, "started": _started_at(pid)} for name, pid in pids.items()}
+    """``pids.json``: each component's pid and its start - in clock ticks since this boot
+    (what proves, later, that a pid is still that component and not a stranger that reused
+    it) and in wall-clock time (for people, and hosts without ``/proc``)."""
+    boot = _boot_id()
+    entries = {
+        name: {"pid": pid, "started": _started_at(pid), "boot": boot, "ticks": _since_boot(pid)}
+        for name, pid in pids.items()
+    }
     _pids_file(home).write_text(json.dumps(entries))
 
 
 START_SLACK_S = 1.0
-"""How far a process's start time may differ from the recorded one and still be the same
-process (psutil derives it from clock ticks since boot)."""
+"""Hosts without ``/proc`` only: how far a process's start time may differ from the recorded
+one and still be the same process (psutil derives it from clock ticks since boot)."""
 
 
-def _is_component(pid: int, started: float | None, name: str) -> bool:
-    """Whether ``pid`` is still the component ``up`` started as ``name``: alive and started
-    when recorded - after a reboot or a pid's reuse, a stranger never is. Without a recorded
-    start time (an older ``pids.json``), its command line must run ``airflow NAME``."""
-    now = _started_at(pid)
+def _is_component(recorded: Recorded, name: str) -> bool:
+    """Whether ``recorded.pid`` is still the component ``up`` started as ``name``: alive and
+    started in the same boot at the same clock tick - a reboot or a pid's reuse makes it a
+    stranger, a step of the wall clock (NTP, a VM resumed) does not. Without ticks (no
+    ``/proc``, an older ``pids.json``), its start time within START_SLACK_S; without either, its
+    command line must run ``airflow NAME``."""
+    now_ticks = _since_boot(recorded.pid)
+    if recorded.ticks is not None and recorded.boot is not None and now_ticks is not None:
+        return recorded.ticks == now_ticks and recorded.boot == _boot_id()
+    now = _started_at(recorded.pid)
     if now is None:
         return False
-    if started is not None:
-        return abs(now - started) <= START_SLACK_S
+    if recorded.started is not None:
+        return abs(now - recorded.started) <= START_SLACK_S
     import psutil
 
     try:
-        cmdline = " ".join(psutil.Process(pid).cmdline())
+        cmdline = " ".join(psutil.Process(recorded.pid).cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
     return "airflow" in cmdline and name in cmdline
 
 
-def _orphans(pgid: int, started: float | None) -> list[int]:
-    """The processes left in component group ``pgid`` after its leader exited: they started
-    after the component did and run Airflow (a reused group id holds none of them)."""
+def _started_after(pid: int, create_time: float | None, leader: Recorded) -> bool:
+    """Whether process ``pid`` started no earlier than the component ``leader`` (by clock
+    ticks since boot where both have them; by wall-clock start time, with slack, else)."""
+    ticks = _since_boot(pid)
+    if leader.ticks is not None and leader.boot == _boot_id() and ticks is not None:
+        return ticks >= leader.ticks
+    if leader.started is None:
+        return False
+    return (create_time or 0) + START_SLACK_S >= leader.started
+
+
+def _orphans(leader: Recorded) -> list[int]:
+    """The processes left in component group ``leader.pid`` after its leader exited: they
+    started after the component did and run Airflow (a reused group id holds none of them)."""
     import psutil
 
-    if started is None:
+    if leader.started is None and leader.ticks is None:
         return []
     found = []
     for proc in psutil.process_iter(["pid", "create_time", "cmdline"]):
         try:
-            if os.getpgid(proc.info["pid"]) != pgid:
+            if os.getpgid(proc.info["pid"]) != leader.pid:
                 continue
         except (ProcessLookupError, PermissionError):
             continue
         line = " ".join(proc.info.get("cmdline") or [])
-        if (proc.info.get("create_time") or 0) + START_SLACK_S >= started and "airflow" in line:
+        if "airflow" in line and _started_after(proc.info["pid"], proc.info["create_time"], leader):
             found.append(proc.info["pid"])
     return found
 
@@ -351,9 +408,7 @@ def running(home: Path) -> dict[str, int]:
     """The components ``up`` started that still run (a recorded pid a stranger reuses now -
     after a reboot, say - is not one of them)."""
     return {
-        name: pid
-        for name, (pid, started) in _recorded(home).items()
-        if _is_component(pid, started, name)
+        name: entry.pid for name, entry in _recorded(home).items() if _is_component(entry, name)
     }
 
 
@@ -668,12 +723,12 @@ def down(home: Path, grace: float = 20) -> list[str]:
     order += [n for n in recorded if n not in COMPONENTS]
     stopped = []
     for name in order:
-        pid, started = recorded[name]
-        if _is_component(pid, started, name):
-            _stop_group(pid, grace)
+        entry = recorded[name]
+        if _is_component(entry, name):
+            _stop_group(entry.pid, grace)
             stopped.append(name)
             continue
-        for orphan in _orphans(pid, started):
+        for orphan in _orphans(entry):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(orphan, signal.SIGKILL)
     order = stopped

@@ -104,6 +104,65 @@ def test_down_never_signals_a_stranger_that_reused_a_recorded_pid(tmp_path):
             p.wait()
 
 
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+
+
+@pytest.mark.parametrize("step_s", [120.0, -3600.0])
+def test_a_step_of_the_wall_clock_leaves_the_running_components_known(
+    tmp_path, monkeypatch, step_s
+):
+    """The family "the host's wall clock steps under a running stack" (NTP, a VM resumed from
+    a snapshot: /proc/stat's btime moves, and with it every process's wall-clock start time).
+    CI saw it: every component of two live stacks judged "not running" while answering
+    (``status`` not ready, ``restart`` refused). A process is known by its clock ticks since
+    boot, which no clock step moves."""
+    import psutil._pslinux as pslinux
+
+    proc = _sleeper()
+    try:
+        launcher.airflow_home(tmp_path).mkdir(parents=True)
+        launcher._record(tmp_path, {"scheduler": proc.pid})
+        real_boot_time = pslinux.boot_time
+        monkeypatch.setattr(pslinux, "boot_time", lambda: real_boot_time() + step_s)
+        assert (
+            abs(launcher._started_at(proc.pid) - launcher._recorded(tmp_path)["scheduler"].started)
+            >= 100
+        )
+        assert launcher.running(tmp_path) == {"scheduler": proc.pid}
+        assert launcher.down(tmp_path, grace=5) == ["scheduler"]
+        assert proc.poll() is not None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("differs", ["ticks", "boot"])
+def test_a_recorded_pid_of_another_start_or_another_boot_is_a_stranger(tmp_path, differs):
+    """The ticks since boot identify a process only within its boot, and only its own: a pid
+    reused (another start tick) or recorded before a reboot (another boot id) is a stranger,
+    left alone by ``down``."""
+    stranger = _sleeper()
+    try:
+        launcher.airflow_home(tmp_path).mkdir(parents=True)
+        launcher._record(tmp_path, {"scheduler": stranger.pid})
+        entries = json.loads(launcher._pids_file(tmp_path).read_text())
+        if differs == "ticks":
+            entries["scheduler"]["ticks"] -= 100
+        else:
+            entries["scheduler"]["boot"] = "another-boot"
+        launcher._pids_file(tmp_path).write_text(json.dumps(entries))
+        assert launcher.running(tmp_path) == {}
+        assert launcher.down(tmp_path, grace=1) == []
+        time.sleep(0.3)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_the_metadata_db_is_the_local_postgresql_when_it_answers_else_sqlite(tmp_path, monkeypatch):
     """`up` on a machine with a PostgreSQL gets a database of its home's own there (SQLite's
     one writer refused a trigger with HTTP 500 in 4 of 5 tries right after `up`); without one
