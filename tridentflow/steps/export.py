@@ -355,8 +355,10 @@ def _export_feed(
     hook: FireHook | None,
     attempt: _Attempt,
 ) -> ExportResult:
+    """The sink brought from its position to ``upto`` (the committed txid if None), txid by
+    txid from the change log, or reloaded from the state where the log cannot (or must not)
+    serve it. Ordered; each step idempotent (a sink applies a txid once)."""
     ctx = replace(context(rt, feed, hook), resync=resync)
-    sink = feed.sink
     committed = rt.ledger.committed_txid()
     rt.require_replicated(  # never export a commit a failover could still take back
         f"txid {committed}'s commit",
@@ -364,55 +366,25 @@ def _export_feed(
         shards=True,
     )
     target = committed if upto is None else min(upto, committed)
-    position = sink.position(ctx)
-    if not resync and _lost_under(rt, feed, position):  # its copy of lost txids is stale
-        ctx, resync = replace(ctx, resync=True), True
-    if position > committed and not resync:
-        raise SinkError(
-            f"sink {feed.name} is at txid {position} but pipeline {rt.pipeline.name} has "
-            f"committed only {committed} (Redis lost commits in a failover?): export with "
-            "--resync to reload it from the state"
-        )
+    position = feed.sink.position(ctx)
+    ctx = _checked_start(rt, feed, ctx, position, committed)
     expand = compile_chain(feed.node)
     applied: list[int] = []
     rows_total = 0
     reloaded: int | None = None
-    must_reload = resync
+    must_reload = ctx.resync
     if position < target and not must_reload:  # one record for every txid it may apply,
         allow_sink(rt.client, rt.keyspace, feed.name, target, ctx.generation)  # before any
     while must_reload or position < target:
         txid = attempt.txid = position + 1
-        columnar = sink.takes_arrow and not expand.steps
-        if must_reload:
-            items = None
-        elif columnar:
-            items = change_table(rt, feed, txid)
-        else:
-            items = changes_of(rt, feed, txid)
-        if items is None:
-            if not sink.resyncable:
-                raise SinkError(
-                    f"sink {feed.name} is at txid {position}, but the change log of txid "
-                    f"{txid} is gone (kept for {rt.pipeline.change_log_limit} txids: "
-                    f"change_log_limit): what it missed cannot be replayed into "
-                    f"{sink.describe()}; raise change_log_limit and reset its readers"
-                )
-            at, snapshot = snapshot_of(rt, feed)
-            attempt.txid = at
-            rows = stream_rows(snapshot, expand)
-            sink.apply(ctx, at, rows, replace_all=True)
-            # after, never before (nor the record above): a reload cut short leaves the sink
-            # past what Redis allowed, so the next export reloads it again (one done twice
-            # is the same reload); recorded first, the lost txids' rows would pass for allowed
-            allow_sink(rt.client, rt.keyspace, feed.name, max(at, target), ctx.generation)
-            must_reload = False
-            rows_total += len(rows)
-            reloaded = position = at
-            applied.append(at)
-            _note(rt, feed, at, ctx.generation)
+        rows = None if must_reload else _logged_rows(rt, feed, txid, expand)
+        if rows is None:
+            reloaded, reloaded_rows = _reload(rt, feed, ctx, expand, position, target, attempt)
+            position, must_reload = reloaded, False
+            applied.append(reloaded)
+            rows_total += reloaded_rows
             continue
-        rows = items if columnar else stream_rows(items, expand)
-        if sink.apply(ctx, txid, rows):
+        if feed.sink.apply(ctx, txid, rows):
             applied.append(txid)
             rows_total += len(rows)
         position = txid
@@ -420,6 +392,62 @@ def _export_feed(
     _note(rt, feed, position, ctx.generation)
     _drop_exported(rt, feed.state)
     return ExportResult(feed.name, feed.state, position, tuple(applied), rows_total, reloaded)
+
+
+def _checked_start(
+    rt: Runtime, feed: Feed, ctx: ExportContext, position: int, committed: int
+) -> ExportContext:
+    """``ctx``, set to reload where the sink's copy of lost txids is stale; a sink past the
+    commits otherwise refused in one line (never exported over)."""
+    if not ctx.resync and _lost_under(rt, feed, position):
+        return replace(ctx, resync=True)
+    if position > committed and not ctx.resync:
+        raise SinkError(
+            f"sink {feed.name} is at txid {position} but pipeline {rt.pipeline.name} has "
+            f"committed only {committed} (Redis lost commits in a failover?): export with "
+            "--resync to reload it from the state"
+        )
+    return ctx
+
+
+def _logged_rows(rt: Runtime, feed: Feed, txid: int, expand: Expander) -> Any | None:
+    """Txid ``txid``'s rows for the sink from the change log (an Arrow table where the sink
+    takes one and no operation runs on the stream), None where the log is gone."""
+    if feed.sink.takes_arrow and not expand.steps:
+        return change_table(rt, feed, txid)
+    items = changes_of(rt, feed, txid)
+    return None if items is None else stream_rows(items, expand)
+
+
+def _reload(
+    rt: Runtime,
+    feed: Feed,
+    ctx: ExportContext,
+    expand: Expander,
+    position: int,
+    target: int,
+    attempt: _Attempt,
+) -> tuple[int, int]:
+    """The whole state as of its committed txid written over the sink: that txid and how
+    many rows. Refused in one line for a sink that cannot reload. Idempotent: a
+    reload cut short is redone whole by the next export."""
+    if not feed.sink.resyncable:
+        raise SinkError(
+            f"sink {feed.name} is at txid {position}, but the change log of txid "
+            f"{position + 1} is gone (kept for {rt.pipeline.change_log_limit} txids: "
+            f"change_log_limit): what it missed cannot be replayed into "
+            f"{feed.sink.describe()}; raise change_log_limit and reset its readers"
+        )
+    at, snapshot = snapshot_of(rt, feed)
+    attempt.txid = at
+    rows = stream_rows(snapshot, expand)
+    feed.sink.apply(ctx, at, rows, replace_all=True)
+    # after, never before (nor the record above): a reload cut short leaves the sink
+    # past what Redis allowed, so the next export reloads it again (one done twice
+    # is the same reload); recorded first, the lost txids' rows would pass for allowed
+    allow_sink(rt.client, rt.keyspace, feed.name, max(at, target), ctx.generation)
+    _note(rt, feed, at, ctx.generation)
+    return at, len(rows)
 
 
 def _lost_under(rt: Runtime, feed: Feed, position: int) -> bool:
