@@ -294,12 +294,10 @@ def _boot_id() -> str | None:
 def _since_boot(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22):
     fixed for the process's life whatever the wall clock does. None without ``/proc``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    try:  # after the command name, which may hold spaces and ")": field 3 on
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
         return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and ")"
-    return int(fields[19])
 
 
 class Recorded(NamedTuple):
