@@ -579,3 +579,47 @@ def expiring_either_way() -> Pipeline:
 def expiring_either_way_unexported() -> Pipeline:
     """The same, with no sink (its Redis keys are the pipeline's only)."""
     return expiring("opaque", after=3, period=HOUR, sink=False)
+
+
+# -- the lakehouse sinks' edges (tests/test_lakehouse_edges.py) -------------------------------
+
+
+def parse_event(line: str) -> Iterator[tuple[object, object, object]]:
+    """A JSON event ``{"user": ..., "region": ..., "amount": ...}``; region optional."""
+    import json
+
+    event = json.loads(line)
+    yield (event["user"], event.get("region"), event["amount"])
+
+
+def lake_sums() -> Pipeline:
+    """The sum of ``amount`` per (user, region) of JSON events - a region may be None, an
+    amount an int or a float - exported to a Delta and an Iceberg table under TF_TEST_LAKE
+    (as ``lakehoused``). One record a txid."""
+    import os
+
+    from tridentflow import DeltaSink, IcebergSink
+
+    lake = os.environ["TF_TEST_LAKE"]
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{lake}/catalog.db",
+        "warehouse": f"file://{lake}/wh",
+    }
+    adopt = os.environ.get("TF_TEST_ADOPT") == "1"
+    pipeline = Pipeline(
+        "lake-sums",
+        LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL, partitions=1, batch_size=1),
+    )
+    totals = (
+        pipeline.stream.each("line", parse_event, ["user", "region", "amount"])
+        .group_by(["user", "region"])
+        .persistent_aggregate(
+            StateSpec("totals", StateKind.OPAQUE), Sum(), "amount", out_field="total"
+        )
+    )
+    totals.new_values_stream().sink(DeltaSink(f"{lake}/sums", name="delta-sums", adopt=adopt))
+    totals.new_values_stream().sink(
+        IcebergSink("lake.sums", catalog=catalog, name="iceberg-sums", adopt=adopt)
+    )
+    return pipeline

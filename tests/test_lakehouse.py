@@ -375,7 +375,7 @@ def test_a_column_of_another_type_is_refused_in_one_line(lake, redis_url, redis_
     from deltalake import write_deltalake
 
     other = pa.table({"word": ["q"], "count": ["many"], "txid": pa.array([0], pa.int64())})
-    write_deltalake(lake / "delta-counts", other)
+    write_deltalake(lake / "delta-counts", other.slice(0, 0))  # made beforehand, no rows
     rt = runtime("tests.pipelines:lakehoused", redis_url, home)
     reset_pipeline(rt, force=True, source=True)
     produce(rt, LINES[:1])

@@ -22,6 +22,14 @@ class SinkError(TridentflowError):
     """A sink could not apply a txid (one line: which sink, which txid, why, what to do)."""
 
 
+class ReloadNeededError(SinkError):
+    """A sink cannot apply a txid from its rows alone, but can from the whole state: what it
+    holds does not reach the txid before (a table not created yet, the txids before having
+    written nothing it could type), or the txid's values need a wider column than the
+    table's (a DeltaSink widens a column by rewriting the table). The export then reloads it,
+    as for a change log that is gone."""
+
+
 @dataclass(frozen=True)
 class ExportContext:
     """What a sink may use of the pipeline it exports: its name, its current generation (a

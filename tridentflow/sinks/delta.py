@@ -11,6 +11,15 @@ loser finds the txid applied). ``upsert`` is one MERGE (matched keys updated, ne
 inserted, removed keys deleted); ``append`` one append (a change log); the first txid of a
 generation - a reset - or a reload replaces the table's content in one overwrite commit.
 
+**Whose table it is.** A sink writes only a table it created (its commits carry a ``txn``
+of app ``tridentflow:PIPELINE:SINK:writer``) or one that holds no rows; a table with rows
+another writer made - another tool, another pipeline - is refused in one line naming who
+wrote it, unless the sink says ``adopt=True`` (its rows are then replaced by the state at
+the first export). A version another writer commits on top of the sink's (a row appended
+by hand, a MERGE by Spark) is found at the next export and refused in one line (the table
+no longer equals the state): ``tridentflow export --resync`` reloads it from the state.
+Maintenance that changes no row (OPTIMIZE, VACUUM, table properties) is not a write.
+
 ``rewind_to`` restores the table to the version whose ``txn`` is the target txid, as a new
 version whose commit carries the rewound generation's ``txn`` (one commit: a reader never
 sees half a rewind; later exports continue from the target). ``vacuum`` lists and removes
@@ -28,14 +37,41 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tridentflow.datasets import LineageDataset
-from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
+from tridentflow.sinks.base import (
+    ExportContext,
+    LineageContext,
+    ReloadNeededError,
+    Row,
+    Sink,
+    SinkError,
+)
 from tridentflow.sinks.lakehouse import (
     TXID_COLUMN,
     LakehouseRows,
     app_id,
     check_mode,
+    foreign_table_line,
     untyped,
 )
+
+UNCHANGED_ROWS = frozenset(
+    {
+        "OPTIMIZE",
+        "VACUUM START",
+        "VACUUM END",
+        "SET TBLPROPERTIES",
+        "UNSET TBLPROPERTIES",
+        "ADD CONSTRAINT",
+        "DROP CONSTRAINT",
+        "ADD FEATURE",
+        "DROP FEATURE",
+        "UPDATE FIELD METADATA",
+        "UPDATE TABLE METADATA",
+        "CHECKPOINT",
+        "REORG",
+    }
+)
+"""Delta operations that change no row of the table (maintenance): not another writer's."""
 
 
 def _deltalake() -> Any:
@@ -54,7 +90,9 @@ class DeltaSink(Sink):
     """A Delta table at ``table_uri`` (a path, ``s3://bucket/path``, ...) - see the module
     doc. ``partition_by``: columns to partition the table by (fields of the stream);
     ``storage_options``: delta-rs's object store settings (S3 endpoint, credentials);
-    ``key``: the stream's fields that key a row (default: the state's key fields)."""
+    ``key``: the stream's fields that key a row (default: the state's key fields);
+    ``adopt``: take over a table with rows that tridentflow did not write (they are replaced
+    by the state at the first export; without it such a table is refused)."""
 
     resyncable = True
     takes_arrow = True
@@ -67,7 +105,9 @@ class DeltaSink(Sink):
         storage_options: dict[str, str] | None = None,
         name: str | None = None,
         key: Sequence[str] | None = None,
+        adopt: bool = False,
     ) -> None:
+        self.adopt = adopt
         self.table_uri = str(table_uri)
         self.key = tuple(key) if key is not None else None
         self.name = name or f"delta-{os.path.basename(self.table_uri.rstrip('/')) or 'table'}"
@@ -79,7 +119,7 @@ class DeltaSink(Sink):
     # -- the sink contract ------------------------------------------------------------------
     def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> DeltaSink:
         key_fields = self.key if self.key is not None else key_fields
-        rows = LakehouseRows(self.name, fields, key_fields)
+        rows = LakehouseRows(self.name, fields, key_fields, widens_by_reload=self.mode == "upsert")
         unknown = [c for c in self.partition_by if c not in rows.columns]
         if unknown:
             raise ValueError(
@@ -91,7 +131,7 @@ class DeltaSink(Sink):
                 "mode='append' for a global one"
             )
         bound = DeltaSink(self.table_uri, self.mode, self.partition_by, self.storage_options,
-                          self.name, self.key)  # fmt: skip
+                          self.name, self.key, self.adopt)  # fmt: skip
         bound.rows = rows
         return bound
 
@@ -122,6 +162,8 @@ class DeltaSink(Sink):
         with ctx.exclusive():  # one exporter at a time: a table's creation is not fenced
             try:
                 return self._apply(ctx, txid, rows, replace_all)
+            except ReloadNeededError:
+                raise  # the export reloads the sink
             except SinkError as exc:  # one line: the sink, its table, the txid, the cause
                 raise SinkError(
                     f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
@@ -144,18 +186,33 @@ class DeltaSink(Sink):
                 raise SinkError(
                     f"the table is at txid {position}, refusing txid {txid} out of order"
                 )
+        if table is None and txid > 1 and not replace_all:
+            raise ReloadNeededError(  # txids before it wrote nothing: their rows are not there
+                f"no table yet, and txid {txid} is not the generation's first"
+            )
+        ours = table is None or self._check_writers(ctx, table, app, position, replace_all)
         schema = _arrow_schema(table) if table is not None else None
         replace = replace_all or (position == 0 and table is not None)  # a new generation
-        batch = self.rows.batch(rows, txid, schema)
+        if schema is not None and not replace:
+            self._check_columns(schema, ctx)
+        if replace and schema is not None and set(schema.names) != set(self.rows.columns):
+            schema = None  # the replacement writes the stream's columns (schema overwritten)
+        try:
+            batch = self.rows.batch(rows, txid, schema)
+        except SinkError:
+            if not replace or schema is None or not (ours or self.adopt):
+                raise  # a table made beforehand keeps the types its maker chose
+            schema = None  # a replacement in the types the state's values need (widened)
+            batch = self.rows.batch(rows, txid, None)
         data = batch.live if self.mode == "upsert" or replace else batch.every
         if table is None and untyped(data):
             return True  # nothing to write yet, and no table to stamp: the next rows create it
         commit = deltalake.CommitProperties(
             app_transactions=[deltalake.Transaction(app, txid), writer_txn(app),
+                              at_txn(app, table),
                               *([deltalake.Transaction(f"{app}:reloaded", txid)]
                                 if replace_all else [])],
-            custom_metadata={"tridentflow.txid": str(txid), "tridentflow.pipeline": ctx.pipeline,
-                             "tridentflow.sink": self.name,
+            custom_metadata={**self._metadata(ctx), "tridentflow.txid": str(txid),
                              **({"tridentflow.reload": "true"} if replace_all else {})},
         )  # fmt: skip
         ctx.fire("mid-export", txid)
@@ -183,7 +240,8 @@ class DeltaSink(Sink):
     def _write(self, table: Any | None, data: Any, mode: str, commit: Any, schema: Any) -> None:
         """One write commit against ``table`` as loaded (so that Delta's conflict check sees
         a racing exporter's commit since), or creating the table (``mode`` "error": a racing
-        creator wins, this one fails and finds the txid)."""
+        creator wins, this one fails and finds the txid). An overwrite writes the stream's
+        columns (the table's schema replaced, as the state's content is)."""
         deltalake = _deltalake()
         deltalake.write_deltalake(
             table if table is not None else self.table_uri,
@@ -192,8 +250,81 @@ class DeltaSink(Sink):
             partition_by=self.partition_by or None,
             storage_options=None if table is not None else self.storage_options or None,
             commit_properties=commit,
-            schema_mode=None,
+            schema_mode="overwrite" if mode == "overwrite" else None,
         )
+
+    def _metadata(self, ctx: ExportContext) -> dict[str, str]:
+        """What every commit of the sink says of its writer (Delta's commitInfo)."""
+        return {"tridentflow.pipeline": ctx.pipeline, "tridentflow.sink": self.name}
+
+    def _ours(self, entry: dict[str, Any], ctx: ExportContext) -> bool:
+        """Whether history ``entry`` is a commit of this sink (a rewind's commit of before
+        the writer was named in it: the ``rewound_to`` mark alone)."""
+        if "tridentflow.sink" in entry:
+            return bool(
+                entry.get("tridentflow.sink") == self.name
+                and entry.get("tridentflow.pipeline") == ctx.pipeline
+            )
+        return "tridentflow.rewound_to" in entry
+
+    def _check_writers(
+        self, ctx: ExportContext, table: Any, app: str, position: int, replace_all: bool
+    ) -> bool:
+        """Whether the sink wrote ``table`` before; SinkError (one line) for a table with rows
+        this sink never wrote (unless ``adopt``), and for one another writer changed rows of
+        since the sink's last commit (unless the export replaces its content)."""
+        writer = writer_txn(app).app_id
+        ours = table.transaction_version(writer) is not None or any(
+            self._ours(entry, ctx) for entry in table.history()
+        )
+        if not ours:
+            rows = table.count()
+            if rows and not self.adopt:
+                last = table.history(1)
+                raise SinkError(foreign_table_line(rows, _writer_of(last[0] if last else {})))
+            return False
+        if position == 0 or replace_all:
+            return True  # a new generation, or a reload: the content is replaced anyway
+        if table.transaction_version(at_txn(app, None).app_id) == table.version():
+            return True  # the newest commit is the sink's own
+        entry = self._foreign_since_ours(table, ctx)
+        if entry is not None:
+            raise SinkError(
+                f"version {entry.get('version')} of the table was written by "
+                f"{_writer_of(entry)} ({entry.get('operation')}) after this sink's txid "
+                f"{position}: the table no longer equals the state; reload it from the state "
+                f"with `tridentflow export {ctx.pipeline} --sink {self.name} --resync` (the "
+                "other writer's rows are replaced), or point the sink at another table"
+            )
+        return True
+
+    def _foreign_since_ours(self, table: Any, ctx: ExportContext) -> dict[str, Any] | None:
+        """The newest commit since the sink's own last one that changed rows (another
+        writer's), None if none did. Reads the newest few commits, the whole history only
+        when the sink's last one is not among them (only when the newest commit is not the
+        sink's: ``at_txn``)."""
+        for limit in (4, None):
+            history = table.history(limit)  # newest first
+            found = None
+            for entry in history:
+                if self._ours(entry, ctx):
+                    return found
+                if found is None and entry.get("operation") not in UNCHANGED_ROWS:
+                    found = entry
+            if limit is None or len(history) < limit:
+                return None  # none of the sink's own commits names it: nothing to compare
+        return None
+
+    def _check_columns(self, schema: Any, ctx: ExportContext) -> None:
+        """SinkError (one line) when the table's columns are not the stream's."""
+        assert self.rows is not None
+        if set(schema.names) != set(self.rows.columns):
+            raise SinkError(
+                f"the table's columns are {', '.join(schema.names)}, the sink writes "
+                f"{', '.join(self.rows.columns)}: reload the table in the stream's columns "
+                f"with `tridentflow export {ctx.pipeline} --sink {self.name} --resync`, or "
+                "write to a new table"
+            )
 
     def _merge(self, table: Any, live: Any, removed: Any, commit: Any) -> None:
         """One MERGE: the txid's live rows upserted, its removed keys' rows deleted."""
@@ -206,7 +337,9 @@ class DeltaSink(Sink):
                 removed.append_column(flag, pa.array([True] * removed.num_rows, pa.bool_())),
             ]
         )
-        on = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in self.rows.key_fields)
+        on = " AND ".join(  # NULL = NULL is not true in SQL: a None key field must match
+            f"(t.{_quoted(k)} IS NOT DISTINCT FROM s.{_quoted(k)})" for k in self.rows.key_fields
+        )
         columns = {c: f"s.{_quoted(c)}" for c in self.rows.columns}
         (
             table.merge(source, on, source_alias="s", target_alias="t", commit_properties=commit)
@@ -282,8 +415,13 @@ class DeltaSink(Sink):
         if version is None:
             return None
         commit = deltalake.CommitProperties(
-            app_transactions=[deltalake.Transaction(app, target), writer_txn(app)],
+            app_transactions=[
+                deltalake.Transaction(app, target),
+                writer_txn(app),
+                at_txn(app, table),
+            ],
             custom_metadata={
+                **self._metadata(ctx),
                 "tridentflow.txid": str(target),
                 "tridentflow.rewound_to": str(target),
             },
@@ -352,6 +490,16 @@ def _arrow_schema(table: Any) -> Any:
     return arrow if isinstance(arrow, pa.Schema) else pa.schema(arrow)
 
 
+def _writer_of(entry: dict[str, Any]) -> str:
+    """Who made a Delta commit, from its commitInfo."""
+    if "tridentflow.sink" in entry:
+        return (
+            f"tridentflow pipeline {entry.get('tridentflow.pipeline')}'s sink "
+            f"{entry.get('tridentflow.sink')}"
+        )
+    return str(entry.get("engineInfo") or entry.get("clientVersion") or "another writer")
+
+
 def _line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -363,6 +511,15 @@ def writer_txn(app: str) -> Any:
     family, generation = app.rsplit(":", 1)
     number = int(hashlib.sha1(generation.encode()).hexdigest()[:13], 16)  # < 2**52
     return _deltalake().Transaction(f"{family}:writer", number)
+
+
+def at_txn(app: str, table: Any | None) -> Any:
+    """The third txn of every commit of the sink: app ``<sink's stamp family>:at``, its version
+    the table version the commit makes (``table``'s next; 0 for a new table). While it equals
+    the table's version, the newest commit is the sink's: no other writer's to look for (a
+    commit delta-rs retried at a later version just sends the check to the history)."""
+    family = app.rsplit(":", 1)[0]
+    return _deltalake().Transaction(f"{family}:at", 0 if table is None else table.version() + 1)
 
 
 def delta_position(table: Any, app: str) -> int:

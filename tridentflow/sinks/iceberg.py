@@ -14,6 +14,12 @@ reload replaces every data file, in one snapshot too. Data files are written bef
 snapshot is committed: a writer killed in between leaves files no snapshot references, which
 ``vacuum`` lists and removes.
 
+**Whose table it is**, as for DeltaSink: a table with rows whose snapshots no generation of
+this sink stamped is refused in one line unless ``adopt=True``; a snapshot another writer
+committed on top of the sink's that changed rows (an append, an overwrite, a delete - not a
+``replace``, which compaction makes) is found at the next export and refused in one line:
+``tridentflow export --resync`` reloads the table from the state.
+
 ``rewind_to`` replaces the table's files with those of the snapshot stamped with the target
 txid, as a new snapshot stamped with the rewound generation (a reader never sees half a
 rewind; later exports continue from the target).
@@ -31,8 +37,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tridentflow.datasets import LineageDataset
-from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
-from tridentflow.sinks.lakehouse import STAMP, LakehouseRows, app_id, check_mode, untyped
+from tridentflow.sinks.base import (
+    ExportContext,
+    LineageContext,
+    ReloadNeededError,
+    Row,
+    Sink,
+    SinkError,
+)
+from tridentflow.sinks.lakehouse import (
+    STAMP,
+    LakehouseRows,
+    app_id,
+    check_mode,
+    foreign_table_line,
+    untyped,
+)
 
 TXID = f"{STAMP}.txid"
 APP = f"{STAMP}.app"
@@ -53,7 +73,8 @@ def _pyiceberg() -> Any:
 class IcebergSink(Sink):
     """An Iceberg table ``identifier`` ("namespace.table") of the catalog pyiceberg's
     ``load_catalog(**catalog)`` opens - see the module doc. ``key``: the stream's fields
-    that key a row (default: the state's key fields)."""
+    that key a row (default: the state's key fields); ``adopt``: take over a table with rows
+    that tridentflow did not write (replaced by the state at the first export)."""
 
     resyncable = True
     takes_arrow = True
@@ -65,7 +86,9 @@ class IcebergSink(Sink):
         mode: str = "upsert",
         name: str | None = None,
         key: Sequence[str] | None = None,
+        adopt: bool = False,
     ) -> None:
+        self.adopt = adopt
         if identifier.count(".") < 1:
             raise ValueError(f"IcebergSink: the table is 'namespace.table', got {identifier!r}")
         self.identifier = identifier
@@ -86,7 +109,7 @@ class IcebergSink(Sink):
                 "mode='append' for a global one"
             )
         bound = IcebergSink(
-            self.identifier, self.catalog_properties, self.mode, self.name, self.key
+            self.identifier, self.catalog_properties, self.mode, self.name, self.key, self.adopt
         )
         bound.rows = rows
         return bound
@@ -150,6 +173,8 @@ class IcebergSink(Sink):
         with ctx.exclusive():  # one exporter at a time (the catalog fences the rest)
             try:
                 return self._apply(ctx, txid, rows, replace_all)
+            except ReloadNeededError:
+                raise  # the export reloads the sink
             except SinkError as exc:  # one line: the sink, its table, the txid, the cause
                 raise SinkError(
                     f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
@@ -173,14 +198,30 @@ class IcebergSink(Sink):
                 raise SinkError(
                     f"the table is at txid {position}, refusing txid {txid} out of order"
                 )
+        if table is None and txid > 1 and not replace_all:
+            raise ReloadNeededError(  # txids before it wrote nothing: their rows are not there
+                f"no table yet, and txid {txid} is not the generation's first"
+            )
+        if table is not None:
+            self._check_writers(ctx, table, app, position, replace_all)
         replace = replace_all or (position == 0 and table is not None and has_data(table))
         schema = table.schema().as_arrow() if table is not None else None
+        reshape = schema is not None and set(schema.names) != set(self.rows.columns)
+        if reshape and not replace:
+            raise SinkError(
+                f"the table's columns are {', '.join(schema.names)}, the sink writes "
+                f"{', '.join(self.rows.columns)}: reload the table in the stream's columns "
+                f"with `tridentflow export {ctx.pipeline} --sink {self.name} --resync`, or "
+                "write to a new table"
+            )
         batch = self.rows.batch(rows, txid, schema)
         data = batch.live if self.mode == "upsert" or replace else batch.every
         if table is None and untyped(data):
             return True  # nothing to write yet, and no table to stamp: the next rows create it
         if table is None:
             table = self._create(data.schema)
+        if reshape:  # a replacement in the stream's columns (the same types where kept)
+            data = self._reshaped(table, data)
         props = {TXID: str(txid), APP: app, f"{STAMP}.pipeline": ctx.pipeline,
                  f"{STAMP}.sink": self.name,
                  **({RELOAD: "true"} if replace_all else {})}  # fmt: skip
@@ -213,6 +254,51 @@ class IcebergSink(Sink):
         if snapshot is not None:
             ctx.note_version(txid, snapshot.snapshot_id)
         return True
+
+    def _check_writers(
+        self, ctx: ExportContext, table: Any, app: str, position: int, replace_all: bool
+    ) -> None:
+        """SinkError (one line) for a table with rows no generation of this sink stamped
+        (unless ``adopt``), and for one whose current snapshot descends from the sink's last
+        through another writer's row change (unless the export replaces its content)."""
+        family = app.rsplit(":", 1)[0] + ":"
+        ours = any(str(_props(s).get(APP, "")).startswith(family) for s in table.snapshots())
+        if not ours:
+            if has_data(table) and not self.adopt:
+                snapshot = table.current_snapshot()
+                rows = int(_props(snapshot).get("total-records", "0") or 0)
+                raise SinkError(foreign_table_line(rows, _writer_of(snapshot)))
+            return
+        if position == 0 or replace_all:
+            return  # a new generation, or a reload: the content is replaced anyway
+        foreign = None
+        snapshot = table.current_snapshot()
+        while snapshot is not None and not str(_props(snapshot).get(APP, "")).startswith(family):
+            operation = getattr(getattr(snapshot.summary, "operation", None), "value", "")
+            if foreign is None and operation != "replace":
+                foreign = snapshot
+            parent = snapshot.parent_snapshot_id
+            snapshot = table.snapshot_by_id(parent) if parent is not None else None
+        if foreign is not None:
+            raise SinkError(
+                f"snapshot {foreign.snapshot_id} of the table was written by "
+                f"{_writer_of(foreign)} after this sink's txid {position}: the table no "
+                "longer equals the state; reload it from the state with `tridentflow export "
+                f"{ctx.pipeline} --sink {self.name} --resync` (the other writer's rows are "
+                "replaced), or point the sink at another table"
+            )
+
+    def _reshaped(self, table: Any, data: Any) -> Any:
+        """``data`` in ``table``'s columns once one schema update made them the stream's:
+        columns the stream lacks dropped, its new ones added (a replacement only: adopting a
+        table of other columns, a reload after the stream changed)."""
+        names = set(data.schema.names)
+        with table.update_schema() as update:
+            for name in table.schema().as_arrow().names:
+                if name not in names:
+                    update.delete_column(name)
+            update.union_by_name(data.schema)
+        return data.select(table.schema().as_arrow().names).cast(table.schema().as_arrow())
 
     def _overwrite(
         self,
@@ -460,6 +546,18 @@ def _props(snapshot: Any) -> dict[str, str]:
     return dict(summary.additional_properties) if summary is not None else {}
 
 
+def _writer_of(snapshot: Any) -> str:
+    """Who committed an Iceberg snapshot, from its summary."""
+    props = _props(snapshot)
+    if f"{STAMP}.sink" in props:
+        return (
+            f"tridentflow pipeline {props.get(f'{STAMP}.pipeline')}'s sink {props[f'{STAMP}.sink']}"
+        )
+    operation = getattr(getattr(snapshot.summary, "operation", None), "value", "a write")
+    engine = props.get("engine-name") or props.get("spark.app.id") or "another writer"
+    return f"{engine} ({operation}, snapshot {snapshot.snapshot_id})"
+
+
 def _read(table: Any, location: str) -> Any:
     import pyarrow.parquet as pq
 
@@ -472,8 +570,18 @@ def _membership(old: Any, changed: Any, keys: tuple[str, ...]) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if len(keys) == 1:
+    if len(keys) == 1:  # is_in matches a null with a null (skip_nulls=False)
         return pc.fill_null(pc.is_in(old[keys[0]], value_set=changed[keys[0]]), False)
+    # A join never matches a null key field: each field as its code in one dictionary of
+    # both sides' values, a null a code of its own
+    codes_old, codes_changed = {}, {}
+    for key in keys:
+        ours = old[key].combine_chunks()
+        both = pa.concat_arrays([ours, changed[key].combine_chunks().cast(ours.type)])
+        codes = pc.dictionary_encode(both, null_encoding="encode").indices
+        codes_old[key] = codes.slice(0, old.num_rows)
+        codes_changed[key] = codes.slice(old.num_rows)
+    old, changed = pa.table(codes_old), pa.table(codes_changed)
     marker = "_tridentflow_hit"
     joined = old.select(list(keys)).append_column(
         "_tridentflow_row", pa.array(range(old.num_rows), pa.int64())

@@ -24,12 +24,13 @@ checked against the table's schema, the two modes, and the identity each table c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from tridentflow.sinks.base import ExportContext, Row, SinkError
+from tridentflow.sinks.base import ExportContext, ReloadNeededError, Row, SinkError
 
 MODES = ("upsert", "append")
 TXID_COLUMN = "txid"
@@ -46,7 +47,13 @@ def _pyarrow() -> Any:
 class LakehouseRows:
     """A bound lakehouse sink's columns and how a txid's rows become an Arrow table."""
 
-    def __init__(self, sink: str, fields: tuple[str, ...], key_fields: tuple[str, ...]):
+    def __init__(
+        self,
+        sink: str,
+        fields: tuple[str, ...],
+        key_fields: tuple[str, ...],
+        widens_by_reload: bool = False,
+    ):
         if TXID_COLUMN in fields:
             raise ValueError(
                 f"sink {sink}: the stream has a field named {TXID_COLUMN!r}, the column the "
@@ -56,6 +63,9 @@ class LakehouseRows:
         if missing:
             raise ValueError(f"sink {sink}: key field(s) {missing} are not in the stream {fields}")
         self.sink = sink
+        self.widens_by_reload = widens_by_reload
+        """Whether the sink can rewrite its table with a value column widened (integers to
+        floats): a txid that needs it raises ReloadNeededError instead of a refusal."""
         self.fields = fields
         self.key_fields = key_fields
         self.value_fields = tuple(f for f in fields if f not in key_fields)
@@ -95,7 +105,12 @@ class LakehouseRows:
             )
         columns = [list(map(itemgetter(i), rows)) for i in range(len(self.fields))]
         return {
-            name: _finite(name, self._fit(name, column_array(name, values), _want(schema, name)))
+            name: _finite(
+                name,
+                self._fit(
+                    name, column_array(name, values, name in self.key_fields), _want(schema, name)
+                ),
+            )
             for name, values in zip(self.fields, columns, strict=True)
         }
 
@@ -112,7 +127,11 @@ class LakehouseRows:
 
     def _fit(self, name: str, array: Any, want: Any) -> Any:
         """``array`` as the table's column type ``want`` (None: no table yet) where that
-        loses nothing (all null; another layout of strings); SinkError otherwise."""
+        loses nothing - all null; another layout of strings; integers into a wider or a
+        narrower integer column they fit; a value column's integers into a floating one that
+        holds each exactly (a JSON ``3`` beside ``12.5``), float32 into float64 - and
+        SinkError (one line) where it would lose information. A key column never takes its
+        integers as floats: ``1`` and ``1.0`` are two keys of the state."""
         pa = _pyarrow()
         if want is None or array.type == want:
             return array
@@ -120,6 +139,24 @@ class LakehouseRows:
             return pa.nulls(len(array), want)
         if _same_family(array.type, want):  # string / large_string: the same values
             return array.cast(want)
+        if _widens(array.type, want, key=name in self.key_fields):
+            try:
+                return array.cast(want, safe=True)  # Arrow refuses a value it cannot hold
+            except (pa.ArrowInvalid, OverflowError) as exc:
+                raise SinkError(
+                    f"column {name} is {want} in the table, and a value of this txid does not "
+                    f"fit it ({str(exc).splitlines()[0]}): write to a new table whose column "
+                    "is wider"
+                ) from None
+        if (
+            self.widens_by_reload
+            and name not in self.key_fields
+            and pa.types.is_integer(want)
+            and pa.types.is_floating(array.type)
+        ):
+            raise ReloadNeededError(
+                f"column {name} is {want} in the table, the txid's {array.type}"
+            )
         raise SinkError(
             f"column {name} is {want} in the table, but this txid's values "
             f"are {array.type}: map the stream to {want} (new_values_stream().map(...)), "
@@ -127,12 +164,15 @@ class LakehouseRows:
         )
 
 
-def column_array(name: str, values: Sequence[Any]) -> Any:
+def column_array(name: str, values: Sequence[Any], key: bool = False) -> Any:
     """Column ``name``'s ``values`` as the Arrow array of the type they infer; SinkError (one
-    line) if no one type holds them."""
+    line) if no one type holds them - or, for a ``key`` column, if its values mix integers and
+    floats (``1`` and ``1.0`` are two keys of the state; one float column would make them one
+    row). A value column's integers beside floats are floats where each is exact (Arrow
+    refuses one that is not)."""
     pa = _pyarrow()
     try:
-        return pa.array(values)
+        array = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         kinds = sorted({type(v).__name__ for v in values if v is not None})
         raise SinkError(
@@ -140,6 +180,29 @@ def column_array(name: str, values: Sequence[Any]) -> Any:
             f"no one column type holds ({str(exc).splitlines()[0]}): map the stream to "
             "one type (new_values_stream().map(...))"
         ) from None
+    if pa.types.is_floating(array.type) or pa.types.is_integer(array.type):
+        flag = next((v for v in values if type(v) is bool), None)
+        if flag is not None:  # Arrow takes True beside floats as 1.0: never the same value
+            raise SinkError(
+                f"column {name} gets booleans beside numbers ({flag!r} would be written as "
+                f"{int(flag)!r}): map the stream to one type (new_values_stream().map(...))"
+            )
+    if key and pa.types.is_floating(array.type):
+        whole = next((v for v in values if type(v) is int), None)
+        if whole is not None:
+            raise SinkError(
+                f"key column {name} gets integers and floats ({whole!r} beside a float): they "
+                f"are different keys of the state, and one float column would make {whole!r} "
+                f"and {float(whole)!r} one row; map the key to one type "
+                "(new_values_stream().map(...))"
+            )
+        negative_zero = next((v for v in values if v == 0 and math.copysign(1, v) < 0), None)
+        if negative_zero is not None:
+            raise SinkError(
+                f"key column {name} gets -0.0: a key of the state apart from 0.0, which a "
+                "table's equality cannot tell from it; map the key (e.g. to 0.0 or a string)"
+            )
+    return array
 
 
 def _want(schema: Any, name: str) -> Any:
@@ -156,6 +219,19 @@ def _same_family(got: Any, want: Any) -> bool:
         (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view),
     )
     return any(any(f(got) for f in fam) and any(f(want) for f in fam) for fam in families)
+
+
+def _widens(got: Any, want: Any, key: bool) -> bool:
+    """Whether values of Arrow type ``got`` may go into a column of type ``want`` when each
+    value fits (the cast checks each): integer to integer, float32 to float64, and - for a
+    value column only - integer to floating. Delta's and Iceberg's own promotions (int to
+    long, float to double) are among them."""
+    pa = _pyarrow()
+    if pa.types.is_integer(got) and pa.types.is_integer(want):
+        return True
+    if pa.types.is_float32(got) and pa.types.is_float64(want):
+        return True
+    return not key and pa.types.is_integer(got) and pa.types.is_floating(want)
 
 
 def _finite(column: str, array: Any) -> Any:
@@ -199,6 +275,16 @@ def app_id(ctx: ExportContext, sink: str) -> str:
     """The stamp of ``sink``'s commits in ``ctx``'s generation: stable across exports and
     replays, another after a reset or a rewind."""
     return f"{STAMP}:{ctx.pipeline}:{sink}:{ctx.generation}"
+
+
+def foreign_table_line(rows: int, writer: str) -> str:
+    """The refusal of a table with rows that the sink did not write."""
+    return (
+        f"the table holds {rows} row(s) that this sink did not write (last written by "
+        f"{writer}): tridentflow never writes over another writer's table; point the sink "
+        "at another table, or pass adopt=True to the sink to replace its rows with the "
+        "state at the next export"
+    )
 
 
 def check_mode(sink: str, mode: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Feed
 from tridentflow.plan import Expander, compile_chain
-from tridentflow.sinks.base import ExportContext, Row, SinkError
+from tridentflow.sinks.base import ExportContext, ReloadNeededError, Row, SinkError
 from tridentflow.sinks.lakehouse import column_array
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.changes import (
@@ -211,7 +211,7 @@ def change_table(rt: Runtime, feed: Feed, txid: int) -> Any | None:
     order = pc.sort_indices(pa.array([f for fields, _, _ in pages for f in fields], pa.binary()))
     keys = [key for _, page_keys, _ in pages for key in page_keys]
     columns: dict[str, Any] = {
-        name: column_array(name, [_tupled(key[i]) for key in keys])
+        name: column_array(name, [_tupled(key[i]) for key in keys], key=True)
         for i, name in enumerate(names[:-1])
     }
     values = [None if v[1] is None else present(v[1]) for _, _, stored in pages for v in stored]
@@ -384,7 +384,12 @@ def _export_feed(
             applied.append(reloaded)
             rows_total += reloaded_rows
             continue
-        if feed.sink.apply(ctx, txid, rows):
+        try:
+            done = feed.sink.apply(ctx, txid, rows)
+        except ReloadNeededError:  # what the sink holds does not reach txid - 1: reload it
+            must_reload = True
+            continue
+        if done:
             applied.append(txid)
             rows_total += len(rows)
         position = txid

@@ -1,0 +1,358 @@
+"""The lakehouse sinks at the edges of tables (issues 65 and 66): a table another writer made,
+or wrote to after the sink, is never written over silently; value types - None in a key, a
+column that is all None in the first txid, integers beside floats, keys 1 and 1.0 - leave each
+table equal to the state, or are refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import produce, runtime
+from tridentflow.engines.local import LocalEngine
+from tridentflow.ops.reset import reset_pipeline
+from tridentflow.sinks import DeltaSink, IcebergSink, SinkError
+from tridentflow.sinks.base import ExportContext
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.export import export
+from tridentflow.steps.query import list_state
+
+SUMS = "tests.pipelines:lake_sums"
+
+
+@pytest.fixture
+def lake(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    monkeypatch.setenv("TF_TEST_LAKE", str(folder))
+    return folder
+
+
+def sums_runtime(redis_url, home):
+    rt = runtime(SUMS, redis_url, home)
+    reset_pipeline(rt, force=True, source=True)
+    return rt
+
+
+def events(*items: dict[str, Any]) -> list[str]:
+    return [json.dumps(item) for item in items]
+
+
+def state(rt) -> dict[str, Any]:
+    page = list_state(rt, rt.pipeline.states["totals"], 10_000)
+    return {json.dumps(list(key)): value for key, value in page.items}
+
+
+def sink_of(rt, name):
+    return next(f for f in rt.pipeline.feeds if f.name == name).sink
+
+
+def table(rt, name: str) -> dict[str, Any]:
+    """A sums table as {json [user, region]: total}; AssertionError on a key held twice."""
+    sink = sink_of(rt, name)
+    if isinstance(sink, DeltaSink):
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(sink.table_uri).to_pyarrow_table().to_pylist()
+    else:
+        rows = sink.catalog().load_table(sink.identifier).scan().to_arrow().to_pylist()
+    keyed = {json.dumps([r["user"], r["region"]]): r["total"] for r in rows}
+    assert len(keyed) == len(rows), f"{name}: a key has two rows: {rows}"
+    return keyed
+
+
+def drain(rt) -> None:
+    run_batches(rt, LocalEngine())
+
+
+# -- value types through the whole pipeline ---------------------------------------------------
+def test_a_first_txid_whose_key_column_is_all_none_loses_no_key(lake, redis_url, home):
+    """Txid 1 types no region (all None): no table can be made of it. Exported with txid 2 in
+    one export, both keys are in both tables; a None key field changed again is one row
+    (Delta's MERGE and Iceberg's compound-key rewrite match None with None)."""
+    rt = sums_runtime(redis_url, home)
+    produce(rt, events({"user": "a", "amount": 3}, {"user": "b", "region": "eu", "amount": 1}))
+    drain(rt)
+    export(rt)
+    want = {'["a", null]': 3, '["b", "eu"]': 1}
+    assert state(rt) == want
+    assert table(rt, "delta-sums") == want and table(rt, "iceberg-sums") == want
+    produce(rt, events({"user": "a", "amount": 2}, {"user": "c", "amount": 1}))
+    for _ in range(2):  # each txid exported on its own: the MERGE path
+        run_batches(rt, LocalEngine(), max_batches=1)
+        export(rt)
+    want = {'["a", null]': 5, '["b", "eu"]': 1, '["c", null]': 1}
+    assert state(rt) == want
+    assert table(rt, "delta-sums") == want and table(rt, "iceberg-sums") == want
+
+
+def test_integers_into_a_float_column_widen_and_floats_into_an_integer_one_reload_delta(
+    lake, redis_url, home
+):
+    """JSON amounts are ints or floats as the data has them. A txid of ints after the column
+    became double is written as doubles (both sinks); a float after the column became int64
+    rewrites the Delta table with the column widened (one reload) and is refused in one line by
+    Iceberg (long to double is no Iceberg promotion)."""
+    rt = sums_runtime(redis_url, home)
+    produce(rt, events({"user": "a", "region": "eu", "amount": 12.5}))
+    drain(rt)
+    export(rt)
+    produce(rt, events({"user": "b", "amount": 3}))
+    drain(rt)
+    export(rt)  # int totals into the double column
+    want = {'["a", "eu"]': 12.5, '["b", null]': 3}
+    assert table(rt, "delta-sums") == want and table(rt, "iceberg-sums") == want
+
+    fresh = sums_runtime(redis_url, home)  # the other order: ints first
+    for name in ("delta-sums", "iceberg-sums"):
+        _drop(sink_of(fresh, name))
+    produce(fresh, events({"user": "a", "region": "eu", "amount": 3}))
+    drain(fresh)
+    export(fresh)
+    produce(fresh, events({"user": "a", "region": "eu", "amount": 0.5}))
+    drain(fresh)
+    (result,) = export(fresh, sinks=["delta-sums"])
+    assert result.reloaded_at == 2
+    assert table(fresh, "delta-sums") == state(fresh) == {'["a", "eu"]': 3.5}
+    with pytest.raises(SinkError) as refused:
+        export(fresh, sinks=["iceberg-sums"])
+    line = str(refused.value)
+    assert "\n" not in line and "column total is int64 in the table" in line and "map" in line
+
+
+def _drop(sink) -> None:
+    import shutil
+
+    if isinstance(sink, DeltaSink):
+        shutil.rmtree(sink.table_uri, ignore_errors=True)
+    else:
+        sink.catalog().drop_table(sink.identifier)
+
+
+# -- whose table it is ------------------------------------------------------------------------
+def _foreign_delta(path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    write_deltalake(path, pa.table({"user": ["q"], "region": ["x"], "total": [7]}))
+
+
+def _foreign_iceberg(lake: Path) -> None:
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog("tridentflow", type="sql", uri=f"sqlite:///{lake}/catalog.db",
+                           warehouse=f"file://{lake}/wh")  # fmt: skip
+    catalog.create_namespace("lake")
+    data = pa.table({"user": ["q"], "region": ["x"], "total": [7]})
+    catalog.create_table("lake.sums", schema=data.schema).append(data)
+
+
+@pytest.mark.parametrize("name", ["delta-sums", "iceberg-sums"])
+def test_a_table_another_writer_made_is_refused_and_kept_unless_adopted(
+    lake, redis_url, home, monkeypatch, name
+):
+    """A table with rows that no generation of the sink wrote (another tool made it) is never
+    written over: the export is refused in one line naming the writer and the two ways out,
+    the rows stay; with ``adopt=True`` the first export replaces them with the state."""
+    _foreign_delta(lake / "sums") if name == "delta-sums" else _foreign_iceberg(lake)
+    rt = sums_runtime(redis_url, home)
+    before = table(rt, name)
+    produce(rt, events({"user": "a", "region": "eu", "amount": 1}))
+    drain(rt)
+    with pytest.raises(SinkError) as refused:
+        export(rt, sinks=[name])
+    line = str(refused.value)
+    assert "\n" not in line and "did not write" in line and "adopt=True" in line, line
+    assert "another table" in line
+    assert table(rt, name) == before == {'["q", "x"]': 7}
+    monkeypatch.setenv("TF_TEST_ADOPT", "1")
+    adopted = runtime(SUMS, redis_url, home)
+    export(adopted, sinks=[name])
+    assert table(adopted, name) == state(adopted) == {'["a", "eu"]': 1}
+
+
+def test_an_empty_table_made_beforehand_with_the_columns_is_taken(lake, redis_url, home):
+    """A table created beforehand (a schema, no rows: nothing to lose) is written to."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    schema = pa.schema([("user", pa.string()), ("region", pa.string()), ("total", pa.int64()),
+                        ("txid", pa.int64())])  # fmt: skip
+    write_deltalake(lake / "sums", schema.empty_table())
+    rt = sums_runtime(redis_url, home)
+    produce(rt, events({"user": "a", "region": "eu", "amount": 1}))
+    drain(rt)
+    export(rt, sinks=["delta-sums"])
+    assert table(rt, "delta-sums") == state(rt)
+
+
+@pytest.mark.parametrize("name", ["delta-sums", "iceberg-sums"])
+def test_another_writers_rows_after_the_sink_are_found_at_the_next_export(
+    lake, redis_url, home, name
+):
+    """A row appended by hand after the sink's txid: the next export refuses in one line (the
+    table no longer equals the state) naming the reload; ``--resync`` reloads it and exports
+    go on. The sink's own compaction between two exports is no other writer."""
+    import pyarrow as pa
+
+    rt = sums_runtime(redis_url, home)
+    produce(rt, events({"user": "a", "region": "eu", "amount": 1}))
+    drain(rt)
+    export(rt)
+    sink = sink_of(rt, name)
+    sink.compact()
+    produce(rt, events({"user": "b", "amount": 2}))
+    drain(rt)
+    export(rt, sinks=[name])  # the compaction changed no row: not another writer
+    assert table(rt, name) == state(rt)
+    hand = pa.table({"user": ["z"], "region": pa.array([None], pa.string()),
+                     "total": [9], "txid": [99]})  # fmt: skip
+    if isinstance(sink, DeltaSink):
+        from deltalake import write_deltalake
+
+        write_deltalake(sink.table_uri, hand, mode="append")
+    else:
+        iceberg = sink.catalog().load_table(sink.identifier)
+        iceberg.append(hand.cast(iceberg.schema().as_arrow()))
+    produce(rt, events({"user": "a", "amount": 1}))
+    drain(rt)
+    with pytest.raises(SinkError) as refused:
+        export(rt, sinks=[name])
+    line = str(refused.value)
+    assert "\n" not in line and "no longer equals the state" in line and "--resync" in line
+    export(rt, sinks=[name], resync=True)
+    assert table(rt, name) == state(rt)
+    produce(rt, events({"user": "c", "amount": 4}))
+    drain(rt)
+    export(rt, sinks=[name])
+    assert table(rt, name) == state(rt)
+
+
+# -- value types at the sink: a property over generated keys and values ------------------------
+NUMBERS = {
+    "int": st.integers(-(2**62), 2**62),
+    "float": st.floats(allow_nan=False, allow_infinity=False),
+}
+KEY_KINDS = {
+    **NUMBERS,
+    "text": st.text(max_size=4),  # unicode
+    "bool": st.booleans(),
+    "number": st.one_of(st.integers(-3, 3), st.integers(-3, 3).map(float)),  # 1 and 1.0
+    "mixed": st.one_of(st.booleans(), *NUMBERS.values(), st.text(max_size=2)),
+}
+VALUE_KINDS = {
+    "int": st.integers(-(2**40), 2**40),
+    "float": st.floats(-1e6, 1e6),
+    "mixed": st.one_of(st.integers(-(2**40), 2**40), st.floats(-1e6, 1e6)),  # JSON's 3, 12.5
+}
+
+
+@st.composite
+def typed_txids(draw: Any) -> tuple[bool, list[list[tuple[Any, ...]]]]:
+    """Whether the key is compound, and up to four txids of rows (key fields, value): each
+    column of one kind (None among them; a "mixed" column mixes), a None value a removal."""
+    compound = draw(st.booleans())
+    k1 = st.one_of(st.none(), draw(st.sampled_from(list(KEY_KINDS.values()))))
+    k2 = st.one_of(st.none(), draw(st.sampled_from(list(KEY_KINDS.values()))))
+    value = st.one_of(st.none(), draw(st.sampled_from(list(VALUE_KINDS.values()))))
+    row = st.tuples(k1, k2, value)
+    return compound, draw(st.lists(st.lists(row, min_size=1, max_size=6), min_size=1, max_size=4))
+
+
+def _context() -> ExportContext:
+    return ExportContext("typed", "g1", None, "")  # type: ignore[arg-type]
+
+
+def _sinks(folder: Path, compound: bool) -> list[Any]:
+    fields = ("k1", "k2", "v") if compound else ("k1", "v")
+    keys = fields[:-1]
+    catalog = {"type": "sql", "uri": f"sqlite:///{folder}/catalog.db",
+               "warehouse": f"file://{folder}/wh"}  # fmt: skip
+    return [
+        DeltaSink(folder / "delta", name="delta").bind(fields, keys),
+        IcebergSink("typed.t", catalog=catalog, name="iceberg").bind(fields, keys),
+    ]
+
+
+def _table_of(sink: Any, compound: bool) -> dict[str, Any]:
+    if isinstance(sink, DeltaSink):
+        from deltalake import DeltaTable
+
+        try:
+            rows = DeltaTable(sink.table_uri).to_pyarrow_table().to_pylist()
+        except Exception:
+            rows = []
+    else:
+        loaded = sink._table()
+        rows = [] if loaded is None else loaded.scan().to_arrow().to_pylist()
+    key = (lambda r: [r["k1"], r["k2"]]) if compound else (lambda r: [r["k1"]])
+    out = {json.dumps(key(r)): r["v"] for r in rows}
+    assert len(out) == len(rows), f"{sink.name}: a key has two rows: {rows}"
+    return out
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(typed_txids())
+def test_generated_key_and_value_types_leave_each_table_equal_to_the_state_or_refused(
+    tmp_path_factory, generated_txids
+):
+    """Txid after txid of generated rows (one per changed key; a None value removes the key):
+    after each, every table holds exactly the model state's keys and values (keys compared as
+    the state tells them apart: 1, 1.0 and True are three), or the txid is refused in one line
+    and the table is as it was - never a silent cast, a lost key or a key held twice. A txid
+    whose rows type no column yet writes nothing and is caught up by the next one (the export
+    reloads from the state: here, the model's rows)."""
+    compound, txids = generated_txids
+    folder = tmp_path_factory.mktemp("typed")
+    ctx = _context()
+    for sink in _sinks(folder, compound):
+        model: dict[str, Any] = {}
+        for txid, generated in enumerate(txids, start=1):
+            rows, seen = [], set()
+            for k1, k2, value in generated:
+                key = [k1, k2] if compound else [k1]
+                if json.dumps(key) in seen:
+                    continue
+                seen.add(json.dumps(key))
+                rows.append((*key, value))
+            after = dict(model)
+            for *key, value in rows:
+                after.pop(json.dumps(key), None) if value is None else after.update(
+                    {json.dumps(key): value}
+                )
+            before = _table_of(sink, compound)
+            try:
+                try:
+                    sink.apply(ctx, txid, rows)
+                except SinkError as behind:
+                    if type(behind).__name__ != "ReloadNeededError":
+                        raise
+                    snapshot = [(*json.loads(k), v) for k, v in after.items()]
+                    sink.apply(ctx, txid, snapshot, replace_all=True)
+            except SinkError as refused:
+                assert "\n" not in str(refused), str(refused)
+                assert _table_of(sink, compound) == before
+                event(f"{sink.name}: refused at txid {txid}")
+                break
+            model = after
+            got = _table_of(sink, compound)
+            event(f"{sink.name}: {'written' if got else 'nothing yet'}")
+            assert got == model or (not got and _untyped(model)), (sink.name, txid, got, model)
+
+
+def _untyped(model: dict[str, Any]) -> bool:
+    """Whether no table could be made of the model yet (a column with no non-None value)."""
+    if not model:
+        return True
+    columns = list(zip(*[[*json.loads(k), v] for k, v in model.items()], strict=True))
+    return any(all(v is None for v in column) for column in columns)
