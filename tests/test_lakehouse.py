@@ -436,3 +436,22 @@ def test_object_storage_not_a_shared_disk(s3, lake, redis_url, redis_client, hom
     assert keyed(table_rows(rt, "delta-counts"), "word", "count") == want
     assert keyed(table_rows(rt, "iceberg-s3lake.counts"), "word", "count") == want
     assert export(rt) and all(r.applied == () for r in export(rt))
+
+
+def test_a_refused_rewind_leaves_nothing_owed_and_the_next_rewind_runs(rt):
+    """A rewind refused before it changed anything (here a txid not committed: a typo; a live
+    lease without --force is refused at the same step) owes no table: a later rewind to
+    another txid runs and carries every table back."""
+    from tridentflow.errors import TridentflowError
+    from tridentflow_state.errors import StateError
+
+    drain(rt)
+    committed = rt.ledger.committed_txid()
+    for refused in (committed + 100, committed + 1):
+        with pytest.raises((TridentflowError, StateError)):
+            rewind_pipeline(rt, refused, force=True)
+    report = rewind_pipeline(rt, 4, force=True)
+    assert set(report.tables_rewound) == {*UPSERT, *APPEND}
+    for name, state in UPSERT.items():
+        key, value = ("word", "count") if state == "counts" else ("key", "value")
+        assert keyed(table_rows(rt, name), key, value) == state_of(rt, state), name

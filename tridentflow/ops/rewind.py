@@ -156,21 +156,34 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
             f"table back yet: run rewind --to {owed.target} again first"
         )
     old_generation = _generation_before(rt)
+    owed_here = False
     if old_generation and any(_carries_back(feed.sink) for feed in rt.pipeline.feeds):
         # owed until every table is back: a rewind cut short after the states finished
         # must still know which generation's versions the tables go back to
         last = max(rt.ledger.last_txid(), rt.ledger.committed_txid())
         record = f"{old_generation}|{target}|{last}"
-        rt.client.hsetnx(rt.keyspace.undo_meta, TABLES_OWED, record)
-    result = rewind(
-        rt.client,
-        rt.keyspace,
-        list(rt.pipeline.states),
-        target,
-        force=force,
-        hook=lambda point, txid: rt.faults.fire(point, txid, 1),
-        expiring=list(rt.pipeline.expiring),
-    )
+        owed_here = bool(rt.client.hsetnx(rt.keyspace.undo_meta, TABLES_OWED, record))
+    began = False
+
+    def hook(point: str, txid: int) -> None:
+        nonlocal began
+        began = began or point == "after-begin-rewind"
+        rt.faults.fire(point, txid, 1)
+
+    try:
+        result = rewind(
+            rt.client,
+            rt.keyspace,
+            list(rt.pipeline.states),
+            target,
+            force=force,
+            hook=hook,
+            expiring=list(rt.pipeline.expiring),
+        )
+    except BaseException:
+        if owed_here and not began:  # refused before anything changed: nothing is owed
+            rt.client.hdel(rt.keyspace.undo_meta, TABLES_OWED)
+        raise
     first = max(1, min(target + 1, result.committed))
     tables = _after_states(rt, old_generation, target, first, result.last)
     return RewindReport(result, reload, tables)
