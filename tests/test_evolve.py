@@ -537,6 +537,42 @@ def test_a_migration_killed_part_way_transforms_no_value_twice(before_migration,
     assert _letters(new, "lengths") == values and _letters(new, "lengths", 2) == as_of_2
 
 
+@pytest.mark.parametrize("killed_at", ["before finish_migration", "after finish_migration"])
+def test_a_finished_migration_run_again_is_a_no_op(
+    before_migration, monkeypatch, capsys, redis_url, home, killed_at
+):
+    """Killed after its last write - before it cleared its notes, or after, before it said
+    "done" - or simply run twice, the same migration is recorded as finished: the rerun
+    transforms nothing (as_letters raises on a value done twice) and says so; commits go on."""
+    import tridentflow.ops.evolve as evolve_ops
+    from tridentflow.ops.cli import main
+
+    new, values, _ = before_migration
+    original = evolve_ops.finish_migration
+
+    def killed(client, keyspace, name):
+        if killed_at == "after finish_migration":
+            original(client, keyspace, name)
+        raise ConnectionError("killed")
+
+    monkeypatch.setattr(evolve_ops, "finish_migration", killed)
+    with pytest.raises(ConnectionError):
+        evolve_ops.migrate_state(new, "lengths", MIGRATION)
+    monkeypatch.setattr(evolve_ops, "finish_migration", original)
+    again = evolve_ops.migrate_state(new, "lengths", MIGRATION)
+    assert again.already and again.keys_migrated == 0
+    assert _letters(new, "lengths") == values
+    run(new, ["a"])
+    assert _letters(new, "lengths") == {**values, "a": values["a"] + 1}
+    monkeypatch.setenv("TRIDENTFLOW_REDIS_URL", redis_url)
+    monkeypatch.setenv("TRIDENTFLOW_HOME", str(home))
+    capsys.readouterr()
+    assert main(["evolve", "tests.test_evolve:lettered", "--migrate", f"lengths={MIGRATION}",
+                 "--yes"]) == 0  # fmt: skip
+    assert "already: nothing to do" in capsys.readouterr().out
+    assert _letters(new, "lengths") == {**values, "a": values["a"] + 1}
+
+
 def test_a_migration_that_fails_on_a_value_is_one_line_and_finishes_once_fixed(
     before_migration, monkeypatch
 ):

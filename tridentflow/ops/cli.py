@@ -805,7 +805,14 @@ def cmd_evolve(args: argparse.Namespace, out: TextIO) -> int:
         info, line = renamed.to_json(), f"{renamed.keys_moved} key(s) moved"
     else:
         migrated = evolve.migrate_state(rt, left, right)
-        info, line = migrated.to_json(), f"{migrated.keys_migrated} key(s) rewritten"
+        info, line = (
+            migrated.to_json(),
+            (
+                f"migrated with {right} already: nothing to do (a migration runs once)"
+                if migrated.already
+                else f"{migrated.keys_migrated} key(s) rewritten"
+            ),
+        )
     out.write((json.dumps(info) if args.json else f"evolve: {what}: done, {line}") + "\n")
     return 0
 

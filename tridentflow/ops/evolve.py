@@ -37,7 +37,10 @@ and retry, an attempt under way is fenced), one key at a time: the state's hash 
 and its undo and change logs, so a query as of an older txid, a rewind and a sink all see the
 new form. Each key is copied through the function in chunks and swapped in atomically with a
 note that it is done, so a kill at any point transforms no value twice and the same command
-finishes the job. Then the record takes the code's shape for the state.
+finishes the job. Then the record takes the code's shape for the state and notes the
+function among the state's migrations: the same command run again after it finished - killed
+before it said "done", or simply run twice - is a no-op that says so (never a second
+transform of every value).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from tridentflow.errors import TridentflowError
 from tridentflow.steps.recorded_settings import (
     CHANGE_LOGS,
     DROPPING,
+    MIGRATED,
     MIGRATING,
     MOVING,
     RENAMING,
@@ -249,9 +253,12 @@ class MigrateResult:
     state: str
     function: str
     keys_migrated: int
+    already: bool = False
+    """The state was migrated with this function before: nothing was done."""
 
     def to_json(self) -> dict[str, object]:
-        return {"state": self.state, "function": self.function, "keys_migrated": self.keys_migrated}
+        return {"state": self.state, "function": self.function,
+                "keys_migrated": self.keys_migrated, "already": self.already}  # fmt: skip
 
 
 def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
@@ -261,6 +268,8 @@ def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
     function = load_function(ref)
     states = _recorded_states(rt)
     entry = states.get(name)
+    if entry is not None and not entry.get(MIGRATING) and ref in entry.get(MIGRATED, ()):
+        return MigrateResult(name, ref, 0, already=True)  # finished before: never twice
     if entry is None or not entry.get(MIGRATING):
         _check_migratable(rt, states, name)
         _mark(rt, name, **{MIGRATING: ref})
@@ -273,7 +282,8 @@ def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
     migrated = migrate_state_keys(rt.client, rt.keyspace, name, function)
     states = _recorded_states(rt)
     since = states[name].get("since")
-    states[name] = {**shapes(rt)[name], "since": since}
+    done = [*states[name].get(MIGRATED, ()), ref]
+    states[name] = {**shapes(rt)[name], "since": since, MIGRATED: done}
     rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
     finish_migration(rt.client, rt.keyspace, name)
     return MigrateResult(name, ref, migrated)

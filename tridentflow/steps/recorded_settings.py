@@ -54,6 +54,10 @@ name. A commit of code that has either name is refused."""
 MIGRATING = "migrating_with"
 """A state's field in the ``states`` record while ``evolve --migrate`` rewrites its values:
 the function's ``module:function``. A commit of code that has the state is refused."""
+MIGRATED = "migrated_with"
+"""A state's field in the ``states`` record once ``evolve --migrate`` finished: every function
+(``module:function``) that rewrote its values, in order. The same migration run again (after
+a kill before it said "done") is a no-op: it would transform every value twice."""
 MOVING = "moving"
 """Set with RENAMING once the rename's keys are moving (what was under the new name is gone)."""
 SHAPE = ("kind", "aggregator", "keys")
@@ -147,7 +151,7 @@ def evolution_under_way(rt: Runtime, recorded: dict[str, str]) -> str | None:
 def _states_value(rt: Runtime, recorded: dict[str, str]) -> str:
     """The ``states`` record after this process: its code's shapes - a state new to the
     record since the next txid (None: the record began after its first commit) - and the
-    states its code no longer has, kept as they were."""
+    states its code no longer has, kept as they were (and each state's finished migrations)."""
     have = json.loads(recorded.get(STATES, "{}"))
     own = shapes(rt)
     since = None
@@ -156,7 +160,8 @@ def _states_value(rt: Runtime, recorded: dict[str, str]) -> str:
         since = committed + 1 if STATES in recorded or committed == 0 else None
     out = dict(have)
     for name, shape in own.items():
-        out[name] = {**shape, "since": have[name]["since"] if name in have else since}
+        kept = {MIGRATED: have[name][MIGRATED]} if MIGRATED in have.get(name, {}) else {}
+        out[name] = {**shape, "since": have[name]["since"] if name in have else since, **kept}
     return json.dumps(out, sort_keys=True)
 
 
