@@ -436,6 +436,8 @@ def test_object_storage_not_a_shared_disk(s3, lake, redis_url, redis_client, hom
     assert keyed(table_rows(rt, "delta-counts"), "word", "count") == want
     assert keyed(table_rows(rt, "iceberg-s3lake.counts"), "word", "count") == want
     assert export(rt) and all(r.applied == () for r in export(rt))
+    iceberg = next(f.sink for f in rt.pipeline.feeds if isinstance(f.sink, IcebergSink))
+    assert iceberg.vacuum(retention_hours=0, dry_run=True) == []  # the catalog's s3.endpoint
 
 
 def test_a_refused_rewind_leaves_nothing_owed_and_the_next_rewind_runs(rt):
@@ -455,3 +457,39 @@ def test_a_refused_rewind_leaves_nothing_owed_and_the_next_rewind_runs(rt):
     for name, state in UPSERT.items():
         key, value = ("word", "count") if state == "counts" else ("key", "value")
         assert keyed(table_rows(rt, name), key, value) == state_of(rt, state), name
+
+
+@pytest.mark.parametrize("hours", ["-1", "nan", "inf"])
+def test_a_vacuum_retention_that_is_no_number_of_hours_is_one_line(rt, capsys, hours):
+    """`tables vacuum --retention-hours -1` (or NaN, inf) is refused in one line before any
+    table is touched - Delta's and Iceberg's alike; the sinks' own vacuum refuses it too."""
+    from tridentflow.ops.cli import main
+
+    drain(rt)
+    args = ["tables", "vacuum", "tests.pipelines:lakehoused", "--retention-hours", hours, "--yes",
+            "--redis-url", rt.redis_url, "--home", str(rt.home)]  # fmt: skip
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "number of hours >= 0" in err and "--retention-hours 168" in err
+    for name in ("delta-kv", "iceberg-kv"):
+        with pytest.raises(SinkError, match="number of hours >= 0"):
+            feed(rt, name).sink.vacuum(retention_hours=float(hours), dry_run=True)
+
+
+def test_a_failure_inside_table_maintenance_is_one_line(rt, capsys, monkeypatch):
+    """An error the table library raises in `tables compact` (a racing export's conflict, a
+    store's error) is one line naming the sink, never a traceback."""
+    from tridentflow.ops.cli import main
+
+    drain(rt)
+
+    def conflict(self):
+        raise RuntimeError("CommitFailedError: a concurrent transaction\n  deep frame")
+
+    monkeypatch.setattr(DeltaSink, "compact", conflict)
+    args = ["tables", "compact", "tests.pipelines:lakehoused", "--sink", "delta-kv",
+            "--redis-url", rt.redis_url, "--home", str(rt.home)]  # fmt: skip
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "sink delta-kv" in err and "tables compact failed" in err, err
+    assert "run it again" in err

@@ -564,7 +564,9 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
-    """Vacuum or compact each lakehouse sink's table (tridentflow.sinks.delta / .iceberg)."""
+    """Vacuum or compact each lakehouse sink's table (tridentflow.sinks.delta / .iceberg); any
+    failure one line."""
+    from tridentflow.sinks.lakehouse import check_retention
     from tridentflow.steps.export import close_sink, pick_feeds, table_versions
 
     rt = _runtime(args)
@@ -573,20 +575,37 @@ def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
         raise TridentflowError(
             f"pipeline {rt.pipeline.name} has no lakehouse sink (DeltaSink, IcebergSink)"
         )
+    if args.action == "vacuum":
+        check_retention(args.retention_hours)  # before any table: one line, nothing touched
     for feed in feeds:
         try:
-            if args.action == "compact":
-                out.write(f"sink {feed.name}: compacted {feed.sink.compact()}\n")
-                continue
-            keep = [int(v) for v in table_versions(rt, feed).values() if v.isdigit()]
-            files = feed.sink.vacuum(args.retention_hours, dry_run=not args.yes, keep_versions=keep)
-            verb = "removed" if args.yes else "would remove (--yes to delete)"
-            out.write(f"sink {feed.name}: {verb} {len(files)} file(s)\n")
-            for name in files:
-                out.write(f"  {name}\n")
+            _table_maintenance(rt, feed, args, out, table_versions)
+        except TridentflowError:
+            raise
+        except Exception as exc:  # the table library's (a racing export, a store's error)
+            raise TridentflowError(
+                f"sink {feed.name} ({feed.sink.describe()}): tables {args.action} failed: "
+                f"{one_line(exc)} (the table is as it was, but for files nothing referenced; "
+                "run it again)"
+            ) from None
         finally:
             close_sink(feed)
     return 0
+
+
+def _table_maintenance(
+    rt: Runtime, feed: Any, args: argparse.Namespace, out: TextIO, table_versions: Any
+) -> None:
+    """One sink's ``tables compact`` or ``tables vacuum``, said in a line (and the files)."""
+    if args.action == "compact":
+        out.write(f"sink {feed.name}: compacted {feed.sink.compact()}\n")
+        return
+    keep = [int(v) for v in table_versions(rt, feed).values() if v.isdigit()]
+    files = feed.sink.vacuum(args.retention_hours, dry_run=not args.yes, keep_versions=keep)
+    verb = "removed" if args.yes else "would remove (--yes to delete)"
+    out.write(f"sink {feed.name}: {verb} {len(files)} file(s)\n")
+    for name in files:
+        out.write(f"  {name}\n")
 
 
 def cmd_query(args: argparse.Namespace, out: TextIO) -> int:

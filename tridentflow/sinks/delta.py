@@ -50,6 +50,7 @@ from tridentflow.sinks.lakehouse import (
     LakehouseRows,
     app_id,
     check_mode,
+    check_retention,
     foreign_table_line,
     untyped,
 )
@@ -459,6 +460,7 @@ class DeltaSink(Sink):
         those of versions older than ``retention_hours`` but ``keep_versions`` (the versions
         of the txids a rewind may still reach), listed, and deleted unless ``dry_run``
         (delta-rs's full VACUUM)."""
+        retention_hours = check_retention(retention_hours)
         table = self._table()
         if table is None:
             return []

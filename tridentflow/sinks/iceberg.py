@@ -50,6 +50,7 @@ from tridentflow.sinks.lakehouse import (
     LakehouseRows,
     app_id,
     check_mode,
+    check_retention,
     foreign_table_line,
     untyped,
 )
@@ -463,6 +464,7 @@ class IcebergSink(Sink):
         snapshot's files are kept (``keep_versions`` is moot: expire snapshots to let go)."""
         from pyarrow import fs
 
+        retention_hours = check_retention(retention_hours)
         table = self._table()
         if table is None:
             return []
@@ -471,7 +473,7 @@ class IcebergSink(Sink):
             for manifest in snapshot.manifests(table.io):
                 for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
                     referenced.add(_path(entry.data_file.file_path))
-        filesystem, root = fs.FileSystem.from_uri(f"{table.location().rstrip('/')}/data")
+        filesystem, root = _filesystem(table, f"{table.location().rstrip('/')}/data")
         try:
             infos = filesystem.get_file_info(fs.FileSelector(root, recursive=True))
         except FileNotFoundError:
@@ -507,6 +509,18 @@ class IcebergSink(Sink):
                 for data_file in written:
                     snapshot.append_data_file(data_file)
         return {"files_before": len(files), "files_after": len(written)}
+
+
+def _filesystem(table: Any, location: str) -> tuple[Any, str]:
+    """A pyarrow filesystem for ``location`` configured as the table's FileIO is (the
+    catalog's ``s3.endpoint``, credentials, ...), and the path in it."""
+    from pyarrow import fs
+
+    io = table.io
+    if callable(getattr(io, "fs_by_scheme", None)):
+        scheme, netloc, path = io.parse_location(location, io.properties)
+        return io.fs_by_scheme(scheme, netloc), path
+    return fs.FileSystem.from_uri(location)
 
 
 def _no_retries(table: Any) -> Any:

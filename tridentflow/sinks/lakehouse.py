@@ -287,6 +287,24 @@ def foreign_table_line(rows: int, writer: str) -> str:
     )
 
 
+def check_retention(hours: Any) -> float:
+    """``hours`` as a retention of ``tables vacuum``: a finite number >= 0; SinkError (one
+    line) otherwise."""
+    import math
+
+    if (
+        isinstance(hours, bool)
+        or not isinstance(hours, int | float)
+        or not math.isfinite(hours)
+        or hours < 0
+    ):
+        raise SinkError(
+            f"a vacuum's retention is a number of hours >= 0, got {hours!r}: e.g. "
+            "--retention-hours 168 (a week; 0 removes every unreferenced file)"
+        )
+    return float(hours)
+
+
 def check_mode(sink: str, mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"sink {sink}: mode must be one of {', '.join(MODES)}, got {mode!r}")
