@@ -601,3 +601,60 @@ def test_a_migration_that_fails_on_a_value_is_one_line_and_finishes_once_fixed(
             migrate_state(new, "lengths", ref)
     with pytest.raises(EvolveRefused, match="code of pipeline evolving has no state counted"):
         migrate_state(new, "counted", MIGRATION)
+
+
+def _migrated(new: Runtime) -> None:
+    from tridentflow.ops.evolve import migrate_state
+
+    migrate_state(new, "lengths", MIGRATION)
+
+
+def _renamed(new: Runtime) -> None:
+    from tridentflow.ops.evolve import rename_state
+
+    rename_state(new, "lengths", "letters")
+
+
+@pytest.mark.parametrize(
+    ("emitting_code", "deployed_code", "evolve"),
+    [
+        pytest.param(everything, lettered, _migrated, id="evolve-migrate"),
+        pytest.param(everything, lambda: everything(name="letters"), _renamed, id="evolve-rename"),
+        pytest.param(lambda: everything(lengths=False), everything, None, id="a-state-added"),
+    ],
+)
+def test_a_txid_emitted_by_other_code_is_refused_at_commit_in_one_line(
+    redis_url, home, emitting_code, deployed_code, evolve
+):
+    """A code deploy and its `evolve` between a txid's emit and its commit (its Airflow run in
+    flight): the staged batch says which code shape made it, and the commit by code of another
+    shape refuses it in one line before anything is written - never the old aggregator's
+    partials combined into migrated values, never a bare KeyError; emitted again by the new
+    code, the same txid (its offsets unchanged) commits, and the values equal a recount."""
+    from tridentflow.errors import IncompleteBatchError
+    from tridentflow.steps.committer import commit
+    from tridentflow.steps.coordinator import coordinate
+    from tridentflow.steps.emitter import emit
+
+    old = Runtime.open(emitting_code(), redis_url, home)
+    old.ledger.reset(force=True)
+    run(old, ["a bb"])
+    produce(old, ["ccc dddd"])
+    txid = old.ledger.committed_txid() + 1
+    coordinate(old, txid)
+    emit(old, txid, LocalEngine())  # the old code's partials staged; the deploy comes now
+    new = Runtime.open(deployed_code(), redis_url, home)
+    if evolve is not None:
+        evolve(new)
+    before = new.ledger.committed_txid()
+    with pytest.raises(IncompleteBatchError) as refused:
+        commit(new, txid)
+    line = str(refused.value)
+    assert "\n" not in line and f"txid {txid} was emitted by code of another shape" in line
+    assert "emit it again" in line and new.ledger.committed_txid() == before
+    emit(new, txid, LocalEngine())
+    commit(new, txid)
+    assert new.ledger.committed_txid() == txid
+    name = next(iter(n for n in ("letters", "lengths") if n in new.pipeline.states))
+    if emitting_code is everything:  # the state held txid 1 before: both txids counted
+        assert _letters(new, name) == {"a": 1, "bb": 2, "ccc": 3, "dddd": 4}

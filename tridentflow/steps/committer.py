@@ -60,8 +60,9 @@ from tridentflow.errors import (
     StateUpdateError,
 )
 from tridentflow.steps.recorded_settings import check as check_settings
+from tridentflow.steps.recorded_settings import code_shape_changes
 from tridentflow.steps.runtime import Runtime
-from tridentflow.steps.staging import StagedBatch
+from tridentflow.steps.staging import CODE_SHAPE, StagedBatch
 from tridentflow.steps.turns import wait_turn
 from tridentflow_state.backing import Fence
 from tridentflow_state.commit import CommitAttempt, PhaseHooks
@@ -401,12 +402,28 @@ def load_verified(rt: Runtime, txid: int) -> StagedBatch:
         raise NotReadyError(f"txid {txid} has no staged output: run its emitter first")
     try:
         staged = rt.staging_of(txid, attempt).load(txid, attempt)
+        check_code_shape(rt, staged)
         positions = rt.pipeline.source.position_field is not None
         check_continuity(staged, rt.ledger.committed_offsets(), positions)
     except IncompleteBatchError:
         rt.discard_attempts(txid, [attempt])
         raise
     return staged
+
+
+def check_code_shape(rt: Runtime, staged: StagedBatch) -> None:
+    """IncompleteBatchError (one line) for a batch staged by code of another shape - a deploy,
+    an ``evolve`` between its emit and its commit: its partials were made by other
+    aggregators, for other states, and must not be combined into this code's values. The
+    caller deletes it; the txid's batch (its offsets) stays frozen, and emitting it again
+    computes it with this code."""
+    differs = code_shape_changes(rt, staged.manifest.get(CODE_SHAPE))
+    if differs is not None:
+        raise IncompleteBatchError(
+            f"txid {staged.txid} was emitted by code of another shape than this one ({differs}): "
+            "its partials are not committed with this code's states; emit it again with this "
+            "code (clear its emit task; `tridentflow run` does it by itself)"
+        )
 
 
 def commit_stats(

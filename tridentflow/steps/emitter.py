@@ -32,8 +32,9 @@ from tridentflow.errors import (
     TooManyBadRecords,
 )
 from tridentflow.sources.specs import SourceMode
+from tridentflow.steps.recorded_settings import code_shape
 from tridentflow.steps.runtime import Runtime
-from tridentflow.steps.staging import StagedBatch
+from tridentflow.steps.staging import CODE_SHAPE, StagedBatch
 
 
 def unreadable_partitions(rt: Runtime, txid: int) -> tuple[dict[int, int], dict[int, str]]:
@@ -172,6 +173,7 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         "ranges": {str(p): [s, e] for p, (s, e) in sorted(ranges.items())},
         "skipped": sorted(skipped),
         "next_positions": {str(p): v for p, v in sorted(next_positions.items())},
+        CODE_SHAPE: code_shape(rt),  # a commit by code of another shape refuses the batch
     }
     try:
         staged = _compute_and_stage(rt, txid, attempt, engine, ranges, next_positions, header)

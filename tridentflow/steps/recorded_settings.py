@@ -98,6 +98,35 @@ def shapes(rt: Runtime) -> dict[str, dict[str, Any]]:
     return out
 
 
+def code_shape(rt: Runtime) -> dict[str, str]:
+    """What makes a txid's staged partials in this process's code: each state's kind,
+    aggregator, key and input fields, as one line a state. The emitter stamps it on the staged
+    batch; a commit by code of another shape refuses the batch (``check_code_shape``)."""
+    return {
+        name: f"{shape['kind']} {shape['aggregator']} keys={shape['keys']} in={shape['in']}"
+        for name, shape in shapes(rt).items()
+    }
+
+
+def code_shape_changes(rt: Runtime, staged: dict[str, str] | None) -> str | None:
+    """What differs between the code shape a batch was ``staged`` by (None: a batch from
+    before the stamp, taken as it is) and this process's; None when nothing does."""
+    if staged is None:
+        return None
+    own = code_shape(rt)
+    if staged == own:
+        return None
+    gone = sorted(set(staged) - set(own))
+    new = sorted(set(own) - set(staged))
+    changed = sorted(n for n in set(staged) & set(own) if staged[n] != own[n])
+    parts = [
+        *([f"states {', '.join(gone)} gone"] if gone else []),
+        *([f"states {', '.join(new)} new"] if new else []),
+        *(f"state {n} was {staged[n]}, is {own[n]}" for n in changed),
+    ]
+    return "; ".join(parts)
+
+
 def shape_changes(rt: Runtime, recorded: dict[str, str]) -> list[str]:
     """One line per state whose shape this process's code changes incompatibly (see the
     module doc); [] when nothing is recorded yet. Read-only."""

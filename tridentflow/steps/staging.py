@@ -60,6 +60,11 @@ MANIFEST = "MANIFEST.json"
 BAD_FILE = "bad.jsonl"
 
 
+CODE_SHAPE = "code_shape"
+"""The manifest's field naming the code shape that staged the batch (each state's kind,
+aggregator, key and input fields: ``recorded_settings.code_shape``)."""
+
+
 def _write_state(path: Path, pairs: Iterable[tuple[str, Any]], what: str) -> dict[str, Any]:
     """Write ``key TAB value`` lines, fsync; return {file, lines, sha256, format}."""
     info = _write_lines(path, (f"{key}\t{staged_json(v, what)}" for key, v in pairs))
