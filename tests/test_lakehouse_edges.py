@@ -356,3 +356,45 @@ def _untyped(model: dict[str, Any]) -> bool:
         return True
     columns = list(zip(*[[*json.loads(k), v] for k, v in model.items()], strict=True))
     return any(all(v is None for v in column) for column in columns)
+
+
+# -- one exporter at a time: a lease, not a two-minute lock ------------------------------------
+def test_a_dead_exporters_lock_costs_one_lease_and_a_live_one_is_renewed(
+    lake, redis_url, home, monkeypatch, capsys
+):
+    """A killed exporter's lock (never released) stops the next export for at most one lease,
+    and the waiting export says on stderr what it waits for; a live holder renews its lease,
+    so a write longer than the lease is never overtaken."""
+    import threading
+    import time
+
+    import tridentflow.steps.export as export_step
+
+    monkeypatch.setattr(export_step, "SINK_LOCK_S", 1.0)
+    rt = sums_runtime(redis_url, home)
+    produce(rt, events({"user": "a", "region": "eu", "amount": 1}))
+    drain(rt)
+    feed = next(f for f in rt.pipeline.feeds if f.name == "delta-sums")
+    name = f"{rt.keyspace.sinks}:lock:{feed.name}"
+    assert rt.client.lock(name, timeout=1.0).acquire(blocking=False)  # the dead holder's
+    started = time.monotonic()
+    export(rt, sinks=["delta-sums"])
+    assert time.monotonic() - started < 5
+    assert "waiting for another exporter's lock" in capsys.readouterr().err
+    assert table(rt, "delta-sums") == state(rt)
+
+    held = threading.Event()
+
+    def long_writer() -> None:
+        with export_step.sink_lock(rt, feed):
+            held.set()
+            time.sleep(3.0)  # three leases
+
+    writer = threading.Thread(target=long_writer)
+    writer.start()
+    held.wait(5)
+    started = time.monotonic()
+    with export_step.sink_lock(rt, feed):
+        waited = time.monotonic() - started
+    writer.join()
+    assert waited > 2.0, waited  # it waited for the release, not for one lease

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+from redis.exceptions import LockError
 
 from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Feed
@@ -108,20 +112,58 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
     return replace(base, fire=fire)
 
 
-SINK_LOCK_S = 120
-"""How long one exporter may hold a sink's lock before another may take it (an exporter
-killed while holding it stops no export for longer)."""
+SINK_LOCK_S = 15
+"""The lease of one exporter's hold on a sink's lock: renewed every third of it while the
+exporter lives, so a killed exporter stops another one for at most this long."""
+SINK_LOCK_WAIT_S = 120
+"""How long an exporter waits for a sink's lock before it fails (the next export retries)."""
 
 
 def sink_lock(rt: Runtime, feed: Feed) -> Any:
-    """redis-py's Lock on the sink, expiring after SINK_LOCK_S: one exporter writes it at a
-    time; one that waits for longer fails (SinkError names the sink), the next export retries."""
-    return rt.client.lock(
-        f"{rt.keyspace.sinks}:lock:{feed.name}",
-        timeout=SINK_LOCK_S,
-        blocking_timeout=SINK_LOCK_S,
-        thread_local=False,
-    )
+    """One exporter of the sink at a time (see ``LeasedLock``)."""
+    return LeasedLock(rt.client, f"{rt.keyspace.sinks}:lock:{feed.name}", f"sink {feed.name}")
+
+
+class LeasedLock:
+    """redis-py's Lock as a lease: taken for SINK_LOCK_S, renewed by a thread every third of
+    it until released, so a holder that died frees the sink within SINK_LOCK_S (never the
+    length of a write). An exporter that has to wait says once on stderr what it waits for;
+    SinkError (one line) after SINK_LOCK_WAIT_S."""
+
+    def __init__(self, client: Any, name: str, what: str) -> None:
+        self.lock = client.lock(name, timeout=SINK_LOCK_S, thread_local=False)
+        self.name, self.what = name, what
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def __enter__(self) -> LeasedLock:
+        if not self.lock.acquire(blocking=False):
+            sys.stderr.write(
+                f"tridentflow: {self.what}: waiting for another exporter's lock on it (its "
+                f"lease ends within {SINK_LOCK_S:.0f} s unless that exporter lives to renew it)\n"
+            )
+            if not self.lock.acquire(blocking=True, blocking_timeout=SINK_LOCK_WAIT_S):
+                raise SinkError(
+                    f"{self.what}: another exporter held it for over {SINK_LOCK_WAIT_S} s "
+                    "(still writing): export again later"
+                )
+        self._renewer = threading.Thread(target=self._renew, daemon=True, name=self.name)
+        self._renewer.start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._stop.wait(SINK_LOCK_S / 3):
+            try:
+                self.lock.reacquire()
+            except Exception:  # lost (Redis away, the lease ran out): the store fences writes
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        with contextlib.suppress(LockError):  # a lease that ran out is no one's to release
+            self.lock.release()
 
 
 TABLE_VERSIONS_KEPT = 50
