@@ -174,3 +174,13 @@ def killable_redis(tmp_path):
     started.start()
     yield started
     started.kill()
+
+
+@pytest.fixture
+def lake(tmp_path, monkeypatch) -> Path:
+    """A folder for the lakehouse sinks' tables (and an Iceberg SQL catalog), named by
+    TF_TEST_LAKE for the test pipelines that write there."""
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    monkeypatch.setenv("TF_TEST_LAKE", str(folder))
+    return folder

@@ -35,14 +35,6 @@ APPEND = {"delta-kv-log": "kv", "iceberg-kv-log": "kv"}
 
 
 @pytest.fixture
-def lake(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "lake"
-    folder.mkdir()
-    monkeypatch.setenv("TF_TEST_LAKE", str(folder))
-    return folder
-
-
-@pytest.fixture
 def rt(lake, redis_url, redis_client, home):
     rt = runtime("tests.pipelines:lakehoused", redis_url, home)
     reset_pipeline(rt, force=True, source=True)

@@ -25,14 +25,6 @@ from tridentflow.steps.query import list_state
 SUMS = "tests.pipelines:lake_sums"
 
 
-@pytest.fixture
-def lake(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "lake"
-    folder.mkdir()
-    monkeypatch.setenv("TF_TEST_LAKE", str(folder))
-    return folder
-
-
 def sums_runtime(redis_url, home):
     rt = runtime(SUMS, redis_url, home)
     reset_pipeline(rt, force=True, source=True)
