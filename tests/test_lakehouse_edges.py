@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests.helpers import produce, runtime
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops.reset import reset_pipeline
-from tridentflow.sinks import DeltaSink, IcebergSink, SinkError
+from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, SinkError
 from tridentflow.sinks.base import ExportContext
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.export import export
@@ -257,18 +257,22 @@ def typed_txids(draw: Any) -> tuple[bool, list[list[tuple[Any, ...]]]]:
     return compound, draw(st.lists(st.lists(row, min_size=1, max_size=6), min_size=1, max_size=4))
 
 
-def _context() -> ExportContext:
-    return ExportContext("typed", "g1", None, "")  # type: ignore[arg-type]
+def _context(pipeline: str) -> ExportContext:
+    """A sink's view of pipeline ``pipeline`` (one per example: PostgreSQL's progress table is
+    shared by the examples' database)."""
+    return ExportContext(pipeline, "g1", None, "")  # type: ignore[arg-type]
 
 
-def _sinks(folder: Path, compound: bool) -> list[Any]:
+def _sinks(folder: Path, compound: bool, dsn: str) -> list[Any]:
     fields = ("k1", "k2", "v") if compound else ("k1", "v")
     keys = fields[:-1]
     catalog = {"type": "sql", "uri": f"sqlite:///{folder}/catalog.db",
                "warehouse": f"file://{folder}/wh"}  # fmt: skip
+    table = f"typed_{folder.name.replace('-', '_')}"  # one per example: the database is shared
     return [
         DeltaSink(folder / "delta", name="delta").bind(fields, keys),
         IcebergSink("typed.t", catalog=catalog, name="iceberg").bind(fields, keys),
+        PostgresSink(table, dsn=dsn, name="postgres").bind(fields, keys),
     ]
 
 
@@ -280,13 +284,26 @@ def _table_of(sink: Any, compound: bool) -> dict[str, Any]:
             rows = DeltaTable(sink.table_uri).to_pyarrow_table().to_pylist()
         except Exception:
             rows = []
-    else:
+    elif isinstance(sink, IcebergSink):
         loaded = sink._table()
         rows = [] if loaded is None else loaded.scan().to_arrow().to_pylist()
+    else:
+        rows = _postgres_rows(sink)
     key = (lambda r: [r["k1"], r["k2"]]) if compound else (lambda r: [r["k1"]])
     out = {json.dumps(key(r)): r["v"] for r in rows}
     assert len(out) == len(rows), f"{sink.name}: a key has two rows: {rows}"
     return out
+
+
+def _postgres_rows(sink: Any) -> list[dict[str, Any]]:
+    import psycopg
+
+    with psycopg.connect(sink.dsn) as conn:
+        if conn.execute("SELECT to_regclass(%s)", (sink.table,)).fetchone()[0] is None:
+            return []
+        cursor = conn.execute(f'SELECT * FROM "{sink.table}"')
+        names = [d.name for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 @settings(
@@ -296,7 +313,7 @@ def _table_of(sink: Any, compound: bool) -> dict[str, Any]:
 )
 @given(typed_txids())
 def test_generated_key_and_value_types_leave_each_table_equal_to_the_state_or_refused(
-    tmp_path_factory, generated_txids
+    tmp_path_factory, pg_dsn, generated_txids
 ):
     """Txid after txid of generated rows (one per changed key; a None value removes the key):
     after each, every table holds exactly the model state's keys and values (keys compared as
@@ -306,8 +323,8 @@ def test_generated_key_and_value_types_leave_each_table_equal_to_the_state_or_re
     reloads from the state: here, the model's rows)."""
     compound, txids = generated_txids
     folder = tmp_path_factory.mktemp("typed")
-    ctx = _context()
-    for sink in _sinks(folder, compound):
+    ctx = _context(f"typed-{folder.name}")
+    for sink in _sinks(folder, compound, pg_dsn):
         model: dict[str, Any] = {}
         for txid, generated in enumerate(txids, start=1):
             rows, seen = [], set()
@@ -390,3 +407,17 @@ def test_a_dead_exporters_lock_costs_one_lease_and_a_live_one_is_renewed(
         waited = time.monotonic() - started
     writer.join()
     assert waited > 2.0, waited  # it waited for the release, not for one lease
+
+
+def test_a_none_key_field_is_one_line_naming_the_way_out_in_postgresql(pg_dsn):
+    """PostgreSQL's primary key holds no NULL: a None key field is refused in one line that
+    says so and names the way out, the table as it was (the lakehouse sinks keep it a key)."""
+    sink = PostgresSink("sums", dsn=pg_dsn, name="pg").bind(("user", "region", "total"),
+                                                            ("user", "region"))  # fmt: skip
+    ctx = _context("none-keys")
+    assert sink.apply(ctx, 1, [("a", "eu", 1)])
+    with pytest.raises(SinkError) as refused:
+        sink.apply(ctx, 2, [("b", None, 2)])
+    line = str(refused.value)
+    assert "\n" not in line and "key column region gets None" in line and "DeltaSink" in line
+    assert _postgres_rows(sink) == [{"user": "a", "region": "eu", "total": 1}]

@@ -133,9 +133,10 @@ def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str 
     """Why PostgreSQL (or psycopg) refuses ``value`` in ``column`` of type ``kind``: a wrong
     type (``check_value``), an integer out of the column's range, a string it cannot store
     (NUL, a lone surrogate), a value jsonb cannot hold (NaN, Infinity, not JSON). None: no
-    known reason. The slow, thorough check, run on a txid whose write failed."""
+    known reason. The slow, thorough check, run on a txid whose write failed. A None in a
+    key column: a primary key holds no NULL."""
     if value is None:
-        return None
+        return f"key column {column} gets None, and a primary key holds no NULL" if key else None
     problem = check_value(column, kind, value, key)
     if problem:
         return problem
@@ -169,6 +170,11 @@ def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str 
 def way_out(table: str, column: str, kind: str, value: Any, key: bool = False) -> str:
     """What to do about a value ``column`` (of SQL type ``kind``) of ``table`` (quoted)
     cannot take."""
+    if value is None and key:
+        return (
+            "map the key's None to a value in the new-values stream (.map(...)), or export to "
+            "a DeltaSink or IcebergSink, whose tables keep a None key field as a key"
+        )
     if check_value(column, kind, value, key):  # another type than the column's
         return (
             f"declare the column's type (columns={{{column!r}: 'jsonb'}} takes any JSON; an "
