@@ -51,7 +51,10 @@ from tridentflow.sinks.lakehouse import (
     app_id,
     check_mode,
     check_retention,
+    columns_line,
     foreign_table_line,
+    later_writer_line,
+    to_write,
     untyped,
 )
 
@@ -178,44 +181,15 @@ class DeltaSink(Sink):
         table = self._table()
         app = app_id(ctx, self.name)
         position = delta_position(table, app) if table is not None else 0
-        if replace_all and not ctx.resync and position >= txid:
-            return False  # a racing exporter got it there already
-        if not replace_all:
-            if txid <= position:
-                return False
-            if table is not None and txid != position + 1:
-                raise SinkError(
-                    f"the table is at txid {position}, refusing txid {txid} out of order"
-                )
-        if table is None and txid > 1 and not replace_all:
-            raise ReloadNeededError(  # txids before it wrote nothing: their rows are not there
-                f"no table yet, and txid {txid} is not the generation's first"
-            )
+        if not to_write(ctx, txid, position, table is not None, replace_all):
+            return False
         ours = table is None or self._check_writers(ctx, table, app, position, replace_all)
-        schema = _arrow_schema(table) if table is not None else None
         replace = replace_all or (position == 0 and table is not None)  # a new generation
-        if schema is not None and not replace:
-            self._check_columns(schema, ctx)
-        if replace and schema is not None and set(schema.names) != set(self.rows.columns):
-            schema = None  # the replacement writes the stream's columns (schema overwritten)
-        try:
-            batch = self.rows.batch(rows, txid, schema)
-        except SinkError:
-            if not replace or schema is None or not (ours or self.adopt):
-                raise  # a table made beforehand keeps the types its maker chose
-            schema = None  # a replacement in the types the state's values need (widened)
-            batch = self.rows.batch(rows, txid, None)
+        batch, schema = self._batch(ctx, table, txid, rows, replace, ours)
         data = batch.live if self.mode == "upsert" or replace else batch.every
         if table is None and untyped(data):
             return True  # nothing to write yet, and no table to stamp: the next rows create it
-        commit = deltalake.CommitProperties(
-            app_transactions=[deltalake.Transaction(app, txid), writer_txn(app),
-                              at_txn(app, table),
-                              *([deltalake.Transaction(f"{app}:reloaded", txid)]
-                                if replace_all else [])],
-            custom_metadata={**self._metadata(ctx), "tridentflow.txid": str(txid),
-                             **({"tridentflow.reload": "true"} if replace_all else {})},
-        )  # fmt: skip
+        commit = self._commit_properties(ctx, table, app, txid, replace_all)
         ctx.fire("mid-export", txid)
         try:
             nothing = batch.every.num_rows == 0  # a txid that changed no key: its txn alone
@@ -237,6 +211,47 @@ class DeltaSink(Sink):
         if written is not None:
             ctx.note_version(txid, written.version())
         return True
+
+    def _batch(
+        self,
+        ctx: ExportContext,
+        table: Any | None,
+        txid: int,
+        rows: Sequence[Row] | Any,
+        replace: bool,
+        ours: bool,
+    ) -> tuple[Any, Any]:
+        """The txid's rows fitted to the table's schema, and that schema (None: the write
+        sets it). A replacement writes the stream's columns, and - in a table the sink wrote
+        or adopts - the types the state's values need where the table's cannot hold them (a
+        column widened); a table made beforehand keeps the types its maker chose."""
+        assert self.rows is not None
+        schema = _arrow_schema(table) if table is not None else None
+        if schema is not None and not replace:
+            self._check_columns(schema, ctx)
+        if replace and schema is not None and set(schema.names) != set(self.rows.columns):
+            schema = None
+        try:
+            return self.rows.batch(rows, txid, schema), schema
+        except SinkError:
+            if not replace or schema is None or not (ours or self.adopt):
+                raise
+            return self.rows.batch(rows, txid, None), None
+
+    def _commit_properties(
+        self, ctx: ExportContext, table: Any | None, app: str, txid: int, replace_all: bool
+    ) -> Any:
+        """The commit's txns (the txid, the writer, the version it makes; a reload's mark)
+        and its commitInfo."""
+        deltalake = _deltalake()
+        return deltalake.CommitProperties(
+            app_transactions=[deltalake.Transaction(app, txid), writer_txn(app),
+                              at_txn(app, table),
+                              *([deltalake.Transaction(f"{app}:reloaded", txid)]
+                                if replace_all else [])],
+            custom_metadata={**self._metadata(ctx), "tridentflow.txid": str(txid),
+                             **({"tridentflow.reload": "true"} if replace_all else {})},
+        )  # fmt: skip
 
     def _write(self, table: Any | None, data: Any, mode: str, commit: Any, schema: Any) -> None:
         """One write commit against ``table`` as loaded (so that Delta's conflict check sees
@@ -274,29 +289,24 @@ class DeltaSink(Sink):
         """Whether the sink wrote ``table`` before; SinkError (one line) for a table with rows
         this sink never wrote (unless ``adopt``), and for one another writer changed rows of
         since the sink's last commit (unless the export replaces its content)."""
-        writer = writer_txn(app).app_id
-        ours = table.transaction_version(writer) is not None or any(
-            self._ours(entry, ctx) for entry in table.history()
-        )
-        if not ours:
+        if table.transaction_version(writer_txn(app).app_id) is None:
             rows = table.count()
-            if rows and not self.adopt:
-                last = table.history(1)
-                raise SinkError(foreign_table_line(rows, _writer_of(last[0] if last else {})))
-            return False
+            if not rows:
+                return False  # nothing to lose: a table made beforehand, or left empty
+            history = table.history()  # a table of before the writer txn names its sink
+            if not any(self._ours(entry, ctx) for entry in history):
+                if not self.adopt:
+                    raise SinkError(foreign_table_line(rows, _writer_of(history[0])))
+                return False
         if position == 0 or replace_all:
             return True  # a new generation, or a reload: the content is replaced anyway
         if table.transaction_version(at_txn(app, None).app_id) == table.version():
             return True  # the newest commit is the sink's own
         entry = self._foreign_since_ours(table, ctx)
         if entry is not None:
-            raise SinkError(
-                f"version {entry.get('version')} of the table was written by "
-                f"{_writer_of(entry)} ({entry.get('operation')}) after this sink's txid "
-                f"{position}: the table no longer equals the state; reload it from the state "
-                f"with `tridentflow export {ctx.pipeline} --sink {self.name} --resync` (the "
-                "other writer's rows are replaced), or point the sink at another table"
-            )
+            writer = f"{_writer_of(entry)} ({entry.get('operation')})"
+            what = f"version {entry.get('version')}"
+            raise SinkError(later_writer_line(what, writer, position, ctx, self.name))
         return True
 
     def _foreign_since_ours(self, table: Any, ctx: ExportContext) -> dict[str, Any] | None:
@@ -320,12 +330,7 @@ class DeltaSink(Sink):
         """SinkError (one line) when the table's columns are not the stream's."""
         assert self.rows is not None
         if set(schema.names) != set(self.rows.columns):
-            raise SinkError(
-                f"the table's columns are {', '.join(schema.names)}, the sink writes "
-                f"{', '.join(self.rows.columns)}: reload the table in the stream's columns "
-                f"with `tridentflow export {ctx.pipeline} --sink {self.name} --resync`, or "
-                "write to a new table"
-            )
+            raise SinkError(columns_line(schema.names, self.rows.columns, ctx, self.name))
 
     def _merge(self, table: Any, live: Any, removed: Any, commit: Any) -> None:
         """One MERGE: the txid's live rows upserted, its removed keys' rows deleted."""

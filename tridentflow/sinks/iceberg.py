@@ -51,7 +51,10 @@ from tridentflow.sinks.lakehouse import (
     app_id,
     check_mode,
     check_retention,
+    columns_line,
     foreign_table_line,
+    later_writer_line,
+    to_write,
     untyped,
 )
 
@@ -190,31 +193,15 @@ class IcebergSink(Sink):
         app = app_id(ctx, self.name)
         table = self._table()
         position = stamped(table, app) if table is not None else 0
-        if replace_all and not ctx.resync and position >= txid:
-            return False  # a racing exporter got it there already
-        if not replace_all:
-            if txid <= position:
-                return False
-            if table is not None and txid != position + 1:
-                raise SinkError(
-                    f"the table is at txid {position}, refusing txid {txid} out of order"
-                )
-        if table is None and txid > 1 and not replace_all:
-            raise ReloadNeededError(  # txids before it wrote nothing: their rows are not there
-                f"no table yet, and txid {txid} is not the generation's first"
-            )
+        if not to_write(ctx, txid, position, table is not None, replace_all):
+            return False
         if table is not None:
             self._check_writers(ctx, table, app, position, replace_all)
         replace = replace_all or (position == 0 and table is not None and has_data(table))
         schema = table.schema().as_arrow() if table is not None else None
         reshape = schema is not None and set(schema.names) != set(self.rows.columns)
         if reshape and not replace:
-            raise SinkError(
-                f"the table's columns are {', '.join(schema.names)}, the sink writes "
-                f"{', '.join(self.rows.columns)}: reload the table in the stream's columns "
-                f"with `tridentflow export {ctx.pipeline} --sink {self.name} --resync`, or "
-                "write to a new table"
-            )
+            raise SinkError(columns_line(schema.names, self.rows.columns, ctx, self.name))
         batch = self.rows.batch(rows, txid, schema)
         data = batch.live if self.mode == "upsert" or replace else batch.every
         if table is None and untyped(data):
@@ -227,21 +214,7 @@ class IcebergSink(Sink):
                  f"{STAMP}.sink": self.name,
                  **({RELOAD: "true"} if replace_all else {})}  # fmt: skip
         try:
-            if self.mode == "append" and not replace and data.num_rows:
-                with table.transaction() as tx:
-                    ctx.fire("mid-export", txid)
-                    tx.append(data, snapshot_properties=props)
-            else:
-                # an upsert, a replacement - or an append that changed nothing: its stamp
-                keys = list(self.rows.key_fields)
-                touched = (
-                    None
-                    if replace
-                    else batch.every.select(keys)
-                    if self.mode == "upsert"
-                    else batch.every.slice(0, 0).select(keys)
-                )
-                self._overwrite(ctx, table, data, touched, props, txid)
+            self._commit(ctx, table, batch, data, replace, props, txid)
         except CommitFailedException as exc:
             again = self._table()
             if again is not None and stamped(again, app) >= txid:
@@ -255,6 +228,35 @@ class IcebergSink(Sink):
         if snapshot is not None:
             ctx.note_version(txid, snapshot.snapshot_id)
         return True
+
+    def _commit(
+        self,
+        ctx: ExportContext,
+        table: Any,
+        batch: Any,
+        data: Any,
+        replace: bool,
+        props: dict[str, str],
+        txid: int,
+    ) -> None:
+        """The txid's one snapshot: a fast append (a change log), else one overwrite - an
+        upsert's files of the touched keys rewritten, a replacement of every file, or an
+        append that changed nothing (its stamp)."""
+        assert self.rows is not None
+        if self.mode == "append" and not replace and data.num_rows:
+            with table.transaction() as tx:
+                ctx.fire("mid-export", txid)
+                tx.append(data, snapshot_properties=props)
+            return
+        keys = list(self.rows.key_fields)
+        touched = (
+            None
+            if replace
+            else batch.every.select(keys)
+            if self.mode == "upsert"
+            else batch.every.slice(0, 0).select(keys)
+        )
+        self._overwrite(ctx, table, data, touched, props, txid)
 
     def _check_writers(
         self, ctx: ExportContext, table: Any, app: str, position: int, replace_all: bool
@@ -281,13 +283,8 @@ class IcebergSink(Sink):
             parent = snapshot.parent_snapshot_id
             snapshot = table.snapshot_by_id(parent) if parent is not None else None
         if foreign is not None:
-            raise SinkError(
-                f"snapshot {foreign.snapshot_id} of the table was written by "
-                f"{_writer_of(foreign)} after this sink's txid {position}: the table no "
-                "longer equals the state; reload it from the state with `tridentflow export "
-                f"{ctx.pipeline} --sink {self.name} --resync` (the other writer's rows are "
-                "replaced), or point the sink at another table"
-            )
+            what = f"snapshot {foreign.snapshot_id}"
+            raise SinkError(later_writer_line(what, _writer_of(foreign), position, ctx, self.name))
 
     def _reshaped(self, table: Any, data: Any) -> Any:
         """``data`` in ``table``'s columns once one schema update made them the stream's:
@@ -590,8 +587,8 @@ def _membership(old: Any, changed: Any, keys: tuple[str, ...]) -> Any:
     # both sides' values, a null a code of its own
     codes_old, codes_changed = {}, {}
     for key in keys:
-        ours = old[key].combine_chunks()
-        both = pa.concat_arrays([ours, changed[key].combine_chunks().cast(ours.type)])
+        held = old[key].combine_chunks()
+        both = pa.concat_arrays([held, changed[key].combine_chunks().cast(held.type)])
         codes = pc.dictionary_encode(both, null_encoding="encode").indices
         codes_old[key] = codes.slice(0, old.num_rows)
         codes_changed[key] = codes.slice(old.num_rows)

@@ -277,6 +277,22 @@ def app_id(ctx: ExportContext, sink: str) -> str:
     return f"{STAMP}:{ctx.pipeline}:{sink}:{ctx.generation}"
 
 
+def to_write(ctx: ExportContext, txid: int, position: int, exists: bool, replace_all: bool) -> bool:
+    """Whether a lakehouse sink at ``position`` writes ``txid`` (False: applied already, or a
+    racing exporter's reload got there); SinkError for a txid out of order,
+    ReloadNeededError for a txid past the generation's first with no table yet (the txids
+    before it wrote nothing: their rows are not there)."""
+    if replace_all:
+        return ctx.resync or position < txid
+    if txid <= position:
+        return False
+    if exists and txid != position + 1:
+        raise SinkError(f"the table is at txid {position}, refusing txid {txid} out of order")
+    if not exists and txid > 1:
+        raise ReloadNeededError(f"no table yet, and txid {txid} is not the generation's first")
+    return True
+
+
 def foreign_table_line(rows: int, writer: str) -> str:
     """The refusal of a table with rows that the sink did not write."""
     return (
@@ -287,11 +303,29 @@ def foreign_table_line(rows: int, writer: str) -> str:
     )
 
 
+def later_writer_line(what: str, writer: str, position: int, ctx: ExportContext, sink: str) -> str:
+    """The refusal of a table ``what`` (a version, a snapshot) another writer committed after
+    the sink's txid ``position``."""
+    return (
+        f"{what} of the table was written by {writer} after this sink's txid {position}: the "
+        "table no longer equals the state; reload it from the state with `tridentflow export "
+        f"{ctx.pipeline} --sink {sink} --resync` (the other writer's rows are replaced), or "
+        "point the sink at another table"
+    )
+
+
+def columns_line(have: Sequence[str], want: Sequence[str], ctx: ExportContext, sink: str) -> str:
+    """The refusal of a table whose columns ``have`` are not the stream's ``want``."""
+    return (
+        f"the table's columns are {', '.join(have)}, the sink writes {', '.join(want)}: reload "
+        f"the table in the stream's columns with `tridentflow export {ctx.pipeline} --sink "
+        f"{sink} --resync`, or write to a new table"
+    )
+
+
 def check_retention(hours: Any) -> float:
     """``hours`` as a retention of ``tables vacuum``: a finite number >= 0; SinkError (one
     line) otherwise."""
-    import math
-
     if (
         isinstance(hours, bool)
         or not isinstance(hours, int | float)
