@@ -567,7 +567,7 @@ def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
     """Vacuum or compact each lakehouse sink's table (tridentflow.sinks.delta / .iceberg); any
     failure one line."""
     from tridentflow.sinks.lakehouse import check_retention
-    from tridentflow.steps.export import close_sink, pick_feeds, table_versions
+    from tridentflow.steps.export import close_sink, pick_feeds
 
     rt = _runtime(args)
     feeds = [f for f in pick_feeds(rt, args.sink) if hasattr(f.sink, "vacuum")]
@@ -579,7 +579,7 @@ def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
         check_retention(args.retention_hours)  # before any table: one line, nothing touched
     for feed in feeds:
         try:
-            _table_maintenance(rt, feed, args, out, table_versions)
+            _table_maintenance(rt, feed, args, out)
         except TridentflowError:
             raise
         except Exception as exc:  # the table library's (a racing export, a store's error)
@@ -593,10 +593,10 @@ def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _table_maintenance(
-    rt: Runtime, feed: Any, args: argparse.Namespace, out: TextIO, table_versions: Any
-) -> None:
+def _table_maintenance(rt: Runtime, feed: Any, args: argparse.Namespace, out: TextIO) -> None:
     """One sink's ``tables compact`` or ``tables vacuum``, said in a line (and the files)."""
+    from tridentflow.steps.export import table_versions
+
     if args.action == "compact":
         out.write(f"sink {feed.name}: compacted {feed.sink.compact()}\n")
         return

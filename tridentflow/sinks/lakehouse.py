@@ -180,15 +180,16 @@ def column_array(name: str, values: Sequence[Any], key: bool = False) -> Any:
             f"no one column type holds ({str(exc).splitlines()[0]}): map the stream to "
             "one type (new_values_stream().map(...))"
         ) from None
-    if pa.types.is_floating(array.type) or pa.types.is_integer(array.type):
-        flag = next((v for v in values if type(v) is bool), None)
-        if flag is not None:  # Arrow takes True beside floats as 1.0: never the same value
-            raise SinkError(
-                f"column {name} gets booleans beside numbers ({flag!r} would be written as "
-                f"{int(flag)!r}): map the stream to one type (new_values_stream().map(...))"
-            )
-    if key and pa.types.is_floating(array.type):
-        whole = next((v for v in values if type(v) is int), None)
+    if not pa.types.is_floating(array.type):
+        return array  # (Arrow itself refuses a bool beside integers)
+    kinds = set(map(type, values))
+    if bool in kinds:  # Arrow takes True beside floats as 1.0: never the same value
+        raise SinkError(
+            f"column {name} gets booleans beside numbers (True would be written as 1.0): map "
+            "the stream to one type (new_values_stream().map(...))"
+        )
+    if key:
+        whole = next((v for v in values if type(v) is int), None) if int in kinds else None
         if whole is not None:
             raise SinkError(
                 f"key column {name} gets integers and floats ({whole!r} beside a float): they "

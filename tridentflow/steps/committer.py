@@ -402,21 +402,22 @@ def load_verified(rt: Runtime, txid: int) -> StagedBatch:
         raise NotReadyError(f"txid {txid} has no staged output: run its emitter first")
     try:
         staged = rt.staging_of(txid, attempt).load(txid, attempt)
-        check_code_shape(rt, staged)
         positions = rt.pipeline.source.position_field is not None
         check_continuity(staged, rt.ledger.committed_offsets(), positions)
     except IncompleteBatchError:
         rt.discard_attempts(txid, [attempt])
         raise
+    check_code_shape(rt, staged)  # refused but kept: the code that staged it may commit it
     return staged
 
 
 def check_code_shape(rt: Runtime, staged: StagedBatch) -> None:
     """IncompleteBatchError (one line) for a batch staged by code of another shape - a deploy,
     an ``evolve`` between its emit and its commit: its partials were made by other
-    aggregators, for other states, and must not be combined into this code's values. The
-    caller deletes it; the txid's batch (its offsets) stays frozen, and emitting it again
-    computes it with this code."""
+    aggregators, for other states, and must not be combined into this code's values. It is
+    kept (during a rolling deploy the code that staged it may still commit it); the txid's
+    batch (its offsets) stays frozen, and emitting it again with this code stages a newer
+    attempt, which the commit takes."""
     differs = code_shape_changes(rt, staged.manifest.get(CODE_SHAPE))
     if differs is not None:
         raise IncompleteBatchError(
