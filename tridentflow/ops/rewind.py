@@ -128,6 +128,21 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
     """Rewind ``rt``'s pipeline to ``target`` (see the module doc). RewindRefused /
     RewindError / PipelineBusyError (unless ``force``) with nothing changed; run it again
     with the same target to finish a rewind that was cut short."""
+    _check_target(rt, target)
+    reload = check_rewindable(rt, target)
+    resumed = _resumed(rt, target, reload)
+    if resumed is not None:
+        return resumed
+    old_generation = _generation_before(rt)
+    owed_here = _owe_tables(rt, old_generation, target)
+    result = _rewind_states(rt, target, force, owed_here)
+    first = max(1, min(target + 1, result.committed))
+    tables = _after_states(rt, old_generation, target, first, result.last)
+    return RewindReport(result, reload, tables)
+
+
+def _check_target(rt: Runtime, target: int) -> None:
+    """One line for a target that is no txid, or while a reshard is under way."""
     if isinstance(target, bool) or not isinstance(target, int) or target < 0:
         raise TridentflowError(f"rewind --to takes a txid (a whole number >= 0), got {target!r}")
     plan = plan_under_way(rt.client, rt.keyspace)
@@ -137,14 +152,19 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
             f"finish that first (`tridentflow reshard {rt.pipeline.name} --shards "
             f"{plan.to_shards} --yes`)"
         )
-    reload = check_rewindable(rt, target)
+
+
+def _resumed(rt: Runtime, target: int, reload: tuple[str, ...]) -> RewindReport | None:
+    """A rewind to ``target`` cut short after its states, finished (its tables carried
+    back); None when there is none to finish. One line while a rewind to another txid still
+    owes tables; a record the pipeline went on past is forgotten."""
     owed = _tables_owed(rt)
     if owed is not None and _states_rewound(rt, owed.generation):
         if rt.ledger.committed_txid() > owed.target:
             # the pipeline went on since: its exports reloaded what was not carried back
             rt.client.hdel(rt.keyspace.undo_meta, TABLES_OWED)
-            owed = None
-        elif target == owed.target:
+            return None
+        if target == owed.target:
             # cut short after the states: the states, the ledger and the offsets are back at
             # ``target`` already (rewinding them again would start one more generation)
             result = RewindResult(target, target, target, 0, (), rt.ledger.generation)
@@ -155,14 +175,24 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
             f"a rewind of {rt.pipeline.name} to txid {owed.target} has not carried every "
             f"table back yet: run rewind --to {owed.target} again first"
         )
-    old_generation = _generation_before(rt)
-    owed_here = False
-    if old_generation and any(_carries_back(feed.sink) for feed in rt.pipeline.feeds):
-        # owed until every table is back: a rewind cut short after the states finished
-        # must still know which generation's versions the tables go back to
-        last = max(rt.ledger.last_txid(), rt.ledger.committed_txid())
-        record = f"{old_generation}|{target}|{last}"
-        owed_here = bool(rt.client.hsetnx(rt.keyspace.undo_meta, TABLES_OWED, record))
+    return None
+
+
+def _owe_tables(rt: Runtime, old_generation: str | None, target: int) -> bool:
+    """Record that the tables are owed until every one is back (a rewind cut short after the
+    states finished must still know which generation's versions the tables go back to);
+    whether this call recorded it (not an earlier, cut-short run)."""
+    if not old_generation or not any(_carries_back(feed.sink) for feed in rt.pipeline.feeds):
+        return False
+    last = max(rt.ledger.last_txid(), rt.ledger.committed_txid())
+    record = f"{old_generation}|{target}|{last}"
+    return bool(rt.client.hsetnx(rt.keyspace.undo_meta, TABLES_OWED, record))
+
+
+def _rewind_states(rt: Runtime, target: int, force: bool, owed_here: bool) -> RewindResult:
+    """The states, the ledger and the offsets rewound (tridentflow_state.rewind). A refusal
+    before anything changed (its begin step: a txid not committed, a live lease) takes back
+    the tables-owed record this run made: nothing is owed."""
     began = False
 
     def hook(point: str, txid: int) -> None:
@@ -171,7 +201,7 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
         rt.faults.fire(point, txid, 1)
 
     try:
-        result = rewind(
+        return rewind(
             rt.client,
             rt.keyspace,
             list(rt.pipeline.states),
@@ -181,12 +211,9 @@ def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindRepo
             expiring=list(rt.pipeline.expiring),
         )
     except BaseException:
-        if owed_here and not began:  # refused before anything changed: nothing is owed
+        if owed_here and not began:
             rt.client.hdel(rt.keyspace.undo_meta, TABLES_OWED)
         raise
-    first = max(1, min(target + 1, result.committed))
-    tables = _after_states(rt, old_generation, target, first, result.last)
-    return RewindReport(result, reload, tables)
 
 
 def _after_states(
