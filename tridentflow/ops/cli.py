@@ -105,7 +105,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser
     )
+    _add_produce(sub)
+    _add_run(sub)
+    _add_query(sub)
+    _add_export(sub)
+    _add_tables(sub)
+    _add_status_and_audit(sub)
+    _add_quarantine(sub)
+    _add_reset(sub)
+    _add_rewind(sub)
+    _add_evolve(sub)
+    _add_reshard(sub)
+    _add_settings(sub)
+    _add_trim(sub)
+    _add_acl(sub)
+    _add_chaos(sub)
+    _add_spark_connect(sub)
+    _add_dev_redis(sub)
+    return parser
 
+
+def _add_produce(sub: Any) -> None:
+    """The `produce` command and its arguments."""
     p = sub.add_parser("produce", help="append records (one per line of FILE) to the source")
     p.add_argument("pipeline")
     p.add_argument("file", help="input file, '-' for stdin")
@@ -118,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
 
+
+def _add_run(sub: Any) -> None:
+    """The `run` command and its arguments."""
     p = sub.add_parser("run", help="run txids until the source is drained (or --batches)")
     p.add_argument("pipeline")
     p.add_argument("--batches", type=whole(1), help="run at most N txids")
@@ -150,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
 
+
+def _add_query(sub: Any) -> None:
+    """The `query` command and its arguments."""
     p = sub.add_parser("query", help="committed values of keys (Trident's DRPC stateQuery)")
     p.add_argument("pipeline")
     p.add_argument(
@@ -175,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
 
+
+def _add_export(sub: Any) -> None:
+    """The `export` command and its arguments."""
     p = sub.add_parser("export", help="bring the pipeline's sinks up to the committed txid")
     p.add_argument("pipeline")
     p.add_argument("--sink", action="append", help="only this sink (repeatable)")
@@ -184,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _common(p)
 
+
+def _add_tables(sub: Any) -> None:
+    """The `tables` command and its arguments."""
     p = sub.add_parser(
         "tables",
         help="a lakehouse sink's housekeeping: vacuum (list or remove the files no version "
@@ -200,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="vacuum: delete (default: list only)")
     _common(p)
 
+
+def _add_status_and_audit(sub: Any) -> None:
+    """``status`` and ``audit``: a pipeline and --json."""
     for name, text in (
         ("status", "ledger position, pending txids, lag"),
         ("audit", "recompute from the source and compare with the state"),
@@ -209,12 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true")
         _common(p)
 
+
+def _add_quarantine(sub: Any) -> None:
+    """The `quarantine` command and its arguments."""
     p = sub.add_parser("quarantine", help="list the bad records set aside by commits")
     p.add_argument("pipeline")
     p.add_argument("--limit", type=whole(1), default=20)
     p.add_argument("--json", action="store_true")
     _common(p)
 
+
+def _add_reset(sub: Any) -> None:
+    """The `reset` command and its arguments."""
     p = sub.add_parser("reset", help="delete a pipeline's ledger and state (and --source)")
     p.add_argument("pipeline")
     p.add_argument("--yes", action="store_true", help="really delete")
@@ -226,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
 
+
+def _add_rewind(sub: Any) -> None:
+    """The `rewind` command and its arguments."""
     p = sub.add_parser(
         "rewind", help="put state, ledger and offsets back to right after txid N committed"
     )
@@ -240,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _common(p)
 
+
+def _add_evolve(sub: Any) -> None:
+    """The `evolve` command and its arguments."""
     p = sub.add_parser("evolve", help="drop or rename a state the code no longer has")
     p.add_argument("pipeline")
     which = p.add_mutually_exclusive_group(required=True)
@@ -254,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _common(p)
 
+
+def _add_reshard(sub: Any) -> None:
+    """The `reshard` command and its arguments."""
     p = sub.add_parser(
         "reshard", help="move a pipeline's state to another number of shards, between txids"
     )
@@ -263,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _common(p)
 
+
+def _add_settings(sub: Any) -> None:
+    """The `settings` command and its arguments."""
     p = sub.add_parser(
         "settings",
         help="the settings recorded with a pipeline (what its commits write), this process's",
@@ -278,10 +332,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _common(p)
 
+
+def _add_trim(sub: Any) -> None:
+    """The `trim` command and its arguments."""
     p = sub.add_parser("trim", help="remove stream entries up to the committed position")
     p.add_argument("pipeline")
     _common(p)
 
+
+def _add_acl(sub: Any) -> None:
+    """The `acl` command and its arguments."""
     p = sub.add_parser("acl", help="print the Redis ACL rules a user needs for one pipeline")
     p.add_argument("pipeline")
     p.add_argument("--user", help="print a whole ACL SETUSER line for this user")
@@ -292,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", help="key namespace of the deployment (env TRIDENTFLOW_NAMESPACE)"
     )
 
+
+def _add_chaos(sub: Any) -> None:
+    """The `chaos` command and its arguments."""
     p = sub.add_parser("chaos", help="random fault schedules, resume, audit (own redis-server)")
     p.add_argument("--schedules", type=whole(1), default=100)
     p.add_argument(
@@ -339,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
         "paused (SIGSTOP) mid-step past every lease while an adopter run races",
     )
 
+
+def _add_spark_connect(sub: Any) -> None:
+    """The `spark-connect` command and its arguments."""
     p = sub.add_parser(
         "spark-connect", help="start (or --stop) a local Spark Connect server, print its URL"
     )
@@ -347,12 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="store_true")
     p.add_argument("--home")
 
+
+def _add_dev_redis(sub: Any) -> None:
+    """The `dev-redis` command and its arguments."""
     p = sub.add_parser("dev-redis", help="start (or --stop) a local redis-server, print its URL")
     p.add_argument("--port", type=whole(1, 65535), default=6390)
     p.add_argument("--dir", help="data directory (default: HOME/redis)")
     p.add_argument("--stop", action="store_true")
     p.add_argument("--home")
-    return parser
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -450,73 +518,17 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from tridentflow.engines.local import LocalEngine
-    from tridentflow.steps.driver import backlog, run_batches, run_pipelined
+    """Txids until the source is drained (or --batches), each commit followed by the sinks'
+    catch-up; exit 1 naming each sink left behind."""
+    from tridentflow.steps.driver import run_batches, run_pipelined
 
     rt = _runtime(args)
-    rt.check_layout()  # a bad shard count (TRIDENTFLOW_STATE_SHARDS) before any JVM starts
-    _ = rt.retain_txids
-    unmeant = recorded_settings.disagreements(rt)  # refused before any JVM starts too
-    if unmeant:
-        raise recorded_settings.SettingsDisagree(unmeant[0])
-    label = rt.pipeline.guarantee
-    if label is Guarantee.AT_LEAST_ONCE:
-        sys.stderr.write(
-            f"WARNING: pipeline {rt.pipeline.name} is AT-LEAST-ONCE, not exactly-once: a replay"
-            " after a failure can count records twice\n"
-        )
+    label = _preflight(rt)
     started = time.monotonic()
-    if args.engine == "spark":
-        from tridentflow.engines.spark import SparkEngine, spark_session
-        from tridentflow.steps.runs import session_key
-
-        if args.master and args.remote:
-            raise TridentflowError("give --master or --remote, not both")
-        share = session_key(rt) if args.remote else None
-        session = spark_session(f"tridentflow-{rt.pipeline.name}", args.master, args.remote, share)
-        engine: Any = SparkEngine(session)
-    else:
-        engine = LocalEngine()
-    bar = None
-    if not args.no_progress and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=backlog(rt), unit="rec", desc=rt.pipeline.name, file=sys.stderr)
-
-    sink_failures: dict[str, str] = {}
-
-    def export_sinks() -> None:
-        """After each commit: the sinks catch up (a failing sink lags, the commits go on)."""
-        from tridentflow.steps.export import close_sink, export_feed
-
-        for feed in rt.pipeline.feeds:
-            try:
-                export_feed(rt, feed)
-                sink_failures.pop(feed.name, None)
-            except Exception as exc:  # export_feed says any failure as one SinkError line
-                if feed.name not in sink_failures:
-                    sys.stderr.write(f"{one_line(exc)}\n")
-                sink_failures[feed.name] = one_line(exc)
-            finally:
-                close_sink(feed)
-
-    def progress(result) -> None:
-        export_sinks()
-        if bar is not None:
-            bar.update(result.records)
-            bar.set_postfix(txid=result.txid)
-        else:
-            skipped = (
-                f", skipped partitions {list(result.skipped_partitions)}"
-                if result.skipped_partitions
-                else ""
-            )
-            out.write(
-                f"txid {result.txid}: {result.status}, {result.records} records, "
-                f"{result.keys} keys{skipped}\n"
-            )
-            out.flush()
-
+    engine = _engine_of(args, rt)
+    sinks = _SinkCatchUp(rt)
+    bar = _progress_bar(args, rt)
+    progress = _on_commit(sinks, bar, out)
     try:
         if args.depth > 1:
             summary = run_pipelined(
@@ -530,16 +542,103 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     txids = [r.txid for r in summary.results]
     span = f"txids {txids[0]}..{txids[-1]}" if txids else "no txid (nothing to read)"
     if not txids and rt.pipeline.feeds:
-        export_sinks()  # nothing to commit: the sinks may still be behind earlier commits
+        sinks()  # nothing to commit: the sinks may still be behind earlier commits
     out.write(
         f"{rt.pipeline.name}: committed {span}, {summary.records} records in "
         f"{time.monotonic() - started:.1f}s ({label.value})\n"
     )
-    if sink_failures:
-        for name, reason in sink_failures.items():
-            out.write(f"sink {name} is behind: {reason}\n")
-        return 1
-    return 0
+    for name, reason in sinks.failures.items():
+        out.write(f"sink {name} is behind: {reason}\n")
+    return 1 if sinks.failures else 0
+
+
+def _preflight(rt: Runtime) -> Guarantee:
+    """What is refused before any JVM starts (a bad shard count, settings the pipeline's
+    commits recorded otherwise), and the warning an at-least-once pipeline gets; its label."""
+    rt.check_layout()  # a bad shard count (TRIDENTFLOW_STATE_SHARDS)
+    _ = rt.retain_txids
+    unmeant = recorded_settings.disagreements(rt)
+    if unmeant:
+        raise recorded_settings.SettingsDisagree(unmeant[0])
+    label = rt.pipeline.guarantee
+    if label is Guarantee.AT_LEAST_ONCE:
+        sys.stderr.write(
+            f"WARNING: pipeline {rt.pipeline.name} is AT-LEAST-ONCE, not exactly-once: a replay"
+            " after a failure can count records twice\n"
+        )
+    return label
+
+
+def _engine_of(args: argparse.Namespace, rt: Runtime) -> Any:
+    """--engine's engine: Spark (classic, or a Spark Connect client with --remote) or local."""
+    if args.engine != "spark":
+        from tridentflow.engines.local import LocalEngine
+
+        return LocalEngine()
+    from tridentflow.engines.spark import SparkEngine, spark_session
+    from tridentflow.steps.runs import session_key
+
+    if args.master and args.remote:
+        raise TridentflowError("give --master or --remote, not both")
+    share = session_key(rt) if args.remote else None
+    return SparkEngine(
+        spark_session(f"tridentflow-{rt.pipeline.name}", args.master, args.remote, share)
+    )
+
+
+def _progress_bar(args: argparse.Namespace, rt: Runtime) -> Any:
+    """A records bar on a terminal (None: --no-progress, or not a terminal)."""
+    if args.no_progress or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    from tridentflow.steps.driver import backlog
+
+    return tqdm(total=backlog(rt), unit="rec", desc=rt.pipeline.name, file=sys.stderr)
+
+
+class _SinkCatchUp:
+    """Called after each commit: every sink catches up (``export_each``); a failing one lags,
+    said once on stderr until it recovers, and the commits go on."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.failures: dict[str, str] = {}
+        """Each sink behind now: its one line."""
+
+    def __call__(self) -> None:
+        from tridentflow.steps.export import export_each
+
+        _, failed = export_each(self.rt)
+        for name in [n for n in self.failures if n not in failed]:
+            del self.failures[name]  # caught up
+        for name, exc in failed.items():
+            if name not in self.failures:
+                sys.stderr.write(f"{one_line(exc)}\n")
+            self.failures[name] = one_line(exc)
+
+
+def _on_commit(sinks: _SinkCatchUp, bar: Any, out: TextIO) -> Callable[[Any], None]:
+    """What follows each commit: the sinks' catch-up, then the bar or one line a txid."""
+
+    def progress(result: Any) -> None:
+        sinks()
+        if bar is not None:
+            bar.update(result.records)
+            bar.set_postfix(txid=result.txid)
+            return
+        skipped = (
+            f", skipped partitions {list(result.skipped_partitions)}"
+            if result.skipped_partitions
+            else ""
+        )
+        out.write(
+            f"txid {result.txid}: {result.status}, {result.records} records, "
+            f"{result.keys} keys{skipped}\n"
+        )
+        out.flush()
+
+    return progress
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:

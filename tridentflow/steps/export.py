@@ -542,18 +542,31 @@ def export(
     """Export every sink (or those named) up to ``upto`` (default: the committed txid). Every
     sink is tried; the first failure is raised after the others ran (one sink's outage does
     not hold the others back)."""
+    results, failures = export_each(rt, sinks, upto, resync, hook)
+    if failures:
+        raise next(iter(failures.values()))
+    return results
+
+
+def export_each(
+    rt: Runtime,
+    sinks: Sequence[str] | None = None,
+    upto: int | None = None,
+    resync: bool = False,
+    hook: FireHook | None = None,
+) -> tuple[list[ExportResult], dict[str, Exception]]:
+    """Every sink (or those named) tried up to ``upto``, each on its own: the results, and
+    each failing sink's one ``SinkError`` by name, in the pipeline's order."""
     results: list[ExportResult] = []
-    failure: Exception | None = None
+    failures: dict[str, Exception] = {}
     for feed in pick_feeds(rt, sinks):
         try:
             results.append(export_feed(rt, feed, upto, resync, hook))
         except Exception as exc:
-            failure = failure or exc
+            failures[feed.name] = exc
         finally:
             close_sink(feed)
-    if failure is not None:
-        raise failure
-    return results
+    return results, failures
 
 
 def close_sink(feed: Feed) -> None:
