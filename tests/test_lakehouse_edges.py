@@ -371,9 +371,10 @@ def _untyped(model: dict[str, Any]) -> bool:
 def test_a_dead_exporters_lock_costs_one_lease_and_a_live_one_is_renewed(
     lake, redis_url, home, monkeypatch, capsys
 ):
-    """A killed exporter's lock (never released) stops the next export for at most one lease,
-    and the waiting export says on stderr what it waits for; a live holder renews its lease,
-    so a write longer than the lease is never overtaken."""
+    """A killed exporter's lease (taken as an export takes it, then never renewed nor
+    released) stops the next export for one lease, and the waiting export says on stderr what
+    it waits for; a live holder renews its lease, so a write three leases long is never
+    overtaken (the lease is 1 s here; 15 s in production)."""
     import threading
     import time
 
@@ -385,7 +386,10 @@ def test_a_dead_exporters_lock_costs_one_lease_and_a_live_one_is_renewed(
     drain(rt)
     feed = next(f for f in rt.pipeline.feeds if f.name == "delta-sums")
     name = f"{rt.keyspace.sinks}:lock:{feed.name}"
-    assert rt.client.lock(name, timeout=1.0).acquire(blocking=False)  # the dead holder's
+    dead = export_step.sink_lock(rt, feed).__enter__()
+    dead._stop.set()  # the holder dies: its renewer stops, nothing releases the lock
+    dead._renewer.join()
+    assert rt.client.exists(name)
     started = time.monotonic()
     export(rt, sinks=["delta-sums"])
     assert time.monotonic() - started < 5
