@@ -147,3 +147,24 @@ def test_registry_finds_examples_and_module_attributes():
         load_pipeline("wordcout")
     with pytest.raises(PipelineError, match="cannot import"):
         load_pipeline("no_such_module:x")
+
+
+def test_a_typo_in_a_pipeline_module_or_attribute_names_the_closest(tmp_path, monkeypatch):
+    """A DAG's or the CLI's `module:attribute` with a typo: the one line names the closest
+    module of the user's folders on the path (the dags folder, the current one) or the
+    closest attribute - never a module of the installed packages; nothing close, no hint."""
+    (tmp_path / "user_sums.py").write_text(
+        "from tridentflow.examples.wordcount import wordcount as build\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_pipeline("user_sums:build").name == "wordcount"
+    with pytest.raises(PipelineError) as exc:
+        load_pipeline("user_sum:build")
+    assert "cannot import user_sum" in str(exc.value)
+    assert str(exc.value).endswith("(did you mean user_sums:build?)")
+    with pytest.raises(PipelineError) as exc:
+        load_pipeline("user_sums:bild")
+    assert str(exc.value).endswith("has no attribute 'bild' (did you mean user_sums:build?)")
+    with pytest.raises(PipelineError) as exc:
+        load_pipeline("pyspork:build")  # close to an installed package, not a user's module
+    assert "did you mean" not in str(exc.value)

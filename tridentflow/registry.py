@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import pkgutil
+import sys
 
 from tridentflow.errors import PipelineError, TridentflowError
 from tridentflow.pipeline import Pipeline
@@ -45,7 +48,8 @@ def load_pipeline(ref: str) -> Pipeline:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise PipelineError(f"pipeline {ref!r}: cannot import {module_name}: {exc}") from None
+        hint = _closest_module(module_name, attr) if _missing(exc, module_name) else ""
+        raise PipelineError(f"pipeline {ref!r}: cannot import {module_name}: {exc}{hint}") from None
     except TridentflowError:
         raise
     except Exception as exc:  # the module's own code failed while it was imported
@@ -55,7 +59,11 @@ def load_pipeline(ref: str) -> Pipeline:
     try:
         obj = getattr(module, attr)
     except AttributeError:
-        raise PipelineError(f"pipeline {ref!r}: {module_name} has no attribute {attr!r}") from None
+        close = difflib.get_close_matches(attr, [n for n in dir(module) if not n.startswith("_")])
+        hint = f" (did you mean {module_name}:{close[0]}?)" if close else ""
+        raise PipelineError(
+            f"pipeline {ref!r}: {module_name} has no attribute {attr!r}{hint}"
+        ) from None
     if callable(obj) and not isinstance(obj, Pipeline):
         try:
             obj = obj()
@@ -68,3 +76,33 @@ def load_pipeline(ref: str) -> Pipeline:
     if not isinstance(obj, Pipeline):
         raise PipelineError(f"pipeline {ref!r} is a {type(obj).__name__}, not a Pipeline")
     return obj.validate()
+
+
+def _missing(exc: ImportError, module_name: str) -> bool:
+    """Whether ``exc`` says ``module_name`` itself (or its package) is not there - a typo -
+    rather than an import the module's own code makes."""
+    missing = getattr(exc, "name", None)
+    return (
+        isinstance(exc, ModuleNotFoundError)
+        and missing is not None
+        and (module_name == missing or module_name.startswith(f"{missing}."))
+    )
+
+
+def _closest_module(module_name: str, attr: str) -> str:
+    """ " (did you mean 'NAME:ATTR'?)" for the module of the user's own folders (the path's
+    directories outside the installed packages: the dags folder, the current one) closest to
+    ``module_name``; "" if none is close. Read only on the error path."""
+    folders = [
+        p or os.getcwd()
+        for p in sys.path
+        if os.path.isdir(p or os.getcwd())
+        and not any(part in p for part in ("site-packages", "dist-packages"))
+        and not p.startswith(sys.base_prefix)
+    ]
+    top, _, rest = module_name.partition(".")
+    names = {m.name for m in pkgutil.iter_modules(folders)}
+    close = difflib.get_close_matches(top, sorted(names), n=1, cutoff=0.75)
+    if not close:
+        return ""
+    return f" (did you mean {'.'.join(filter(None, (close[0], rest)))}:{attr}?)"
