@@ -185,3 +185,42 @@ def test_wordcount_postgres_exports_after_each_commit_and_catches_up(tf, pg_dsn)
     assert table_rows(pg_dsn, "wordcount_counts", "word")["you"] == (3,)
     no_sink = tf("export", "wordcount")
     assert no_sink.returncode != 0 and "has no sink" in no_sink.stderr
+
+
+USER_SUMS = """
+from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec
+
+
+def split(line):
+    return ((word,) for word in line.split())
+
+
+def build():
+    pipeline = Pipeline("user-sums", LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL))
+    pipeline.stream.each("line", split, "word").group_by("word").persistent_aggregate(
+        StateSpec("counts", StateKind.TRANSACTIONAL), Count(), out_field="count"
+    )
+    return pipeline
+"""
+
+
+def test_a_pipeline_a_commit_ran_is_found_by_its_name_from_any_folder(tf, tmp_path):
+    """Run as `module:attribute` from its dags folder, the pipeline's commits record where its
+    code lives; the CLI then takes its name from any folder (no PYTHONPATH) and loads it from
+    there. A name no commit recorded is the one line of an unknown pipeline."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "user_sums.py").write_text(USER_SUMS)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a b\nb c\n")
+    beside = {"PYTHONPATH": str(dags)}
+    for args in (["reset", "user_sums:build", "--yes", "--source"],
+                 ["produce", "user_sums:build", str(lines)],
+                 ["run", "user_sums:build", "--engine", "local", "--no-progress"]):  # fmt: skip
+        done = tf(*args, env=beside)
+        assert done.returncode == 0, done.stderr
+    by_name = tf("query", "user-sums", "b", "--json")
+    assert by_name.returncode == 0, by_name.stderr
+    assert json.loads(by_name.stdout)["values"] == [{"key": ["b"], "value": 2}]
+    unknown = tf("status", "user-summs")
+    assert unknown.returncode == 1 and "unknown pipeline 'user-summs'" in unknown.stderr

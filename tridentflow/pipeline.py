@@ -670,6 +670,12 @@ class Pipeline:
     """The new-values streams and their sinks (NewValuesStream.sink)."""
     stage_names: dict[Node, str] = field(default_factory=dict)
     """Names given with ``Stream.name``, by node (nodes compare by identity)."""
+    origin: dict[str, str | None] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """Where ``registry.load_pipeline`` found it: ``{"ref": "module:attribute", "path": the
+    folder that makes the module importable, None for an installed one}``; None for a
+    pipeline built in code. Its commits record it, so the CLI finds the pipeline by name."""
 
     def __post_init__(self) -> None:
         _checked_name("pipeline", self.name)

@@ -42,7 +42,8 @@ def load_pipeline(ref: str) -> Pipeline:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise PipelineError(
             f"unknown pipeline {ref!r}: {hint}use a bundled example "
-            f"({', '.join(sorted(EXAMPLES))}) or module:attribute"
+            f"({', '.join(sorted(EXAMPLES))}), module:attribute, or the name of a pipeline "
+            "whose commits ran in this Redis (the CLI loads it from where they recorded it)"
         )
     module_name, _, attr = target.partition(":")
     try:
@@ -75,7 +76,30 @@ def load_pipeline(ref: str) -> Pipeline:
             ) from None
     if not isinstance(obj, Pipeline):
         raise PipelineError(f"pipeline {ref!r} is a {type(obj).__name__}, not a Pipeline")
+    obj.origin = {"ref": target, "path": _import_root(module, module_name)}
     return obj.validate()
+
+
+def _import_root(module: object, module_name: str) -> str | None:
+    """The folder that has to be on the path for ``module_name`` to import (the dags folder
+    for a module beside a DAG); None for an installed module (importable anywhere)."""
+    filename = getattr(module, "__file__", None)
+    if not filename:
+        return None
+    root = os.path.dirname(os.path.abspath(filename))
+    for _ in range(module_name.count(".") + (os.path.basename(filename) == "__init__.py")):
+        root = os.path.dirname(root)
+    installed = any(part in root for part in ("site-packages", "dist-packages"))
+    return None if installed else root
+
+
+def load_by_origin(origin: dict[str, str | None]) -> Pipeline:
+    """The pipeline a recorded ``origin`` names (``Pipeline.origin``), its folder put on the
+    path first (for good: a module imported later - a Spark job's - needs it too)."""
+    path = origin.get("path")
+    if path and path not in sys.path:
+        sys.path.insert(0, path)
+    return load_pipeline(str(origin["ref"]))
 
 
 def _missing(exc: ImportError, module_name: str) -> bool:

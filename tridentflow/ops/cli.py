@@ -50,7 +50,7 @@ from tridentflow.ops.deployment import cli_redis_url
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
-from tridentflow.registry import EXAMPLES, load_pipeline
+from tridentflow.registry import EXAMPLES, load_by_origin, load_pipeline
 from tridentflow.sources.base import AppendsSpread, Produces, SourceContext, Trims
 from tridentflow.sources.filelog import encode_record
 from tridentflow.steps import recorded_settings
@@ -505,7 +505,7 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
         args.redis_url = cli_redis_url(args.redis_url)
         args.redis_url_said = True
     rt = Runtime.open(
-        pipeline or load_pipeline(args.pipeline),
+        pipeline or _pipeline_of(args),
         redis_url=args.redis_url,
         home=args.home,
         faults=FaultPlan.from_env(getattr(args, "faults", None)),
@@ -515,6 +515,39 @@ def _runtime(args: argparse.Namespace, pipeline: Pipeline | None = None) -> Runt
         retain=getattr(args, "retain_txids", None),
     )
     return rt
+
+
+def _pipeline_of(args: argparse.Namespace) -> Pipeline:
+    """``args.pipeline``: a bundled example, a ``module:attribute``, or the name of a pipeline
+    whose commits recorded where its code lives (a DAG's, from any folder): loaded from
+    there. Otherwise the one line of an unknown pipeline."""
+    ref = args.pipeline
+    if ref in EXAMPLES or ":" in ref:
+        return load_pipeline(ref)
+    origin = _recorded_origin(args, ref)
+    return load_pipeline(ref) if origin is None else load_by_origin(origin)
+
+
+def _recorded_origin(args: argparse.Namespace, name: str) -> dict[str, Any] | None:
+    """What the commits of pipeline ``name`` recorded of its code's origin in this Redis and
+    namespace (None: nothing, or no such pipeline, or no Redis to ask)."""
+    from tridentflow.steps.recorded_settings import ORIGIN
+    from tridentflow.steps.runtime import connect, resolve_namespace
+    from tridentflow_state.keys import KeySpace, check_name
+
+    try:
+        check_name("pipeline", name)
+    except ValueError:
+        return None
+    client = connect(resolve_redis_url(args.redis_url, getattr(args, "redis_ca", None)))
+    try:
+        ledger = KeySpace(name, resolve_namespace(args.namespace)).ledger
+        raw = client.hget(ledger, f"setting:{ORIGIN}")
+    except redis.RedisError:
+        return None  # the Runtime's own connection says what is wrong with the Redis
+    finally:
+        client.close()
+    return None if raw is None else dict(json.loads(raw))
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:

@@ -54,6 +54,10 @@ name. A commit of code that has either name is refused."""
 MIGRATING = "migrating_with"
 """A state's field in the ``states`` record while ``evolve --migrate`` rewrites its values:
 the function's ``module:function``. A commit of code that has the state is refused."""
+ORIGIN = "origin"
+"""Where the pipeline's code was loaded from (``Pipeline.origin``: its ``module:attribute`` and
+the folder that imports it), recorded by its first commit that knows it: the CLI loads a
+pipeline given by name from it (``tridentflow status user-sums`` from any folder)."""
 MIGRATED = "migrated_with"
 """A state's field in the ``states`` record once ``evolve --migrate`` finished: every function
 (``module:function``) that rewrote its values, in order. The same migration run again (after
@@ -279,6 +283,8 @@ def record(rt: Runtime, recorded: dict[str, str] | None = None, force: bool = Fa
         if force or own.is_change or (setting not in recorded and not own.is_default)
     }
     values[STATES] = _states_value(rt, recorded)
+    if ORIGIN not in recorded and rt.pipeline.origin is not None:  # the first that knows it
+        values[ORIGIN] = json.dumps(rt.pipeline.origin, sort_keys=True)
     if all(recorded.get(k) == v for k, v in values.items()):
         return 0
     return rt.ledger.record_settings(values)
