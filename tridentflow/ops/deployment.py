@@ -38,7 +38,10 @@ def cli_redis_url(explicit: str | None, err: TextIO | None = None) -> str | None
     found = found_deployment()
     if found is not None:
         url = str(found["redis_url"])
-        err.write(f"tridentflow: Redis {redacted(url)} from {found['from']}\n")
+        err.write(
+            f"tridentflow: Redis {redacted(url)} from {found['from']} (asking it starts "
+            f"Airflow, seconds a command: export {REDIS_URL_ENV} to skip that)\n"
+        )
         return url
     err.write(
         f"tridentflow: no Redis given (--redis-url, {REDIS_URL_ENV}, or an Airflow connection "
