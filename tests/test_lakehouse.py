@@ -485,3 +485,20 @@ def test_a_failure_inside_table_maintenance_is_one_line(rt, capsys, monkeypatch)
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "sink delta-kv" in err and "tables compact failed" in err, err
     assert "run it again" in err
+
+
+def test_status_after_a_rewind_says_the_tables_stand_at_its_txid_with_the_stamp_to_read(rt):
+    """The rewind carried each table back to txid 4 in a new generation: status says each
+    lakehouse sink stands at 4 (not 0 until the next export), and names the stamp a reader
+    looks the table's txid up by - Delta's transaction_version(stamp) answers 4."""
+    from deltalake import DeltaTable
+
+    drain(rt)
+    rewind_pipeline(rt, 4, force=True)
+    for entry in sink_status(rt):
+        if entry["sink"] in UPSERT:
+            assert entry["position"] == 4, entry
+    delta = next(e for e in sink_status(rt) if e["sink"] == "delta-counts")
+    assert delta["stamp"].startswith("tridentflow:lakehoused:delta-counts:")
+    table = DeltaTable(feed(rt, "delta-counts").sink.table_uri)
+    assert table.transaction_version(delta["stamp"]) == 4

@@ -29,6 +29,7 @@ from typing import Any
 from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError, one_line
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import RedisStagingArea
+from tridentflow_state.changes import note_sink_position
 from tridentflow_state.reshard import plan_under_way
 from tridentflow_state.rewind import REWIND_PREFIX, RewindResult, rewind, rewinding_to
 from tridentflow_state.undo import offsets_after, retained
@@ -298,8 +299,11 @@ def rewind_tables(rt: Runtime, old_generation: str, target: int) -> tuple[str, .
         rt.faults.fire("mid-rewind", target, 1)
         try:
             known = table_versions(rt, feed).get(target)  # an earlier rewind's version
-            if rewind(context(rt, feed), old_generation, target, known) is not None:
-                done.append(feed.name)
+            ctx = context(rt, feed)
+            if rewind(ctx, old_generation, target, known) is not None:
+                done.append(feed.name)  # the table stands at target: status says so
+                note_sink_position(rt.client, rt.keyspace, feed.name, feed.state, target,
+                                   ctx.generation)  # fmt: skip
         except Exception as exc:
             raise TridentflowError(
                 f"rewind of {rt.pipeline.name} to txid {target}: the table of sink {feed.name} "

@@ -274,6 +274,8 @@ def _sink_lines(info: dict[str, Any]) -> list[str]:
         )
         if sink.get("error"):
             lines.append(f"  FAILING      {sink['error']}")
+        if sink.get("stamp"):  # how a reader of the table finds its txid
+            lines.append(f"  stamp        {sink['stamp']}")
         versions = sink.get("table_versions") or {}
         if versions:  # time travel: the table version / snapshot of each retained txid
             shown = list(versions.items())[-5:]

@@ -275,7 +275,13 @@ def untyped(table: Any) -> bool:
 def app_id(ctx: ExportContext, sink: str) -> str:
     """The stamp of ``sink``'s commits in ``ctx``'s generation: stable across exports and
     replays, another after a reset or a rewind."""
-    return f"{STAMP}:{ctx.pipeline}:{sink}:{ctx.generation}"
+    return stamp_of(ctx.pipeline, sink, ctx.generation)
+
+
+def stamp_of(pipeline: str, sink: str, generation: str) -> str:
+    """``app_id`` from its parts: what a reader of the table looks the txid up by (Delta's
+    ``transaction_version(stamp)``, Iceberg's ``tridentflow.app``); ``status`` shows it."""
+    return f"{STAMP}:{pipeline}:{sink}:{generation}"
 
 
 def to_write(ctx: ExportContext, txid: int, position: int, exists: bool, replace_all: bool) -> bool:

@@ -31,7 +31,7 @@ from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Feed
 from tridentflow.plan import Expander, compile_chain
 from tridentflow.sinks.base import ExportContext, ReloadNeededError, Row, SinkError
-from tridentflow.sinks.lakehouse import column_array
+from tridentflow.sinks.lakehouse import column_array, stamp_of
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.changes import (
     allow_sink,
@@ -602,7 +602,10 @@ def sink_status(rt: Runtime) -> list[dict[str, Any]]:
                 "error": failure.get("error"),
                 "error_at_ms": failure.get("at_ms"),
                 **(
-                    {"table_versions": table_versions(rt, feed)}
+                    {
+                        "table_versions": table_versions(rt, feed),
+                        "stamp": stamp_of(rt.pipeline.name, feed.name, rt.ledger.generation),
+                    }
                     if hasattr(feed.sink, "rewind_to")
                     else {}
                 ),
