@@ -20,8 +20,9 @@ from tridentflow.settings import (
 
 
 @pytest.fixture(autouse=True)
-def no_platform(monkeypatch):
+def no_platform(monkeypatch, tmp_path):
     monkeypatch.setattr(settings, "_platform", {})
+    monkeypatch.setenv("AIRFLOW_CONFIG", str(tmp_path / "no-airflow.cfg"))
     for s in SETTINGS:
         monkeypatch.delenv(s.env, raising=False)
         monkeypatch.delenv(s.airflow_env, raising=False)
@@ -92,3 +93,28 @@ def test_every_setting_a_module_reads_is_in_the_table():
                 continue
             used |= set(re.findall(r'"(TRIDENTFLOW_[A-Z_]+)"', path.read_text()))
     assert used - not_deployment <= declared, sorted(used - not_deployment - declared)
+
+
+def test_without_airflow_loaded_the_airflow_cfg_file_still_answers(monkeypatch, tmp_path):
+    """A process that imports no Airflow (the CLI given a Redis URL) reads the [tridentflow]
+    section of the airflow.cfg Airflow would read - never a second answer to one question: a
+    default-valued line (Airflow writes them all) counts as unset, the environment's
+    AIRFLOW__TRIDENTFLOW__<KEY> comes first as in Airflow, and a TRIDENTFLOW_* variable that
+    disagrees is the one-line conflict naming the file."""
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    (home / "airflow.cfg").write_text(
+        "[core]\ndags_folder = /dags\n[tridentflow]\nnamespace = team-a\nstaging = redis\n"
+    )
+    monkeypatch.delenv("AIRFLOW_CONFIG")
+    monkeypatch.setenv("AIRFLOW_HOME", str(home))
+    assert raw_setting("TRIDENTFLOW_NAMESPACE") == "team-a"
+    assert str(home / "airflow.cfg") in source_of("TRIDENTFLOW_NAMESPACE")
+    assert source_of("TRIDENTFLOW_STAGING") == "default"  # the default's copy: unset
+    monkeypatch.setenv("AIRFLOW__TRIDENTFLOW__NAMESPACE", "team-b")
+    assert raw_setting("TRIDENTFLOW_NAMESPACE") == "team-b"
+    monkeypatch.delenv("AIRFLOW__TRIDENTFLOW__NAMESPACE")
+    monkeypatch.setenv("TRIDENTFLOW_NAMESPACE", "team-c")
+    with pytest.raises(SettingsConflict) as exc:
+        raw_setting("TRIDENTFLOW_NAMESPACE")
+    assert "airflow.cfg" in str(exc.value) and "\n" not in str(exc.value)

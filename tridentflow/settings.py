@@ -2,8 +2,12 @@
 read from: its ``TRIDENTFLOW_*`` environment variable, else the ``[tridentflow]`` section of
 the platform's configuration - Airflow's ``airflow.cfg`` and ``AIRFLOW__TRIDENTFLOW__<KEY>``,
 as Airflow's providers keep theirs (``tridentflow_airflow`` registers Airflow's configuration
-as the source; without it, ``AIRFLOW__TRIDENTFLOW__<KEY>`` is read from the environment) - else
-the default. The two set to different values is a one-line error naming both: a deployment
+as the source; without it - the CLI given a Redis URL imports no Airflow -
+``AIRFLOW__TRIDENTFLOW__<KEY>`` is read from the environment, then the ``[tridentflow]``
+section of the ``airflow.cfg`` Airflow would read: ``AIRFLOW_CONFIG``, else
+``$AIRFLOW_HOME/airflow.cfg``, else ``~/airflow/airflow.cfg``) - else the default. A value
+equal to its default counts as unset there (Airflow writes every default into the file it
+makes). The two set to different values is a one-line error naming both: a deployment
 never runs with two answers to one question.
 
 Values are checked where they are read: a number that is not one is a one-line error naming
@@ -12,6 +16,7 @@ where it came from, never a traceback and never silently replaced by the default
 
 from __future__ import annotations
 
+import configparser
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,7 +133,41 @@ def _from_platform(setting: Setting) -> tuple[str | None, str]:
         else:
             return (value if value not in (None, "") else None), str(_platform["name"])
     raw = os.environ.get(setting.airflow_env, "").strip()
-    return (raw or None), setting.airflow_env
+    if raw:
+        return raw, setting.airflow_env
+    return _from_airflow_cfg(setting)
+
+
+def _airflow_cfg_path() -> str | None:
+    """The ``airflow.cfg`` Airflow would read here (None: there is none)."""
+    path = os.environ.get("AIRFLOW_CONFIG") or os.path.join(
+        os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "airflow.cfg"
+    )
+    return path if os.path.isfile(path) else None
+
+
+_cfg_cache: dict[tuple[str, float], dict[str, str]] = {}
+
+
+def _from_airflow_cfg(setting: Setting) -> tuple[str | None, str]:
+    """``[tridentflow] key`` of the airflow.cfg file, read without Airflow (a value equal to
+    the setting's default counts as unset, as with Airflow's own configuration)."""
+    path = _airflow_cfg_path()
+    if path is None:
+        return None, setting.airflow_env
+    key = (path, os.path.getmtime(path))
+    if key not in _cfg_cache:
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, UnicodeDecodeError, OSError):
+            return None, path  # Airflow itself says what is wrong with its file
+        _cfg_cache.clear()
+        _cfg_cache[key] = dict(parser[SECTION]) if parser.has_section(SECTION) else {}
+    value = (_cfg_cache[key].get(setting.key) or "").strip()
+    if not value or value == (setting.default or ""):
+        return None, path
+    return value, path
 
 
 def explicit_setting(env: str) -> str | None:
