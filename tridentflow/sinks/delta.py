@@ -405,8 +405,8 @@ class DeltaSink(Sink):
         version the txid -> version mirror names for ``target``, used when
         ``old_generation``'s stamps do not reach back to it (an earlier rewind carried the
         table to a later txid). Idempotent (a second call finds the txn); None if
-        ``target``'s version is gone from the log - the next export then reloads the table
-        from the state. The new version."""
+        ``target``'s version is gone from the log, or its files are (a VACUUM) - the next
+        export then reloads the table from the state. The new version."""
         deltalake = _deltalake()
         app = app_id(ctx, self.name)
         table = self._table()
@@ -436,7 +436,12 @@ class DeltaSink(Sink):
             empty = _arrow_schema(table).empty_table()
             self._write(table, empty, "append", commit, None)
         else:
-            table.restore(version, commit_properties=commit)
+            try:
+                table.restore(version, commit_properties=commit)
+            except Exception as exc:
+                if "missing file" in str(exc).lower():
+                    return None  # a VACUUM took the version's files: the next export reloads
+                raise
         restored = self._table()
         if restored is not None:
             ctx.note_version(target, restored.version())
