@@ -190,6 +190,12 @@ class KeySpace:
         return f"{self.base}:sinks"
 
     @property
+    def sinks_reload(self) -> str:
+        """Hash sink name -> why its next export reloads it from the whole state (an
+        ``evolve --migrate`` rewrote the values it holds); deleted once it reloaded."""
+        return f"{self.base}:sinks-reload"
+
+    @property
     def sinks_allowed(self) -> str:
         """Sorted set sink name -> the highest txid it was allowed to apply, recorded before it
         applies (state.changes.allow_sink): a sink's own store past it proves Redis lost

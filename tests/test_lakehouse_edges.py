@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import produce, runtime
+from tridentflow import LogSource, Pipeline, SourceMode, StateSpec, Sum
 from tridentflow.engines.local import LocalEngine
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, SinkError
@@ -21,6 +22,7 @@ from tridentflow.sinks.base import ExportContext
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.export import export
 from tridentflow.steps.query import list_state
+from tridentflow.steps.runtime import Runtime
 
 SUMS = "tests.pipelines:lake_sums"
 
@@ -425,3 +427,70 @@ def test_a_none_key_field_is_one_line_naming_the_way_out_in_postgresql(pg_dsn):
     line = str(refused.value)
     assert "\n" not in line and "key column region gets None" in line and "DeltaSink" in line
     assert _postgres_rows(sink) == [{"user": "a", "region": "eu", "total": 1}]
+
+
+# -- a migration meets the tables -------------------------------------------------------------
+class Doubled(Sum.__base__):  # a Combiner storing twice what Sum stored, and presenting it
+    pure = True
+
+    def init(self, *values):
+        return 2 * values[0]
+
+    def combine(self, a, b):
+        return a + b
+
+    def zero(self):
+        return 0
+
+
+def as_doubled(value):
+    """The migration from Sum's stored values to Doubled's."""
+    return 2 * value
+
+
+def _word_lengths(line: str):
+    return ((word, len(word)) for word in line.split())
+
+
+def lengths_to_delta(aggregator=None) -> Pipeline:
+    """Word lengths summed per word (Sum, or ``aggregator``), exported to a Delta table."""
+    import os
+
+    pipeline = Pipeline("lengths-lake", LogSource(fields=("line",), mode=SourceMode.OPAQUE))
+    lengths = (
+        pipeline.stream.each(
+            "line", lambda line: ((w, len(w)) for w in line.split()), ["word", "n"]
+        )
+        .group_by("word")
+        .persistent_aggregate(StateSpec("lengths"), aggregator or Sum(), "n", "length")
+    )
+    lake = os.environ["TF_TEST_LAKE"]
+    lengths.new_values_stream().sink(DeltaSink(f"{lake}/lengths", name="delta-lengths"))
+    return pipeline
+
+
+def test_rows_exported_before_a_migration_are_reloaded_in_the_new_form(lake, redis_url, home):
+    """`evolve --migrate` rewrites the state's values; the Delta rows exported before it hold
+    the old form, so the migration owes the sink a reload: the next export writes the whole
+    state as migrated, and the table equals the state again."""
+    from tridentflow.ops.evolve import migrate_state
+
+    old = Runtime.open(lengths_to_delta(), redis_url, home)
+    old.ledger.reset(force=True)
+    produce(old, ["a bb", "bb ccc"])
+    run_batches(old, LocalEngine())
+    export(old)
+    new = Runtime.open(lengths_to_delta(Doubled()), redis_url, home)
+    result = migrate_state(new, "lengths", "tests.test_lakehouse_edges:as_doubled")
+    assert result.kept_as_written == ()
+    (exported,) = export(new)
+    assert exported.reloaded_at == new.ledger.committed_txid()
+    page = list_state(new, new.pipeline.states["lengths"], 100)
+    want = {key[0]: value for key, value in page.items}
+    assert want == {"a": 2, "bb": 8, "ccc": 6}
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(lake / "lengths")).to_pyarrow_table().to_pylist()
+    assert {r["word"]: r["length"] for r in rows} == want
+    (again,) = export(new)  # owed once: the next export has nothing to do
+    assert again.reloaded_at is None and again.applied == ()

@@ -961,7 +961,12 @@ def cmd_evolve(args: argparse.Namespace, out: TextIO) -> int:
             (
                 f"migrated with {right} already: nothing to do (a migration runs once)"
                 if migrated.already
-                else f"{migrated.keys_migrated} key(s) rewritten"
+                else f"{migrated.keys_migrated} key(s) rewritten; its sinks reload at their "
+                "next export"
+                + "".join(
+                    f"; stream sink {s} keeps its rows of before in the old form"
+                    for s in migrated.kept_as_written
+                )
             ),
         )
     out.write((json.dumps(info) if args.json else f"evolve: {what}: done, {line}") + "\n")

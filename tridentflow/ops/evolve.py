@@ -35,7 +35,9 @@ code whose aggregator stores its values another way (same kind and key fields) -
 txids, fenced like a rename (the record marks it, commits of code with the state are refused
 and retry, an attempt under way is fenced), one key at a time: the state's hash of each shard
 and its undo and change logs, so a query as of an older txid, a rewind and a sink all see the
-new form. Each key is copied through the function in chunks and swapped in atomically with a
+new form (a sink that can reloads at its next export: the rows it holds are of the old
+form; a stream's rows stay as its readers read them, said by the command). Each key is copied
+through the function in chunks and swapped in atomically with a
 note that it is done, so a kill at any point transforms no value twice and the same command
 finishes the job. Then the record takes the code's shape for the state and notes the
 function among the state's migrations: the same command run again after it finished - killed
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tridentflow.errors import TridentflowError
+from tridentflow.steps.export import owe_reloads
 from tridentflow.steps.recorded_settings import (
     CHANGE_LOGS,
     DROPPING,
@@ -255,10 +258,14 @@ class MigrateResult:
     keys_migrated: int
     already: bool = False
     """The state was migrated with this function before: nothing was done."""
+    kept_as_written: tuple[str, ...] = ()
+    """The state's sinks that cannot reload (streams their readers read): their rows of
+    before the migration stay in the old form. The others reload at their next export."""
 
     def to_json(self) -> dict[str, object]:
         return {"state": self.state, "function": self.function,
-                "keys_migrated": self.keys_migrated, "already": self.already}  # fmt: skip
+                "keys_migrated": self.keys_migrated, "already": self.already,
+                "kept_as_written": list(self.kept_as_written)}  # fmt: skip
 
 
 def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
@@ -280,13 +287,15 @@ def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
         )
     fence_the_next_txid(rt, (name,))
     migrated = migrate_state_keys(rt.client, rt.keyspace, name, function)
+    # before the record says "done": a table's rows of before are in the old form
+    kept = owe_reloads(rt, name, f"evolve --migrate {name}={ref}")
     states = _recorded_states(rt)
     since = states[name].get("since")
     done = [*states[name].get(MIGRATED, ()), ref]
     states[name] = {**shapes(rt)[name], "since": since, MIGRATED: done}
     rt.ledger.record_settings({STATES: json.dumps(states, sort_keys=True)})
     finish_migration(rt.client, rt.keyspace, name)
-    return MigrateResult(name, ref, migrated)
+    return MigrateResult(name, ref, migrated, kept_as_written=tuple(kept))
 
 
 def _check_migratable(rt: Runtime, states: dict[str, dict[str, object]], name: str) -> None:

@@ -400,7 +400,8 @@ def _export_feed(
     """The sink brought from its position to ``upto`` (the committed txid if None), txid by
     txid from the change log, or reloaded from the state where the log cannot (or must not)
     serve it. Ordered; each step idempotent (a sink applies a txid once)."""
-    ctx = replace(context(rt, feed, hook), resync=resync)
+    owed = rt.client.hget(rt.keyspace.sinks_reload, feed.name) is not None
+    ctx = replace(context(rt, feed, hook), resync=resync or owed)
     committed = rt.ledger.committed_txid()
     rt.require_replicated(  # never export a commit a failover could still take back
         f"txid {committed}'s commit",
@@ -437,6 +438,8 @@ def _export_feed(
         position = txid
         _note(rt, feed, txid, ctx.generation)
     _note(rt, feed, position, ctx.generation)
+    if owed:
+        rt.client.hdel(rt.keyspace.sinks_reload, feed.name)
     _drop_exported(rt, feed.state)
     return ExportResult(feed.name, feed.state, position, tuple(applied), rows_total, reloaded)
 
@@ -495,6 +498,21 @@ def _reload(
     allow_sink(rt.client, rt.keyspace, feed.name, max(at, target), ctx.generation)
     _note(rt, feed, at, ctx.generation)
     return at, len(rows)
+
+
+def owe_reloads(rt: Runtime, state: str, why: str) -> list[str]:
+    """Every sink of ``state`` that can reload reloads at its next export (``why`` recorded);
+    the sinks that cannot (a stream its readers read) are returned - their rows stay as
+    written. Idempotent."""
+    cannot = []
+    for feed in rt.pipeline.feeds:
+        if feed.state != state:
+            continue
+        if feed.sink.resyncable:
+            rt.client.hset(rt.keyspace.sinks_reload, feed.name, why)
+        else:
+            cannot.append(feed.name)
+    return cannot
 
 
 def _lost_under(rt: Runtime, feed: Feed, position: int) -> bool:
