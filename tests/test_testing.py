@@ -201,3 +201,33 @@ def test_a_users_pytest_file_runs_with_no_redis_and_no_java(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout, done.stdout
+
+
+def test_an_updater_reading_other_keys_sees_what_production_shows_it(redis_url, tmp_path):
+    """The harness commits each state's partials in the staged order and the committer's
+    chunks, as production does: an updater that reads another key during the commit (the
+    bundled SeenWithThe reads "the") stores the same values under run_batches as on the local
+    engine with Redis - never what a sorted order would show it."""
+    from tests.helpers import sentences
+    from tests.test_trident_surface import reading
+    from tridentflow.engines.local import LocalEngine
+    from tridentflow.faults import FaultPlan
+    from tridentflow.steps.driver import run_one
+    from tridentflow.steps.query import list_state
+    from tridentflow.steps.runtime import Runtime, connect
+    from tridentflow.testing import run_batches
+
+    lines = [f"the {s}" if i % 3 else s for i, s in enumerate(sentences(60, seed=7))]
+    batches = [lines[:20], lines[20:40], lines[40:]]
+    harness = run_batches(reading(), batches)
+    rt = Runtime(reading(), connect(redis_url), tmp_path, FaultPlan.parse(""), namespace="seen")
+    rt.ledger.reset(force=True)
+    rt.log.ensure(rt.pipeline.source.partitions)
+    for batch in batches:
+        rt.log.append(0, batch)
+        run_one(rt, LocalEngine(), batch_size=len(batch))
+    for kind in ("transactional", "opaque"):
+        stored = list_state(rt, rt.pipeline.states[kind], limit=10_000).items
+        production = {key[0]: value for key, value in stored}
+        assert harness[kind] == production, kind
+        assert {v[1] for v in production.values()} - {None}, "it read the key"

@@ -53,11 +53,12 @@ from tridentflow.pipeline import Pipeline
 from tridentflow.plan import compile_chain, compile_pipeline
 from tridentflow.sinks.base import ExportContext, Row, Sink
 from tridentflow.sources.filelog import FileLog
-from tridentflow.steps.committer import apply_in_python
+from tridentflow.steps.committer import apply_in_python, staged_chunks
 from tridentflow.steps.export import stream_rows
 from tridentflow_state.backing import Fence, MemoryBackingMap
 from tridentflow_state.codec import decode_key
 from tridentflow_state.maps import StoredValue, make_map_state
+from tridentflow_state.redis_backing import CHUNK
 
 __all__ = ["ABORT", "CollectSink", "States", "TestingError", "run_batches"]
 
@@ -338,11 +339,11 @@ class _Run:
         for name, persist in self.pipeline.states.items():
             state = make_map_state(persist.state.kind, self.backings[name], name)
             state.begin_commit(txid, fence)
-            items = sorted(partials.get(name, ()), key=lambda kv: kv[0])
+            items = list(partials.get(name, ()))  # the staged order, as the committer's
             if half:
                 items = items[: len(items) // 2]
-            if items:
-                apply_in_python(state, name, persist.aggregator, items)
+            for chunk in staged_chunks(iter(items), CHUNK, len(items)):  # its chunks too
+                apply_in_python(state, name, persist.aggregator, chunk)
             if not half and name in horizons:
                 self.expired[name] = state.expire(horizons[name])
             if not half:

@@ -170,7 +170,7 @@ class PythonApply(StateWriter):
 
     def apply(self, state: MapState) -> None:
         items = self.staged.items(state.name)
-        for chunk in _chunks(items, CHUNK, self.attempt.keys_to_half()):
+        for chunk in staged_chunks(items, CHUNK, self.attempt.keys_to_half()):
             apply_in_python(state, state.name, self.persisted, chunk)
             self.attempt.wrote(len(chunk))
 
@@ -186,7 +186,9 @@ class InRedisChunks(StateWriter):
     def apply(self, state: MapState) -> None:
         size = IN_REDIS_CHUNK * self.rt.keyspace.shards
         in_flight: tuple[list[str], list[Future]] | None = None  # in Redis while the next is read
-        for chunk in _chunks(self.staged.lines(state.name), size, self.attempt.keys_to_half()):
+        for chunk in staged_chunks(
+            self.staged.lines(state.name), size, self.attempt.keys_to_half()
+        ):
             futures = self._submit(state, chunk)
             if in_flight is not None:
                 self._finish(state, *in_flight)
@@ -276,8 +278,9 @@ def writer_for(
     return InRedisChunks(rt, staged, attempt, pool, persisted, op)
 
 
-def _chunks(items: Iterator[tuple[str, Any]], size: int, split_at: int) -> Iterator[list]:
-    """Chunks of at most ``size`` items, with a boundary right after item number ``split_at``."""
+def staged_chunks(items: Iterator[Any], size: int, split_at: int) -> Iterator[list]:
+    """Chunks of at most ``size`` items in the staged order, with a boundary right after item
+    number ``split_at`` (the half an attempt that dies mid-commit wrote)."""
     taken = 0
     while True:
         limit = size
