@@ -658,3 +658,19 @@ def test_a_txid_emitted_by_other_code_is_refused_at_commit_in_one_line(
     name = next(iter(n for n in ("letters", "lengths") if n in new.pipeline.states))
     if emitting_code is everything:  # the state held txid 1 before: both txids counted
         assert _letters(new, name) == {"a": 1, "bb": 2, "ccc": 3, "dddd": 4}
+
+
+def test_a_rewind_takes_back_the_states_the_deployed_code_no_longer_has(with_lengths):
+    """A rewind under code without ``lengths`` (kept, with its undo logs): the kept state goes
+    back with the others, so when the previous code comes back its commits run and its values
+    are those as of the target, then the replay's."""
+    from tridentflow.ops.rewind import rewind_pipeline
+
+    old, new = with_lengths
+    as_of_1 = _letters(old, "lengths", 1)
+    rewind_pipeline(new, 1, force=True)  # lengths holds values stamped 2 and 3
+    back = Runtime.open(everything(), old.redis_url, old.home)
+    record(back, force=True)  # its sink is back too
+    assert _letters(back, "lengths") == as_of_1  # (without: a read that times out)
+    run(back, ["zz"])  # the replay of txids 2-4 ("bb ccc", "dddd a", "a"), then "zz"
+    assert _letters(back, "lengths") == {"a": 3, "bb": 4, "ccc": 3, "dddd": 4, "zz": 2}

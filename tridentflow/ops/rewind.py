@@ -21,6 +21,7 @@ deleted. Run again with the same target, a rewind cut short finishes all of it.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -201,20 +202,41 @@ def _rewind_states(rt: Runtime, target: int, force: bool, owed_here: bool) -> Re
         began = began or point == "after-begin-rewind"
         rt.faults.fire(point, txid, 1)
 
+    kept, kept_expiring = _kept_states(rt)
     try:
         return rewind(
             rt.client,
             rt.keyspace,
-            list(rt.pipeline.states),
+            [*rt.pipeline.states, *kept],
             target,
             force=force,
             hook=hook,
-            expiring=list(rt.pipeline.expiring),
+            expiring=[*rt.pipeline.expiring, *kept_expiring],
         )
     except BaseException:
         if owed_here and not began:
             rt.client.hdel(rt.keyspace.undo_meta, TABLES_OWED)
         raise
+
+
+def _kept_states(rt: Runtime) -> tuple[list[str], list[str]]:
+    """The states the deployed code no longer has but Redis keeps (evolve: values, undo logs),
+    and those of them with an expiry index: a rewind takes them back too - the previous code,
+    deployed again, commits them from the target on (never over values stamped past it)."""
+    from tridentflow.steps.recorded_settings import DROPPING, STATES
+
+    recorded = json.loads(rt.ledger.settings().get(STATES, "{}"))
+    kept = [
+        name
+        for name, entry in sorted(recorded.items())
+        if name not in rt.pipeline.states and not entry.get(DROPPING)
+    ]
+    expiring = [
+        name
+        for name in kept
+        if recorded[name].get("expire_after_txids") or recorded[name].get("expire_after_ms")
+    ]
+    return kept, expiring
 
 
 def _after_states(
