@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import produce, runtime
@@ -314,6 +314,7 @@ def _postgres_rows(sink: Any) -> list[dict[str, Any]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(typed_txids())
+@example(generated_txids=(True, [[(None, None, None)], [(0, 1e16, 0)]]))  # found: PG's jsonb key
 def test_generated_key_and_value_types_leave_each_table_equal_to_the_state_or_refused(
     tmp_path_factory, pg_dsn, generated_txids
 ):

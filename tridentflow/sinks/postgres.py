@@ -591,7 +591,8 @@ class PostgresSink(Sink):
                     "export waited for the table; nothing written: export again"
                 )
             table_existed = self._table_exists(cur, self.table_parts)
-            if not table_existed and rows:  # types come from the first rows
+            typed = self._keys_typed(rows)
+            if not table_existed and rows and typed:  # types come from the first rows
                 self._create_table(cur, rows)
             cur.execute(
                 sql.SQL(
@@ -628,7 +629,10 @@ class PostgresSink(Sink):
                     f"sink {self.name}: table {self.table} is at txid {applied}, so txid "
                     f"{txid} cannot be applied yet: export txid {applied + 1} first"
                 )
-            written = self._write_rows(cur, table, rows, empty, txid)
+            if table_existed or typed:
+                written = self._write_rows(cur, table, rows, empty, txid)
+            else:  # no table yet, and these rows type no key column: removals, or refused
+                written = self._untyped_rows(txid, rows)
             ctx.fire("mid-export", txid)
             cur.execute(
                 sql.SQL(
@@ -638,6 +642,27 @@ class PostgresSink(Sink):
                 (ctx.generation, txid, written, ctx.pipeline, self.name),
             )
         return True
+
+    def _keys_typed(self, rows: Sequence[Row]) -> bool:
+        """Whether ``rows`` give every key column a type (a value that is not None, or a type
+        ``columns=`` declares): a key column is never made jsonb from no value - jsonb's
+        equality would make 1 and 1.0, 1e16 and 10**16 one key."""
+        undeclared = [self.fields.index(k) for k in self.key_fields if k not in self.columns]
+        return all(any(row[i] is not None for row in rows) for i in undeclared)
+
+    def _untyped_rows(self, txid: int, rows: Sequence[Row]) -> int:
+        """A txid before the table exists whose rows type no key column: the removals have
+        nothing to remove (0 rows written); a row that sets a key is refused in one line (its
+        None key field: a primary key holds no NULL)."""
+        values = [i for i, f in enumerate(self.fields) if f not in self.key_fields]
+        for row in rows:
+            if any(row[i] is not None for i in values):
+                index = next(
+                    self.fields.index(k) for k in self.key_fields
+                    if row[self.fields.index(k)] is None
+                )  # fmt: skip
+                raise self._value_error(txid, row, index, "")
+        return 0
 
     def _checked_types(self, cur: Any) -> dict[str, str]:
         """The table's column types (remembered for ``_diagnose``); SinkError (one line) if a
