@@ -505,9 +505,7 @@ def owe_reloads(rt: Runtime, state: str, why: str) -> list[str]:
     the sinks that cannot (a stream its readers read) are returned - their rows stay as
     written. Idempotent."""
     cannot = []
-    for feed in rt.pipeline.feeds:
-        if feed.state != state:
-            continue
+    for feed in rt.pipeline.feeds_of(state):
         if feed.sink.resyncable:
             rt.client.hset(rt.keyspace.sinks_reload, feed.name, why)
         else:
