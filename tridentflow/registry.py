@@ -11,6 +11,7 @@ import importlib
 import os
 import pkgutil
 import sys
+import sysconfig
 
 from tridentflow.errors import PipelineError, TridentflowError
 from tridentflow.pipeline import Pipeline
@@ -117,12 +118,13 @@ def _closest_module(module_name: str, attr: str) -> str:
     """ " (did you mean 'NAME:ATTR'?)" for the module of the user's own folders (the path's
     directories outside the installed packages: the dags folder, the current one) closest to
     ``module_name``; "" if none is close. Read only on the error path."""
+    stdlib = sysconfig.get_path("stdlib")
     folders = [
         p or os.getcwd()
         for p in sys.path
         if os.path.isdir(p or os.getcwd())
         and not any(part in p for part in ("site-packages", "dist-packages"))
-        and not p.startswith(sys.base_prefix)
+        and not (p or os.getcwd()).startswith(stdlib)
     ]
     top, _, rest = module_name.partition(".")
     names = {m.name for m in pkgutil.iter_modules(folders)}
