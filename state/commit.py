@@ -82,6 +82,9 @@ class CommitAttempt:
         """State -> the txid at or before which a key's last update is too old (``claim``)."""
         self.expired: dict[str, list[str]] = {}
         """State -> the keys this attempt expired (``finish_writes``)."""
+        self.applied_horizons: dict[str, int | None] = {}
+        """State -> the horizon its expiry applied (``finish_writes``): ``horizons``', or None
+        at the txid that builds the state's index (nothing expires there)."""
         self.expected = 0
         """The keys the writes will report (``expect``)."""
         self._half = 0
@@ -178,6 +181,15 @@ class CommitAttempt:
             self._fired = True
             self.hooks.half_written(self)
 
+    def expiry_record(self) -> dict[str, list[int | None]]:
+        """State -> [expire_after_txids, expire_after in ms, the horizon applied (None:
+        nothing expired: the txid built the index)] for each expiring state: what the history
+        keeps, so ``audit`` recounts each txid by the rule of the code that committed it."""
+        return {
+            name: [rule.after_txids, rule.after_ms, self.applied_horizons.get(name)]
+            for name, rule in self.expiring.items()
+        }
+
     # -- 4. finish the writes -------------------------------------------------------------------
     def finish_writes(
         self, batch_keys: Callable[[str], Iterable[str]], logged: Iterable[str] = ()
@@ -189,7 +201,9 @@ class CommitAttempt:
         staged keys); called only where needed. Fenced; returns the keys rolled back."""
         for name, horizon in self.horizons.items():
             keys = partial(batch_keys, name)
-            self.expired[name] = self.writers[name].expire(horizon, keys)
+            writer = self.writers[name]
+            self.applied_horizons[name] = horizon if writer.expiry_in_force() else None
+            self.expired[name] = writer.expire(horizon, keys)
         rolled_back = sum(
             writer.rollback_stray_keys(partial(batch_keys, name))
             for name, writer in self.writers.items()

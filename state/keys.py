@@ -170,6 +170,12 @@ class KeySpace:
         txid (tridentflow_state.batch_times; only for a state with ``expire_after``)."""
         return f"{self.base}:batch-times"
 
+    @property
+    def batch_times_thinned(self) -> str:
+        """The txid below which the batch times keep one txid an hour of batch time
+        (tridentflow_state.batch_times: the thinning's watermark)."""
+        return f"{self.base}:batch-times-thinned"
+
     def state(self, name: str) -> str:
         return f"{self.base}:state:{check_name('state', name)}"
 

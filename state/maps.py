@@ -321,6 +321,11 @@ class MapState(ABC):
         index.merge(self.current_txid - 1)  # what a commit of txid-1 cut short left
         return index.compact(through, self._fence)
 
+    def expiry_in_force(self) -> bool:
+        """Whether ``expire`` removes anything at this txid: the state's expiry index is built
+        (it is not in the txid that turns expiry on). Reads only."""
+        return self.kind is not StateKind.NON_TRANSACTIONAL and self.backing.expiry.built()
+
     def expire(self, through: int, batch_keys: BatchKeys = None) -> list[str]:
         """Remove every key whose last update was at a txid <= ``through`` and which this
         txid does not update, as tombstones under the current txid: fenced, stamped and

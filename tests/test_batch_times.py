@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import runtime
 from tests.pipelines import HOUR, expiring
 from tests.test_expiry import POINTS, _counts, _step_by_step, draws
-from tridentflow import StateKind, StateSpec
+from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError
 from tridentflow.faults import FaultPlan, InjectedFault
@@ -27,8 +27,13 @@ from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
 from tridentflow.steps.export import changes_of
+from tridentflow.steps.query import list_state
+from tridentflow.steps.runtime import Runtime
 from tridentflow.testing import TestingError, run_batches
+from tridentflow_state import batch_times
+from tridentflow_state.backing import Fence
 from tridentflow_state.batch_times import BatchTimes, horizon_by_time
+from tridentflow_state.keys import KeySpace
 
 START = datetime(2026, 1, 1)
 MINUTE_MS = 60_000
@@ -202,11 +207,15 @@ def test_batch_times_never_go_back_along_the_txids(redis_url, home):
     assert audit(rt).ok
 
 
-def test_only_the_batch_times_a_later_claim_can_ask_for_are_kept(redis_url, home, monkeypatch):
+def test_the_batch_times_a_later_claim_can_ask_for_are_kept_and_older_ones_thinned(
+    redis_url, home, monkeypatch
+):
     """30 txids ten minutes apart, an hour's expiry: without rewinds the sorted set keeps
-    the txid an hour behind the last and the ones after it; with undo logs of 5 txids, an
-    hour behind the oldest txid a rewind may return to."""
-    for retain, oldest in ((0, 24), (5, 19)):
+    every txid from the one an hour behind the last on; with undo logs of 5 txids, from the
+    one an hour behind the oldest txid a rewind may return to. Older txids are thinned to the
+    newest of each hour of batch time (txids 6, 12, 18 end hours 0-2; 23 the fourth's part
+    below the exact ones)."""
+    for retain, oldest, thinned in ((0, 24, [6, 12, 18, 23]), (5, 19, [6, 12, 18])):
         monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", str(retain))
         rt = runtime("tests.pipelines:expiring_in_time", redis_url, home)
         rt.ledger.reset(force=True)
@@ -214,8 +223,105 @@ def test_only_the_batch_times_a_later_claim_can_ask_for_are_kept(redis_url, home
         rt = rt.with_(batch_clock=frozen(times))
         _step_by_step(rt, [["w"]] * 30, {})
         kept = BatchTimes(rt.client, rt.keyspace).all()
-        assert sorted(kept) == list(range(oldest, 31)), retain
-        assert kept[30] == times[29]
+        assert sorted(kept) == [*thinned, *range(oldest, 31)], retain
+        assert all(kept[t] == times[t - 1] for t in kept)
+
+
+def _claims(client, keyspace, times: list[int], first: int, periods: list[int], retain: int):
+    """Claim txids ``first``.. (batch times ``times[txid - 1]``) as commits do (the ledger
+    moved along, each txid's commit token set): txid -> period -> the horizon answered."""
+    times_of = BatchTimes(client, keyspace)
+    answers = {}
+    for txid in range(first, len(times) + 1):
+        client.hset(keyspace.ledger, "committed", txid - 1)
+        client.hset(keyspace.tx(txid), "commit_token", 1)
+        found = times_of.claim(Fence(txid, 1), times[txid - 1], retain, periods)
+        answers[txid] = found
+    return answers
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_longer_period_deployed_later_expires_at_most_an_hour_late_never_early(
+    redis_client, seed, monkeypatch
+):
+    """Code with short periods claims 150 txids (random steps of batch time, a random undo
+    window), then code with a period up to 30 times longer claims 150 more - the times it
+    reaches back to were thinned by the first code. Every answer of the first code's periods
+    is exact; the longer one's answer is never after the exact horizon (no key expires early)
+    and every txid in between lies in the exact horizon's hour (late by less than an hour of
+    batch time). Pages of 3 txids exercise the thinning's watermark. Before the thinning,
+    the longer period answered 0 - nothing expired - until its whole period had passed."""
+    monkeypatch.setattr(batch_times, "THIN_PAGE", 3)
+    rng = random.Random(f"thin-{seed}")
+    now, times = 0, []
+    for _ in range(300):
+        now += rng.choice((0, 1, 5, 10, 20, 45, 90)) * MINUTE_MS
+        times.append(now)
+    short = sorted({rng.randint(10, 120) * MINUTE_MS for _ in range(2)})
+    longer = [*short, rng.randint(150, 3600) * MINUTE_MS]
+    retain = rng.choice((0, 0, 3, 10))
+    keyspace = KeySpace(f"thin-{seed}")
+    before = _claims(redis_client, keyspace, times[:150], 1, short, retain)
+    after = _claims(redis_client, keyspace, times, 151, longer, retain)
+    every = dict(enumerate(times, start=1))
+    hour = batch_times.THIN_MS
+    for txid, found in [*before.items(), *after.items()]:
+        for period, answer in found.items():
+            exact = horizon_by_time(every, txid, times[txid - 1], period)
+            if period in short:
+                assert answer == exact, (txid, period)
+                continue
+            assert answer <= exact, (txid, period)
+            late = range(answer + 1, exact + 1)
+            same_hour = all(times[t - 1] // hour == times[exact - 1] // hour for t in late)
+            assert same_hour, (txid, answer, exact)
+    kept = BatchTimes(redis_client, keyspace).all()
+    hours = len({ms // hour for ms in times})
+    assert len(kept) <= hours + 300 - min(after) + 1  # thinned: one an hour at most below
+
+
+def _two_rules(totals_period: timedelta | None) -> Pipeline:
+    """Words into ``counts`` (expiring after an hour of batch time) and ``totals``
+    (``totals_period``; the code a deploy changes)."""
+    from tridentflow.examples.wordcount import split
+
+    pipeline = Pipeline(
+        "two-rules", LogSource(fields=("sentence",), partitions=2, mode=SourceMode.OPAQUE)
+    )
+    words = pipeline.stream.each("sentence", split, "word")
+    spec = StateSpec("counts", StateKind.OPAQUE, expire_after=HOUR)
+    words.group_by("word").persistent_aggregate(spec, Count(), out_field="count")
+    spec = StateSpec("totals", StateKind.OPAQUE, expire_after=totals_period)
+    words.group_by("word").persistent_aggregate(spec, Count(), out_field="total")
+    return pipeline
+
+
+def test_a_period_added_later_to_another_state_expires_by_the_times_the_first_rule_kept(
+    redis_url, home, monkeypatch
+):
+    """30 txids ten minutes apart under code whose ``totals`` never expire and whose
+    ``counts`` expire after an hour; then code giving ``totals`` three hours. Txid 31 builds
+    its index; txid 32 (at 05:45) reaches back to 02:45 - txid 17 - where the first code kept
+    only the newest txid of each hour (12 at 01:50, 18 at 02:50): it expires every key last
+    updated at or before txid 12 and keeps 13-17 (never early; late within 02:00-02:59).
+    Without the thinning it expired nothing. Audit recounts each txid by the rule its commit
+    applied, the thinned horizon as the commit took it: ``r`` (txids 1 and 25) is not expired
+    at txid 20 by a rule that did not exist then (it reported doubled=1)."""
+    monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "0")
+    times = [t * 10 * MINUTE_MS for t in range(30)] + [300 * MINUTE_MS, 345 * MINUTE_MS]
+    first = Runtime.open(_two_rules(None), redis_url, home).with_(batch_clock=frozen(times))
+    first.ledger.reset(force=True)
+    batches = [[f"w{t}" + (" r" if t in (1, 25) else "")] for t in range(1, 31)]
+    _step_by_step(first, batches, {})
+    assert audit(first).ok
+    later = Runtime.open(_two_rules(3 * HOUR), redis_url, home).with_(batch_clock=frozen(times))
+    _step_by_step(later, [["x"], ["y"]], {}, first=31)
+    page = list_state(later, later.pipeline.states["totals"], limit=100)
+    totals = {key[0]: value for key, value in page.items}
+    assert set(totals) == {*(f"w{t}" for t in range(13, 31)), "r", "x", "y"}
+    assert totals["r"] == 2
+    report = audit(later)
+    assert (report.ok, report.unaudited) == (True, []), report.line()
 
 
 def test_a_rewind_brings_expired_keys_back_and_the_replay_judges_by_its_own_batch_time(

@@ -312,7 +312,8 @@ def test_expiry_turned_on_later_starts_from_what_the_state_holds_and_off_again_f
     index from every key after its mark (nothing expires in that txid), the next one expires by
     the rule - keys written before expiry was on included. Turned off, the index stops
     following and its built mark goes; turned on again, it is built anew (a stale index would
-    expire keys updated while it was off)."""
+    expire keys updated while it was off). Audit, under each code, recounts every txid by the
+    rule the code that committed it applied (it applied today's to every txid: doubled)."""
     plain = Runtime.open(expiring_words(None), redis_url, home)
     plain.ledger.reset(force=True)
     _step_by_step(plain, [["a b"], ["b"]], {})
@@ -330,6 +331,9 @@ def test_expiry_turned_on_later_starts_from_what_the_state_holds_and_off_again_f
     assert _counts(again) == {"a": 3, "b": 4}
     _step_by_step(again, [["a"]], {}, first=9)  # b last updated at 7 <= 9 - 1: expired
     assert _counts(again) == {"a": 4}
+    for code in (plain, on, off, again):  # each txid recounted by the rule it was committed by
+        report = audit(code)
+        assert report.ok, (code.pipeline.states["counts"].state.expire_after_txids, report.line())
 
 
 def expiring_words(after: int | None) -> Pipeline:

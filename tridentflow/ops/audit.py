@@ -9,10 +9,12 @@ Only states that do not depend on how records were batched can be recomputed thi
 fed by per-record operations alone, with a Combiner or a Reducer (a Reducer folds in source
 order here and in batch order in the state, so it must not care about order). States behind
 batch operations (aggregate, partition_aggregate, join, ...) or with a custom updater are
-listed as ``unaudited``. A state whose keys expire (``expire_after_txids``) depends on how the
-records were batched into txids: it is recomputed txid by txid, from the ranges each txid's
-history entry kept, with the expiry rule applied after each - or listed as unaudited once the
-history no longer holds every committed txid (it keeps the last 1000).
+listed as ``unaudited``. A state whose keys expire (``expire_after_txids``, ``expire_after``)
+depends on how the records were batched into txids: it is recomputed txid by txid, from the
+ranges each txid's history entry kept, with the expiry that txid's commit applied after each
+(recorded in the entry: a rule a deploy added, changed or dropped since is not applied to the
+txids before it) - or listed as unaudited once the history no longer holds every committed
+txid (it keeps the last 1000).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.plan import compile_pipeline
 from tridentflow.steps.runtime import Runtime
+from tridentflow_state.batch_times import THIN_MS, ExpiryRule, horizon_by_time
 from tridentflow_state.ledger import HISTORY_LENGTH
 from tridentflow_state.maps import REMOVE, StoredValue
 
@@ -79,12 +82,12 @@ def audit(rt: Runtime) -> AuditReport:
     report.records = sum(c.n for c in result.counts.values()) if result else 0
     by_txid = expected_txid_by_txid(rt, committed)
     for name, persist in rt.pipeline.states.items():
-        if persist.batch_invariant:
+        if by_txid is not None and name in by_txid:  # expiring now, or at a txid recorded
+            expected = by_txid[name]
+        elif persist.batch_invariant:
             staged = result.partials[name] if result else ()
             expected = {key: apply_staged(persist.aggregator, None, v) for key, v in staged}
             expected = {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
-        elif by_txid is not None and name in by_txid:
-            expected = by_txid[name]
         else:
             report.unaudited.append(name)
             continue
@@ -154,15 +157,19 @@ def _compare(
 
 
 def expected_txid_by_txid(rt: Runtime, committed: int) -> dict[str, dict[str, Any]] | None:
-    """The expiring states as they should be, recomputed txid by txid (state -> key ->
-    value): each committed txid's records - the ranges its history entry kept - applied,
-    then the state's expiry rule (``expire_after_txids``/``expire_after``). None when there is
-    no expiring state to recount, or the history no longer holds every committed txid."""
-    names = [n for n, p in rt.pipeline.states.items()
-             if p.recountable and p.state.expiry is not None]  # fmt: skip
-    if not names or committed == 0:
-        return {name: {} for name in names} if names else None
+    """The states whose keys expire - now, or at a txid the history recorded - as they should
+    be, recomputed txid by txid (state -> key -> value): each committed txid's records - the
+    ranges its history entry kept - applied, then the expiry that txid's commit applied. None
+    when there is no such state to recount, or the history no longer holds every committed
+    txid."""
+    if committed == 0:
+        return None
     entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}
+    recorded = {name for e in entries.values() for name in e.get("expiry") or {}}
+    names = [n for n, p in rt.pipeline.states.items()
+             if p.recountable and (p.state.expiry is not None or n in recorded)]  # fmt: skip
+    if not names:
+        return None
     recounts = recount_txid_by_txid(rt, names, entries, committed)
     return next((values for txid, values in recounts if txid == committed), None)
 
@@ -173,15 +180,15 @@ def recount_txid_by_txid(
     """States ``names`` (recountable) as they should be right after each txid 1..``through``
     (state -> encoded key -> value; the same dicts, updated in place), recomputed from the
     ranges the history ``entries`` (txid -> entry) kept, each state's expiry rule applied
-    after each txid (a rule in time by the batch times the entries kept, as the commits
-    judged it: tridentflow_state.batch_times). Yields nothing if ``entries`` lack one of
-    those txids."""
+    after each txid as that txid's commit applied it (``applied_horizon``). Yields nothing if
+    ``entries`` lack one of those txids."""
     if any("ranges" not in entries.get(t, {}) for t in range(1, through + 1)):
         return
     plan = compile_pipeline(rt.pipeline, names)
     values: dict[str, dict[str, Any]] = {name: {} for name in names}
     last: dict[str, dict[str, int]] = {name: {} for name in names}
     times: dict[int, int] = {}  # txid -> its batch time, for the txids that had one
+    thinned_below = 0  # the claims so far may have thinned the batch times of txids below it
     for txid in range(1, through + 1):
         at = entries[txid].get("at_ms")
         ranges = {int(p): (start, end) for p, (start, end) in entries[txid]["ranges"].items()}
@@ -199,11 +206,62 @@ def recount_txid_by_txid(
                 else:
                     state[key], stamps[key] = value, txid
             rule = persist.state.expiry
-            if rule is None:
+            due = applied_horizon(entries[txid], name, rule, times, at, thinned_below)
+            if due is None:
                 continue
-            due = rule.horizon_among(times, txid, at)
             for key in [k for k, t in stamps.items() if t <= due and k not in touched]:
                 del state[key], stamps[key]
+        thinned_below = max(thinned_below, thinned_by(entries[txid], times, at))
         if at is not None:
             times[txid] = at
         yield txid, values
+
+
+def applied_horizon(
+    entry: dict[str, Any],
+    name: str,
+    rule: ExpiryRule | None,
+    times: dict[int, int],
+    at: int | None,
+    thinned_below: int = 0,
+) -> int | None:
+    """The horizon the commit of ``entry``'s txid should have applied to state ``name`` (None:
+    nothing expires), judged by the rule its history entry recorded - the rule of the code that
+    committed it, so a rule added, changed or dropped since is not applied to the txids before
+    it; a state the entry does not name had none then - over the batch times the entries kept
+    (``times``: txid -> ms). The commit's own horizon stands where it is that one, or, where
+    the claims before may have thinned the times of the txids below ``thinned_below``, earlier
+    by no more than the thinning's slack (an hour of batch time); any other is replaced by the
+    rule's, so the recount differs where the commit did. An entry written before commits
+    recorded their rules: today's ``rule``."""
+    txid, recorded = entry["txid"], entry.get("expiry")
+    if recorded is None:
+        return None if rule is None else rule.horizon_among(times, txid, at)
+    if name not in recorded:
+        return None
+    after_txids, after_ms, applied = recorded[name]
+    if applied is None:  # the txid that built the state's index: nothing expired
+        return None
+    due = ExpiryRule(after_txids, after_ms).horizon_among(times, txid, at)
+    if applied == due or (due < thinned_below and within_thinning(times, applied, due)):
+        return applied
+    return due
+
+
+def thinned_by(entry: dict[str, Any], times: dict[int, int], at: int | None) -> int:
+    """The txid below which the claim of ``entry``'s txid may have thinned the batch times
+    (as far as the longest period of the rules it recorded reaches back from its own time,
+    as with no undo logs: the most a claim thins; 0: none)."""
+    periods = [r[1] for r in (entry.get("expiry") or {}).values() if r[1] is not None]
+    if at is None or not periods:
+        return 0
+    return horizon_by_time(times, entry["txid"], at, max(periods))
+
+
+def within_thinning(times: dict[int, int], applied: int, due: int) -> bool:
+    """Whether horizon ``applied`` is ``due`` as thinned batch times can answer it: earlier,
+    every txid in between in ``due``'s hour of batch time (tridentflow_state.batch_times)."""
+    if not 0 <= applied < due or due not in times:
+        return False
+    hour = times[due] // THIN_MS
+    return all(t in times and times[t] // THIN_MS == hour for t in range(applied + 1, due))

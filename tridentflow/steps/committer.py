@@ -446,8 +446,10 @@ def commit_stats(
         "expired": sum(len(keys) for keys in attempt.expired.values()),
         "expired_by_state": {name: len(keys) for name, keys in attempt.expired.items()},
         "ranges": {str(p): [start, end] for p, (start, end) in sorted(staged.ranges.items())},
-        # the batch time expiry judged by (audit's recount reads it); absent: none
+        # the batch time expiry judged by; absent: none
         **({} if attempt.batch_time is None else {"at_ms": attempt.batch_time}),
+        # each expiring state's rule and the horizon this code applied (audit recounts by it)
+        "expiry": attempt.expiry_record(),
     }
 
 
