@@ -21,6 +21,7 @@ from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, TooManyBadRecords
 from tridentflow.faults import Fault, FaultPlan, SimulatedCrash
+from tridentflow.ops.audit import audit
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.rewind import rewind_pipeline
 from tridentflow.plan import Plan
@@ -368,8 +369,48 @@ def test_a_zombie_run_whose_txid_was_adopted_and_committed_deletes_what_it_stage
     monkeypatch.setattr(Ledger, "record_staged", unanswered)
     with pytest.raises(redis.TimeoutError):
         emit_run(rt, "run-a", AdoptedMeanwhile(), lease_ms=200)
-    assert staging_left(rt) != []  # A's attempt, staged after B's commit
+    assert staging_left(rt) == []  # A's attempt, staged after B's commit, went with its failure
     monkeypatch.setattr(Ledger, "record_staged", record_staged)
     with pytest.raises(RunNotBoundError, match="adopted by run run-b"):
         emit_run(rt, "run-a", ENGINE, lease_ms=200)  # its task's retry
     assert staging_left(rt) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("ran", [False, True], ids=["not-run", "ran-late"])
+def test_an_attempt_whose_record_goes_unanswered_deletes_its_staging_before_it_fails(
+    kind, ran, redis_url, tmp_path, monkeypatch
+):
+    """The family 'a step's last ledger write goes unanswered and the step is never retried'
+    (its retries spent; a zombie nobody retries; the every-family soak's seed 8421 left txid
+    5's attempt 1 in files): the emit stages, ``record_staged`` times out - ``ran``: Redis
+    ran it late, so the ledger names the attempt - and the emit deletes what it staged before
+    it fails. A commit that then finds the recorded attempt gone fails in one line; emitted
+    again, the txid commits exactly."""
+    import redis
+
+    from tridentflow_state.ledger import Ledger
+
+    rt = _fresh("wordcount", kind, redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(40, seed=21))
+    coordinate(rt, 1, batch_size=100)
+    record_staged = Ledger.record_staged
+
+    def unanswered(self, txid, attempt):
+        if ran:
+            record_staged(self, txid, attempt)
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(Ledger, "record_staged", unanswered)
+    with pytest.raises(redis.TimeoutError):
+        emit(rt, 1, ENGINE)
+    assert staging_left(rt) == []
+    monkeypatch.setattr(Ledger, "record_staged", record_staged)
+    if ran:
+        with pytest.raises(IncompleteBatchError):
+            commit(rt, 1)
+    emit(rt, 1, ENGINE)
+    assert commit(rt, 1).status == "committed"
+    assert staging_left(rt) == []
+    report = audit(rt)
+    assert report.ok and report.records == 40, report.line()

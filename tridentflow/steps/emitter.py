@@ -148,7 +148,10 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     attempt that finds its txid committed meanwhile (a zombie - its failure too, the commit
     having deleted the staging it was writing) deletes the txid's staging, and
     so does any emit of a committed txid - not best effort: if Redis does not answer (paused,
-    say), the step fails and its retry deletes it, so a zombie's staging never outlives it.
+    say), the step fails and its retry deletes it, so a zombie's staging never outlives it;
+    an attempt whose record in the ledger goes unanswered deletes its staging before it fails
+    (a step that is never retried - its retries spent, a zombie nobody retries - leaves nothing:
+    a commit that finds the attempt recorded but gone fails and its txid is emitted again).
     The commit deletes the rest (committer.commit)."""
     ledger = rt.ledger
     ledger.check_generation()
@@ -183,7 +186,12 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
             rt.discard_staged(txid)
             return None
         raise
-    if ledger.record_staged(txid, attempt) == 0:  # committed meanwhile: nobody will read it
+    try:
+        recorded = ledger.record_staged(txid, attempt)
+    except redis.RedisError:  # unanswered (a paused Redis): maybe recorded, maybe not
+        rt.discard_attempts(txid, [attempt])  # a commit that finds it gone fails; re-emitted
+        raise
+    if recorded == 0:  # committed meanwhile: nobody will read it
         rt.discard_staged(txid)
         return None
     rt.staging.prune(staged)
