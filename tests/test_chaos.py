@@ -31,6 +31,9 @@ STALL_SCHEDULES = 8
 """The stalled-holder planted bug: seed 5006 exposes it (an emit stalled at in-emit of txid
 3 goes on after txids 3-5 committed and records its staged attempt in txid 3's deleted tx
 hash); room to move."""
+ZOMBIE_SEED = 5002
+"""The zombie-into-a-pause planted bug: seed 5002 (file staging) exposes it with the family's
+chances turned up."""
 EXPIRY_SOAK = 20
 EXPIRY_SEED, EXPIRY_SCHEDULES = 0, 12
 """The expiry planted bugs: seed 3 exposes each (an earlier attempt's write taken for an
@@ -249,6 +252,30 @@ def test_the_paused_family_catches_a_stalled_holder_writing_for_a_committed_txid
     assert not last.ok, f"{len(results)} schedules did not expose it"
     assert "tx hash was written after its commit" in (last.difference or ""), last.line()
     assert any(e.startswith("stalled:") for e in last.events), last.line()
+
+
+@pytest.mark.soak
+def test_the_paused_family_catches_a_zombie_emit_that_cannot_tell_it_was_committed(monkeypatch):
+    """The paused family's planted bug for 'a stalled holder goes on into a paused Redis'
+    (``stalled-into-pause``; the family's chances turned up so that one schedule stalls every
+    txid's emit at ``in-emit`` and resumes it into a pause): its staging directory was deleted
+    by the adopter's commit and Redis cannot say whether the txid committed; the emit, taking
+    "cannot say" for "not committed" again, fails with the missing directory's
+    FileNotFoundError - no step's failure: the harness ends on it. Unplanted, the same
+    schedule is exact (the emit fails in one line; its run gives up, ``spent:``)."""
+    import tridentflow.devtools.chaos.drive as drive
+    import tridentflow.devtools.chaos.pauses as pauses
+    import tridentflow.steps.emitter as emitter
+
+    monkeypatch.setattr(pauses, "STALL_CHANCE", 1.0)
+    monkeypatch.setattr(pauses, "STALL_POINTS", ("in-emit",))
+    monkeypatch.setattr(drive, "STALL_INTO_PAUSE_CHANCE", 1.0)
+    exact = run_chaos(1, seed=ZOMBIE_SEED, paused=True)[0]
+    assert exact.ok, exact.line()
+    assert "stalled-into-pause@1" in exact.events and "staging:redis" not in exact.events
+    monkeypatch.setattr(emitter, "_committed_meanwhile", lambda rt, txid: False)
+    with pytest.raises(FileNotFoundError):
+        run_chaos(1, seed=ZOMBIE_SEED, paused=True)
 
 
 @pytest.mark.soak

@@ -287,6 +287,46 @@ def test_a_zombie_emit_whose_staging_the_commit_deleted_under_it_finds_the_txid_
     assert staging_left(rt) == []
 
 
+def test_a_zombie_emit_whose_staging_was_deleted_under_it_into_a_paused_redis_fails_in_one_line(
+    redis_url, tmp_path, monkeypatch
+):
+    """The same stalled emit, going on into a paused Redis (the paused family's
+    ``stalled-into-pause``): its manifest's directory is gone and Redis cannot say whether the
+    txid committed. It fails in one line a retry helps (IncompleteBatchError), not with the
+    missing directory's FileNotFoundError (which ended the harness); its retry finds the txid
+    committed and leaves nothing."""
+    import redis
+
+    import tridentflow.faults
+    from tridentflow_state.ledger import Ledger
+
+    rt = _fresh("wordcount", "files", redis_url, tmp_path, monkeypatch)
+    produce(rt, sentences(40, seed=12))
+    coordinate(rt, 1, batch_size=100)
+    emit(rt, 1, ENGINE)
+    stalled = rt.with_(faults=FaultPlan((Fault("in-emit", 1, 2, "stall"),)))
+    committed_txid = Ledger.committed_txid
+    paused = []
+
+    def unanswered(self):
+        if paused:
+            raise redis.TimeoutError("Timeout reading from socket")
+        return committed_txid(self)
+
+    def meanwhile(fault):
+        commit(rt, 1)
+        paused.append(True)  # Redis stops as the stale emit goes on
+
+    monkeypatch.setattr(tridentflow.faults, "STALL_HOOK", meanwhile)
+    monkeypatch.setattr(Ledger, "committed_txid", unanswered)
+    with pytest.raises(IncompleteBatchError, match="deleted while it was written") as caught:
+        emit(stalled, 1, ENGINE)
+    assert "\n" not in str(caught.value)
+    paused.clear()
+    assert emit(rt, 1, ENGINE) is None  # the retry
+    assert staging_left(rt) == []
+
+
 def test_a_commit_whose_staged_files_vanish_under_it_fails_in_one_line(
     redis_url, tmp_path, monkeypatch
 ):

@@ -180,30 +180,44 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     }
     try:
         staged = _compute_and_stage(rt, txid, attempt, engine, ranges, next_positions, header)
-    except Exception:
+    except Exception as exc:
         rt.discard_attempts(txid, [attempt])
-        if _committed_meanwhile(rt, txid):  # a zombie: the commit deleted its staging under it
+        committed = _committed_meanwhile(rt, txid)
+        if committed:  # a zombie: the commit deleted its staging under it
             rt.discard_staged(txid)
             return None
+        if committed is None and isinstance(exc, FileNotFoundError):
+            raise IncompleteBatchError(
+                f"txid {txid}: the staging of emit attempt {attempt} was deleted while it was "
+                "written, and Redis did not answer whether the txid was committed meanwhile: "
+                "retry the emit (it finds the txid committed, or stages it again)"
+            ) from exc
         raise
-    try:
-        recorded = ledger.record_staged(txid, attempt)
-    except redis.RedisError:  # unanswered (a paused Redis): maybe recorded, maybe not
-        rt.discard_attempts(txid, [attempt])  # a commit that finds it gone fails; re-emitted
-        raise
-    if recorded == 0:  # committed meanwhile: nobody will read it
+    if record_staged(rt, txid, attempt) == 0:  # committed meanwhile: nobody will read it
         rt.discard_staged(txid)
         return None
     rt.staging.prune(staged)
     return staged
 
 
-def _committed_meanwhile(rt: Runtime, txid: int) -> bool:
-    """Whether ``txid`` is committed now (False if Redis cannot say: the failure stands)."""
+def record_staged(rt: Runtime, txid: int, attempt: int) -> int:
+    """Record ``attempt`` as ``txid``'s staged one (the ledger's answer: 0 if the txid is
+    committed). Unanswered (a paused Redis: maybe recorded, maybe not), the attempt's staging
+    is deleted before the error goes on - the step may never be retried - and a commit that
+    finds it recorded but gone fails; the txid is emitted again."""
+    try:
+        return rt.ledger.record_staged(txid, attempt)
+    except redis.RedisError:
+        rt.discard_attempts(txid, [attempt])
+        raise
+
+
+def _committed_meanwhile(rt: Runtime, txid: int) -> bool | None:
+    """Whether ``txid`` is committed now (None if Redis cannot say: the failure stands)."""
     try:
         return txid <= rt.ledger.committed_txid()
     except redis.RedisError:
-        return False
+        return None
 
 
 def _compute_and_stage(

@@ -36,6 +36,8 @@ its own; outages freeze the broker (SIGSTOP), between steps and in the middle of
 BAD_KAFKA_VALUES = (b'{"not json', b"\xff\xfe", b'["wrong", "arity"]')
 """Kafka records another producer could write that are no sentence; each is quarantined."""
 RETRIES = 3
+RETRIES_SPENT_CHANCE = 0.25
+"""In the paused family: the chance that a failed step was its task's last try (no retry)."""
 DRAIN_REFIRE_S = 30.0
 """The drain's watcher repeats an unanswered fire after this long (its clock is simulated)."""
 DRAIN_POLLS = 5_000

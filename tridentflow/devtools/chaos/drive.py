@@ -52,6 +52,7 @@ from tridentflow.devtools.chaos.pauses import (
     PAUSED_LEASE_MS,
     PAUSED_SOCKET_TIMEOUT_S,
     STALL_ADOPTERS,
+    STALL_INTO_PAUSE_CHANCE,
     Pauser,
     adopter,
     paused_redis,
@@ -242,6 +243,7 @@ class Chaos(OperatorActs, SinkChecks):
         sched.reshard_rng = random.Random(f"reshard-{seed}")
         sched.reshard = self.reshards
         sched.pause_rng = random.Random(f"pause-{seed}") if self.paused else None
+        sched.spent_rng = random.Random(f"spent-{seed}") if self.paused else None
         if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
             sched.lost_rng = random.Random(f"lost-{seed}")
         self._drop_sink_targets(rt, seed)
@@ -502,9 +504,13 @@ class Chaos(OperatorActs, SinkChecks):
                 if rng.random() < 0.4:  # a person clears the whole run: from coordinate again
                     step_index = 0
                     result.events.append(f"clear:{run_id}")
-                if failures >= RETRIES:  # the run gives up; the next run adopts its txid
+                spent = sched.retries_spent()  # its task's retries were spent: no retry
+                if failures >= RETRIES or spent:  # the run gives up; the next run adopts its txid
                     release_run(rt, run_id)
-                    result.events.append(f"gave-up:{run_id}")
+                    result.events.append(f"{'spent' if spent else 'gave-up'}:{run_id}")
+                    left = sched.zombie_staging_left(rt)
+                    if left and not result.difference:
+                        result.difference = f"a zombie's last try left its staging: {left}"
                     run_no, failures, step_index = run_no + 1, 0, 0
                     run_id = f"run-{run_no}"
 
@@ -564,7 +570,8 @@ class Chaos(OperatorActs, SinkChecks):
         """A ``stall`` fault (chaos.pauses), in the stalled step's thread: past its lease, an
         adopter run commits the step's txid T, and two next runs - records appended first,
         over the same words - T+1 and T+2 (whose mark deletes T's tx hash: a stale write
-        recreating it stays); then the stale step goes on where it stopped."""
+        recreating it stays); then the stale step goes on where it stopped - now and then
+        into a paused Redis (STALL_INTO_PAUSE_CHANCE): its next command goes unanswered."""
         assert self._stalling is not None
         sched, batch_size = self._stalling
         sched.result.events.append(f"stalled:{fault.point}@{fault.txid}")
@@ -576,6 +583,11 @@ class Chaos(OperatorActs, SinkChecks):
             other = self._runtime(sched.rt.pipeline, sched.rt.home, FaultPlan(),
                                   sched.rt.shards or 1)  # fmt: skip
             self._adopt(sched, other, f"stalled{fault.txid}-{n}", batch_size)
+        if sched.spent_rng is not None and sched.spent_rng.random() < STALL_INTO_PAUSE_CHANCE:
+            sched.result.events.append(f"stalled-into-pause@{fault.txid}")
+            if fault.point == "in-emit":  # it stages for the committed txid, then fails
+                sched.zombie_txid = fault.txid
+            self.pauser.pause()  # the stale step's next command goes unanswered
 
     def _adopt(self, sched: Schedule, rt: Runtime, run_id: str, batch_size: int) -> None:
         """Another run's steps, from coordinate to commit, in its own process; a step that

@@ -23,7 +23,9 @@ Neither may double or lose a record. And a third, the other side of a pause:
   or a stopped VM - past its lease, while an adopter run binds its txid and commits it, and a
   next run commits the txid after it over the same keys; then the stale holder goes on, with
   the commit token, the staged attempt and the values it read before it stopped. Redis must
-  refuse every write it still makes (Kleppmann's fencing-token case): none may land.
+  refuse every write it still makes (Kleppmann's fencing-token case): none may land. Now and
+  then it goes on into a paused Redis, and its run's retries are spent: what it staged must go
+  with its failure.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ STALL_POINTS = ("after-coordinate", "in-emit", "mid-commit", "before-ledger")
 
 STALL_ADOPTERS = 3
 """Runs that commit while a holder is stalled: its txid T, then T+1 and T+2."""
+
+STALL_INTO_PAUSE_CHANCE = 0.5
+"""The chance that a stalled holder goes on into a paused Redis: its next command (after
+``in-emit``, the record of its staged attempt) goes unanswered - with its run's retries spent
+now and then (``Schedule.retries_spent``), nothing but the failed step itself can delete what
+it staged for the committed txid (the every-family soak's seed 8421)."""
 
 PAUSE_S = 1.5
 """How long Redis stays stopped: past PAUSED_LEASE_MS and several socket timeouts."""

@@ -12,6 +12,7 @@ from tridentflow.devtools.chaos.config import (
     BAD_ENTRIES,
     BAD_KAFKA_VALUES,
     BAD_LINES,
+    RETRIES_SPENT_CHANCE,
     WORDS,
     ScheduleResult,
 )
@@ -68,6 +69,11 @@ class Schedule:
         self.reshards = 0
         self.pause_rng: random.Random | None = None
         """The paused-Redis family's own generator (None: off): the steps' draws stay."""
+        self.spent_rng: random.Random | None = None
+        """The paused family's: whether a failed step was its task's last (``retries_spent``)."""
+        self.zombie_txid: int | None = None
+        """A committed txid a stalled emit went on staging for into a paused Redis: its
+        failure is its task's last try, and nothing of what it staged may be left after it."""
         self.reshard = False
         """Whether the operator may reshard in this schedule (``run_chaos(reshards=True)``)."""
         self.lost_rng: random.Random | None = None
@@ -89,6 +95,26 @@ class Schedule:
         self.unsent: list[str] = []
         """Lines produced while the broker was frozen: sent when it is back."""
         self.freeze: threading.Timer | None = None
+
+    def retries_spent(self) -> bool:
+        """In the paused family, now and then (RETRIES_SPENT_CHANCE): a step that failed was its
+        task's last try - the run gives up with no retry of it, so whatever the failed step
+        left must go with the failure itself (a zombie's staging of a txid another run
+        committed, say: nothing later retries it, and the last txid has no next commit)."""
+        if self.zombie_txid is not None:
+            return True
+        return self.spent_rng is not None and self.spent_rng.random() < RETRIES_SPENT_CHANCE
+
+    def zombie_staging_left(self, rt: Runtime) -> str | None:
+        """After the last try of a stalled emit that went on into a paused Redis: the first
+        file its attempt left staged for the committed txid (None: none; its staging in Redis
+        goes with its TTL). Forgets the zombie."""
+        txid, self.zombie_txid = self.zombie_txid, None
+        if txid is None:
+            return None
+        area = rt.staging_root / f"g-{rt.ledger.generation}" / f"tx-{txid}"
+        left = sorted(area.glob("attempt-*")) if area.exists() else []
+        return str(left[0]) if left else None
 
     def note_changes(self, txid: int | None) -> None:
         """Note what committed txid ``txid`` wrote for each stream sink (from its change log,
