@@ -14,6 +14,7 @@ import pytest
 from tests.helpers import produce
 from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec, Sum
 from tridentflow.engines.local import LocalEngine
+from tridentflow.ops.audit import audit
 from tridentflow.ops.status import format_status, status
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.query import query
@@ -29,9 +30,11 @@ def evolving(
     extra: bool = False,
     counts: bool = True,
     expire: int | None = None,
+    extra_expire: int | None = None,
 ) -> Pipeline:
     """Versions of one pipeline (one name): words counted into ``counts``; ``extra`` adds a
-    state ``lengths`` (the words' letters summed per word)."""
+    state ``lengths`` (the words' letters summed per word; expiring after ``extra_expire``
+    txids)."""
     pipeline = Pipeline("evolving", LogSource(fields=("sentence",), mode=SourceMode.OPAQUE))
     words = pipeline.stream.each(
         "sentence", lambda s: [(w, len(w)) for w in s.split()], ("word", "length")
@@ -45,7 +48,10 @@ def evolving(
         )
     if extra:
         words.group_by("word").persistent_aggregate(
-            StateSpec("lengths", StateKind.OPAQUE), Sum(), "length", out_field="letters"
+            StateSpec("lengths", StateKind.OPAQUE, expire_after_txids=extra_expire),
+            Sum(),
+            "length",
+            out_field="letters",
         )
     return pipeline
 
@@ -94,6 +100,24 @@ def test_a_new_state_counts_from_the_next_txid_and_status_says_since_when(
     info = status(grown)
     assert (info["states"]["counts"]["since"], info["states"]["lengths"]["since"]) == (1, 3)
     assert "lengths: opaque, 2 keys, since txid 3" in format_status(info)
+
+
+@pytest.mark.parametrize("expire", [None, 2], ids=["whole", "txid-by-txid"])
+def test_audit_recounts_a_state_a_deploy_added_from_the_txid_it_began(redis_url, home, expire):
+    """The family 'audit across a code change': a state added by a deploy holds only the
+    txids since it began; audit recounted it from the whole source (lost=8 for a correct
+    state) - as one batch, and txid by txid when the added state expires."""
+    first = Runtime.open(evolving(expire=expire), redis_url, home)
+    first.ledger.reset(force=True)
+    run(first, ["a bb"])
+    run(first, ["bb ccc"])
+    grown = Runtime.open(evolving(extra=True, expire=expire, extra_expire=expire), redis_url, home)
+    run(grown, ["a bb"])
+    run(grown, ["bb"])
+    assert value(grown, "lengths", "bb") == 4  # txids 3 and 4
+    report = audit(grown)
+    assert (report.ok, report.unaudited) == (True, []), report.line()
+    assert audit(first).ok  # the first code, deployed back: lengths kept, not audited
 
 
 @pytest.mark.parametrize(

@@ -19,14 +19,17 @@ txid (it keeps the last 1000).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from tridentflow.aggregators import absent_value, apply_staged
+from tridentflow.engines.base import ComputeResult
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PartitionUnavailable, SourceError
 from tridentflow.plan import compile_pipeline
+from tridentflow.steps.recorded_settings import STATES
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.batch_times import THIN_MS, ExpiryRule, horizon_by_time
 from tridentflow_state.ledger import HISTORY_LENGTH
@@ -81,19 +84,52 @@ def audit(rt: Runtime) -> AuditReport:
     result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
     report.records = sum(c.n for c in result.counts.values()) if result else 0
     by_txid = expected_txid_by_txid(rt, committed)
+    since = first_txids(rt)
     for name, persist in rt.pipeline.states.items():
+        expected = None
         if by_txid is not None and name in by_txid:  # expiring now, or at a txid recorded
             expected = by_txid[name]
         elif persist.batch_invariant:
-            staged = result.partials[name] if result else ()
-            expected = {key: apply_staged(persist.aggregator, None, v) for key, v in staged}
-            expected = {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
-        else:
+            expected = _recounted_whole(rt, name, since.get(name, 1), offsets, result)
+        if expected is None:
             report.unaudited.append(name)
             continue
         actual = _stored(rt, name, committed)
         _compare(report, name, absent_value(persist.aggregator), expected, actual)
     return report
+
+
+def first_txids(rt: Runtime) -> dict[str, int]:
+    """State -> the txid it was first committed in, as the ledger's settings recorded it (a
+    state a deploy added starts empty there: tridentflow.steps.recorded_settings); a state
+    without a record, from txid 1."""
+    shapes = json.loads(rt.ledger.settings().get(STATES, "{}"))
+    return {name: int(shape.get("since") or 1) for name, shape in shapes.items()}
+
+
+def _recounted_whole(
+    rt: Runtime, name: str, first: int, offsets: dict[int, int], result: ComputeResult | None
+) -> dict[str, Any] | None:
+    """Batch-invariant state ``name`` recomputed as one batch (encoded key -> value): from the
+    whole source (``result``), or - a state first committed at txid ``first`` > 1 - from where
+    that txid's history entry starts reading to the committed ``offsets``. None when the
+    history no longer holds that entry."""
+    if first <= 1:
+        staged = result.partials[name] if result else []
+    else:
+        entry = next((e for e in rt.ledger.history(HISTORY_LENGTH) if e["txid"] == first), None)
+        if entry is None or "ranges" not in entry:
+            return None
+        starts = {int(p): start for p, (start, _end) in entry["ranges"].items()}
+        base = rt.ledger.base_offsets()
+        ranges = {p: (starts.get(p, base.get(p, 0)), end) for p, end in offsets.items()}
+        ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
+        plan = compile_pipeline(rt.pipeline, [name])
+        found = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
+        staged = found.partials[name] if found else []
+    aggregator = rt.pipeline.states[name].aggregator
+    expected = {key: apply_staged(aggregator, None, v) for key, v in staged}
+    return {k: v for k, v in expected.items() if v is not REMOVE}  # removed: absent
 
 
 def _unreadable(rt: Runtime, offsets: dict[int, int], base: dict[int, int]) -> dict[int, str]:
@@ -189,6 +225,7 @@ def recount_txid_by_txid(
     last: dict[str, dict[str, int]] = {name: {} for name in names}
     times: dict[int, int] = {}  # txid -> its batch time, for the txids that had one
     thinned_below = 0  # the claims so far may have thinned the batch times of txids below it
+    since = first_txids(rt)
     for txid in range(1, through + 1):
         at = entries[txid].get("at_ms")
         ranges = {int(p): (start, end) for p, (start, end) in entries[txid]["ranges"].items()}
@@ -197,6 +234,8 @@ def recount_txid_by_txid(
         for name in names:
             persist, state, stamps = rt.pipeline.states[name], values[name], last[name]
             touched = set()
+            if txid < since.get(name, 1):  # a state a deploy added: empty until then
+                continue
             for key, partial in result.partials[name] if result else ():
                 touched.add(key)
                 value = apply_staged(persist.aggregator, state.get(key), partial)
