@@ -47,9 +47,10 @@ FAMILIES = (
     ("+ an operator reshards mid-run", {"reshards": True}),
     ("+ a concurrent reader (each listing checked against its txid)", {"reader": True}),
     ("+ Redis paused mid-step past every lease, adopters racing", {"paused": True}),
+    ("+ code of another shape deployed between an emit and its commit", {"deploys": True}),
 )
 EVERY_FAMILY = {"expiry": True, "lost_writes": True, "reshards": True, "reader": True,
-                "paused": True}  # fmt: skip
+                "paused": True, "deploys": True}  # fmt: skip
 """``--family all``: every family at once, in one schedule (the soak of issue 55)."""
 FAULT_MARKS = (
     "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",

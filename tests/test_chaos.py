@@ -31,6 +31,8 @@ STALL_SCHEDULES = 8
 """The stalled-holder planted bug: seed 5006 exposes it (an emit stalled at in-emit of txid
 3 goes on after txids 3-5 committed and records its staged attempt in txid 3's deleted tx
 hash); room to move."""
+DEPLOY_SOAK, DEPLOY_SEED = 10, 6000
+"""The deploys family: seed 6000 deploys before its first commit (wordcount-opaque)."""
 ZOMBIE_SEED = 5002
 """The zombie-into-a-pause planted bug: seed 5002 (file staging) exposes it with the family's
 chances turned up."""
@@ -276,6 +278,29 @@ def test_the_paused_family_catches_a_zombie_emit_that_cannot_tell_it_was_committ
     monkeypatch.setattr(emitter, "_committed_meanwhile", lambda rt, txid: False)
     with pytest.raises(FileNotFoundError):
         run_chaos(1, seed=ZOMBIE_SEED, paused=True)
+
+
+@pytest.mark.soak
+def test_fixed_seed_schedules_with_a_deploy_between_an_emit_and_its_commit_are_exact():
+    """The deploys family: code that adds a state deployed while a run is between its emit
+    and its commit - the commit refused before any write, the txid emitted again, the added
+    state recounted from the txid it began - every record counted once."""
+    results = run_chaos(DEPLOY_SOAK, seed=DEPLOY_SEED, deploys=True)
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    deployed = [r for r in results if any(e.startswith("deploy:") for e in r.events)]
+    assert len(deployed) >= 5, [r.events for r in results]
+
+
+def test_the_deploys_family_catches_a_commit_that_takes_another_code_shapes_batch(monkeypatch):
+    """The deploys family's planted bug: the commit's check of the code shape that emitted
+    its batch gone (committer.check_code_shape) - the new code commits the old code's batch,
+    whose partials lack the state it added: the bare KeyError of issue 65's item 2."""
+    import tridentflow.steps.committer as committer
+
+    monkeypatch.setattr(committer, "check_code_shape", lambda rt, staged: None)
+    with pytest.raises(KeyError, match="deployed"):
+        run_chaos(1, seed=DEPLOY_SEED, deploys=True)
 
 
 @pytest.mark.soak

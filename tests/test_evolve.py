@@ -120,6 +120,42 @@ def test_audit_recounts_a_state_a_deploy_added_from_the_txid_it_began(redis_url,
     assert audit(first).ok  # the first code, deployed back: lengths kept, not audited
 
 
+def test_audit_recounts_an_added_state_whose_first_txid_skipped_a_dark_partition(redis_url, home):
+    """The same, the added state's first txid committed without a dark partition (an opaque
+    source goes on without it): that partition's records before the state began must not be
+    counted - audit took the partition from the source's start (the deploys chaos family found
+    it, mutating-opaque seed 6009: expected 14, stored 13)."""
+    from tridentflow.faults import FaultPlan
+
+    def two_partitions(extra: bool) -> Pipeline:
+        pipeline = Pipeline(
+            "evolving-dark", LogSource(fields=("sentence",), partitions=2, mode=SourceMode.OPAQUE)
+        )
+        words = pipeline.stream.each("sentence", lambda s: [(w,) for w in s.split()], "word")
+        names = ("counts", "added") if extra else ("counts",)
+        for name in names:
+            spec = StateSpec(name, StateKind.OPAQUE)
+            words.group_by("word").persistent_aggregate(spec, Count(), out_field="n")
+        return pipeline
+
+    first = Runtime.open(two_partitions(False), redis_url, home)
+    first.ledger.reset(force=True)
+    first.log.ensure(2)
+    first.log.append(0, [{"sentence": "a b"}])
+    first.log.append(1, [{"sentence": "a c"}])
+    run_batches(first, LocalEngine(), batch_size=100)  # txid 1, before the deploy
+    grown = Runtime.open(two_partitions(True), redis_url, home)
+    grown.log.append(0, [{"sentence": "a"}])
+    grown.log.append(1, [{"sentence": "a"}])
+    dark = grown.with_(faults=FaultPlan.parse("dark:1@2"))
+    run_batches(dark, LocalEngine(), batch_size=100)  # txid 2: partition 1 skipped
+    run_batches(grown, LocalEngine(), batch_size=100)  # txid 3 reads it
+    assert grown.ledger.committed_txid() == 3
+    assert (value(grown, "counts", "a"), value(grown, "added", "a")) == (4, 2)
+    report = audit(grown)
+    assert (report.ok, report.unaudited) == (True, []), report.line()
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [

@@ -90,7 +90,8 @@ def audit(rt: Runtime) -> AuditReport:
         if by_txid is not None and name in by_txid:  # expiring now, or at a txid recorded
             expected = by_txid[name]
         elif persist.batch_invariant:
-            expected = _recounted_whole(rt, name, since.get(name, 1), offsets, result)
+            first = since.get(name, 1)
+            expected = _recounted_whole(rt, name, first, committed, offsets, result)
         if expected is None:
             report.unaudited.append(name)
             continue
@@ -108,22 +109,31 @@ def first_txids(rt: Runtime) -> dict[str, int]:
 
 
 def _recounted_whole(
-    rt: Runtime, name: str, first: int, offsets: dict[int, int], result: ComputeResult | None
+    rt: Runtime,
+    name: str,
+    first: int,
+    committed: int,
+    offsets: dict[int, int],
+    result: ComputeResult | None,
 ) -> dict[str, Any] | None:
     """Batch-invariant state ``name`` recomputed as one batch (encoded key -> value): from the
-    whole source (``result``), or - a state first committed at txid ``first`` > 1 - from where
-    that txid's history entry starts reading to the committed ``offsets``. None when the
-    history no longer holds that entry."""
+    whole source (``result``), or - a state first committed at txid ``first`` > 1 - over what
+    the txids ``first``..``committed`` read (their history entries' ranges: each partition
+    from where the first of them that read it started; a partition a txid skipped, dark, is
+    read from where a later one started). None when the history no longer holds them all."""
     if first <= 1:
         staged = result.partials[name] if result else []
     else:
-        entry = next((e for e in rt.ledger.history(HISTORY_LENGTH) if e["txid"] == first), None)
-        if entry is None or "ranges" not in entry:
+        entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}
+        since = [entries.get(t, {}).get("ranges") for t in range(first, committed + 1)]
+        if any(r is None for r in since):
             return None
-        starts = {int(p): start for p, (start, _end) in entry["ranges"].items()}
-        base = rt.ledger.base_offsets()
-        ranges = {p: (starts.get(p, base.get(p, 0)), end) for p, end in offsets.items()}
-        ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
+        starts: dict[int, int] = {}  # where the txids since ``first`` read from, each partition
+        for taken in since:
+            for p, (start, end) in taken.items():
+                if end > start:
+                    starts[int(p)] = min(starts.get(int(p), start), start)
+        ranges = {p: (starts[p], end) for p, end in offsets.items() if p in starts}
         plan = compile_pipeline(rt.pipeline, [name])
         found = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
         staged = found.partials[name] if found else []

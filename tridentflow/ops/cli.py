@@ -20,7 +20,7 @@
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
-                      [--family expiry|lost-writes|reshards|reader|paused ...]
+                      [--family expiry|lost-writes|reshards|reader|paused|deploys ...]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
     tridentflow acl PIPELINE [--user U] [--namespace NS] [--cluster]
@@ -394,12 +394,13 @@ def _add_chaos(sub: Any) -> None:
     p.add_argument(
         "--family",
         action="append",
-        choices=("expiry", "lost-writes", "reshards", "reader", "paused"),
+        choices=("expiry", "lost-writes", "reshards", "reader", "paused", "deploys"),
         default=[],
         help="add a fault family (repeatable): states that expire keys, Redis going back to "
         "a snapshot while sinks keep the commits since, an operator resharding mid-run, a "
         "concurrent reader checking every listing against the recount of its txid, Redis "
-        "paused (SIGSTOP) mid-step past every lease while an adopter run races",
+        "paused (SIGSTOP) mid-step past every lease while an adopter run races, code of "
+        "another shape deployed between an emit and its commit",
     )
 
 
@@ -1036,6 +1037,7 @@ def _run_chaos(args: argparse.Namespace, report, engine, own) -> list:
             reshards="reshards" in args.family,
             reader="reader" in args.family,
             paused="paused" in args.family,
+            deploys="deploys" in args.family,
         )
     finally:
         if kafka is not None:

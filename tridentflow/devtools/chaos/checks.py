@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from tridentflow.devtools.chaos.config import DEPLOYED_STATE
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.ops.audit import audit
 from tridentflow.steps.query import list_state, query
@@ -101,8 +102,9 @@ def window_problem(rt: Runtime, name: str, size: int, slide: int, produced: int)
 
 def expected_by_key(rt: Runtime, produced: list[str]) -> dict[str, dict[str, int]]:
     """Exact counts of everything produced, by encoded key, for the bundled pipelines (an
-    expiring state's are audit's, txid by txid)."""
-    expiring = rt.pipeline.expiring
+    expiring state's are audit's, txid by txid; so are those of a state a deploy added, which
+    counts from the txid it began)."""
+    expiring = {*rt.pipeline.expiring, DEPLOYED_STATE}
     if rt.pipeline.name in ("mutating", "mutating-opaque"):
         counts = expected_counts(produced)
         return {name: values for name, values in counts.items() if name not in expiring}

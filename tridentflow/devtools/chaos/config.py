@@ -49,6 +49,11 @@ REWIND_CHANCE = 0.04
 RESHARD_CHANCE = 0.1
 """Per step: the operator reshards the pipeline to another count (at most once a schedule;
 not where Redis goes back to a snapshot, which would take the layout back with it)."""
+DEPLOY_CHANCE = 0.3
+"""Per emit: the operator deploys code of another shape before its commit (at most once a
+schedule; ``run_chaos(deploys=True)``)."""
+DEPLOYED_STATE = "deployed"
+"""The state the deploy's code adds (counting what the pipeline's first state counts)."""
 PARALLEL_CHANCE = 0.06
 """Per step between runs: several runs at once (a backfill with max_active_runs > 1)."""
 STEP_FAILURES = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)

@@ -24,6 +24,7 @@ from tridentflow.devtools.chaos.checks import (
     window_problem,
 )
 from tridentflow.devtools.chaos.config import (
+    DEPLOY_CHANCE,
     DRAIN_POLLS,
     DRAIN_REFIRE_S,
     ENGINE,
@@ -110,6 +111,7 @@ class Chaos(OperatorActs, SinkChecks):
         reshards: bool = False,
         reader: bool = False,
         paused: bool = False,
+        deploys: bool = False,
     ) -> None:
         """``paused``: the family "a paused Redis" (chaos.pauses): steps run through a
         SIGSTOP of Redis longer than the runs' leases (1 s in this family) and the clients'
@@ -120,6 +122,9 @@ class Chaos(OperatorActs, SinkChecks):
         recount as of the txid it names.
         ``reshards``: the family "an operator reshards mid-run" (OperatorActs.
         _reshard_in_flight): once per schedule at most, not with ``lost_writes``.
+        ``deploys``: the family "a deploy between an emit and its commit" (OperatorActs.
+        _deploy_in_flight): code that adds a state, once per schedule at most, not with
+        ``lost_writes``.
         ``lost_writes``: the family "Redis loses acknowledged commits while sinks outside
         it keep them" - once per schedule at most, Redis goes back to a snapshot taken a few
         steps before (own redis-server only; sources outside Redis).
@@ -154,6 +159,7 @@ class Chaos(OperatorActs, SinkChecks):
         self.expiry = expiry
         self.lost_writes = lost_writes and redis_url is None
         self.reshards = reshards
+        self.deploys = deploys
         self.reader = reader
         self.paused = paused and redis_url is None
         self.lease_ms = PAUSED_LEASE_MS if self.paused else 60_000
@@ -244,6 +250,7 @@ class Chaos(OperatorActs, SinkChecks):
         sched.reshard = self.reshards
         sched.pause_rng = random.Random(f"pause-{seed}") if self.paused else None
         sched.spent_rng = random.Random(f"spent-{seed}") if self.paused else None
+        sched.deploy_rng = random.Random(f"deploy-{seed}") if self.deploys else None
         if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
             sched.lost_rng = random.Random(f"lost-{seed}")
         self._drop_sink_targets(rt, seed)
@@ -412,6 +419,18 @@ class Chaos(OperatorActs, SinkChecks):
             and rt.ledger.committed_txid() > 0  # before: nothing to move, refused
         )
 
+    @staticmethod
+    def _deploy_drawn(sched: Schedule, rt: Runtime) -> bool:
+        """Whether the operator deploys other code now, between an emit and its commit
+        (DEPLOY_CHANCE; once a schedule at most, in ``run_chaos(deploys=True)`` only, never
+        where Redis goes back to a snapshot: the settings would go back under the code)."""
+        return (
+            sched.deploy_rng is not None
+            and sched.lost_rng is None
+            and sched.deploys < 1
+            and sched.deploy_rng.random() < DEPLOY_CHANCE
+        )
+
     def _drive(self, sched: Schedule, runs: int, batch_size: int) -> None:
         rng, result = sched.rng, sched.result
         run_no, failures, dark_failures, step_index = 0, 0, 0, 0
@@ -528,6 +547,9 @@ class Chaos(OperatorActs, SinkChecks):
             sched.maybe_late_block_writer(run_id, step)
             if self._reshard_drawn(sched, rt, 4):  # its batch commits resharded
                 self._reshard_in_flight(sched, run_id, "commit", step)
+                rt = sched.rt
+            if self._deploy_drawn(sched, rt):  # its batch meets other code at its commit
+                self._deploy_in_flight(sched, run_id, step)
                 rt = sched.rt
         else:
             racers = 2 if rng.random() < 0.2 else 1
@@ -841,6 +863,7 @@ def run_chaos(
     reshards: bool = False,
     reader: bool = False,
     paused: bool = False,
+    deploys: bool = False,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
@@ -856,6 +879,7 @@ def run_chaos(
         expiry=expiry,
         lost_writes=lost_writes,
         reshards=reshards,
+        deploys=deploys,
         reader=reader,
         paused=paused,
     ) as chaos:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import random
+from dataclasses import replace
 
-from tridentflow.devtools.chaos.config import SHARD_CHOICES
+from tridentflow.devtools.chaos.config import DEPLOYED_STATE, SHARD_CHOICES
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.sinks import tables_ahead
 from tridentflow.errors import (
@@ -282,6 +283,32 @@ class OperatorActs:
             self._expect_refused(sched, old, run_id, "commit", "after a reshard", (StateError,))
         old.client.close()
         sched.rt = self._runtime(old.pipeline, old.home, old.faults, target)
+
+    def _deploy_in_flight(self, sched: Schedule, run_id: str, step: int) -> None:
+        """An operator deploys code of another shape between ``run_id``'s emit and its commit
+        (the run in flight at the deploy): one more state, DEPLOYED_STATE, counting what the
+        pipeline's first state counts. The new code's commit of the batch the old code
+        emitted must be refused in one line before any write (its partials lack the new
+        state; docs/model.md); the run's retries - a clear, or the next run - emit it again
+        with the new code and commit it. The added state counts from the txid it was first
+        committed in, which audit recounts it from; the final checks count every record of
+        the others once."""
+        from tridentflow.errors import IncompleteBatchError
+
+        old, events = sched.rt, sched.result.events
+        sched.deploys += 1
+        pipeline = self._pipeline(sched.result.pipeline, sched.seed)
+        first = pipeline.persists[0]
+        pipeline.persists.append(replace(first, state=replace(first.state, name=DEPLOYED_STATE)))
+        events.append(f"deploy:+{DEPLOYED_STATE}@step{step}:before-commit")
+        new = self._runtime(pipeline, old.home, old.faults, old.shards or 1)
+        bound = old.ledger.txid_of_run(run_id)
+        if bound is not None and bound > old.ledger.committed_txid():
+            self._expect_refused(
+                sched, new, run_id, "commit", "after a deploy", (IncompleteBatchError,)
+            )
+        old.client.close()
+        sched.rt = new
 
     def _expect_refused(
         self,

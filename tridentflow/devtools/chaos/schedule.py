@@ -69,6 +69,9 @@ class Schedule:
         self.reshards = 0
         self.pause_rng: random.Random | None = None
         """The paused-Redis family's own generator (None: off): the steps' draws stay."""
+        self.deploy_rng: random.Random | None = None
+        """The deploys family's own generator (None: off): the steps' draws stay."""
+        self.deploys = 0
         self.spent_rng: random.Random | None = None
         """The paused family's: whether a failed step was its task's last (``retries_spent``)."""
         self.zombie_txid: int | None = None
