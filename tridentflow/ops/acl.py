@@ -69,10 +69,12 @@ COMMANDS = (
     # tridentflow reshard: the expiry index's chunks split key by key into the new shards
     "zscan",
     # expiry in batch time (expire_after): each claim records its txid's batch time, searches
-    # the sorted set of them for the horizon and trims what no later claim needs
+    # the sorted set of them for the horizon and thins what the running code no longer asks
+    # for (the newest below the thinning's watermark: ZREVRANGEBYSCORE)
     "zcard",
     "zrange",
     "zremrangebyscore",
+    "zrevrangebyscore",
 )
 
 
