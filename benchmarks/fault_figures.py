@@ -48,9 +48,10 @@ FAMILIES = (
     ("+ a concurrent reader (each listing checked against its txid)", {"reader": True}),
     ("+ Redis paused mid-step past every lease, adopters racing", {"paused": True}),
     ("+ code of another shape deployed between an emit and its commit", {"deploys": True}),
+    ("+ lakehouse tables compacted and vacuumed between steps", {"tables": True}),
 )
 EVERY_FAMILY = {"expiry": True, "lost_writes": True, "reshards": True, "reader": True,
-                "paused": True, "deploys": True}  # fmt: skip
+                "paused": True, "deploys": True, "tables": True}  # fmt: skip
 """``--family all``: every family at once, in one schedule (the soak of issue 55)."""
 FAULT_MARKS = (
     "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",

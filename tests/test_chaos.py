@@ -33,6 +33,8 @@ STALL_SCHEDULES = 8
 hash); room to move."""
 DEPLOY_SOAK, DEPLOY_SEED = 10, 6000
 """The deploys family: seed 6000 deploys before its first commit (wordcount-opaque)."""
+TABLES_SOAK, TABLES_SEED = 10, 7000
+"""The tables family: the lakehouse schedules among seeds 7000.. (three in ten)."""
 ZOMBIE_SEED = 5002
 """The zombie-into-a-pause planted bug: seed 5002 (file staging) exposes it with the family's
 chances turned up."""
@@ -301,6 +303,20 @@ def test_the_deploys_family_catches_a_commit_that_takes_another_code_shapes_batc
     monkeypatch.setattr(committer, "check_code_shape", lambda rt, staged: None)
     with pytest.raises(KeyError, match="deployed"):
         run_chaos(1, seed=DEPLOY_SEED, deploys=True)
+
+
+@pytest.mark.soak
+def test_fixed_seed_schedules_with_tables_compacted_and_vacuumed_are_exact():
+    """The tables family: lakehouse tables compacted and vacuumed with no retention between
+    steps, with rewinds, exports and the concurrent reader around them - every table equals
+    the state as of its stamp, every record counted once. (It found two openers of a new
+    SQL catalog racing: tests/test_lakehouse_edges.py.)"""
+    results = run_chaos(TABLES_SOAK, seed=TABLES_SEED, tables=True, reader=True)
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    acts = [e for r in results for e in r.events if e.startswith("tables-")]
+    assert any(a.startswith("tables-compact") for a in acts), acts
+    assert any(a.startswith("tables-vacuum") for a in acts), acts
 
 
 @pytest.mark.soak

@@ -495,3 +495,35 @@ def test_rows_exported_before_a_migration_are_reloaded_in_the_new_form(lake, red
     assert {r["word"]: r["length"] for r in rows} == want
     (again,) = export(new)  # owed once: the next export has nothing to do
     assert again.reloaded_at is None and again.applied == ()
+
+
+@pytest.mark.parametrize("error", ["table iceberg_tables already exists", "disk I/O error"])
+def test_an_iceberg_sink_opens_a_sql_catalog_another_process_was_creating(
+    tmp_path, monkeypatch, error
+):
+    """The family 'two processes open a new SQL catalog at once' (an exporter and the chaos
+    tables family's ``tables compact``: the loser's CREATE TABLE failed with "already
+    exists", a SinkError that ended the harness): the sink opens it again and finds the
+    winner's tables. Any other failure is one line at the first try."""
+    import pyiceberg.catalog
+    from sqlalchemy.exc import OperationalError
+
+    real, calls = pyiceberg.catalog.load_catalog, []
+
+    def racing(name, **props):
+        calls.append(name)
+        if len(calls) == 1:
+            real(name, **props)  # the other process's tables land first...
+            raise OperationalError("CREATE TABLE iceberg_tables", {}, Exception(error))
+        return real(name, **props)
+
+    monkeypatch.setattr(pyiceberg.catalog, "load_catalog", racing)
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+               "warehouse": f"file://{tmp_path}/warehouse"}  # fmt: skip
+    sink = IcebergSink("raced.t", catalog=catalog, name="iceberg")
+    if "already exists" in error:
+        assert sink.catalog() is not None and len(calls) == 2
+    else:
+        with pytest.raises(SinkError, match="cannot open its catalog") as caught:
+            sink.catalog()
+        assert len(calls) == 1 and "\n" not in str(caught.value)

@@ -20,7 +20,7 @@
     tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
-                      [--family expiry|lost-writes|reshards|reader|paused|deploys ...]
+                      [--family expiry|lost-writes|reshards|reader|paused|deploys|tables ...]
     tridentflow spark-connect [--port P] [--master M] [--stop]
     tridentflow dev-redis [--port P] [--dir D] [--stop]
     tridentflow acl PIPELINE [--user U] [--namespace NS] [--cluster]
@@ -394,13 +394,14 @@ def _add_chaos(sub: Any) -> None:
     p.add_argument(
         "--family",
         action="append",
-        choices=("expiry", "lost-writes", "reshards", "reader", "paused", "deploys"),
+        choices=("expiry", "lost-writes", "reshards", "reader", "paused", "deploys", "tables"),
         default=[],
         help="add a fault family (repeatable): states that expire keys, Redis going back to "
         "a snapshot while sinks keep the commits since, an operator resharding mid-run, a "
         "concurrent reader checking every listing against the recount of its txid, Redis "
         "paused (SIGSTOP) mid-step past every lease while an adopter run races, code of "
-        "another shape deployed between an emit and its commit",
+        "another shape deployed between an emit and its commit, lakehouse tables compacted "
+        "and vacuumed between steps",
     )
 
 
@@ -697,48 +698,25 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
-    """Vacuum or compact each lakehouse sink's table (tridentflow.sinks.delta / .iceberg); any
-    failure one line."""
+    """Vacuum or compact each lakehouse sink's table (tridentflow.ops.tables); any failure one
+    line."""
+    from tridentflow.ops.tables import compact_table, lakehouse_feeds, vacuum_table
     from tridentflow.sinks.lakehouse import check_retention
-    from tridentflow.steps.export import close_sink, pick_feeds
 
     rt = _runtime(args)
-    feeds = [f for f in pick_feeds(rt, args.sink) if hasattr(f.sink, "vacuum")]
-    if not feeds:
-        raise TridentflowError(
-            f"pipeline {rt.pipeline.name} has no lakehouse sink (DeltaSink, IcebergSink)"
-        )
+    feeds = lakehouse_feeds(rt, args.sink)
     if args.action == "vacuum":
         check_retention(args.retention_hours)  # before any table: one line, nothing touched
     for feed in feeds:
-        try:
-            _table_maintenance(rt, feed, args, out)
-        except TridentflowError:
-            raise
-        except Exception as exc:  # the table library's (a racing export, a store's error)
-            raise TridentflowError(
-                f"sink {feed.name} ({feed.sink.describe()}): tables {args.action} failed: "
-                f"{one_line(exc)} (the table is as it was, but for files nothing referenced; "
-                "run it again)"
-            ) from None
-        finally:
-            close_sink(feed)
+        if args.action == "compact":
+            out.write(f"sink {feed.name}: compacted {compact_table(feed)}\n")
+            continue
+        files = vacuum_table(rt, feed, args.retention_hours, apply=args.yes)
+        verb = "removed" if args.yes else "would remove (--yes to delete)"
+        out.write(f"sink {feed.name}: {verb} {len(files)} file(s)\n")
+        for name in files:
+            out.write(f"  {name}\n")
     return 0
-
-
-def _table_maintenance(rt: Runtime, feed: Any, args: argparse.Namespace, out: TextIO) -> None:
-    """One sink's ``tables compact`` or ``tables vacuum``, said in a line (and the files)."""
-    from tridentflow.steps.export import table_versions
-
-    if args.action == "compact":
-        out.write(f"sink {feed.name}: compacted {feed.sink.compact()}\n")
-        return
-    keep = [int(v) for v in table_versions(rt, feed).values() if v.isdigit()]
-    files = feed.sink.vacuum(args.retention_hours, dry_run=not args.yes, keep_versions=keep)
-    verb = "removed" if args.yes else "would remove (--yes to delete)"
-    out.write(f"sink {feed.name}: {verb} {len(files)} file(s)\n")
-    for name in files:
-        out.write(f"  {name}\n")
 
 
 def cmd_query(args: argparse.Namespace, out: TextIO) -> int:
@@ -1038,6 +1016,7 @@ def _run_chaos(args: argparse.Namespace, report, engine, own) -> list:
             reader="reader" in args.family,
             paused="paused" in args.family,
             deploys="deploys" in args.family,
+            tables="tables" in args.family,
         )
     finally:
         if kafka is not None:

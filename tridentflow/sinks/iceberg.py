@@ -74,6 +74,10 @@ def _pyiceberg() -> Any:
     return pyiceberg
 
 
+CATALOG_OPEN_TRIES = 3
+"""Openings of a catalog whose creation of its own tables raced another process's."""
+
+
 class IcebergSink(Sink):
     """An Iceberg table ``identifier`` ("namespace.table") of the catalog pyiceberg's
     ``load_catalog(**catalog)`` opens - see the module doc. ``key``: the stream's fields
@@ -120,16 +124,24 @@ class IcebergSink(Sink):
 
     # -- the catalog and the table -----------------------------------------------------------
     def catalog(self) -> Any:
+        """The sink's catalog, opened once. A SQL catalog's first opening creates its tables;
+        two processes opening a new one at once (an exporter and ``tables compact``, say) race
+        there and the loser fails with "already exists" - the winner made them, so it opens
+        again (CATALOG_OPEN_TRIES in all); any other failure is one line."""
         if self._catalog is None:
             pyiceberg = _pyiceberg()
             props = dict(self.catalog_properties)
             name = props.pop("name", "tridentflow")
-            try:
-                self._catalog = pyiceberg.catalog.load_catalog(name, **props)
-            except Exception as exc:
-                raise SinkError(
-                    f"sink {self.name}: cannot open its catalog: {_line(exc)}"
-                ) from None
+            for tries_left in reversed(range(CATALOG_OPEN_TRIES)):
+                try:
+                    self._catalog = pyiceberg.catalog.load_catalog(name, **props)
+                    break
+                except Exception as exc:
+                    if tries_left and "already exists" in str(exc):
+                        continue  # a racing opener created the catalog's tables
+                    raise SinkError(
+                        f"sink {self.name}: cannot open its catalog: {_line(exc)}"
+                    ) from None
         return self._catalog
 
     def _table(self) -> Any | None:

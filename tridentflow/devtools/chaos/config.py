@@ -54,6 +54,9 @@ DEPLOY_CHANCE = 0.3
 schedule; ``run_chaos(deploys=True)``)."""
 DEPLOYED_STATE = "deployed"
 """The state the deploy's code adds (counting what the pipeline's first state counts)."""
+MAINTENANCE_CHANCE = 0.15
+"""Per step of a schedule with lakehouse tables: the operator compacts or vacuums them (at
+most three times a schedule; ``run_chaos(tables=True)``)."""
 PARALLEL_CHANCE = 0.06
 """Per step between runs: several runs at once (a backfill with max_active_runs > 1)."""
 STEP_FAILURES = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)

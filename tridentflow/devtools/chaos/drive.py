@@ -28,6 +28,7 @@ from tridentflow.devtools.chaos.config import (
     DRAIN_POLLS,
     DRAIN_REFIRE_S,
     ENGINE,
+    MAINTENANCE_CHANCE,
     PARALLEL_CHANCE,
     PARALLEL_WAITS,
     PIPELINES,
@@ -112,6 +113,7 @@ class Chaos(OperatorActs, SinkChecks):
         reader: bool = False,
         paused: bool = False,
         deploys: bool = False,
+        tables: bool = False,
     ) -> None:
         """``paused``: the family "a paused Redis" (chaos.pauses): steps run through a
         SIGSTOP of Redis longer than the runs' leases (1 s in this family) and the clients'
@@ -125,6 +127,9 @@ class Chaos(OperatorActs, SinkChecks):
         ``deploys``: the family "a deploy between an emit and its commit" (OperatorActs.
         _deploy_in_flight): code that adds a state, once per schedule at most, not with
         ``lost_writes``.
+        ``tables``: the family "table maintenance" (OperatorActs._maintain_tables): in
+        schedules with lakehouse tables, ``tables compact`` and ``tables vacuum
+        --retention-hours 0 --yes`` between steps, rewinds and exports around them.
         ``lost_writes``: the family "Redis loses acknowledged commits while sinks outside
         it keep them" - once per schedule at most, Redis goes back to a snapshot taken a few
         steps before (own redis-server only; sources outside Redis).
@@ -160,6 +165,7 @@ class Chaos(OperatorActs, SinkChecks):
         self.lost_writes = lost_writes and redis_url is None
         self.reshards = reshards
         self.deploys = deploys
+        self.tables = tables
         self.reader = reader
         self.paused = paused and redis_url is None
         self.lease_ms = PAUSED_LEASE_MS if self.paused else 60_000
@@ -251,6 +257,7 @@ class Chaos(OperatorActs, SinkChecks):
         sched.pause_rng = random.Random(f"pause-{seed}") if self.paused else None
         sched.spent_rng = random.Random(f"spent-{seed}") if self.paused else None
         sched.deploy_rng = random.Random(f"deploy-{seed}") if self.deploys else None
+        sched.maintenance_rng = random.Random(f"tables-{seed}") if self.tables else None
         if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
             sched.lost_rng = random.Random(f"lost-{seed}")
         self._drop_sink_targets(rt, seed)
@@ -431,6 +438,17 @@ class Chaos(OperatorActs, SinkChecks):
             and sched.deploy_rng.random() < DEPLOY_CHANCE
         )
 
+    @staticmethod
+    def _maintenance_drawn(sched: Schedule) -> bool:
+        """Whether the operator compacts or vacuums the tables now (MAINTENANCE_CHANCE; three
+        times a schedule at most, in ``run_chaos(tables=True)`` schedules with tables)."""
+        return (
+            sched.maintenance_rng is not None
+            and bool(sched.lake)
+            and sched.maintenances < 3
+            and sched.maintenance_rng.random() < MAINTENANCE_CHANCE
+        )
+
     def _drive(self, sched: Schedule, runs: int, batch_size: int) -> None:
         rng, result = sched.rng, sched.result
         run_no, failures, dark_failures, step_index = 0, 0, 0, 0
@@ -460,6 +478,9 @@ class Chaos(OperatorActs, SinkChecks):
                 continue
             if self._reshard_drawn(sched, rt):
                 self._reshard_in_flight(sched, run_id, steps[step_index], step)
+                continue
+            if self._maintenance_drawn(sched):
+                self._maintain_tables(sched, step)
                 continue
             if step_index == 0 and sched.parallel_rng.random() < PARALLEL_CHANCE:
                 run_no = self._parallel_runs(sched, run_no, batch_size)
@@ -864,6 +885,7 @@ def run_chaos(
     reader: bool = False,
     paused: bool = False,
     deploys: bool = False,
+    tables: bool = False,
 ) -> list[ScheduleResult]:
     """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
     results = []
@@ -880,6 +902,7 @@ def run_chaos(
         lost_writes=lost_writes,
         reshards=reshards,
         deploys=deploys,
+        tables=tables,
         reader=reader,
         paused=paused,
     ) as chaos:

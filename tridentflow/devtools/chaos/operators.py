@@ -310,6 +310,27 @@ class OperatorActs:
         old.client.close()
         sched.rt = new
 
+    def _maintain_tables(self, sched: Schedule, step: int) -> None:
+        """An operator compacts the lakehouse tables, or vacuums them with no retention
+        (``tables vacuum --retention-hours 0 --yes``), between two steps - a txid possibly
+        in flight, an export owed, a rewind to come. Neither may change what a table says:
+        the final checks, the reader's snapshots and a rewind's tables after it are the
+        state's as of their stamps."""
+        from tridentflow.ops.tables import compact_table, lakehouse_feeds, vacuum_table
+
+        rt, rng = sched.rt, sched.maintenance_rng
+        assert rng is not None
+        sched.maintenances += 1
+        action = rng.choice(("compact", "vacuum"))
+        removed = 0
+        for feed in lakehouse_feeds(rt):
+            if action == "compact":
+                compact_table(feed)
+            else:
+                removed += len(vacuum_table(rt, feed, 0, apply=True))
+        done = f":removed-{removed}" if action == "vacuum" else ""
+        sched.result.events.append(f"tables-{action}@step{step}{done}")
+
     def _expect_refused(
         self,
         sched: Schedule,

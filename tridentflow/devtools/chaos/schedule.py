@@ -69,6 +69,9 @@ class Schedule:
         self.reshards = 0
         self.pause_rng: random.Random | None = None
         """The paused-Redis family's own generator (None: off): the steps' draws stay."""
+        self.maintenance_rng: random.Random | None = None
+        """The tables family's own generator (None: off)."""
+        self.maintenances = 0
         self.deploy_rng: random.Random | None = None
         """The deploys family's own generator (None: off): the steps' draws stay."""
         self.deploys = 0
