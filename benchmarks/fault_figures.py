@@ -7,8 +7,9 @@ found, and the acknowledged commits a Redis crash loses under each persistence s
 
 1. Per family (``run_chaos`` with the family on; seeds from 3000): schedules run, fault events
    injected (every event that is a fault or an operator's act: raises, crashes, outages, Redis
-   restarts, duplicate commits, resets, rewinds, reshards, Redis going back to a snapshot, sink
-   failures), txids committed, records counted, lost, doubled, and the wall time.
+   restarts, duplicate commits, resets, rewinds, reshards, deploys, table maintenance, Redis
+   going back to a snapshot, sink failures), txids committed, records counted, lost, doubled,
+   and the wall time.
 2. Loss bound: a pipeline commits one small txid after another (one record each, local engine)
    against a redis-server of its own; at a random moment (0.5-1.5 s in) the server is
    SIGKILLed and started again from its files; the acknowledged commits it lost are the last
@@ -56,7 +57,7 @@ EVERY_FAMILY = {"expiry": True, "lost_writes": True, "reshards": True, "reader":
 FAULT_MARKS = (
     "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",
     "rewind-to:", "reshard:", "redis-lost-writes", "pg-", "sink-raised", "sink-died",
-    "late-block-writer", "lose-tuple", "freeze", "pause@",
+    "late-block-writer", "lose-tuple", "freeze", "pause@", "deploy:", "tables-",
 )  # fmt: skip
 
 
