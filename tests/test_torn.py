@@ -61,15 +61,19 @@ def test_torn_steps_lose_double_and_leak_nothing():
 
 def test_the_drill_catches_a_block_written_before_its_index(monkeypatch):
     """The drill's planted bug: a block's SET before its index's SADD - a tear between the
-    two leaves a block of an abandoned attempt that no cleanup finds (seed 22: the first of
-    seeds 0-59 whose cuts fall between the two on an attempt its retry abandoned - the cuts
-    are drawn bytes, so the seed moves when a manifest grows: it was 2 before the manifests
-    named their code shape)."""
+    two leaves a block of an abandoned attempt that no cleanup finds. Seeds 22, 31, 45, 46
+    and 57 of 0-59 cut between the two on an attempt its retry abandoned, on a quiet machine
+    (2026-12-03). The cuts are drawn bytes, so a seed moves when what is sent grows - a
+    manifest, or a timing in it: the fast lane on a loaded machine once ran seed 22 without
+    the tear - and the drills go on to the next of them until one catches it."""
     monkeypatch.setattr(staged, "write_block", write_block_before_its_index)
     monkeypatch.setattr(staging, "write_block", write_block_before_its_index)
-    results = run_drills(1, seed=22)
-    assert not results[0]["ok"]
-    assert "a staged block no index lists" in results[0]["difference"]
+    for seed in (22, 31, 45, 46, 57):
+        result = run_drills(1, seed=seed)[0]
+        if not result["ok"]:
+            break
+    assert not result["ok"], "none of the drills cut between a block and its index"
+    assert "a staged block no index lists" in result["difference"]
 
 
 @pytest.mark.spark  # the session's JVM; 3 drills, ~10 s

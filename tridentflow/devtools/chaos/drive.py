@@ -24,11 +24,9 @@ from tridentflow.devtools.chaos.checks import (
     window_problem,
 )
 from tridentflow.devtools.chaos.config import (
-    DEPLOY_CHANCE,
     DRAIN_POLLS,
     DRAIN_REFIRE_S,
     ENGINE,
-    MAINTENANCE_CHANCE,
     PARALLEL_CHANCE,
     PARALLEL_WAITS,
     PIPELINES,
@@ -424,29 +422,6 @@ class Chaos(OperatorActs, SinkChecks):
             and sched.reshards < 1
             and sched.reshard_rng.random() < RESHARD_CHANCE * weight
             and rt.ledger.committed_txid() > 0  # before: nothing to move, refused
-        )
-
-    @staticmethod
-    def _deploy_drawn(sched: Schedule, rt: Runtime) -> bool:
-        """Whether the operator deploys other code now, between an emit and its commit
-        (DEPLOY_CHANCE; once a schedule at most, in ``run_chaos(deploys=True)`` only, never
-        where Redis goes back to a snapshot: the settings would go back under the code)."""
-        return (
-            sched.deploy_rng is not None
-            and sched.lost_rng is None
-            and sched.deploys < 1
-            and sched.deploy_rng.random() < DEPLOY_CHANCE
-        )
-
-    @staticmethod
-    def _maintenance_drawn(sched: Schedule) -> bool:
-        """Whether the operator compacts or vacuums the tables now (MAINTENANCE_CHANCE; three
-        times a schedule at most, in ``run_chaos(tables=True)`` schedules with tables)."""
-        return (
-            sched.maintenance_rng is not None
-            and bool(sched.lake)
-            and sched.maintenances < 3
-            and sched.maintenance_rng.random() < MAINTENANCE_CHANCE
         )
 
     def _drive(self, sched: Schedule, runs: int, batch_size: int) -> None:

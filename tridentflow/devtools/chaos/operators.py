@@ -7,7 +7,12 @@ import copy
 import random
 from dataclasses import replace
 
-from tridentflow.devtools.chaos.config import DEPLOYED_STATE, SHARD_CHOICES
+from tridentflow.devtools.chaos.config import (
+    DEPLOY_CHANCE,
+    DEPLOYED_STATE,
+    MAINTENANCE_CHANCE,
+    SHARD_CHOICES,
+)
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.sinks import tables_ahead
 from tridentflow.errors import (
@@ -283,6 +288,29 @@ class OperatorActs:
             self._expect_refused(sched, old, run_id, "commit", "after a reshard", (StateError,))
         old.client.close()
         sched.rt = self._runtime(old.pipeline, old.home, old.faults, target)
+
+    @staticmethod
+    def _deploy_drawn(sched: Schedule, rt: Runtime) -> bool:
+        """Whether the operator deploys other code now, between an emit and its commit
+        (DEPLOY_CHANCE; once a schedule at most, in ``run_chaos(deploys=True)`` only, never
+        where Redis goes back to a snapshot: the settings would go back under the code)."""
+        return (
+            sched.deploy_rng is not None
+            and sched.lost_rng is None
+            and sched.deploys < 1
+            and sched.deploy_rng.random() < DEPLOY_CHANCE
+        )
+
+    @staticmethod
+    def _maintenance_drawn(sched: Schedule) -> bool:
+        """Whether the operator compacts or vacuums the tables now (MAINTENANCE_CHANCE; three
+        times a schedule at most, in ``run_chaos(tables=True)`` schedules with tables)."""
+        return (
+            sched.maintenance_rng is not None
+            and bool(sched.lake)
+            and sched.maintenances < 3
+            and sched.maintenance_rng.random() < MAINTENANCE_CHANCE
+        )
 
     def _deploy_in_flight(self, sched: Schedule, run_id: str, step: int) -> None:
         """An operator deploys code of another shape between ``run_id``'s emit and its commit
