@@ -83,15 +83,16 @@ def audit(rt: Runtime) -> AuditReport:
     plan = compile_pipeline(rt.pipeline, auditable)  # no batch operations, no state queries
     result = LocalEngine().compute(plan, str(rt.log.root), ranges) if ranges else None
     report.records = sum(c.n for c in result.counts.values()) if result else 0
-    by_txid = expected_txid_by_txid(rt, committed)
+    entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}  # read once
     since = first_txids(rt)
+    by_txid = expected_txid_by_txid(rt, committed, entries, since)
     for name, persist in rt.pipeline.states.items():
         expected = None
         if by_txid is not None and name in by_txid:  # expiring now, or at a txid recorded
             expected = by_txid[name]
         elif persist.batch_invariant:
             first = since.get(name, 1)
-            expected = _recounted_whole(rt, name, first, committed, offsets, result)
+            expected = _recounted_whole(rt, name, first, committed, offsets, result, entries)
         if expected is None:
             report.unaudited.append(name)
             continue
@@ -115,16 +116,16 @@ def _recounted_whole(
     committed: int,
     offsets: dict[int, int],
     result: ComputeResult | None,
+    entries: dict[int, dict[str, Any]],
 ) -> dict[str, Any] | None:
     """Batch-invariant state ``name`` recomputed as one batch (encoded key -> value): from the
     whole source (``result``), or - a state first committed at txid ``first`` > 1 - over what
-    the txids ``first``..``committed`` read (their history entries' ranges: each partition
+    the txids ``first``..``committed`` read (their ``entries``' ranges: each partition
     from where the first of them that read it started; a partition a txid skipped, dark, is
     read from where a later one started). None when the history no longer holds them all."""
     if first <= 1:
         staged = result.partials[name] if result else []
     else:
-        entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}
         since = [entries.get(t, {}).get("ranges") for t in range(first, committed + 1)]
         if any(r is None for r in since):
             return None
@@ -202,32 +203,41 @@ def _compare(
             report.mismatched.append((name, key, exp, act))
 
 
-def expected_txid_by_txid(rt: Runtime, committed: int) -> dict[str, dict[str, Any]] | None:
-    """The states whose keys expire - now, or at a txid the history recorded - as they should
-    be, recomputed txid by txid (state -> key -> value): each committed txid's records - the
-    ranges its history entry kept - applied, then the expiry that txid's commit applied. None
-    when there is no such state to recount, or the history no longer holds every committed
-    txid."""
+def expected_txid_by_txid(
+    rt: Runtime,
+    committed: int,
+    entries: dict[int, dict[str, Any]],
+    since: dict[str, int] | None = None,
+) -> dict[str, dict[str, Any]] | None:
+    """The states whose keys expire - now, or at a txid the history ``entries`` recorded - as
+    they should be, recomputed txid by txid (state -> key -> value): each committed txid's
+    records - the ranges its history entry kept - applied, then the expiry that txid's commit
+    applied (``since``: first_txids, read if not given). None when there is no such state to
+    recount, or the history no longer holds every committed txid."""
     if committed == 0:
         return None
-    entries = {e["txid"]: e for e in rt.ledger.history(HISTORY_LENGTH)}
     recorded = {name for e in entries.values() for name in e.get("expiry") or {}}
     names = [n for n, p in rt.pipeline.states.items()
              if p.recountable and (p.state.expiry is not None or n in recorded)]  # fmt: skip
     if not names:
         return None
-    recounts = recount_txid_by_txid(rt, names, entries, committed)
+    recounts = recount_txid_by_txid(rt, names, entries, committed, since)
     return next((values for txid, values in recounts if txid == committed), None)
 
 
 def recount_txid_by_txid(
-    rt: Runtime, names: list[str], entries: dict[int, dict[str, Any]], through: int
+    rt: Runtime,
+    names: list[str],
+    entries: dict[int, dict[str, Any]],
+    through: int,
+    since: dict[str, int] | None = None,
 ) -> Iterator[tuple[int, dict[str, dict[str, Any]]]]:
     """States ``names`` (recountable) as they should be right after each txid 1..``through``
     (state -> encoded key -> value; the same dicts, updated in place), recomputed from the
     ranges the history ``entries`` (txid -> entry) kept, each state's expiry rule applied
-    after each txid as that txid's commit applied it (``applied_horizon``). Yields nothing if
-    ``entries`` lack one of those txids."""
+    after each txid as that txid's commit applied it (``applied_horizon``), a state a deploy
+    added only from its first txid (``since``: first_txids, read if not given). Yields nothing
+    if ``entries`` lack one of those txids."""
     if any("ranges" not in entries.get(t, {}) for t in range(1, through + 1)):
         return
     plan = compile_pipeline(rt.pipeline, names)
@@ -235,7 +245,7 @@ def recount_txid_by_txid(
     last: dict[str, dict[str, int]] = {name: {} for name in names}
     times: dict[int, int] = {}  # txid -> its batch time, for the txids that had one
     thinned_below = 0  # the claims so far may have thinned the batch times of txids below it
-    since = first_txids(rt)
+    since = first_txids(rt) if since is None else since
     for txid in range(1, through + 1):
         at = entries[txid].get("at_ms")
         ranges = {int(p): (start, end) for p, (start, end) in entries[txid]["ranges"].items()}

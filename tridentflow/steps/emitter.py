@@ -181,23 +181,33 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
     try:
         staged = _compute_and_stage(rt, txid, attempt, engine, ranges, next_positions, header)
     except Exception as exc:
-        rt.discard_attempts(txid, [attempt])
-        committed = _committed_meanwhile(rt, txid)
-        if committed:  # a zombie: the commit deleted its staging under it
-            rt.discard_staged(txid)
+        if _abandoned(rt, txid, attempt, exc):
             return None
-        if committed is None and isinstance(exc, FileNotFoundError):
-            raise IncompleteBatchError(
-                f"txid {txid}: the staging of emit attempt {attempt} was deleted while it was "
-                "written, and Redis did not answer whether the txid was committed meanwhile: "
-                "retry the emit (it finds the txid committed, or stages it again)"
-            ) from exc
         raise
     if record_staged(rt, txid, attempt) == 0:  # committed meanwhile: nobody will read it
         rt.discard_staged(txid)
         return None
     rt.staging.prune(staged)
     return staged
+
+
+def _abandoned(rt: Runtime, txid: int, attempt: int, exc: Exception) -> bool:
+    """After emit ``attempt`` failed with ``exc``: its staging deleted; True if the txid was
+    committed meanwhile (a zombie: the commit deleted its staging under it - the emit answers
+    None). A staging directory gone under it while Redis cannot say is one line
+    (IncompleteBatchError: a retry helps); otherwise the caller re-raises ``exc``."""
+    rt.discard_attempts(txid, [attempt])
+    committed = _committed_meanwhile(rt, txid)
+    if committed:
+        rt.discard_staged(txid)
+        return True
+    if committed is None and isinstance(exc, FileNotFoundError):
+        raise IncompleteBatchError(
+            f"txid {txid}: the staging of emit attempt {attempt} was deleted while it was "
+            "written, and Redis did not answer whether the txid was committed meanwhile: "
+            "retry the emit (it finds the txid committed, or stages it again)"
+        ) from exc
+    return False
 
 
 def record_staged(rt: Runtime, txid: int, attempt: int) -> int:
