@@ -3,6 +3,7 @@
     python -m benchmarks.airflow_connect [--emitter connect|submit] [--records 100000]
                                          [--runs 4] [--idle-runs 3]
                                          [--continuous-sentences 2000000]
+                                         [--local-emit-max-records N]
 
 Starts a private Redis and the Airflow stack (api-server, scheduler, dag-processor,
 triggerer; LocalExecutor). ``--emitter connect`` (the default) also starts a local Spark
@@ -20,6 +21,10 @@ connection, so every emit is a SparkSubmitOperator's spark-submit.
    Also trigger -> run success (the run's end in Airflow).
 3. **No work, no Spark.** ``--idle-runs`` runs with no new record (an empty batch), then the
    last run's ``emit`` cleared (its txid already committed): each emit task's seconds.
+``--local-emit-max-records N`` sets TRIDENTFLOW_LOCAL_EMIT_MAX_RECORDS for the stack (a
+batch of at most N records is emitted in its task without Spark; default 10,000, 0: always
+Spark): ``--records 5 --emitter submit`` with it unset and with 0 is a newcomer's small txid on
+the bundled spark-submit DAG, with and without the local emit (issue 66 item 14).
 2. **@continuous vs the CLI.** ``--continuous-sentences`` sentences for
    ``tridentflow_wordcount_continuous`` (wordcount-opaque, at most 100,000 records per
    partition and txid, the DAG's batch_size):
@@ -46,6 +51,7 @@ from pathlib import Path
 from benchmarks.vs_spark import generate
 from tridentflow.devtools import devredis
 from tridentflow.registry import load_pipeline
+from tridentflow.steps.runs import LOCAL_EMIT_ENV, local_emit_limit
 from tridentflow.steps.runtime import Runtime
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
@@ -224,6 +230,10 @@ def main() -> None:
         "--scheduler-idle-sleep", type=float, default=launcher.DEFAULT_IDLE_SLEEP_S,
         help="the scheduler's idle sleep (tridentflow-airflow up --scheduler-idle-sleep)",
     )  # fmt: skip
+    parser.add_argument(
+        "--local-emit-max-records", type=int, default=None, metavar="N",
+        help="TRIDENTFLOW_LOCAL_EMIT_MAX_RECORDS for the stack (unset: its default, 10,000)",
+    )  # fmt: skip
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-bench-airflow-"))
     home = work / "home"
@@ -232,12 +242,16 @@ def main() -> None:
     try:
         with devredis.emptied_databases(work / "redis", 1, 2) as (redis_url, cli_url):
             os.environ.pop("TRIDENTFLOW_FAULTS", None)
+            os.environ.pop(LOCAL_EMIT_ENV, None)
+            if args.local_emit_max_records is not None:
+                os.environ[LOCAL_EMIT_ENV] = str(args.local_emit_max_records)
             connect = connect_port if args.emitter == "connect" else None
             info = launcher.up(home, api_port, redis_url, spark_connect=connect,
                                idle_sleep=args.scheduler_idle_sleep)  # fmt: skip
             print(
                 f"emitter: {'Spark Connect' if connect else 'spark-submit'}; scheduler idle "
-                f"sleep {args.scheduler_idle_sleep} s"
+                f"sleep {args.scheduler_idle_sleep} s; batches emitted without Spark up to "
+                f"{local_emit_limit()} records"
             )
             api = AirflowApi(info["url"], launcher.admin_password(home), DAG)
             for dag_id in (DAG, CONTINUOUS):

@@ -11,8 +11,11 @@ import pytest
 
 from tests.helpers import produce, runtime, sentences
 from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import TridentflowError
 from tridentflow.ops.status import describe_commit, step_seconds, step_tries
 from tridentflow.steps.runs import (
+    LOCAL_EMIT_ENV,
+    batch_records,
     commit_run,
     coordinate_run,
     emit_plan,
@@ -83,7 +86,7 @@ def test_an_emit_knows_when_there_is_nothing_to_do(name, redis_url, redis_client
     rt = runtime(name, redis_url, home)
     produce(rt, sentences(4))
     coordinate_run(rt, "run-1")
-    assert emit_plan(rt, "run-1")[1] == "work"
+    assert emit_plan(rt, "run-1", local_limit=0)[1] == "work"
     emit_run(rt, "run-1", ENGINE)
     commit_run(rt, "run-1")
     assert emit_plan(rt, "run-1") == (1, "committed")  # a cleared emit of a committed txid
@@ -91,9 +94,42 @@ def test_an_emit_knows_when_there_is_nothing_to_do(name, redis_url, redis_client
     assert emit_plan(rt, "run-2") == (2, "empty")
     produce(rt, sentences(2, seed=9))
     if name == "wordcount-opaque":  # an opaque batch reads what is there when it emits
-        assert emit_plan(rt, "run-2") == (2, "work")
+        assert emit_plan(rt, "run-2", local_limit=0) == (2, "work")
+        assert emit_plan(rt, "run-2") == (2, "small")
     else:  # a transactional batch was frozen empty: records come in the next txid
         assert emit_plan(rt, "run-2") == (2, "empty")
+
+
+@pytest.mark.parametrize("name", ["wordcount", "wordcount-opaque"])
+def test_a_small_batch_is_told_by_the_records_it_reads(
+    name, redis_url, redis_client, home, monkeypatch
+):
+    """``emit_plan`` says "small" exactly while the batch reads at most the limit: the frozen
+    ranges of a transactional txid, the heads beyond the committed positions capped by the
+    batch size for the next opaque txid (a pending one before it: unknown, so "work"); the
+    limit comes from TRIDENTFLOW_LOCAL_EMIT_MAX_RECORDS, 0 turns it off, a bad one is a line."""
+    rt = runtime(name, redis_url, home)
+    partitions = rt.pipeline.source.partitions
+    produce(rt, sentences(6 * partitions))  # 6 records in each partition
+    coordinate_run(rt, "run-1", batch_size=4)
+    assert batch_records(rt, 1) == 4 * partitions  # the frozen ranges, or capped by size 4
+    assert emit_plan(rt, "run-1", local_limit=4 * partitions) == (1, "small")
+    assert emit_plan(rt, "run-1", local_limit=4 * partitions - 1) == (1, "work")
+    monkeypatch.setenv(LOCAL_EMIT_ENV, "0")
+    assert emit_plan(rt, "run-1") == (1, "work")
+    monkeypatch.setenv(LOCAL_EMIT_ENV, "few")
+    with pytest.raises(TridentflowError, match="TRIDENTFLOW_LOCAL_EMIT_MAX_RECORDS must be"):
+        emit_plan(rt, "run-1")
+    monkeypatch.delenv(LOCAL_EMIT_ENV)
+    assert emit_plan(rt, "run-1") == (1, "small")  # the default, 10,000
+    emit_run(rt, "run-1", ENGINE)
+    coordinate_run(rt, "run-2", batch_size=4)
+    if name == "wordcount-opaque":  # starts where txid 1's staged attempt stops
+        assert batch_records(rt, 2) is None and emit_plan(rt, "run-2")[1] == "work"
+    else:
+        assert batch_records(rt, 2) == 2 * partitions
+    commit_run(rt, "run-1")
+    assert batch_records(rt, 2) == 2 * partitions
 
 
 def test_the_ledger_counts_the_orchestrators_tries_and_task_time(redis_url, redis_client, home):

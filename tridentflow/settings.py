@@ -103,6 +103,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("driver_staging_records", "200000", "integer",
             "With staging = redis on Spark: a batch of more records has its partials staged "
             "by the executors (the driver holds no key).", "200000"),
+    Setting("local_emit_max_records", "10000", "integer",
+            "An emit whose batch reads at most this many records runs the local engine in the "
+            "emit task's own process: no spark-submit JVM, no Connect job (0: always Spark; "
+            "the crossover: docs/benchmarks.md).", "10000"),
     Setting("spark_graph", "rdd", "string",
             "How classic Spark runs a batch's operations: rdd or frames (Spark Connect always "
             "uses frames).", "rdd"),

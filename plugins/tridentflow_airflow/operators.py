@@ -37,6 +37,7 @@ from tridentflow.steps.runs import (
     emit_run,
     emit_run_remote,
     emit_summary,
+    local_emit_limit,
     note_task,
     owned_txid,
     release_run,
@@ -327,10 +328,11 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
             record(rt, context, txid, "emit", done=True)
 
     def emit_txid(self, context: Any, rt: Runtime, txid: int, plan: str) -> dict[str, Any] | None:
-        if plan != "work":  # committed already, or an empty batch: no Spark job at all
+        if plan != "work":  # committed, empty or small (local_emit_limit): no Spark job
             staged = None if plan == "committed" else emit_run(rt, context["run_id"], LocalEngine())
             result = emit_summary(rt, txid, staged)
-            self.log.info("emit of txid %s without Spark (%s): %s", txid, plan, result)
+            why = f"small: at most {local_emit_limit()} records" if plan == "small" else plan
+            self.log.info("emit of txid %s without Spark (%s): %s", txid, why, result)
             return result
         remote = spark_connect_url(self._conn_id)
         if remote is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from tests.lineage_schema import read_events, task_events, validate_event
 from tridentflow.devtools import devredis
 from tridentflow.ops.audit import audit
 from tridentflow.steps.query import query
+from tridentflow.steps.runs import LOCAL_EMIT_ENV
 from tridentflow_airflow import launcher
 from tridentflow_airflow.rest import AirflowApi
 
@@ -240,6 +242,76 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
     expected = word_counts([line for b in [SEED_SENTENCES, during, after] for line in b])
     assert counts(rt, list(expected)) == expected
     assert audit(rt).ok
+
+
+def test_a_small_txid_is_emitted_in_its_task_without_spark(af_env, redis_url, home):
+    """The default for a batch of at most local_emit_max_records records: the same emit on the
+    local engine in the emit task's process - no spark-submit. The fault points hold as on
+    Spark: an emit that fails after staging and a commit that fails mid-way are each retried
+    by Airflow, the counts are exact and audit is clean; the second run's batch (frozen empty
+    by the transactional coordinator: the records came after it) is another txid."""
+    rt = runtime("wordcount", redis_url, home)
+    produce(rt, SEED_SENTENCES)
+    small = {**af_env, LOCAL_EMIT_ENV: "10000"}  # the default (the suite's Airflow env says 0)
+    out = dags_test(small, "in-emit@1,mid-commit@1")
+    assert "emit of txid 1 without Spark (small: at most 10000 records)" in out, out[-4000:]
+    assert "Spark-Submit cmd" not in out  # the provider logs each spark-submit it starts
+    for fault in ("in-emit@1#1=raise", "mid-commit@1#1=raise"):
+        assert f"injected fault {fault}" in out
+    assert out.count("up_for_retry") >= 2
+    more = sentences(40, seed=5)
+    produce(rt, more)
+    out = dags_test(small)
+    assert "emit of txid 2 without Spark (small" in out, out[-4000:]
+    expected = word_counts([*SEED_SENTENCES, *more])
+    assert rt.ledger.committed_txid() == 2
+    assert counts(rt, list(expected)) == expected
+    assert audit(rt).ok
+
+
+def test_the_cli_reuses_airflows_redis_connection_while_it_is_unchanged(af_env, redis_url, home):
+    """A shell's CLI without TRIDENTFLOW_REDIS_URL finds the tasks' Redis through Airflow's
+    redis_default connection: the first command asks Airflow (seconds), the next reuse the
+    answer (no Airflow start) - but only while the connection is unchanged: an edit of its row
+    in the metadata DB, or an AIRFLOW_CONN_REDIS_DEFAULT that overrides it, is the next
+    command's Redis. The remembered answer is readable by its owner only."""
+    env = {
+        k: v
+        for k, v in af_env.items()
+        if k not in ("TRIDENTFLOW_REDIS_URL", "AIRFLOW_CONN_REDIS_DEFAULT")
+    }
+    port = urllib.parse.urlsplit(redis_url).port
+    subprocess.run(
+        ["airflow", "connections", "add", "redis_default", "--conn-uri", redis_url],
+        env=env, check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+
+    def status(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(Path(sys.executable).with_name("tridentflow")), "status", "wordcount"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    first, second = status(env), status(env)
+    for proc in (first, second):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "from Airflow's connection redis_default" in proc.stderr
+        assert f"127.0.0.1:{port}/" in proc.stderr
+    assert "asked Airflow" in first.stderr and "remembered" in second.stderr, second.stderr
+    cache = Path(env["AIRFLOW_HOME"]) / "tridentflow-cli.json"
+    assert cache.stat().st_mode & 0o077 == 0
+
+    overridden = {**env, "AIRFLOW_CONN_REDIS_DEFAULT": "redis://127.0.0.1:1/0"}
+    proc = status(overridden)
+    assert "127.0.0.1:1/0" in proc.stderr and "asked Airflow" in proc.stderr, proc.stderr
+    assert proc.returncode != 0  # nothing listens there: the command says so, it reads no other
+
+    db = Path(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///"))
+    with sqlite3.connect(db) as conn:  # an edit of the connection, as the UI makes it
+        conn.execute("UPDATE connection SET port = 1 WHERE conn_id = 'redis_default'")
+    proc = status(env)
+    assert "127.0.0.1:1/" in proc.stderr and "asked Airflow" in proc.stderr, proc.stderr
+    assert "remembered" in status(env).stderr
 
 
 def test_the_export_task_writes_postgres_through_the_airflow_connection(

@@ -38,10 +38,13 @@ def cli_redis_url(explicit: str | None, err: TextIO | None = None) -> str | None
     found = found_deployment()
     if found is not None:
         url = str(found["redis_url"])
-        err.write(
-            f"tridentflow: Redis {redacted(url)} from {found['from']} (asking it starts "
-            f"Airflow, seconds a command: export {REDIS_URL_ENV} to skip that)\n"
+        how = (
+            f"asked Airflow: seconds; later commands reuse the answer while the connection is "
+            f"unchanged, or export {REDIS_URL_ENV}"
+            if found.get("asked_airflow", True)
+            else "remembered, the connection unchanged"
         )
+        err.write(f"tridentflow: Redis {redacted(url)} from {found['from']} ({how})\n")
         return url
     err.write(
         f"tridentflow: no Redis given (--redis-url, {REDIS_URL_ENV}, or an Airflow connection "

@@ -27,9 +27,11 @@ commit waits in its task for the txid before it, an opaque source's emit for the
 it to be staged (it starts where that one stops) - while the run holding that txid is live;
 a finished or lease-expired holder is not waited for (the one-line error says what to do).
 
-No work when there is nothing to do: ``emit_plan`` tells, from the ledger and the source's
-heads alone, whether the run's txid is committed already or its batch is empty; the Airflow
-emit then starts no Spark job at all.
+No work when there is nothing to do, no JVM for a small batch: ``emit_plan`` tells, from the
+ledger and the source's heads alone, whether the run's txid is committed already, its batch is
+empty, or it reads at most ``local_emit_max_records`` records (``TRIDENTFLOW_LOCAL_EMIT_MAX_
+RECORDS``, 10,000; 0: never); the Airflow emit then starts no Spark job and runs the same
+``emit`` on the local engine in its own process (docs/benchmarks.md: the crossover).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 from tridentflow.engines.base import Engine
 from tridentflow.errors import TridentflowError
+from tridentflow.settings import env_int
 from tridentflow.sources.specs import SourceMode
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
@@ -58,6 +61,17 @@ class RunNotBoundError(TridentflowError):
 
 
 FINISHED = frozenset({"success", "failed"})
+LOCAL_EMIT_ENV = "TRIDENTFLOW_LOCAL_EMIT_MAX_RECORDS"
+DEFAULT_LOCAL_EMIT_MAX_RECORDS = 10_000
+"""A batch that reads at most this many records is emitted on the local engine in the emit
+task's process: a spark-submit costs a JVM start (10-40 s on 2 cores), a Connect job about a
+second, where the local engine folds 10,000 records in a fraction of one (benchmarks/
+small_txids.py measures the crossover)."""
+
+
+def local_emit_limit() -> int:
+    """The records a batch may read and still be emitted without Spark (0: always Spark)."""
+    return env_int(LOCAL_EMIT_ENV, DEFAULT_LOCAL_EMIT_MAX_RECORDS)
 
 
 def release_finished_owners(rt: Runtime, run_id: str, run_state: RunState) -> list[dict[str, Any]]:
@@ -156,25 +170,46 @@ def emit_run(
     return emit(rt, owned_txid(rt, run_id, lease_ms), engine)
 
 
-def emit_plan(rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> tuple[int, str]:
+def emit_plan(
+    rt: Runtime, run_id: str, lease_ms: int = DEFAULT_LEASE_MS, local_limit: int | None = None
+) -> tuple[int, str]:
     """(the run's txid, what its emit has to do): "committed" (nothing: it is), "empty" (its
-    batch reads no record: no Spark needed), or "work". Reads the ledger and the source's
-    heads only; renews the run's lease."""
+    batch reads no record), "small" (it reads at most ``local_limit`` records -
+    ``local_emit_limit()`` when None: the local engine in this process, no Spark job) or
+    "work". Reads the ledger and the source's heads only; renews the run's lease. An opaque
+    txid after a pending one reads where that one stops, not known here: "work"."""
     txid = owned_txid(rt, run_id, lease_ms)
     ledger = rt.ledger
     if txid <= ledger.committed_txid():
         return txid, "committed"
+    records = batch_records(rt, txid)
+    if records is None:
+        return txid, "work"
+    if records == 0:
+        return txid, "empty"
+    limit = local_emit_limit() if local_limit is None else local_limit
+    return txid, "small" if records <= limit else "work"
+
+
+def batch_records(rt: Runtime, txid: int) -> int | None:
+    """At most how many records ``txid``'s emit reads (positions, so a Kafka topic's gaps
+    make it fewer), from its frozen ranges - a transactional source - or, for the next
+    txid of any other, from the committed positions, the heads and its batch size; None
+    where that is not known before the emit (an opaque txid after a pending one)."""
+    ledger = rt.ledger
     meta = ledger.metadata(txid) or {}
     if rt.pipeline.source.mode is SourceMode.TRANSACTIONAL:
         ranges = meta.get("ranges")
-        empty = ranges is not None and all(start >= end for start, end in ranges.values())
-        return txid, "empty" if empty else "work"
+        if ranges is None:
+            return None
+        return sum(max(0, int(end) - int(start)) for start, end in ranges.values())
     if txid != ledger.committed_txid() + 1:
-        return txid, "work"  # reads where an earlier pending txid stopped: not known here
+        return None
     committed = ledger.committed_offsets()
+    size = meta.get("batch_size")
     heads = rt.source_scan().heads  # an unavailable partition is skipped by the emit too
-    empty = all(head <= committed.get(p, 0) for p, head in heads.items())
-    return txid, "empty" if empty else "work"
+    ahead = (max(0, head - committed.get(p, 0)) for p, head in heads.items())
+    return sum(ahead if size is None else (min(n, int(size)) for n in ahead))
 
 
 def note_task(
