@@ -82,7 +82,11 @@ def test_a_refused_commit_names_the_blocking_txid_its_run_and_the_way_out(
 
 
 @pytest.mark.parametrize("name", ["wordcount", "wordcount-opaque"])
-def test_an_emit_knows_when_there_is_nothing_to_do(name, redis_url, redis_client, home):
+def test_an_emit_knows_when_there_is_nothing_to_do(
+    name, redis_url, redis_client, home, monkeypatch
+):
+    # the default limit, whatever another test module's conftest set in this worker
+    monkeypatch.delenv(LOCAL_EMIT_ENV, raising=False)
     rt = runtime(name, redis_url, home)
     produce(rt, sentences(4))
     coordinate_run(rt, "run-1")
