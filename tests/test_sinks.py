@@ -261,6 +261,36 @@ def test_sink_definitions_are_checked_when_the_pipeline_is_built() -> None:
         total.new_values_stream().sink(PostgresSink("total"))
 
 
+def test_a_float_after_integers_widens_the_column_the_sink_typed(pg_dsn) -> None:
+    """JSON's ``3`` before ``12.5``: the value column the sink made bigint from txid 1 becomes
+    double precision in the transaction of the txid that brings a float - unless an integer
+    it holds is not exact as a double (refused in one line, nothing written); an integer past
+    2^53 into a double column is refused, never rounded."""
+    from tridentflow.sinks.base import ExportContext
+
+    ctx = ExportContext("p", "g", None, "")  # type: ignore[arg-type]
+    sink = PostgresSink("widened", dsn=pg_dsn).bind(("k", "n"), ("k",))
+    assert sink.apply(ctx, 1, [("a", 3), ("b", 2**53)])
+    assert sink.apply(ctx, 2, [("c", 12.5)])
+    assert table_rows(pg_dsn, "widened", "k") == {"a": (3,), "b": (2**53,), "c": (12.5,)}
+    assert type(table_rows(pg_dsn, "widened", "k")["a"][0]) is float
+    assert sink.apply(ctx, 3, [("a", 4)])  # ints again, into the double column
+    with pytest.raises(SinkError) as refused:
+        sink.apply(ctx, 4, [("d", 2**53 + 1)])
+    line = str(refused.value)
+    assert "\n" not in line and "not exact as a double" in line and "numeric" in line
+    sink.close()
+
+    big = PostgresSink("not_widened", dsn=pg_dsn).bind(("k", "n"), ("k",))
+    assert big.apply(ctx, 1, [("a", 2**60)])
+    with pytest.raises(SinkError) as refused:
+        big.apply(ctx, 2, [("c", 0.5)])
+    line = str(refused.value)
+    assert "\n" not in line and "column n is bigint, but the value 0.5 is a float" in line
+    assert table_rows(pg_dsn, "not_widened", "k") == {"a": (2**60,)}  # as it was, exact
+    big.close()
+
+
 def test_values_of_the_wrong_type_and_keys_equal_but_different_are_refused(pg_dsn) -> None:
     """The family "keys equal but different": 1, 1.0 and True are one key to Python's dict
     and to PostgreSQL's jsonb, three to tridentflow. A typed key column takes exactly its
@@ -274,8 +304,12 @@ def test_values_of_the_wrong_type_and_keys_equal_but_different_are_refused(pg_ds
     assert sink.apply(ctx, 1, [(1, 5), (2, 6)])
     with pytest.raises(SinkError, match=r"column k is bigint, but the value True is a bool"):
         sink.apply(ctx, 2, [(3, 1), (True, 1)])
+    declared = PostgresSink("typed_declared", dsn=pg_dsn, columns={"n": "bigint"})
+    declared = declared.bind(("k", "n"), ("k",))
+    assert declared.apply(ctx, 1, [(1, 5)])
     with pytest.raises(SinkError, match=r"column n is bigint, but the value 2.5 is a float"):
-        sink.apply(ctx, 2, [(3, 2.5)])
+        declared.apply(ctx, 2, [(3, 2.5)])  # a declared type is the user's: never widened
+    declared.close()
     assert table_rows(pg_dsn, "typed", "k") == {1: (5,), 2: (6,)}  # txid 2 never landed
     assert sink.apply(ctx, 2, [(1, None), (3, 7)])  # 1 removed, 3 added
     assert not sink.apply(ctx, 2, [(9, 9)])  # already applied: nothing changes

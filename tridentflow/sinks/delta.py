@@ -86,6 +86,13 @@ def _deltalake() -> Any:
     return deltalake
 
 
+def merge_predicate(key_fields: Sequence[str]) -> str:
+    """The MERGE's match of a target row ``t`` with a source row ``s``: every key field
+    equal, None with None (in SQL ``NULL = NULL`` is not true: a None key field would get a
+    new row at every txid that changes its key)."""
+    return " AND ".join(f"(t.{_quoted(k)} IS NOT DISTINCT FROM s.{_quoted(k)})" for k in key_fields)
+
+
 def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -197,7 +204,10 @@ class DeltaSink(Sink):
                 mode = "error" if table is None else "overwrite" if replace else "append"
                 self._write(table, data, mode, commit, schema)
             else:
+                before = table.version()
                 self._merge(table, batch.live, batch.removed, commit)
+                if table.version() == before:  # it matched no row: delta-rs commits nothing
+                    self._write(table, batch.every.slice(0, 0), "append", commit, schema)
         except (deltalake.exceptions.CommitFailedError, deltalake.exceptions.DeltaError) as exc:
             again = self._table()
             if again is not None and int(again.transaction_version(app) or 0) >= txid:
@@ -343,9 +353,7 @@ class DeltaSink(Sink):
                 removed.append_column(flag, pa.array([True] * removed.num_rows, pa.bool_())),
             ]
         )
-        on = " AND ".join(  # NULL = NULL is not true in SQL: a None key field must match
-            f"(t.{_quoted(k)} IS NOT DISTINCT FROM s.{_quoted(k)})" for k in self.rows.key_fields
-        )
+        on = merge_predicate(self.rows.key_fields)
         columns = {c: f"s.{_quoted(c)}" for c in self.rows.columns}
         (
             table.merge(source, on, source_alias="s", target_alias="t", commit_properties=commit)

@@ -110,7 +110,7 @@ class IcebergSink(Sink):
 
     def bind(self, fields: tuple[str, ...], key_fields: tuple[str, ...]) -> IcebergSink:
         key_fields = self.key if self.key is not None else key_fields
-        rows = LakehouseRows(self.name, fields, key_fields)
+        rows = LakehouseRows(self.name, fields, key_fields, widens_by_reload=self.mode == "upsert")
         if self.mode == "upsert" and not key_fields:
             raise ValueError(
                 f"sink {self.name}: mode 'upsert' needs a keyed state (a group_by); use "
@@ -207,26 +207,26 @@ class IcebergSink(Sink):
         position = stamped(table, app) if table is not None else 0
         if not to_write(ctx, txid, position, table is not None, replace_all):
             return False
-        if table is not None:
-            self._check_writers(ctx, table, app, position, replace_all)
+        ours = table is None or self._check_writers(ctx, table, app, position, replace_all)
         replace = replace_all or (position == 0 and table is not None and has_data(table))
         schema = table.schema().as_arrow() if table is not None else None
         reshape = schema is not None and set(schema.names) != set(self.rows.columns)
         if reshape and not replace:
             raise SinkError(columns_line(schema.names, self.rows.columns, ctx, self.name))
-        batch = self.rows.batch(rows, txid, schema)
+        batch, retype = self._batch(table, txid, rows, schema, replace, ours)
         data = batch.live if self.mode == "upsert" or replace else batch.every
         if table is None and untyped(data):
             return True  # nothing to write yet, and no table to stamp: the next rows create it
         if table is None:
             table = self._create(data.schema)
-        if reshape:  # a replacement in the stream's columns (the same types where kept)
-            data = self._reshaped(table, data)
         props = {TXID: str(txid), APP: app, f"{STAMP}.pipeline": ctx.pipeline,
                  f"{STAMP}.sink": self.name,
                  **({RELOAD: "true"} if replace_all else {})}  # fmt: skip
         try:
-            self._commit(ctx, table, batch, data, replace, props, txid)
+            if reshape or retype:  # a replacement in the stream's columns and the state's types
+                self._overwrite(ctx, table, data, None, props, txid, reshape=True)
+            else:
+                self._commit(ctx, table, batch, data, replace, props, txid)
         except CommitFailedException as exc:
             again = self._table()
             if again is not None and stamped(again, app) >= txid:
@@ -272,10 +272,11 @@ class IcebergSink(Sink):
 
     def _check_writers(
         self, ctx: ExportContext, table: Any, app: str, position: int, replace_all: bool
-    ) -> None:
-        """SinkError (one line) for a table with rows no generation of this sink stamped
-        (unless ``adopt``), and for one whose current snapshot descends from the sink's last
-        through another writer's row change (unless the export replaces its content)."""
+    ) -> bool:
+        """Whether a generation of this sink wrote ``table``; SinkError (one line) for a
+        table with rows no generation of it stamped (unless ``adopt``), and for one whose
+        current snapshot descends from the sink's last through another writer's row change
+        (unless the export replaces its content)."""
         family = app.rsplit(":", 1)[0] + ":"
         ours = any(str(_props(s).get(APP, "")).startswith(family) for s in table.snapshots())
         if not ours:
@@ -283,9 +284,9 @@ class IcebergSink(Sink):
                 snapshot = table.current_snapshot()
                 rows = int(_props(snapshot).get("total-records", "0") or 0)
                 raise SinkError(foreign_table_line(rows, _writer_of(snapshot)))
-            return
+            return False
         if position == 0 or replace_all:
-            return  # a new generation, or a reload: the content is replaced anyway
+            return True  # a new generation, or a reload: the content is replaced anyway
         foreign = None
         snapshot = table.current_snapshot()
         while snapshot is not None and not str(_props(snapshot).get(APP, "")).startswith(family):
@@ -297,18 +298,47 @@ class IcebergSink(Sink):
         if foreign is not None:
             what = f"snapshot {foreign.snapshot_id}"
             raise SinkError(later_writer_line(what, _writer_of(foreign), position, ctx, self.name))
+        return True
 
-    def _reshaped(self, table: Any, data: Any) -> Any:
-        """``data`` in ``table``'s columns once one schema update made them the stream's:
-        columns the stream lacks dropped, its new ones added (a replacement only: adopting a
-        table of other columns, a reload after the stream changed)."""
-        names = set(data.schema.names)
-        with table.update_schema() as update:
-            for name in table.schema().as_arrow().names:
-                if name not in names:
-                    update.delete_column(name)
+    def _batch(
+        self,
+        table: Any | None,
+        txid: int,
+        rows: Sequence[Row] | Any,
+        schema: Any,
+        replace: bool,
+        ours: bool,
+    ) -> tuple[Any, bool]:
+        """The txid's rows fitted to the table's ``schema``, and whether the table's column
+        types must change to hold them: a replacement of a table the sink wrote (or adopts)
+        takes the types the state's values need where the table's cannot hold them (a column
+        of integers widened to floats: ReloadNeededError asked for this replacement); a
+        table made beforehand keeps the types its maker chose."""
+        assert self.rows is not None
+        try:
+            return self.rows.batch(rows, txid, schema), False
+        except SinkError:
+            if not replace or table is None or not (ours or self.adopt):
+                raise
+            return self.rows.batch(rows, txid, None), True
+
+    def _reshape(self, tx: Any, data: Any) -> Any:
+        """``data`` in the table's columns once a schema update staged in ``tx`` made them the
+        stream's: columns the stream lacks dropped, its new ones added, a kept one whose type
+        cannot hold the state's values retyped (a replacement only - every data file is
+        rewritten in the same snapshot: adopting a table of other columns, a reload after the
+        stream changed or a value column widened)."""
+        converted = self.catalog()._convert_schema_if_needed(data.schema)  # ids unassigned
+        wanted = {field.name: field.field_type for field in converted.fields}
+        with tx.update_schema(allow_incompatible_changes=True) as update:
+            for field in tx.table_metadata.schema().fields:
+                if field.name not in wanted:
+                    update.delete_column(field.name)
+                elif field.field_type != wanted[field.name]:
+                    update.update_column(field.name, wanted[field.name])
             update.union_by_name(data.schema)
-        return data.select(table.schema().as_arrow().names).cast(table.schema().as_arrow())
+        arrow = tx.table_metadata.schema().as_arrow()
+        return data.select(arrow.names).cast(arrow)
 
     def _overwrite(
         self,
@@ -318,10 +348,12 @@ class IcebergSink(Sink):
         touched: Any,
         props: dict[str, str],
         txid: int,
+        reshape: bool = False,
     ) -> None:
         """One overwrite snapshot: the data files that may hold ``touched``'s keys (an Arrow
         table of the key columns; None: every file) rewritten without those keys, ``data``
-        added."""
+        added; with ``reshape`` (every file replaced), the schema made ``data``'s in the
+        same commit (``_reshape``)."""
         import pyarrow as pa
         import pyarrow.compute as pc
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
@@ -342,6 +374,8 @@ class IcebergSink(Sink):
                     kept.append(rest.cast(data.schema) if rest.schema != data.schema else rest)
         new = pa.concat_tables([*kept, data]) if kept else data
         with table.transaction() as tx:
+            if reshape:
+                new = self._reshape(tx, new)
             written = (
                 list(_dataframe_to_data_files(tx.table_metadata, new, table.io, uuid.uuid4()))
                 if new.num_rows
@@ -360,7 +394,7 @@ class IcebergSink(Sink):
         too many keys."""
         from pyiceberg.expressions import AlwaysTrue, In
 
-        if table.current_snapshot() is None:
+        if table.current_snapshot() is None or (touched is not None and not touched.num_rows):
             return
         assert self.rows is not None
         row_filter: Any = AlwaysTrue()
@@ -370,8 +404,6 @@ class IcebergSink(Sink):
             and touched.num_rows <= KEYS_FOR_A_FILTER
         ):
             values = set(touched[self.rows.key_fields[0]].to_pylist())
-            if not values:
-                return
             if None not in values and all(isinstance(v, str | int) for v in values):
                 row_filter = In(self.rows.key_fields[0], values)
         for task in table.scan(row_filter=row_filter).plan_files():
@@ -609,7 +641,7 @@ def _membership(old: Any, changed: Any, keys: tuple[str, ...]) -> Any:
     joined = old.select(list(keys)).append_column(
         "_tridentflow_row", pa.array(range(old.num_rows), pa.int64())
     ).join(
-        changed.append_column(marker, pa.array([True] * changed.num_rows)),
+        changed.append_column(marker, pa.array([True] * changed.num_rows, pa.bool_())),
         keys=list(keys), join_type="left outer",
     ).sort_by("_tridentflow_row")  # fmt: skip
     return pc.fill_null(joined[marker], False)

@@ -129,6 +129,16 @@ smallint lands as -25536, 1e39 into a real as Infinity): checked before the writ
 double precision column costs nothing."""
 
 
+EXACT_IN_A_DOUBLE = 2**53
+"""The largest magnitude below which every integer is exact as a double."""
+_INEXACT_INTS = ("double precision",)
+"""Types psycopg's COPY writes an integer into as a float, rounding one past 2^53 without a
+word: checked before the write."""
+INFERRED_COLUMN = "tridentflow: typed from the first rows; widened when a value needs it"
+"""The comment on a value column whose type the sink chose (not ``columns=``): such a
+column is widened from bigint to double precision when a float comes (``_widened``)."""
+
+
 def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str | None:
     """Why PostgreSQL (or psycopg) refuses ``value`` in ``column`` of type ``kind``: a wrong
     type (``check_value``), an integer out of the column's range, a string it cannot store
@@ -154,6 +164,9 @@ def value_problem(column: str, kind: str, value: Any, key: bool = False) -> str 
             text.encode("utf-8")
         except UnicodeEncodeError:
             return f"column {column} is {kind}, but {value!r:.40} holds a lone surrogate"
+    inexact = kind in _INEXACT_INTS and type(value) is int and abs(value) > EXACT_IN_A_DOUBLE
+    if inexact and int(float(value)) != value:
+        return f"column {column} is {kind}, but the integer {value} is not exact as a double"
     real = kind == "real" and isinstance(value, (int, float))
     if real and math.isfinite(value) and abs(value) > REAL_MAX:
         return f"column {column} is real, but {value!r:.40} is outside its range (±3.4e38)"
@@ -181,7 +194,11 @@ def way_out(table: str, column: str, kind: str, value: Any, key: bool = False) -
             f"existing table: ALTER TABLE {table} ALTER COLUMN {quoted_parts((column,))} TYPE "
             "...), or map the stream's values to one type"
         )
-    if isinstance(value, int) and not isinstance(value, bool) and kind in _INT_BITS:
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and (kind in _INT_BITS or kind in _INEXACT_INTS)
+    ):
         return (
             f"widen the column (ALTER TABLE {table} ALTER COLUMN {quoted_parts((column,))} "
             f"TYPE numeric; for a new table, columns={{{column!r}: 'numeric'}})"
@@ -495,6 +512,14 @@ class PostgresSink(Sink):
                 sql.Literal(self.fillfactor),
             )
         )
+        for field in self.value_fields:
+            if field not in self.columns:  # the sink chose the type: it may widen it
+                cur.execute(
+                    sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
+                        self._ident(self.table_parts), sql.Identifier(field),
+                        sql.Literal(INFERRED_COLUMN),
+                    )
+                )  # fmt: skip
 
     def _column_types(self, cur: Any) -> dict[str, str]:
         cur.execute(
@@ -707,13 +732,17 @@ class PostgresSink(Sink):
 
     def _check_range(self, txid: int, rows: Sequence[Row], index: int, kind: str) -> None:
         """SinkError (one line, the first such key) if a value of column ``index`` is past
-        the range of its SQL type ``kind`` (smallint, integer, real): binary COPY would write 40000
-        into a smallint as -25536, 1e39 into a real as Infinity, without a word."""
+        the range of its SQL type ``kind`` (smallint, integer, real), or an integer past 2^53
+        is not exact in a double precision one: binary COPY would write 40000 into a smallint
+        as -25536, 1e39 into a real as Infinity, 2^53+1 as 2^53, without a word."""
         values = [v for row in rows if (v := row[index]) is not None]
         if not values:
             return
         if kind == "real":
             if not any(math.isfinite(v) and abs(v) > REAL_MAX for v in values):
+                return
+        elif kind in _INEXACT_INTS:
+            if not any(type(v) is int and abs(v) > EXACT_IN_A_DOUBLE for v in values):
                 return
         else:
             limit = 2 ** (_INT_BITS[kind] - 1)
@@ -722,6 +751,45 @@ class PostgresSink(Sink):
         for row in rows:
             if value_problem(self.fields[index], kind, row[index]):
                 raise self._value_error(txid, row, index, kind)
+
+    @staticmethod
+    def _widens(rows: Sequence[Row], index: int) -> bool:
+        """Whether column ``index`` of ``rows`` holds floats, each finite (NaN or Infinity
+        is no number a bigint column widens for: refused as before)."""
+        floats = [v for row in rows if type(v := row[index]) is float]
+        return bool(floats) and all(map(math.isfinite, floats))
+
+    def _widened(self, cur: Any, table: Any, txid: int, rows: Sequence[Row], index: int) -> str:
+        """ "double precision" once value column ``index`` - bigint, a float among this txid's
+        values - was widened to it in this transaction (JSON's ``3`` before ``12.5``): only a
+        column whose type the sink chose from the first rows (not one ``columns=`` declares,
+        or a table made beforehand), and only while every integer it holds is exact as a
+        double (|v| <= 2^53); else the one line of the refusal."""
+        from psycopg import sql
+
+        field = self.fields[index]
+        column = sql.Identifier(field)
+        cur.execute(
+            "SELECT col_description(attrelid, attnum) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attname = %s",
+            (self._quoted_table, field),
+        )
+        found = cur.fetchone()
+        if found is not None and found[0] == INFERRED_COLUMN:
+            cur.execute(
+                sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE abs({}) > {})").format(
+                    table, column, sql.Literal(EXACT_IN_A_DOUBLE)
+                )
+            )
+            if not cur.fetchone()[0]:
+                cur.execute(
+                    sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE double precision").format(
+                        table, column
+                    )
+                )
+                return "double precision"
+        row = next(row for row in rows if type(row[index]) is float)
+        raise self._value_error(txid, row, index, "bigint")
 
     def _diagnose(self, txid: int, rows: Sequence[Row]) -> SinkError | None:
         """After a failed write: the first value PostgreSQL (or psycopg) cannot take, as the
@@ -753,13 +821,15 @@ class PostgresSink(Sink):
         for i, field in enumerate(fields):  # one pass per typed column, exact types first
             kind = types.get(field, "")
             is_key = field in self.key_fields
+            if kind == "bigint" and not is_key and self._widens(rows, i):
+                kind = types[field] = self._widened(cur, table, txid, rows, i)
             exact = (_KEY_EXACT if is_key else _EXACT).get(kind)
             if exact is None:
                 continue
             for row in rows:
                 if type(row[i]) not in exact and check_value(field, kind, row[i], is_key):
                     raise self._value_error(txid, row, i, kind)
-            if kind in _WRAPPED:  # psycopg's binary COPY wraps these silently: check
+            if kind in _WRAPPED or kind in _INEXACT_INTS:  # the COPY would not say: check
                 self._check_range(txid, rows, i, kind)
         if len(value_idx) == 1:
             (v,) = value_idx
