@@ -456,15 +456,22 @@ def summed(name: str, sink, transform=None) -> Pipeline:
     return pipeline
 
 
-def lakehoused() -> Pipeline:
+def _key_value(*row):
+    return row[0], row[-1]
+
+
+def lakehoused(counts_state: str = "counts", count=None, kv_state: bool = True) -> Pipeline:
     """``sinked``'s states (word counts; a key/value state with removals) exported to Delta
     Lake and Iceberg tables, upserted and appended, under the directory TF_TEST_LAKE names
-    (an Iceberg SQL catalog on SQLite there)."""
+    (an Iceberg SQL catalog on SQLite there); where TF_TEST_PG_DSN is set, to PostgreSQL
+    tables and a Redis stream too. The shape a deploy may change: the counts' state name and
+    aggregator (``count``: Count by default), and whether the key/value state is there."""
     import os
 
-    from tridentflow import DeltaSink, IcebergSink
+    from tridentflow import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink
 
     lake = os.environ["TF_TEST_LAKE"]
+    postgres = os.environ.get("TF_TEST_PG_DSN")
     catalog = {
         "type": "sql",
         "uri": f"sqlite:///{lake}/catalog.db",
@@ -480,25 +487,36 @@ def lakehoused() -> Pipeline:
         pipeline.stream.filter("line", lambda line: not line.startswith(("set ", "del ")))
         .each("line", lambda line: ((w,) for w in line.split()), "word")
         .group_by("word")
-        .persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+        .persistent_aggregate(
+            StateSpec(counts_state, StateKind.OPAQUE), count or Count(), out_field="count"
+        )
     )
+    counts.new_values_stream().sink(DeltaSink(f"{lake}/delta-counts", name="delta-counts"))
+    counts.new_values_stream().sink(
+        IcebergSink("lake.counts", catalog=catalog, name="iceberg-counts")
+    )
+    if postgres:
+        counts.new_values_stream().sink(PostgresSink("lake_counts", dsn=postgres))
+        counts.new_values_stream().map(_key_value, ["key", "value"]).sink(
+            RedisStreamSink("lake-counts", name="stream-counts")
+        )
+    if not kv_state:
+        return pipeline
     kv = (
         pipeline.stream.filter("line", lambda line: line.startswith(("set ", "del ")))
         .each("line", parse_op, ["op", "key", "value"])
         .partition_persist(StateSpec("kv", StateKind.OPAQUE), apply_ops, "key", ["op", "value"])
     )
-    counts.new_values_stream().sink(DeltaSink(f"{lake}/delta-counts", name="delta-counts"))
     kv.new_values_stream().sink(DeltaSink(f"{lake}/delta-kv", name="delta-kv"))
     kv.new_values_stream().sink(
         DeltaSink(f"{lake}/delta-kv-log", mode="append", name="delta-kv-log")
-    )
-    counts.new_values_stream().sink(
-        IcebergSink("lake.counts", catalog=catalog, name="iceberg-counts")
     )
     kv.new_values_stream().sink(IcebergSink("lake.kv", catalog=catalog, name="iceberg-kv"))
     kv.new_values_stream().sink(
         IcebergSink("lake.kv_log", catalog=catalog, mode="append", name="iceberg-kv-log")
     )
+    if postgres:
+        kv.new_values_stream().sink(PostgresSink("lake_kv", dsn=postgres))
     return pipeline
 
 
