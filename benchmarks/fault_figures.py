@@ -50,9 +50,10 @@ FAMILIES = (
     ("+ Redis paused mid-step past every lease, adopters racing", {"paused": True}),
     ("+ code of another shape deployed between an emit and its commit", {"deploys": True}),
     ("+ lakehouse tables compacted and vacuumed between steps", {"tables": True}),
+    ("+ typed keys and values (None, ints, floats) in Delta, Iceberg, PostgreSQL", {"types": True}),
 )
 EVERY_FAMILY = {"expiry": True, "lost_writes": True, "reshards": True, "reader": True,
-                "paused": True, "deploys": True, "tables": True}  # fmt: skip
+                "paused": True, "deploys": True, "tables": True, "types": True}  # fmt: skip
 """``--family all``: every family at once, in one schedule (the soak of issue 55)."""
 FAULT_MARKS = (
     "=raise", "=crash", "dark:", "outage:", "redis-restart", "duplicate-commit", "reset",

@@ -8,6 +8,7 @@ import pytest
 
 from tests.helpers import assert_caught, plant_in_lua
 from tridentflow.devtools.chaos import STREAM_PIPELINES, run_chaos
+from tridentflow.devtools.chaos.typed import TYPED_PIPELINE
 from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 
 CI_SCHEDULES = 30
@@ -35,6 +36,9 @@ DEPLOY_SOAK, DEPLOY_SEED = 10, 6000
 """The deploys family: seed 6000 deploys before its first commit (wordcount-opaque)."""
 TABLES_SOAK, TABLES_SEED = 10, 7000
 """The tables family: the lakehouse schedules among seeds 7000.. (three in ten)."""
+TYPES_SOAK, TYPES_SEED = 20, 9000
+"""The types family: every schedule of the typed pipeline; seed 9000 shows each planted bug
+at its first schedule (a None key field changed twice, in Delta and in Iceberg)."""
 ZOMBIE_SEED = 5002
 """The zombie-into-a-pause planted bug: seed 5002 (file staging) exposes it with the family's
 chances turned up."""
@@ -317,6 +321,53 @@ def test_fixed_seed_schedules_with_tables_compacted_and_vacuumed_are_exact():
     acts = [e for r in results for e in r.events if e.startswith("tables-")]
     assert any(a.startswith("tables-compact") for a in acts), acts
     assert any(a.startswith("tables-vacuum") for a in acts), acts
+
+
+@pytest.mark.soak
+def test_fixed_seed_schedules_of_typed_tables_are_exact(pg_dsn):
+    """The types family: a state whose keys have None fields and whose totals are ints for
+    some keys and floats for others, exported column by column to Delta, Iceberg and
+    PostgreSQL through every fault, rewinds and the concurrent reader - each table equals the
+    state (a key one row, an int in a widened column the same number). (It found Iceberg's
+    membership join typed null for a txid that changed no key, a Delta MERGE that matched no
+    row committing nothing, and upserted columns that refused the first float after ints:
+    tests/test_lakehouse_edges.py, tests/test_sinks.py.)"""
+    results = run_chaos(TYPES_SOAK, seed=TYPES_SEED, pipelines=(TYPED_PIPELINE,), reader=True,
+                        postgres_dsn=pg_dsn)  # fmt: skip
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    assert sum(e.startswith("reader-lakes:") for r in results for e in r.events) >= 5
+
+
+def _null_unaware_membership(old, changed, keys):
+    """Iceberg's rewrite matching keys with a plain join: a None key field matches nothing."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = old.select(list(keys)).append_column("_row", pa.array(range(old.num_rows)))
+    hits = changed.select(list(keys)).append_column("_hit", pa.repeat(True, changed.num_rows))
+    joined = rows.join(hits, keys=list(keys), join_type="left outer").sort_by("_row")
+    return pc.fill_null(joined["_hit"], False)
+
+
+@pytest.mark.parametrize("planted", ["delta-merge-with-equals", "iceberg-join-without-nulls"])
+def test_the_types_family_catches_a_table_that_gives_a_none_key_a_second_row(monkeypatch, planted):
+    """The types family's planted bugs (issue 65's item 1a): Delta's MERGE matching with
+    ``=`` (NULL = NULL is not true in SQL), Iceberg's compound-key rewrite joining without
+    a null-aware code - either gives a key with a None field a new row at each txid that
+    changes it; the harness names the key held twice."""
+    import tridentflow.sinks.delta as delta
+    import tridentflow.sinks.iceberg as iceberg
+
+    if planted == "delta-merge-with-equals":
+        monkeypatch.setattr(delta, "merge_predicate", lambda keys: " AND ".join(
+            f"(t.{delta._quoted(k)} = s.{delta._quoted(k)})" for k in keys))  # fmt: skip
+    else:
+        monkeypatch.setattr(iceberg, "_membership", _null_unaware_membership)
+    (result,) = run_chaos(1, seed=TYPES_SEED, pipelines=(TYPED_PIPELINE,))
+    assert not result.ok
+    assert re.search(r"sink typed-(delta|iceberg) at txid \d+: key .* has two rows",
+                     result.difference or ""), result.difference  # fmt: skip
 
 
 @pytest.mark.soak

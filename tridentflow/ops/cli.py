@@ -394,14 +394,24 @@ def _add_chaos(sub: Any) -> None:
     p.add_argument(
         "--family",
         action="append",
-        choices=("expiry", "lost-writes", "reshards", "reader", "paused", "deploys", "tables"),
+        choices=(
+            "expiry",
+            "lost-writes",
+            "reshards",
+            "reader",
+            "paused",
+            "deploys",
+            "tables",
+            "types",
+        ),
         default=[],
         help="add a fault family (repeatable): states that expire keys, Redis going back to "
         "a snapshot while sinks keep the commits since, an operator resharding mid-run, a "
         "concurrent reader checking every listing against the recount of its txid, Redis "
         "paused (SIGSTOP) mid-step past every lease while an adopter run races, code of "
         "another shape deployed between an emit and its commit, lakehouse tables compacted "
-        "and vacuumed between steps",
+        "and vacuumed between steps, a pipeline of typed keys and values (None key fields, "
+        "ints and floats) exported column by column to Delta, Iceberg and PostgreSQL",
     )
 
 
@@ -1017,6 +1027,7 @@ def _run_chaos(args: argparse.Namespace, report, engine, own) -> list:
             paused="paused" in args.family,
             deploys="deploys" in args.family,
             tables="tables" in args.family,
+            types="types" in args.family,
         )
     finally:
         if kafka is not None:

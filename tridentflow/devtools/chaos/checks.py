@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tridentflow.devtools.chaos.config import DEPLOYED_STATE
+from tridentflow.devtools.chaos.typed import TYPED_NAME, TYPED_STATE, typed_fields
 from tridentflow.examples.mutating import expected_counts
 from tridentflow.ops.audit import audit
 from tridentflow.steps.query import list_state, query
@@ -108,6 +109,13 @@ def expected_by_key(rt: Runtime, produced: list[str]) -> dict[str, dict[str, int
     if rt.pipeline.name in ("mutating", "mutating-opaque"):
         counts = expected_counts(produced)
         return {name: values for name, values in counts.items() if name not in expiring}
+    if rt.pipeline.name == TYPED_NAME:  # the types family's sums per (name, label)
+        sums: dict[str, int | float] = {}
+        for line in produced:
+            for name, label, amount in typed_fields(line):
+                key = encode_key((name, label))
+                sums[key] = sums.get(key, 0) + amount
+        return {TYPED_STATE: sums}  # type: ignore[dict-item]
     expected: dict[str, dict[str, int]] = {}
     windowed = {state for state, _size, _slide in WINDOWS.get(rt.pipeline.name, ())}
     for name, persist in rt.pipeline.states.items():

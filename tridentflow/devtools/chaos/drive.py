@@ -62,6 +62,7 @@ from tridentflow.devtools.chaos.pauses import (
 from tridentflow.devtools.chaos.reader import ConcurrentReader
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.sinks import SinkChecks, sink_faults
+from tridentflow.devtools.chaos.typed import TYPED_PIPELINE
 from tridentflow.devtools.devcluster import LocalCluster
 from tridentflow.devtools.devkafka import LocalKafka
 from tridentflow.devtools.devpostgres import LocalPostgres
@@ -861,9 +862,15 @@ def run_chaos(
     paused: bool = False,
     deploys: bool = False,
     tables: bool = False,
+    types: bool = False,
 ) -> list[ScheduleResult]:
-    """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure."""
+    """Run ``schedules`` schedules with seeds seed, seed+1, ...; stop at the first failure.
+    ``types``: the family "tables that meet value types" - half the schedules draw the typed
+    pipeline (chaos.typed), its state exported column by column to Delta, Iceberg and
+    PostgreSQL."""
     results = []
+    if types and TYPED_PIPELINE not in pipelines:
+        pipelines = (*pipelines, *[TYPED_PIPELINE] * len(pipelines))
     with Chaos(
         pipelines=pipelines,
         redis_restarts=redis_restarts,

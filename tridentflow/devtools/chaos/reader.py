@@ -40,6 +40,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tridentflow.devtools.chaos.sinks import jsonish
+from tridentflow.devtools.chaos.typed import KEY_FIELDS, VALUE_FIELD
 from tridentflow.ops.audit import recount_txid_by_txid
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink
 from tridentflow.sinks.delta import delta_position
@@ -211,7 +212,9 @@ class ConcurrentReader:
         self.table_reads += 1
         self.lake_reads += not isinstance(feed.sink, PostgresSink)
         agg = persist.aggregator
-        want = {k: jsonish(agg.present(v)) for k, v in expected[feed.state].items()}
+        typed = feed.name.startswith("typed-")  # compared as numbers: see _typed
+        want = {k: jsonish(float(agg.present(v)) if typed else agg.present(v))
+                for k, v in expected[feed.state].items()}  # fmt: skip
         for key in sorted(want.keys() | rows.keys()):
             if want.get(key) != rows.get(key):
                 self.problems.append(
@@ -318,7 +321,16 @@ def _table_snapshot(
             return 0, {}
         held = stamped(table, app_id(stamp, sink.name))
         rows = table.scan().to_arrow().to_pylist() if held else []
+    if sink.name.startswith("typed-"):
+        return held, _typed(rows)
     return held, {r["key"]: r["value"] for r in rows}
+
+
+def _typed(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """A typed table's rows as the reader compares them: the key's canonical encoding, the
+    total as a float's JSON (an int in a double column is the same number)."""
+    return {encode_key(tuple(r[f] for f in KEY_FIELDS)): jsonish(float(r[VALUE_FIELD]))
+            for r in rows}  # fmt: skip
 
 
 def _postgres_snapshot(
@@ -343,5 +355,13 @@ def _postgres_snapshot(
             ).fetchone()
             if row is None or row[0] != generation or not row[1]:
                 return 0, {}
+            if sink.name.startswith("typed-"):
+                names = (*KEY_FIELDS, VALUE_FIELD)
+                fields = ", ".join(f'"{f}"' for f in names)
+                typed = conn.execute(f'SELECT {fields} FROM "{sink.table}"').fetchall()
+                found = [dict(zip(names, r, strict=True)) for r in typed]
+                for r in found:  # "" back to None (typed.add_typed_sinks)
+                    r.update({f: r[f] or None for f in KEY_FIELDS})
+                return int(row[1]), _typed(found)
             rows = conn.execute(f'SELECT key, value FROM "{sink.table}"').fetchall()
     return int(row[1]), {key: jsonish(value) for key, value in rows}

@@ -21,6 +21,13 @@ from tridentflow.devtools.chaos.draws import (
     sink_parts,
 )
 from tridentflow.devtools.chaos.schedule import Schedule
+from tridentflow.devtools.chaos.typed import (
+    TYPED_NAME,
+    add_typed_sinks,
+    typed_difference,
+    typed_rows,
+    typed_table,
+)
 from tridentflow.errors import (
     TridentflowError,
     one_line,
@@ -72,6 +79,8 @@ class SinkChecks:
             )
         if self.expiry:  # the expiry family: by txids, by batch time, or both
             self._expire_keys(pipeline, seed)
+        if pipeline.name == TYPED_NAME:  # the types family: its state's own columns
+            add_typed_sinks(pipeline, self.workdir / f"lake-{seed}", seed, self.postgres_dsn)
         parts = sink_parts(seed)
         for state in sorted(pipeline.states):
             changes = pipeline.state(state).new_values_stream().map(_canonical, ["key", "value"])
@@ -107,7 +116,8 @@ class SinkChecks:
 
     def _drop_sink_targets(self, rt: Runtime, seed: int) -> None:
         shutil.rmtree(self.workdir / f"lake-{seed}", ignore_errors=True)
-        if lakehouse_schedule(seed):  # the SQLite catalog's directory, for the next tables
+        if lakehouse_schedule(seed) or rt.pipeline.name == TYPED_NAME:  # the SQLite catalog's
+            # directory, for the next tables
             (self.workdir / f"lake-{seed}").mkdir(parents=True)
         for feed in rt.pipeline.feeds:
             if isinstance(feed.sink, RedisStreamSink):
@@ -120,6 +130,7 @@ class SinkChecks:
                 for state in rt.pipeline.states:
                     table = f"chaos_{seed}_{state}".replace("-", "_")
                     conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+                conn.execute(f'DROP TABLE IF EXISTS "{typed_table(seed)}"')
                 conn.execute(
                     "DELETE FROM tridentflow_progress WHERE pipeline = %s"
                     if _has_progress(conn)
@@ -273,6 +284,13 @@ class SinkChecks:
                 continue
             persist = rt.pipeline.states[feed.state]
             page = list_state(rt, persist, limit=1_000_000)
+            if feed.name.startswith("typed-"):  # the state's own columns and types
+                problem = typed_difference(typed_rows(feed.sink, self.postgres_dsn),
+                                           dict(page.items))  # fmt: skip
+                if problem and not result.difference:
+                    result.difference = f"sink {feed.name} at txid {committed}: {problem}"
+                    return
+                continue
             want = {encode_key(k): jsonish(v) for k, v in page.items}
             if isinstance(feed.sink, PostgresSink):
                 got = _table(self.postgres_dsn, feed.sink.table)
