@@ -8,6 +8,7 @@ Playwright cannot download its own browsers here, so it is pointed at the system
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import urllib.parse
@@ -96,6 +97,28 @@ def run_tab(
     allowed = {True: [quoted], False: [run_id], None: [quoted, run_id]}[encoded]
     assert src in [f"tridentflow/run?dag_id={dag}&run_id={r}" for r in allowed], src
     return page.wait_for_function(RUN_TAB_FIELDS).json_value()
+
+
+def xcom_shown(page: Any, base: str, dag: str, run_id: str, task_id: str) -> Any:
+    """The ``return_value`` a task instance's Storage -> XCom tab shows a person, parsed.
+    Airflow 3.3 shows a dict collapsed (``{ ... }``, read by a newcomer as empty: issue 66 item
+    13) until "Expand all extra JSON" (or the row's arrow) is clicked: this clicks it and reads
+    the JSON the page then shows."""
+    quoted = urllib.parse.quote(run_id, safe="")
+    page.goto(f"{base}/dags/{dag}/runs/{quoted}/tasks/{task_id}/xcom")
+    cell = page.locator("tr", has_text="return_value").locator("[data-testid=xcom-value]")
+    cell.wait_for()
+    page.get_by_role("button", name="Expand all extra JSON").click()
+    shown: list[Any] = []
+
+    def opened() -> bool:  # the editor draws its lines as it opens: read until they parse
+        with contextlib.suppress(ValueError):
+            text = cell.inner_text().replace("\xa0", " ")  # the editor's spaces: no-break
+            shown[:] = [json.loads(text.strip().removesuffix("Copy").strip())]
+        return bool(shown) and shown[0] != {}
+
+    wait_until(opened, 30)
+    return shown[0]
 
 
 def clear_from_the_ui(page: Any, base: str, dag: str, run_id: str, task_id: str) -> str:

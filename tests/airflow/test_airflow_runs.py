@@ -710,6 +710,10 @@ def check_the_view_in_a_browser(api: AirflowApi, home: Path, rt: Any, run_id: st
         assert browser.run_tab(page, api.base, DAG, run_id) == before
         assert counts(rt, ["you", "how"]) == counts_before
         browser.screenshot(page, "tridentflow-run-after-clear")
+        # what the cleared commit answered, as Airflow's Storage tab shows it: REST's value
+        shown = browser.xcom_shown(page, api.base, DAG, run_id, "commit")
+        assert shown == api.xcom(run_id, "commit"), shown
+        assert (shown["status"], shown["txid"]) == ("already-committed", 1), shown
 
 
 @LIVE
