@@ -172,7 +172,7 @@ def test_a_table_another_writer_made_is_refused_and_kept_unless_adopted(
         export(rt, sinks=[name])
     line = str(refused.value)
     assert "\n" not in line and "did not write" in line and "adopt=True" in line, line
-    assert "another table" in line
+    assert "another table" in line and not refused.value.retry_helps
     assert table(rt, name) == before == {'["q", "x"]': 7}
     monkeypatch.setenv("TF_TEST_ADOPT", "1")
     adopted = runtime(SUMS, redis_url, home)
@@ -229,6 +229,7 @@ def test_another_writers_rows_after_the_sink_are_found_at_the_next_export(
         export(rt, sinks=[name])
     line = str(refused.value)
     assert "\n" not in line and "no longer equals the state" in line and "--resync" in line
+    assert not refused.value.retry_helps  # a retry is refused the same way: fail at once
     export(rt, sinks=[name], resync=True)
     assert table(rt, name) == state(rt)
     produce(rt, events({"user": "c", "amount": 4}))
@@ -374,6 +375,7 @@ def test_generated_key_and_value_types_leave_each_table_equal_to_the_state_or_re
                 line = str(refused)
                 assert "\n" not in line and REFUSED_WITH_A_WAY_OUT.search(line), line
                 assert not LIBRARY_ERROR.search(line), line  # a decided refusal, not a crash
+                assert not refused.retry_helps, line  # failed at once, not retried for minutes
                 assert _table_of(sink, compound) == before
                 event(f"{sink.name}: refused at txid {txid}: {str(refused)[-90:]}")
                 break
@@ -448,6 +450,7 @@ def test_a_none_key_field_is_one_line_naming_the_way_out_in_postgresql(pg_dsn):
         sink.apply(ctx, 2, [("b", None, 2)])
     line = str(refused.value)
     assert "\n" not in line and "key column region gets None" in line and "DeltaSink" in line
+    assert not refused.value.retry_helps
     assert _postgres_rows(sink) == [{"user": "a", "region": "eu", "total": 1}]
 
 

@@ -72,22 +72,26 @@ log = logging.getLogger(__name__)
 @contextmanager
 def fail_fast() -> Iterator[None]:
     """What a retry cannot fix fails the task at once (AirflowFailException, one line), not
-    after minutes of retries: a pipeline that does not import or lacks a setting
-    (``TridentflowError.retry_helps`` False), a connection that is not defined. Everything
-    else - an outage, a race - is raised as it is, and Airflow retries the task."""
+    after minutes of retries: a pipeline that does not import or lacks a setting, a sink
+    that refuses a value or a table (``TridentflowError.retry_helps`` False), a connection
+    that is not defined. The line is logged alone, then raised without the cause's frames
+    (the line says it all). Everything else - an outage, a race - is raised as it is, and
+    Airflow retries the task."""
     try:
         yield
     except TridentflowError as exc:
         if exc.retry_helps:
             raise
-        raise AirflowFailException(
-            f"{one_line(exc)} (not retried: fix it, then clear the task)"
-        ) from exc
+        line = f"{one_line(exc)} (not retried: fix it, then clear the task)"
     except AirflowNotFoundException as exc:
-        raise AirflowFailException(
+        line = (
             f"{one_line(exc)}: define it (Admin > Connections, or AIRFLOW_CONN_<ID>), then clear "
             "the task (not retried)"
-        ) from exc
+        )
+    else:
+        return
+    log.error("%s", line)  # the line alone, above Airflow's traceback of the failure
+    raise AirflowFailException(line) from None  # its traceback: these frames, not the cause's
 
 
 class TridentflowTask:

@@ -9,7 +9,7 @@ retried or concurrent export of a txid already applied changes nothing. ``export
 
 from __future__ import annotations
 
-from tridentflow.sinks.base import ExportContext, Sink, SinkError
+from tridentflow.sinks.base import ExportContext, Sink, SinkError, SinkRefusedError
 from tridentflow.sinks.delta import DeltaSink
 from tridentflow.sinks.iceberg import IcebergSink
 from tridentflow.sinks.postgres import PostgresSink
@@ -23,4 +23,5 @@ __all__ = [
     "RedisStreamSink",
     "Sink",
     "SinkError",
+    "SinkRefusedError",
 ]

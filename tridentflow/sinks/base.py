@@ -22,6 +22,15 @@ class SinkError(TridentflowError):
     """A sink could not apply a txid (one line: which sink, which txid, why, what to do)."""
 
 
+class SinkRefusedError(SinkError):
+    """A sink refuses what it was given - a value its table cannot hold, a table another
+    writer wrote, columns that are not the stream's: running the export again, unchanged,
+    is refused the same way, so an orchestrator fails the task at once (one line, its fix)
+    instead of retrying it."""
+
+    retry_helps = False
+
+
 class ReloadNeededError(SinkError):
     """A sink cannot apply a txid from its rows alone, but can from the whole state: what it
     holds does not reach the txid before (a table not created yet, the txids before having

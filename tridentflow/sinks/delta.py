@@ -44,6 +44,7 @@ from tridentflow.sinks.base import (
     Row,
     Sink,
     SinkError,
+    SinkRefusedError,
 )
 from tridentflow.sinks.lakehouse import (
     TXID_COLUMN,
@@ -82,7 +83,9 @@ def _deltalake() -> Any:
     try:
         import deltalake
     except ImportError:
-        raise SinkError("DeltaSink needs deltalake: pip install 'tridentflow[delta]'") from None
+        raise SinkRefusedError(
+            "DeltaSink needs deltalake: pip install 'tridentflow[delta]'"
+        ) from None
     return deltalake
 
 
@@ -176,7 +179,7 @@ class DeltaSink(Sink):
             except ReloadNeededError:
                 raise  # the export reloads the sink
             except SinkError as exc:  # one line: the sink, its table, the txid, the cause
-                raise SinkError(
+                raise type(exc)(
                     f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
                 ) from None
 
@@ -306,7 +309,7 @@ class DeltaSink(Sink):
             history = table.history()  # a table of before the writer txn names its sink
             if not any(self._ours(entry, ctx) for entry in history):
                 if not self.adopt:
-                    raise SinkError(foreign_table_line(rows, _writer_of(history[0])))
+                    raise SinkRefusedError(foreign_table_line(rows, _writer_of(history[0])))
                 return False
         if position == 0 or replace_all:
             return True  # a new generation, or a reload: the content is replaced anyway
@@ -316,7 +319,7 @@ class DeltaSink(Sink):
         if entry is not None:
             writer = f"{_writer_of(entry)} ({entry.get('operation')})"
             what = f"version {entry.get('version')}"
-            raise SinkError(later_writer_line(what, writer, position, ctx, self.name))
+            raise SinkRefusedError(later_writer_line(what, writer, position, ctx, self.name))
         return True
 
     def _foreign_since_ours(self, table: Any, ctx: ExportContext) -> dict[str, Any] | None:
@@ -340,7 +343,7 @@ class DeltaSink(Sink):
         """SinkError (one line) when the table's columns are not the stream's."""
         assert self.rows is not None
         if set(schema.names) != set(self.rows.columns):
-            raise SinkError(columns_line(schema.names, self.rows.columns, ctx, self.name))
+            raise SinkRefusedError(columns_line(schema.names, self.rows.columns, ctx, self.name))
 
     def _merge(self, table: Any, live: Any, removed: Any, commit: Any) -> None:
         """One MERGE: the txid's live rows upserted, its removed keys' rows deleted."""

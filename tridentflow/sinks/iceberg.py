@@ -44,6 +44,7 @@ from tridentflow.sinks.base import (
     Row,
     Sink,
     SinkError,
+    SinkRefusedError,
 )
 from tridentflow.sinks.lakehouse import (
     STAMP,
@@ -70,7 +71,9 @@ def _pyiceberg() -> Any:
     try:
         import pyiceberg.catalog
     except ImportError:
-        raise SinkError("IcebergSink needs pyiceberg: pip install 'tridentflow[iceberg]'") from None
+        raise SinkRefusedError(
+            "IcebergSink needs pyiceberg: pip install 'tridentflow[iceberg]'"
+        ) from None
     return pyiceberg
 
 
@@ -192,7 +195,7 @@ class IcebergSink(Sink):
             except ReloadNeededError:
                 raise  # the export reloads the sink
             except SinkError as exc:  # one line: the sink, its table, the txid, the cause
-                raise SinkError(
+                raise type(exc)(
                     f"sink {self.name} ({self.describe()}): txid {txid} not written: {exc}"
                 ) from None
 
@@ -212,7 +215,7 @@ class IcebergSink(Sink):
         schema = table.schema().as_arrow() if table is not None else None
         reshape = schema is not None and set(schema.names) != set(self.rows.columns)
         if reshape and not replace:
-            raise SinkError(columns_line(schema.names, self.rows.columns, ctx, self.name))
+            raise SinkRefusedError(columns_line(schema.names, self.rows.columns, ctx, self.name))
         batch, retype = self._batch(table, txid, rows, schema, replace, ours)
         data = batch.live if self.mode == "upsert" or replace else batch.every
         if table is None and untyped(data):
@@ -283,7 +286,7 @@ class IcebergSink(Sink):
             if has_data(table) and not self.adopt:
                 snapshot = table.current_snapshot()
                 rows = int(_props(snapshot).get("total-records", "0") or 0)
-                raise SinkError(foreign_table_line(rows, _writer_of(snapshot)))
+                raise SinkRefusedError(foreign_table_line(rows, _writer_of(snapshot)))
             return False
         if position == 0 or replace_all:
             return True  # a new generation, or a reload: the content is replaced anyway
@@ -297,7 +300,9 @@ class IcebergSink(Sink):
             snapshot = table.snapshot_by_id(parent) if parent is not None else None
         if foreign is not None:
             what = f"snapshot {foreign.snapshot_id}"
-            raise SinkError(later_writer_line(what, _writer_of(foreign), position, ctx, self.name))
+            raise SinkRefusedError(
+                later_writer_line(what, _writer_of(foreign), position, ctx, self.name)
+            )
         return True
 
     def _batch(

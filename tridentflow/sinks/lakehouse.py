@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from tridentflow.sinks.base import ExportContext, ReloadNeededError, Row, SinkError
+from tridentflow.sinks.base import (
+    ExportContext,
+    ReloadNeededError,
+    Row,
+    SinkError,
+    SinkRefusedError,
+)
 
 MODES = ("upsert", "append")
 TXID_COLUMN = "txid"
@@ -99,7 +105,7 @@ class LakehouseRows:
     def _columns_of_rows(self, rows: Sequence[Row], schema: Any) -> dict[str, Any]:
         widths = set(map(len, rows))
         if widths - {len(self.fields)}:
-            raise SinkError(
+            raise SinkRefusedError(
                 f"a row has {max(widths - {len(self.fields)})} values, the stream "
                 f"{len(self.fields)} fields {self.fields}"
             )
@@ -116,7 +122,7 @@ class LakehouseRows:
 
     def _columns_of_table(self, table: Any, schema: Any) -> dict[str, Any]:
         if tuple(table.column_names) != self.fields:
-            raise SinkError(
+            raise SinkRefusedError(
                 f"an Arrow batch has the columns {table.column_names}, the stream the fields "
                 f"{list(self.fields)}"
             )
@@ -143,7 +149,7 @@ class LakehouseRows:
             try:
                 return array.cast(want, safe=True)  # Arrow refuses a value it cannot hold
             except (pa.ArrowInvalid, OverflowError) as exc:
-                raise SinkError(
+                raise SinkRefusedError(
                     f"column {name} is {want} in the table, and a value of this txid does not "
                     f"fit it ({str(exc).splitlines()[0]}): write to a new table whose column "
                     "is wider"
@@ -157,7 +163,7 @@ class LakehouseRows:
             raise ReloadNeededError(
                 f"column {name} is {want} in the table, the txid's {array.type}"
             )
-        raise SinkError(
+        raise SinkRefusedError(
             f"column {name} is {want} in the table, but this txid's values "
             f"are {array.type}: map the stream to {want} (new_values_stream().map(...)), "
             "or write to a new table"
@@ -175,7 +181,7 @@ def column_array(name: str, values: Sequence[Any], key: bool = False) -> Any:
         array = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         kinds = sorted({type(v).__name__ for v in values if v is not None})
-        raise SinkError(
+        raise SinkRefusedError(
             f"column {name} gets values of types {', '.join(kinds)} that "
             f"no one column type holds ({str(exc).splitlines()[0]}): map the stream to "
             "one type (new_values_stream().map(...))"
@@ -184,14 +190,14 @@ def column_array(name: str, values: Sequence[Any], key: bool = False) -> Any:
         return array  # (Arrow itself refuses a bool beside integers)
     kinds = set(map(type, values))
     if bool in kinds:  # Arrow takes True beside floats as 1.0: never the same value
-        raise SinkError(
+        raise SinkRefusedError(
             f"column {name} gets booleans beside numbers (True would be written as 1.0): map "
             "the stream to one type (new_values_stream().map(...))"
         )
     if key:
         whole = next((v for v in values if type(v) is int), None) if int in kinds else None
         if whole is not None:
-            raise SinkError(
+            raise SinkRefusedError(
                 f"key column {name} gets integers and floats ({whole!r} beside a float): they "
                 f"are different keys of the state, and one float column would make {whole!r} "
                 f"and {float(whole)!r} one row; map the key to one type "
@@ -199,7 +205,7 @@ def column_array(name: str, values: Sequence[Any], key: bool = False) -> Any:
             )
         negative_zero = next((v for v in values if v == 0 and math.copysign(1, v) < 0), None)
         if negative_zero is not None:
-            raise SinkError(
+            raise SinkRefusedError(
                 f"key column {name} gets -0.0: a key of the state apart from 0.0, which a "
                 "table's equality cannot tell from it; map the key (e.g. to 0.0 or a string)"
             )
@@ -246,7 +252,7 @@ def _finite(column: str, array: Any) -> Any:
     bad = pc.or_(pc.is_nan(array), pc.is_inf(array))
     if pc.any(bad).as_py():
         value = array.filter(bad)[0].as_py()
-        raise SinkError(
+        raise SinkRefusedError(
             f"column {column} gets {value!r}: a value that is not a finite number; map it to "
             "null or a string"
         )
@@ -339,7 +345,7 @@ def check_retention(hours: Any) -> float:
         or not math.isfinite(hours)
         or hours < 0
     ):
-        raise SinkError(
+        raise SinkRefusedError(
             f"a vacuum's retention is a number of hours >= 0, got {hours!r}: e.g. "
             "--retention-hours 168 (a week; 0 removes every unreferenced file)"
         )

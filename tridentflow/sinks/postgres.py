@@ -31,7 +31,14 @@ from typing import Any
 
 from tridentflow.connections import NONE, Connections
 from tridentflow.datasets import LineageDataset, postgres_dataset
-from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
+from tridentflow.sinks.base import (
+    ExportContext,
+    LineageContext,
+    Row,
+    Sink,
+    SinkError,
+    SinkRefusedError,
+)
 
 DSN_ENV = "TRIDENTFLOW_POSTGRES_DSN"
 PROGRESS_TABLE = "tridentflow_progress"
@@ -49,7 +56,7 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise SinkError(
+        raise SinkRefusedError(
             "PostgresSink needs psycopg 3: pip install 'tridentflow[postgres]'"
         ) from None
     return psycopg
@@ -397,7 +404,7 @@ class PostgresSink(Sink):
         found = connections.uri(self.conn_id)
         if found:
             return dsn_of_uri(found)
-        raise SinkError(
+        raise SinkRefusedError(
             f"sink {self.name}: no PostgreSQL to write to: set {DSN_ENV} (e.g. "
             f"postgresql://postgres@127.0.0.1:5432/postgres), pass dsn=..., or under Airflow "
             f"define the connection {self.conn_id}"
@@ -491,7 +498,7 @@ class PostgresSink(Sink):
             kind = self.columns.get(field) or sql_type_of([r[i] for r in rows[:1000]])
             kinds = sorted({type(r[i]).__name__ for r in rows[:1000] if r[i] is not None})
             if field in self.key_fields and field not in self.columns and len(kinds) > 1:
-                raise SinkError(
+                raise SinkRefusedError(
                     f"sink {self.name}: key column {field} holds {'/'.join(kinds)} values: a "
                     "key column needs one type (PostgreSQL's jsonb takes 1 and 1.0 for one "
                     "key); map the keys to strings in the new-values stream, or declare "
@@ -637,7 +644,7 @@ class PostgresSink(Sink):
             if new_progress and table_existed:
                 cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table))
                 if cur.fetchone()[0]:
-                    raise SinkError(
+                    raise SinkRefusedError(
                         f"sink {self.name}: table {self.table} already holds rows that this "
                         "sink did not write; point the sink at a new table, or empty this one"
                     )
@@ -699,7 +706,7 @@ class PostgresSink(Sink):
         for field in self.fields:
             if field not in types:
                 kind = self.columns.get(field, "...")
-                raise SinkError(
+                raise SinkRefusedError(
                     f"sink {self.name}: table {self.table} has no column {field} (the stream's "
                     f"fields are {list(self.fields)}): ALTER TABLE {table} ADD COLUMN "
                     f"{quoted_parts((field,))} {kind}, or point the sink at a new table"
@@ -710,7 +717,7 @@ class PostgresSink(Sink):
                 cur.execute("SELECT format_type(%s::regtype, NULL)", (declared,))
                 want = self._canonical[declared] = cur.fetchone()[0].split("(")[0]
             if types[field] != want:
-                raise SinkError(
+                raise SinkRefusedError(
                     f"sink {self.name}: columns= declares {field} as {declared}, but table "
                     f"{self.table} has it as {types[field]}: ALTER TABLE {table} ALTER COLUMN "
                     f"{quoted_parts((field,))} TYPE {declared}, or point the sink at a new table"
@@ -725,7 +732,7 @@ class PostgresSink(Sink):
         key = [row[self.fields.index(k)] for k in self.key_fields]
         problem = value_problem(field, kind, row[index], is_key)
         problem = problem or f"column {field} ({kind}) refused {row[index]!r:.40}"
-        return SinkError(
+        return SinkRefusedError(
             f"sink {self.name}: txid {txid} not applied to {self.table}: key {key!r:.80}: "
             f"{problem}; {way_out(self._quoted_table, field, kind, row[index], is_key)}"
         )

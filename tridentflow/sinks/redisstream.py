@@ -26,7 +26,14 @@ from typing import Any
 import redis
 
 from tridentflow.datasets import LineageDataset, redis_namespace
-from tridentflow.sinks.base import ExportContext, LineageContext, Row, Sink, SinkError
+from tridentflow.sinks.base import (
+    ExportContext,
+    LineageContext,
+    Row,
+    Sink,
+    SinkError,
+    SinkRefusedError,
+)
 from tridentflow_state.scripts import LuaScript
 
 APPEND_CHUNK = 2000
@@ -258,7 +265,7 @@ class RedisStreamSink(Sink):
         self, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool = False
     ) -> bool:
         if replace_all:
-            raise SinkError(
+            raise SinkRefusedError(
                 f"sink {self.name}: a stream cannot replace what it already holds; the "
                 "changes it missed are gone (raise change_log_limit, and reset the readers "
                 "of the stream)"

@@ -30,7 +30,13 @@ from redis.exceptions import LockError
 from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Feed
 from tridentflow.plan import Expander, compile_chain
-from tridentflow.sinks.base import ExportContext, ReloadNeededError, Row, SinkError
+from tridentflow.sinks.base import (
+    ExportContext,
+    ReloadNeededError,
+    Row,
+    SinkError,
+    SinkRefusedError,
+)
 from tridentflow.sinks.lakehouse import column_array, stamp_of
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.changes import (
@@ -360,6 +366,8 @@ def _sink_failure(feed: Feed, attempt: _Attempt, exc: BaseException) -> SinkErro
         target = feed.sink.describe()
     except Exception:  # a sink of the user's that cannot even describe itself
         target = type(feed.sink).__name__
+    if isinstance(exc, TridentflowError) and not exc.retry_helps:
+        return SinkRefusedError(f"sink {feed.name} ({target}): {what}{cause}")
     return SinkError(
         f"sink {feed.name} ({target}): {what}{cause} (the sink lags; the commits "
         "go on and the next export retries from its position)"
@@ -452,7 +460,7 @@ def _checked_start(
     if not ctx.resync and _lost_under(rt, feed, position):
         return replace(ctx, resync=True)
     if position > committed and not ctx.resync:
-        raise SinkError(
+        raise SinkRefusedError(
             f"sink {feed.name} is at txid {position} but pipeline {rt.pipeline.name} has "
             f"committed only {committed} (Redis lost commits in a failover?): export with "
             "--resync to reload it from the state"
@@ -482,7 +490,7 @@ def _reload(
     many rows. Refused in one line for a sink that cannot reload. Idempotent: a
     reload cut short is redone whole by the next export."""
     if not feed.sink.resyncable:
-        raise SinkError(
+        raise SinkRefusedError(
             f"sink {feed.name} is at txid {position}, but the change log of txid "
             f"{position + 1} is gone (kept for {rt.pipeline.change_log_limit} txids: "
             f"change_log_limit): what it missed cannot be replayed into "
@@ -523,7 +531,7 @@ def _lost_under(rt: Runtime, feed: Feed, position: int) -> bool:
     if allowed is None or position <= allowed:
         return False
     if not feed.sink.resyncable:
-        raise SinkError(
+        raise SinkRefusedError(
             f"sink {feed.name} holds txids up to {position}, but Redis allowed it only up to "
             f"{allowed}: Redis lost acknowledged commits since (a cut AOF, an older snapshot, a "
             f"failover without --wait-replicas) and its rows of txids {allowed + 1}-{position} "
