@@ -319,8 +319,41 @@ def test_fixed_seed_schedules_with_tables_compacted_and_vacuumed_are_exact():
     failures = [r.line() for r in results if not r.ok]
     assert not failures, failures[0]
     acts = [e for r in results for e in r.events if e.startswith("tables-")]
-    assert any(a.startswith("tables-compact") for a in acts), acts
+    merged = [int(m) for a in acts for m in re.findall(r":merged-(\d+)", a)]
+    assert merged and max(merged) > 1, acts  # a compaction merged an appended log's files
     assert any(a.startswith("tables-vacuum") for a in acts), acts
+    assert any(a.startswith("tables-compact-vacuum") for a in acts), acts
+
+
+@pytest.mark.parametrize(
+    ("planted", "seed"),
+    [("delta-optimize-as-writer", 7007), ("iceberg-compaction-unstamped", 7000)],
+)
+def test_the_tables_family_catches_maintenance_taken_for_another_writer(monkeypatch, planted, seed):
+    """The tables family's planted bugs: Delta's OPTIMIZE counted as a commit that changed
+    rows, an Iceberg compaction whose snapshot drops the sink's stamp - either makes the
+    next export refuse the table as another writer's. Caught only since each lakehouse
+    schedule's first state has an appended change log too (a file per txid): the upserted
+    tables alone gave the compactions nothing to merge (seeds 7000-7039 merged no file)."""
+    import tridentflow.sinks.delta as delta
+    import tridentflow.sinks.iceberg as iceberg
+
+    if planted == "delta-optimize-as-writer":
+        monkeypatch.setattr(delta, "UNCHANGED_ROWS", delta.UNCHANGED_ROWS - {"OPTIMIZE"})
+    else:
+        compact, props = iceberg.IcebergSink.compact, iceberg._props
+
+        def unstamped(self):
+            monkeypatch.setattr(iceberg, "_props", lambda snapshot: {})
+            try:
+                return compact(self)
+            finally:
+                monkeypatch.setattr(iceberg, "_props", props)
+
+        monkeypatch.setattr(iceberg.IcebergSink, "compact", unstamped)
+    (result,) = run_chaos(1, seed=seed, tables=True, reader=True)
+    assert not result.ok
+    assert "no longer equals the state" in (result.difference or ""), result.difference
 
 
 @pytest.mark.soak

@@ -339,24 +339,27 @@ class OperatorActs:
         sched.rt = new
 
     def _maintain_tables(self, sched: Schedule, step: int) -> None:
-        """An operator compacts the lakehouse tables, or vacuums them with no retention
-        (``tables vacuum --retention-hours 0 --yes``), between two steps - a txid possibly
-        in flight, an export owed, a rewind to come. Neither may change what a table says:
-        the final checks, the reader's snapshots and a rewind's tables after it are the
-        state's as of their stamps."""
+        """An operator compacts the lakehouse tables, vacuums them with no retention
+        (``tables vacuum --retention-hours 0 --yes``), or compacts then vacuums (the files
+        the compaction replaced deleted at once), between two steps - a txid possibly in
+        flight, an export owed, a rewind to come. None may change what a table says: the
+        final checks, the reader's snapshots and a rewind's tables after it are the state's
+        as of their stamps. The event counts the files each compaction merged (an appended
+        change log has a file per txid) and each vacuum deleted."""
         from tridentflow.ops.tables import compact_table, lakehouse_feeds, vacuum_table
 
         rt, rng = sched.rt, sched.maintenance_rng
         assert rng is not None
         sched.maintenances += 1
-        action = rng.choice(("compact", "vacuum"))
-        removed = 0
+        action = rng.choice(("compact", "vacuum", "compact-vacuum"))
+        merged = removed = 0
         for feed in lakehouse_feeds(rt):
-            if action == "compact":
-                compact_table(feed)
-            else:
+            if action.startswith("compact"):
+                merged += _files_merged(compact_table(feed))
+            if action.endswith("vacuum"):
                 removed += len(vacuum_table(rt, feed, 0, apply=True))
-        done = f":removed-{removed}" if action == "vacuum" else ""
+        done = f":merged-{merged}" if action.startswith("compact") else ""
+        done += f":removed-{removed}" if action.endswith("vacuum") else ""
         sched.result.events.append(f"tables-{action}@step{step}{done}")
 
     def _expect_refused(
@@ -389,6 +392,15 @@ class OperatorActs:
             sched.result.difference = f"{next_step} {what} failed with {exc!r}"
         else:
             sched.result.difference = f"{next_step} of {run_id} {what} was not refused"
+
+
+def _files_merged(metrics: dict) -> int:
+    """How many files a compaction merged into fewer: delta-rs's OPTIMIZE metrics, or the
+    IcebergSink's (which rewrites even a lone file: that merges none)."""
+    if "numFilesRemoved" in metrics:
+        return int(metrics["numFilesRemoved"] or 0)
+    before = int(metrics.get("files_before", 0))
+    return before if before > int(metrics.get("files_after", 0)) else 0
 
 
 def _resets(sched: Schedule) -> int:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from tridentflow.devtools.chaos.sinks import jsonish
+from tridentflow.devtools.chaos.sinks import jsonish, lake_rows
 from tridentflow.devtools.chaos.typed import KEY_FIELDS, VALUE_FIELD
 from tridentflow.ops.audit import recount_txid_by_txid
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink
@@ -323,7 +323,7 @@ def _table_snapshot(
         rows = table.scan().to_arrow().to_pylist() if held else []
     if sink.name.startswith("typed-"):
         return held, _typed(rows)
-    return held, {r["key"]: r["value"] for r in rows}
+    return held, lake_rows(sink, rows)
 
 
 def _typed(rows: list[dict[str, Any]]) -> dict[str, str]:
@@ -336,18 +336,25 @@ def _typed(rows: list[dict[str, Any]]) -> dict[str, str]:
 def _postgres_snapshot(
     sink: PostgresSink, pipeline: str, generation: str, dsn: str
 ) -> tuple[int, dict[str, str]]:
+    """As a reader should (docs/sinks.md): the table and the progress row locked ACCESS SHARE
+    before the REPEATABLE READ snapshot is taken - a widening's ALTER COLUMN TYPE rewrites
+    the table, and PostgreSQL shows a rewritten table empty to a snapshot older than the
+    rewrite (its "MVCC caveats"); the lock makes the rewrite wait for the reader instead."""
     import psycopg
 
     with psycopg.connect(dsn) as conn:
+        found = conn.execute(
+            "SELECT to_regclass('tridentflow_progress') IS NOT NULL, to_regclass(%s) IS NOT NULL",
+            (sink.table,),
+        ).fetchone()
+        conn.rollback()
+        if not all(found):
+            return 0, {}
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction():
-            found = conn.execute(
-                "SELECT to_regclass('tridentflow_progress') IS NOT NULL, "
-                "to_regclass(%s) IS NOT NULL",
-                (sink.table,),
-            ).fetchone()
-            if not all(found):
-                return 0, {}
+            # LOCK takes no snapshot: the first SELECT after it does (dropped meanwhile - the
+            # schedule's end - raises UndefinedTable: a refused read, as any error here)
+            conn.execute(f'LOCK TABLE tridentflow_progress, "{sink.table}" IN ACCESS SHARE MODE')
             row = conn.execute(
                 "SELECT generation, txid FROM tridentflow_progress WHERE pipeline = %s "
                 "AND sink = %s",

@@ -95,24 +95,29 @@ class SinkChecks:
                                  name=f"postgres-{state}", columns=CHAOS_COLUMNS)
                 )  # fmt: skip
             if lakehouse_schedule(seed):
-                lake = self.workdir / f"lake-{seed}"
-                lake.mkdir(parents=True, exist_ok=True)  # the SQLite catalog's directory
-                as_json = (
-                    pipeline.state(state).new_values_stream().map(_canonical_json, ["key", "value"])
-                )
-                if lakehouse_format(seed) == "delta":
-                    as_json.sink(
-                        DeltaSink(lake / f"delta-{state}", name=f"delta-{state}", key=["key"])
-                    )
-                    continue
-                catalog = {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db",
-                           "warehouse": f"file://{lake}/warehouse"}  # fmt: skip
-                name = state.replace("-", "_")
-                as_json.sink(
-                    IcebergSink(f"chaos.s{seed}_{name}", catalog, name=f"iceberg-{state}",
-                                key=["key"])
-                )  # fmt: skip
+                self._add_lake_sinks(pipeline, state, seed)
         return pipeline
+
+    def _add_lake_sinks(self, pipeline: Pipeline, state: str, seed: int) -> None:
+        """``state``'s upserted Delta or Iceberg table (the schedule's format); in the tables
+        family, its first state's appended change log too (``LOG_SINK``): a file per txid,
+        so the operator's compactions have files to merge and its vacuums files to remove."""
+        lake = self.workdir / f"lake-{seed}"
+        lake.mkdir(parents=True, exist_ok=True)  # the SQLite catalog's directory
+        as_json = pipeline.state(state).new_values_stream().map(_canonical_json, ["key", "value"])
+        logged = self.tables and state == min(pipeline.states)
+        modes = ("upsert", "append") if logged else ("upsert",)
+        for mode in modes:
+            log = "-log" if mode == "append" else ""
+            if lakehouse_format(seed) == "delta":
+                as_json.sink(DeltaSink(lake / f"delta{log}-{state}", mode=mode,
+                                       name=f"delta{log}-{state}", key=["key"]))  # fmt: skip
+                continue
+            catalog = {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db",
+                       "warehouse": f"file://{lake}/warehouse"}  # fmt: skip
+            name = state.replace("-", "_") + log.replace("-", "_")
+            as_json.sink(IcebergSink(f"chaos.s{seed}_{name}", catalog, mode=mode,
+                                     name=f"iceberg{log}-{state}", key=["key"]))  # fmt: skip
 
     def _drop_sink_targets(self, rt: Runtime, seed: int) -> None:
         shutil.rmtree(self.workdir / f"lake-{seed}", ignore_errors=True)
@@ -348,7 +353,22 @@ def _lake_table(sink: DeltaSink | IcebergSink) -> dict[str, str]:
     else:
         found = sink._table()
         rows = [] if found is None else found.scan().to_arrow().to_pylist()
-    return {r["key"]: r["value"] for r in rows}
+    return lake_rows(sink, rows)
+
+
+def lake_rows(sink: DeltaSink | IcebergSink, rows: list[dict]) -> dict[str, str]:
+    """A chaos table's rows as {key: value}: an upserted table's row per key, or an appended
+    change log folded txid by txid (a key's newest row; a null value removed it) - the
+    state as of the table's stamp either way, whatever order the files hold the rows in."""
+    if sink.mode != "append":
+        return {r["key"]: r["value"] for r in rows}
+    folded: dict[str, str] = {}
+    for row in sorted(rows, key=lambda r: r["txid"]):
+        if row["value"] is None:
+            folded.pop(row["key"], None)
+        else:
+            folded[row["key"]] = row["value"]
+    return folded
 
 
 def jsonish(value) -> str:
