@@ -214,6 +214,18 @@ class KeySpace:
         a source deleted and created again under the same name."""
         return f"{self.base}:source-identity"
 
+    @property
+    def files_taken(self) -> str:
+        """Hash path -> JSON {version, partition, ordinal} of every file a FileSource took
+        (tridentflow.sources.files): a file listed again is compared with it, never with a
+        time."""
+        return f"{self.base}:files-taken"
+
+    def files_manifest(self, partition: int) -> str:
+        """List: the files a FileSource took into ``partition``, in the order taken; a
+        file's index is its offset (a txid's batch is a range of it: an explicit list)."""
+        return f"{self.base}:files:{int(partition)}"
+
     def undo(self, name: str, txid: int) -> str:
         """Hash of the fields txid wrote in state ``name`` -> their stored value right before
         it ('' = absent), recorded with each write (state.undo: query as of an older txid,

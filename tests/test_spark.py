@@ -70,6 +70,32 @@ def test_spark_reads_redis_streams_like_the_local_engine(
     assert sum(c.n for c in local.counts.values()) == len(lines) - 12
 
 
+def test_spark_reads_a_file_sources_files_on_its_executors_like_the_local_engine(
+    spark, redis_url, tmp_path, monkeypatch
+):
+    """A FileSource's txid on Spark: the read tasks open the files log from its locator
+    (their own Redis connection for the manifest) and read Parquet files on the executors,
+    a range of files split over several tasks; partials equal the local engine's and a
+    recount of the files."""
+    from tests.test_file_source import batch, expected, pipeline, runtime_of, write
+    from tridentflow.engines import spark as spark_engine
+
+    landing = tmp_path / "landing"
+    files = [batch(i, n=40) for i in range(9)]
+    for i, rows in enumerate(files):
+        write(landing, f"d{i % 3}/part-{i}.parquet", rows)
+    rt = runtime_of(pipeline(landing, partitions=2), redis_url, tmp_path / "h")
+    ranges = {p: (0, h) for p, h in rt.log.scan().heads.items()}
+    assert sum(h for _, h in ranges.values()) == len(files)
+    local = LocalEngine().compute(rt.plan, rt.log.root, ranges)
+    monkeypatch.setattr(spark_engine, "task_records", lambda plan: 2)  # files split in tasks
+    on_spark = SparkEngine(spark).compute(rt.plan, rt.log.root, ranges)
+    assert on_spark.counts == local.counts
+    assert dict(on_spark.partials["rows"]) == dict(local.partials["rows"])
+    rows = {json.loads(k)[0]: v for k, v in dict(local.partials["rows"]).items()}
+    assert rows == expected(files)[1]
+
+
 def test_spark_reads_kafka_like_the_local_engine(spark, redis_url, home, monkeypatch):
     """Spark's read tasks open the Kafka log from its locator (their own consumer); offsets
     with transaction markers split over several tasks give the local engine's partials and

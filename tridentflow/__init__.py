@@ -21,6 +21,7 @@ from tridentflow.pipeline import GUARANTEES, Guarantee, Pipeline, guarantee_of
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink
 from tridentflow.sources.specs import (
     CustomSource,
+    FileSource,
     KafkaSource,
     LogSource,
     RedisStreamSource,
@@ -39,6 +40,7 @@ __all__ = [
     "CustomSource",
     "DeltaSink",
     "FileLookup",
+    "FileSource",
     "First",
     "Guarantee",
     "IcebergSink",

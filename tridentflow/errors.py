@@ -43,6 +43,13 @@ class NotConfigured(SourceError):
     retry_helps = False
 
 
+class FileOverwrittenError(SourceError):
+    """A file a FileSource took was overwritten since (``on_overwrite="fail"``): only a
+    person can choose - put the original back, or take it again - so it is not retried."""
+
+    retry_helps = False
+
+
 class PartitionUnavailable(SourceError):
     """A partition cannot be read right now (a dark partition)."""
 

@@ -13,6 +13,8 @@ from typing import Any
 from tridentflow.errors import SourceError
 from tridentflow.sources.base import SourceLog
 from tridentflow.sources.filelog import FileLog
+from tridentflow.sources.files import LOCATOR_PREFIX as FILES_PREFIX
+from tridentflow.sources.files import FilesLog
 from tridentflow.sources.kafka import LOCATOR_PREFIX as KAFKA_PREFIX
 from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.loading import import_ref
@@ -49,6 +51,7 @@ def _open_custom(locator: str) -> SourceLog:
 register_locator(CUSTOM_PREFIX, _open_custom)
 register_locator(LOCATOR_PREFIX, RedisStreamLog.open)
 register_locator(KAFKA_PREFIX, KafkaLog.open)
+register_locator(FILES_PREFIX, FilesLog.open)
 
 
 def open_log(locator: str) -> SourceLog:

@@ -242,3 +242,91 @@ class CustomSource(LogSource):
         """``tridentflow`` / ``PIPELINE/LOG``: where a log of your own lives is its own
         business (subclass CustomSource and override this to name it)."""
         return [LineageDataset(DEFAULT_NAMESPACE, f"{ctx.pipeline}/{self.log}")]
+
+
+@dataclass(frozen=True)
+class FileSource(LogSource):
+    """Files where the data already lands (see tridentflow.sources.files): Parquet, CSV or JSON
+    lines under ``uri`` - a local directory every worker mounts, or an object-store prefix
+    (``s3://bucket/landing/``) - each file taken by exactly one committed txid, by an explicit
+    list frozen per txid (never an mtime cursor). ``batch_size`` is the most files taken per
+    partition and txid (a file is never split); ``partitions`` spread the files by a hash of
+    their path. A file's records are its rows (CSV: typed as Arrow infers them; JSON: one
+    value per line), given to ``fields`` by name; extra columns are ignored.
+
+    ``pattern``: which files, an ``fnmatch`` glob over the path under ``uri`` (its ``*``
+    crosses directories; default ``*.parquet``, ``*.csv``, ``*.json*``; hidden files and
+    ``_``-prefixed markers never count). ``on_overwrite``: a file
+    already taken found with another size or mtime - ``"fail"`` (the coordinator refuses in
+    one line), ``"ignore"``, or ``"reingest"`` (its rows come again in a later txid).
+    ``min_age_s``: files modified more recently than this are left for a later txid (a writer
+    that is not done). ``storage_options``: delta-rs's object-store keys, as DeltaSink's."""
+
+    uri: str = ""
+    format: str = "parquet"
+    pattern: str = ""
+    on_overwrite: str = "fail"
+    min_age_s: float = 0.0
+    storage_options: tuple[tuple[str, str], ...] | dict[str, str] = ()
+    partitions: int = 1
+    batch_size: int = 100
+
+    def __post_init__(self) -> None:
+        from tridentflow.sources.files import FORMATS, ON_OVERWRITE
+
+        super().__post_init__()
+        items = (
+            self.storage_options.items()
+            if isinstance(self.storage_options, dict)
+            else self.storage_options
+        )
+        object.__setattr__(
+            self, "storage_options", tuple(sorted((str(k), str(v)) for k, v in items))
+        )
+        if not self.uri:
+            raise PipelineError("FileSource needs uri=: a directory, or s3://bucket/prefix")
+        if self.format not in FORMATS:
+            raise PipelineError(
+                f"FileSource format must be one of {', '.join(FORMATS)}, got {self.format!r}"
+            )
+        if self.on_overwrite not in ON_OVERWRITE:
+            raise PipelineError(
+                f"FileSource on_overwrite must be one of {', '.join(ON_OVERWRITE)}, got "
+                f"{self.on_overwrite!r}"
+            )
+        if self.position_field is not None:
+            raise PipelineError(
+                "position_field needs an offset per record, and a FileSource's offsets are "
+                "files: window on a field of the records instead"
+            )
+        if not self.min_age_s >= 0:
+            raise PipelineError(f"min_age_s must be >= 0, got {self.min_age_s!r}")
+        if not self.pattern:
+            suffix = {"parquet": "parquet", "csv": "csv", "json": "json*"}[self.format]
+            object.__setattr__(self, "pattern", f"*.{suffix}")
+
+    uses_redis: ClassVar[bool] = True
+
+    def open_log(self, ctx: SourceContext) -> SourceLog:
+        """The files, with the manifest of those taken in the pipeline's Redis."""
+        from tridentflow.sources.files import FilesLog
+
+        spec = {
+            "uri": self.uri,
+            "format": self.format,
+            "pattern": self.pattern,
+            "on_overwrite": self.on_overwrite,
+            "min_age_s": self.min_age_s,
+            "storage_options": dict(self.storage_options),
+            "partitions": self.partitions,
+        }
+        return FilesLog(ctx.client, ctx.redis_url or "", ctx.keys, spec)
+
+    def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
+        """The directory or the bucket's prefix, as OpenLineage names them (``file`` /
+        ``s3://bucket``)."""
+        if self.uri.startswith("s3://"):
+            bucket, _, prefix = self.uri[len("s3://") :].partition("/")
+            return [LineageDataset(f"s3://{bucket}", prefix.rstrip("/") or "/")]
+        path = self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri
+        return [LineageDataset("file", path)]

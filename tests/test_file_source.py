@@ -1,0 +1,233 @@
+"""FileSource (tridentflow.sources.files): Parquet, CSV and JSON files in a directory, each
+taken by exactly one committed txid - through every fault point, files landing late with old
+mtimes, overwrites and deletions - on the local engine and the production steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from tests.helpers import drain_retrying
+from tridentflow import FileSource, Pipeline
+from tridentflow.aggregators import Count, Sum
+from tridentflow.engines.local import LocalEngine
+from tridentflow.errors import PartitionUnavailable, PipelineError, SourceError
+from tridentflow.faults import STEP_POINTS as POINTS
+from tridentflow.faults import Fault, FaultPlan
+from tridentflow.nodes import StateSpec
+from tridentflow.ops.audit import audit
+from tridentflow.sources.specs import SourceMode
+from tridentflow.steps.driver import run_batches
+from tridentflow.steps.query import list_state
+from tridentflow.steps.runtime import Runtime, connect
+from tridentflow_state.maps import StateKind
+
+ENGINE = LocalEngine()
+
+
+def pipeline(landing: Path, fmt: str = "parquet", **source: object) -> Pipeline:
+    spec = FileSource(fields=("user", "amount"), uri=str(landing), format=fmt, **source)  # type: ignore[arg-type]
+    built = Pipeline(f"files-{uuid.uuid4().hex[:6]}", spec)
+    built.stream.group_by("user").persistent_aggregate(
+        StateSpec("totals", StateKind.OPAQUE), Sum(), "amount", "total"
+    )
+    built.stream.group_by("user").persistent_aggregate(
+        StateSpec("rows", StateKind.TRANSACTIONAL), Count(), out_field="rows"
+    )
+    return built.validate()
+
+
+def runtime_of(built: Pipeline, redis_url: str, home: Path, faults: str = "") -> Runtime:
+    return Runtime(built, connect(redis_url), home, FaultPlan.parse(faults))
+
+
+def state(rt: Runtime, name: str) -> dict[str, object]:
+    page = list_state(rt, rt.pipeline.states[name], limit=100_000)
+    return {k[0]: v for k, v in page.items}
+
+
+def write(
+    landing: Path, name: str, rows: list[dict], fmt: str = "parquet", mtime: float | None = None
+) -> Path:
+    """One file of ``rows`` in ``landing`` (its mtime set when given)."""
+    path = landing / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows)
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    elif fmt == "csv":
+        pacsv.write_csv(table, path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def expected(files: list[list[dict]]) -> tuple[dict[str, float], dict[str, int]]:
+    totals: dict[str, float] = {}
+    rows: dict[str, int] = {}
+    for file in files:
+        for r in file:
+            totals[r["user"]] = totals.get(r["user"], 0) + r["amount"]
+            rows[r["user"]] = rows.get(r["user"], 0) + 1
+    return totals, rows
+
+
+def batch(seed: int, n: int = 5) -> list[dict]:
+    return [
+        {"user": f"u{(seed * 7 + i) % 4}", "amount": seed * 10 + i, "extra": "x"} for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+def test_every_file_counts_once_across_txids_and_late_files_with_old_mtimes(
+    fmt, redis_url, tmp_path
+):
+    """Files arrive between runs, one lands late with an mtime older than every file taken
+    (an mtime cursor would skip it), hidden and marker files are never read; extra columns
+    are ignored. The state equals a recount of every file exactly once."""
+    landing = tmp_path / "landing"
+    rt = runtime_of(pipeline(landing, fmt, batch_size=2), redis_url, tmp_path / "h")
+    files = [batch(i) for i in range(5)]
+    for i, rows in enumerate(files[:3]):
+        write(landing, f"day1/part-{i}.{fmt}", rows, fmt, mtime=1_700_000_000 + i)
+    write(landing, f"_SUCCESS.{fmt}", batch(99), fmt)
+    write(landing, f".hidden.{fmt}", batch(98), fmt)
+    run_batches(rt, ENGINE)
+    assert state(rt, "totals"), "nothing read"
+    write(landing, f"day2/part-0.{fmt}", files[3], fmt)
+    write(landing, f"day0/late.{fmt}", files[4], fmt, mtime=1_600_000_000)  # older than all
+    summary = run_batches(rt, ENGINE)
+    totals, rows = expected(files)
+    assert state(rt, "totals") == totals and state(rt, "rows") == rows
+    assert summary.results, "the late files made no txid"
+    assert run_batches(rt, ENGINE).results == []  # nothing new: nothing taken twice
+    assert audit(rt).ok
+
+
+@pytest.mark.parametrize("action", ["raise", "crash"])
+def test_a_fault_at_every_point_replays_the_same_files(action, redis_url, tmp_path):
+    landing = tmp_path / "landing"
+    faults = FaultPlan(tuple(Fault(p, txid, 1, action) for txid, p in enumerate(POINTS, 2)))
+    rt = runtime_of(pipeline(landing, batch_size=1), redis_url, tmp_path / "h").with_(faults=faults)
+    files = [batch(i) for i in range(len(POINTS) + 3)]
+    for i, rows in enumerate(files[:4]):
+        write(landing, f"a-{i:02d}.parquet", rows)
+    drain_retrying(rt, 1)
+    for i, rows in enumerate(files[4:], 4):
+        write(landing, f"b-{i:02d}.parquet", rows)
+    drain_retrying(rt, 1)
+    assert rt.ledger.committed_txid() >= 1 + len(POINTS)
+    totals, rows = expected(files)
+    assert state(rt, "totals") == totals and state(rt, "rows") == rows
+    assert audit(rt).ok
+
+
+def test_an_overwritten_file_is_refused_ignored_or_taken_again_as_asked(redis_url, tmp_path):
+    landing = tmp_path / "landing"
+    first, second = batch(1), batch(2, n=3)
+    write(landing, "f.parquet", first)
+    strict = runtime_of(pipeline(landing), redis_url, tmp_path / "h")
+    run_batches(strict, ENGINE)
+    write(landing, "f.parquet", second, mtime=1_800_000_000)  # overwritten
+    with pytest.raises(SourceError) as refused:
+        run_batches(strict, ENGINE)
+    line = str(refused.value)
+    assert "\n" not in line and "f.parquet" in line and "offset 0 of partition 0" in line
+    assert "on_overwrite='reingest'" in line and not refused.value.retry_helps
+    assert state(strict, "rows") == expected([first])[1]  # nothing committed was lost
+
+    for mode, want in (("ignore", [first]), ("reingest", [first, second])):
+        landing = tmp_path / mode
+        write(landing, "f.parquet", first)
+        rt = runtime_of(pipeline(landing, on_overwrite=mode), redis_url, tmp_path / f"h-{mode}")
+        run_batches(rt, ENGINE)
+        write(landing, "f.parquet", second, mtime=1_800_000_000)
+        run_batches(rt, ENGINE)
+        assert state(rt, "rows") == expected(want)[1], mode
+
+
+def test_a_frozen_file_deleted_or_changed_before_its_emit_is_never_read_half(redis_url, tmp_path):
+    """The txid froze the file; it is changed before the emit read it: the emit fails in one
+    line naming the file (rewritten: refused as overwritten; deleted: its partition waits);
+    the original put back, the same txid reads it whole."""
+    from tridentflow.errors import FileOverwrittenError
+    from tridentflow.steps.coordinator import coordinate
+    from tridentflow.steps.emitter import emit
+
+    landing = tmp_path / "landing"
+    rows = batch(3)
+    path = write(landing, "f.parquet", rows, mtime=1_700_000_000)
+    original = path.read_bytes()
+    rt = runtime_of(pipeline(landing), redis_url, tmp_path / "h")
+    txid = rt.ledger.bind_run("run-1").txid
+    coordinate(rt, txid)
+    path.write_bytes(original[: len(original) // 2])  # truncated
+    with pytest.raises(FileOverwrittenError, match=r"f\.parquet was taken at offset 0"):
+        emit(rt, txid, ENGINE)
+    path.unlink()
+    with pytest.raises(PartitionUnavailable, match=r"missing its file .*f\.parquet"):
+        emit(rt, txid, ENGINE)
+    path.write_bytes(original)
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    run_batches(rt, ENGINE)
+    assert state(rt, "rows") == expected([rows])[1]
+    assert rt.ledger.committed_txid() == txid
+
+
+def test_a_corrupt_file_is_one_quarantined_record_naming_it(redis_url, tmp_path):
+    landing = tmp_path / "landing"
+    good = batch(4)
+    write(landing, "good.parquet", good)
+    (landing / "bad.parquet").write_bytes(b"PAR1 not really parquet")
+    rt = runtime_of(pipeline(landing), redis_url, tmp_path / "h")
+    run_batches(rt, ENGINE)
+    assert state(rt, "rows") == expected([good])[1]
+    quarantined = [json.loads(v) for v in rt.client.hvals(rt.keyspace.quarantine)]
+    assert any("bad.parquet" in json.dumps(q) for q in quarantined), quarantined
+
+
+def test_bad_settings_are_one_line_each(tmp_path):
+    for kwargs, needle in (
+        ({"uri": ""}, "needs uri="),
+        ({"uri": "x", "format": "xml"}, "format must be one of parquet, csv, json"),
+        ({"uri": "x", "on_overwrite": "replace"}, "on_overwrite must be one of"),
+        ({"uri": "x", "position_field": "pos"}, "window on a field"),
+    ):
+        with pytest.raises(PipelineError, match=needle):
+            FileSource(fields=("a",), **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_missing_directory_is_one_line(redis_url, tmp_path):
+    rt = runtime_of(pipeline(tmp_path / "nowhere"), redis_url, tmp_path / "h")
+    with pytest.raises(SourceError, match="no such directory or prefix"):
+        run_batches(rt, ENGINE)
+
+
+def test_an_opaque_file_source_needs_opaque_states(redis_url, tmp_path):
+    """The guarantee table holds for files too: an opaque FileSource with a transactional
+    state is refused before anything runs; with opaque states only it counts every file
+    once."""
+    landing = tmp_path / "landing"
+    with pytest.raises(PipelineError, match="opaque source with a transactional state"):
+        pipeline(landing, "json", mode=SourceMode.OPAQUE)
+    spec = FileSource(fields=("user", "amount"), uri=str(landing), format="json",
+                      mode=SourceMode.OPAQUE)  # fmt: skip
+    built = Pipeline(f"files-{uuid.uuid4().hex[:6]}", spec)
+    built.stream.group_by("user").persistent_aggregate(
+        StateSpec("totals", StateKind.OPAQUE), Sum(), "amount", "total"
+    )
+    files = [batch(i) for i in range(3)]
+    for i, rows in enumerate(files):
+        write(landing, f"{i}.json", rows, "json")
+    rt = runtime_of(built.validate(), redis_url, tmp_path / "h")
+    run_batches(rt, ENGINE)
+    assert state(rt, "totals") == expected(files)[0]
