@@ -14,9 +14,10 @@ in one line; ``"ignore"``; ``"reingest"``: taken again at a new offset).
 A read (``read_raw``, on the driver or a Spark executor) checks each file against the
 identity it was taken with before reading it: a file deleted, truncated or rewritten since is
 never read half - the read fails in one line naming it (a transactional source waits, as for
-an unavailable partition). A file that cannot be parsed (a corrupt Parquet footer) is one bad
-record naming its path, quarantined as every bad record is. Offsets hold a file each, records
-are many per offset: the log is not ``dense`` (a read task accounts for the whole range).
+an unavailable partition; an opaque one skips it: one quarantined bad record naming it). A
+file that cannot be parsed (a corrupt Parquet footer) is one bad record naming its path,
+quarantined as every bad record is. Offsets hold a file each, records are many per offset:
+the log is not ``dense`` (a read task accounts for the whole range).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def filesystem(uri: str, storage_options: dict[str, str] | None = None) -> tuple
             scheme, _, host = endpoint.partition("://")
             kwargs["endpoint_override"] = host or scheme
             kwargs["scheme"] = scheme if host else "https"
-        if options.get("allow_http", "").lower() == "true":
+        if (options.get("allow_http") or options.get("aws_allow_http") or "").lower() == "true":
             kwargs["scheme"] = "http"
         for ours, theirs in (
             ("aws_access_key_id", "access_key"),
@@ -154,6 +155,9 @@ class FilesLog:
         self.storage_options = dict(spec.get("storage_options") or {})
         self.on_overwrite = str(spec.get("on_overwrite", "fail"))
         self.min_age_s = float(spec.get("min_age_s", 0.0))
+        self.opaque = spec.get("mode") == "opaque"
+        """An opaque source skips a frozen file that is gone or changed (quarantined as one
+        bad record naming it); a transactional one waits for it."""
         self._partitions = int(spec["partitions"])
         self._owns_client = owns_client
         self._fs: tuple[Any, str] | None = None
@@ -222,7 +226,13 @@ class FilesLog:
             self.probe(partition, start, end)
         for offset, raw in enumerate(entries, start):
             entry = json.loads(raw)
-            self._check_unchanged(partition, entry)
+            try:
+                self._check_unchanged(partition, entry)
+            except PartitionUnavailable as exc:
+                if not self.opaque:
+                    raise  # a transactional replay must read what it froze: it waits
+                yield offset, f"skipped by an opaque FileSource: partition {exc}".encode()
+                continue  # quarantined as a bad record: what was skipped is said
             try:
                 rows = self._rows(entry["path"])
             except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError

@@ -319,6 +319,7 @@ class FileSource(LogSource):
             "min_age_s": self.min_age_s,
             "storage_options": dict(self.storage_options),
             "partitions": self.partitions,
+            "mode": self.mode.value,
         }
         return FilesLog(ctx.client, ctx.redis_url or "", ctx.keys, spec)
 
