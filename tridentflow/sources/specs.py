@@ -256,17 +256,18 @@ class FileSource(LogSource):
 
     ``pattern``: which files, an ``fnmatch`` glob over the path under ``uri`` (its ``*``
     crosses directories; default ``*.parquet``, ``*.csv``, ``*.json*``; hidden files and
-    ``_``-prefixed markers never count). ``on_overwrite``: a file
-    already taken found with another size or mtime - ``"fail"`` (the coordinator refuses in
-    one line), ``"ignore"``, or ``"reingest"`` (its rows come again in a later txid).
-    ``min_age_s``: files modified more recently than this are left for a later txid (a writer
-    that is not done). ``storage_options``: delta-rs's object-store keys, as DeltaSink's."""
+    ``_``-prefixed markers never count). ``on_overwrite``: a file already taken found with
+    another size or mtime - ``"fail"`` (the coordinator refuses in one line), ``"ignore"``,
+    or ``"reingest"`` (its rows come again in a later txid). ``min_age_s`` (2 s): files
+    modified more recently than this are left for a later txid - a writer still writing in
+    place; 0 for writers that rename a finished file into place. ``storage_options``:
+    delta-rs's object-store keys, as DeltaSink's."""
 
     uri: str = ""
     format: str = "parquet"
     pattern: str = ""
     on_overwrite: str = "fail"
-    min_age_s: float = 0.0
+    min_age_s: float = 2.0
     storage_options: tuple[tuple[str, str], ...] | dict[str, str] = ()
     partitions: int = 1
     batch_size: int = 100
