@@ -142,12 +142,12 @@ return 1
 
 def _copy_key(slot: KeySpace, name: str) -> str:
     """Where a migration builds the copy of one key of state ``name`` in ``slot``."""
-    return f"{slot.base}:migrate-copy:{name}"
+    return slot.migrate_copy(name)
 
 
 def _done_key(slot: KeySpace, name: str) -> str:
     """Set: the keys of state ``name`` in ``slot`` a migration has swapped in."""
-    return f"{slot.base}:migrated:{name}"
+    return slot.migrated(name)
 
 
 def migrate_state_keys(

@@ -196,6 +196,43 @@ class KeySpace:
         return f"{self.base}:sinks"
 
     @property
+    def sink_attempts(self) -> str:
+        """Hash ``SINK:TXID`` -> how many exports of that txid began (the ``mid-export`` fault
+        point counts its attempts by it)."""
+        return f"{self.sinks}:attempts"
+
+    def sink_lock(self, sink: str) -> str:
+        """String: the lease of the one exporter of ``sink`` (steps.export.LeasedLock)."""
+        return f"{self.sinks}:lock:{sink}"
+
+    def sink_versions(self, sink: str) -> str:
+        """Hash txid -> the table version (Delta) or snapshot id (Iceberg) that holds it: a
+        mirror of a lakehouse sink's stamps (rewind, status, vacuum's kept versions)."""
+        return f"{self.sinks}:versions:{sink}"
+
+    @property
+    def sink_errors(self) -> str:
+        """Hash sink name -> JSON of its last failed export ({error, txid, at_ms})."""
+        return f"{self.sinks}:errors"
+
+    def stream_index(self, partition: int) -> str:
+        """Hash: a RedisStreamSource partition's ordinal -> entry ID index."""
+        return f"{self.base}:stream-index:{int(partition)}"
+
+    @property
+    def reshard_copied(self) -> str:
+        """Set: the old layout's keys a reshard copied whole so far."""
+        return f"{self.base}:reshard-copied"
+
+    def migrate_copy(self, name: str) -> str:
+        """Where ``evolve --migrate`` builds the copy of one key of state ``name``."""
+        return f"{self.base}:migrate-copy:{name}"
+
+    def migrated(self, name: str) -> str:
+        """Set: the keys of state ``name`` a migration has swapped in (its rerun skips them)."""
+        return f"{self.base}:migrated:{name}"
+
+    @property
     def sinks_reload(self) -> str:
         """Hash sink name -> why its next export reloads it from the whole state (an
         ``evolve --migrate`` rewrote the values it holds); deleted once it reloaded."""

@@ -180,7 +180,7 @@ def _copy_chunks(
 
 def _done_key(keyspace: KeySpace) -> str:
     """Set, in the pipeline's slot: the old layout's keys copied whole so far."""
-    return f"{keyspace.base}:reshard-copied"
+    return keyspace.reshard_copied
 
 
 def copy_layout(

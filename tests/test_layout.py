@@ -334,3 +334,28 @@ def test_the_timeout_check_finds_a_client_with_the_default():
         "d = redis.Redis.from_url(url, **OPTIONS)\n"
     )
     assert redis_clients_with_the_default_timeout(planted) == [2, 3]
+
+
+def test_every_redis_key_is_named_in_state_keys():
+    """No module builds a Redis key from a KeySpace name with an f-string of its own (``f"{ks.
+    base}:x"``): every key is a named, documented member of tridentflow_state.keys.KeySpace,
+    where ACL patterns, resets and reshards find them all."""
+    import inspect
+    import re
+
+    from tridentflow_state.keys import KeySpace
+
+    members = inspect.getmembers(KeySpace)
+    properties = "|".join(sorted(n for n, v in members if isinstance(v, property)))
+    methods = "|".join(sorted(n for n, v in members
+                              if inspect.isfunction(v) and not n.startswith("_")))  # fmt: skip
+    built = re.compile(rf"\{{[A-Za-z_][\w.]*\.(({properties})|({methods})\([^)]*\))\}}:")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for folder in SHIPPED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != ROOT / "state" / "keys.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if built.search(line)
+    ]
+    assert not found, found

@@ -181,7 +181,7 @@ class RedisStreamLog:
             self.client.close()
 
     def index_key(self, partition: int) -> str:
-        return f"{self.keyspace.base}:stream-index:{int(partition)}"
+        return self.keyspace.stream_index(partition)
 
     @property
     def group(self) -> str:

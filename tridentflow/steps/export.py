@@ -112,7 +112,7 @@ def context(rt: Runtime, feed: Feed | None = None, hook: FireHook | None = None)
         if hook is not None and feed is not None:
             hook(feed, point, txid)
         if rt.faults.faults and point == "mid-export":  # the one point faults name
-            attempt = int(rt.client.hincrby(f"{rt.keyspace.sinks}:attempts", f"{sink}:{txid}", 1))
+            attempt = int(rt.client.hincrby(rt.keyspace.sink_attempts, f"{sink}:{txid}", 1))
             rt.faults.fire(point, txid, attempt)
 
     return replace(base, fire=fire)
@@ -127,7 +127,7 @@ SINK_LOCK_WAIT_S = 120
 
 def sink_lock(rt: Runtime, feed: Feed) -> Any:
     """One exporter of the sink at a time (see ``LeasedLock``)."""
-    return LeasedLock(rt.client, f"{rt.keyspace.sinks}:lock:{feed.name}", f"sink {feed.name}")
+    return LeasedLock(rt.client, rt.keyspace.sink_lock(feed.name), f"sink {feed.name}")
 
 
 class LeasedLock:
@@ -178,7 +178,7 @@ TABLE_VERSIONS_KEPT = 50
 
 def table_versions_key(rt: Runtime, feed: Feed) -> str:
     """The hash txid -> table version (Delta) or snapshot id (Iceberg) of a sink."""
-    return f"{rt.keyspace.sinks}:versions:{feed.name}"
+    return rt.keyspace.sink_versions(feed.name)
 
 
 def note_table_version(rt: Runtime, feed: Feed, txid: int, version: Any) -> None:
@@ -388,7 +388,7 @@ def _forget_failure(rt: Runtime, feed: Feed) -> None:
 
 def sink_errors_key(rt: Runtime) -> str:
     """The hash of each failing sink's last failure (name -> {error, txid, at_ms})."""
-    return f"{rt.keyspace.sinks}:errors"
+    return rt.keyspace.sink_errors
 
 
 def sink_errors(rt: Runtime) -> dict[str, dict[str, Any]]:
