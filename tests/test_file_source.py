@@ -342,3 +342,26 @@ def test_listings_racing_each_other_and_writers_take_every_file_exactly_once(red
     assert sorted(entries) == sorted(str(landing / f"f-{i:03d}.parquet") for i in range(60))
     run_batches(rt, ENGINE)
     assert state(rt, "rows") == expected([batch(i, n=200) for i in range(60)])[1]
+
+
+def test_a_batch_is_small_by_its_records_not_its_files(redis_url, tmp_path, monkeypatch):
+    """The emit runs a small batch on the local engine in the task's process: for files the
+    limit counts their rows (Parquet footers, lines), not the files - two files of 3,000 rows
+    are past a limit of 5,000, and a batch past COUNTED_BYTES is big without reading it."""
+    from tridentflow.sources import files
+    from tridentflow.steps.runs import coordinate_run, emit_plan
+
+    landing = tmp_path / "landing"
+    for i in range(2):
+        write(landing, f"f{i}.parquet", batch(i, n=3000))
+    write(landing, "g.json", batch(5, n=10), "json")
+    rt = runtime_of(pipeline(landing, pattern="*.parquet"), redis_url, tmp_path / "h")
+    coordinate_run(rt, "run-1")
+    assert emit_plan(rt, "run-1", local_limit=5000) == (1, "work")
+    assert emit_plan(rt, "run-1", local_limit=6000) == (1, "small")
+    small = runtime_of(pipeline(landing, "json"), redis_url, tmp_path / "h2")
+    coordinate_run(small, "run-1")
+    assert emit_plan(small, "run-1", local_limit=10) == (1, "small")
+    assert emit_plan(small, "run-1", local_limit=9) == (1, "work")
+    monkeypatch.setattr(files, "COUNTED_BYTES", 100)
+    assert emit_plan(rt, "run-1", local_limit=10**9) == (1, "work")

@@ -53,6 +53,8 @@ without one is refused in one line where it is needed, never guessed at):
   reset (it refuses, in one line, a log others read or a producer owns) and the second after;
   a log without ``delete`` is refused;
 * ``trim(committed)``: ``tridentflow trim`` removes what every reader committed;
+* ``records_in(ranges)``: the records a batch holds, for a log whose offsets are not records
+  (the emit's choice of the local engine for a small batch counts records, not offsets);
 * ``chaos``: a ``ChaosTraits`` saying what the chaos harness may do to the log.
 """
 
@@ -180,6 +182,15 @@ class Requires(Protocol):
     """The log must exist before a txid reads it (SourceError, one line, if it does not)."""
 
     def require(self) -> Any: ...
+
+
+@runtime_checkable
+class CountsRecords(Protocol):
+    """A log whose offsets are not records (a FileSource's offsets are files): how many
+    records ``ranges`` ({partition: (start, end)}) hold, or None when finding out would cost
+    about what reading them does - the emit then treats the batch as big (Spark)."""
+
+    def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None: ...
 
 
 @runtime_checkable

@@ -41,6 +41,9 @@ FORMATS = ("parquet", "csv", "json")
 ON_OVERWRITE = ("fail", "ignore", "reingest")
 LIST_CHUNK = 1000
 """Paths compared with the manifest per Redis call."""
+COUNTED_BYTES = 16 << 20
+"""A batch of files up to this size has its records counted before the emit (Parquet
+footers, lines): whether it is small enough for the local engine. Past it, it is big."""
 
 # Take the files a listing found that the manifest does not hold, atomically: two
 # coordinators listing at once cannot take a file twice.
@@ -244,6 +247,32 @@ class FilesLog:
 
     def acknowledge(self, committed: dict[int, int]) -> None:
         return None
+
+    def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None:
+        """The records of the files at ``ranges`` (Parquet: the footers' row counts; CSV and
+        JSON: their lines), or None past COUNTED_BYTES of files, or when a file cannot be
+        read now (the emit says why): offsets are files here, a batch of ten may be huge."""
+        entries = [
+            json.loads(raw)
+            for p, (start, end) in ranges.items()
+            if end > start
+            for raw in self.client.lrange(self.keyspace.files_manifest(p), start, end - 1)
+        ]
+        if sum(int(e["size"]) for e in entries) > COUNTED_BYTES:
+            return None
+        try:
+            return sum(self._records_of(e["path"]) for e in entries)
+        except (OSError, ValueError):
+            return None
+
+    def _records_of(self, path: str) -> int:
+        if self.format == "parquet":
+            import pyarrow.parquet as pq
+
+            return int(pq.read_metadata(path, filesystem=self.fs[0]).num_rows)
+        with self.fs[0].open_input_stream(path) as stream:
+            lines = sum(1 for line in stream.read().splitlines() if line.strip())
+        return max(0, lines - 1) if self.format == "csv" else lines
 
     # -- listing and taking -------------------------------------------------------------------
     def list_files(self) -> list[FoundFile]:

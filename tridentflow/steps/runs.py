@@ -45,6 +45,7 @@ from typing import Any
 from tridentflow.engines.base import Engine
 from tridentflow.errors import TridentflowError
 from tridentflow.settings import env_int
+from tridentflow.sources.base import CountsRecords
 from tridentflow.sources.specs import SourceMode
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
@@ -199,17 +200,24 @@ def batch_records(rt: Runtime, txid: int) -> int | None:
     ledger = rt.ledger
     meta = ledger.metadata(txid) or {}
     if rt.pipeline.source.mode is SourceMode.TRANSACTIONAL:
-        ranges = meta.get("ranges")
-        if ranges is None:
+        frozen = meta.get("ranges")
+        if frozen is None:
             return None
-        return sum(max(0, int(end) - int(start)) for start, end in ranges.values())
-    if txid != ledger.committed_txid() + 1:
+        ranges = {int(p): (int(start), int(end)) for p, (start, end) in frozen.items()}
+    elif txid != ledger.committed_txid() + 1:
         return None
-    committed = ledger.committed_offsets()
-    size = meta.get("batch_size")
-    heads = rt.source_scan().heads  # an unavailable partition is skipped by the emit too
-    ahead = (max(0, head - committed.get(p, 0)) for p, head in heads.items())
-    return sum(ahead if size is None else (min(n, int(size)) for n in ahead))
+    else:
+        committed = ledger.committed_offsets()
+        size = meta.get("batch_size")
+        heads = rt.source_scan().heads  # an unavailable partition is skipped by the emit too
+        ranges = {}
+        for p, head in heads.items():
+            start = committed.get(p, 0)
+            end = head if size is None else min(head, start + int(size))
+            ranges[p] = (start, max(start, end))
+    if isinstance(rt.log, CountsRecords):  # offsets that are not records (files)
+        return rt.log.records_in(ranges)
+    return sum(end - start for start, end in ranges.values())
 
 
 def note_task(
