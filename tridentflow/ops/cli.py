@@ -504,8 +504,8 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     if not isinstance(log, AppendsSpread):
         raise TridentflowError(
-            f"the source of {pipeline.name} ({log.root}) has no produce or append_spread: "
-            "write to it with its own tools"
+            f"the source of {pipeline.name} ({pipeline.source.describe()}) has no produce or "
+            "append_spread: write to it with its own tools"
         )
     log.append_spread([json.loads(line) for line in lines])
     out.write(f"appended {len(lines)} records to {pipeline.name}\n")
@@ -980,8 +980,8 @@ def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     rt = _runtime(args)
     if not isinstance(rt.log, Trims):
         raise TridentflowError(
-            f"the source of pipeline {rt.pipeline.name} ({rt.log.root}) keeps no entries "
-            "tridentflow may trim: trim applies to Redis Streams"
+            f"the source of pipeline {rt.pipeline.name} ({rt.pipeline.source.describe()}) keeps "
+            "no entries tridentflow may trim: trim applies to Redis Streams"
         )
     committed = rt.ledger.committed_offsets()
     removed = rt.log.trim(committed)

@@ -39,7 +39,8 @@ def reset_pipeline(rt: Runtime, force: bool = False, source: bool = False) -> Re
             log.check_delete()
         if not isinstance(log, Deletes):
             raise TridentflowError(
-                f"reset --source: the source log of {rt.pipeline.name} ({log.root}) cannot be "
+                f"reset --source: the source log of {rt.pipeline.name} "
+                f"({rt.pipeline.source.describe()}) cannot be "
                 "deleted by tridentflow (it has no delete()): delete it with its own tools, or "
                 "reset without --source"
             )

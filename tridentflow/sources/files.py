@@ -198,6 +198,13 @@ class FilesLog:
     def partitions(self) -> int:
         return self._partitions
 
+    def check_delete(self) -> None:
+        """``reset --source`` is refused: the files are their writers', never tridentflow's."""
+        raise SourceError(
+            f"reset --source: the files under {self.uri} are yours, and tridentflow never "
+            "deletes them; reset without --source (every file there is taken again)"
+        )
+
     def require(self) -> None:
         self.list_files()
 

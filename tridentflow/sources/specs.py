@@ -61,6 +61,11 @@ class LogSource:
     uses_redis: ClassVar[bool] = False
     """Whether ``open_log`` needs the pipeline's Redis (``SourceContext.client``)."""
 
+    def describe(self) -> str:
+        """The source for people, in a message: its kind, never its settings (they may hold
+        credentials; a log's ``root`` does)."""
+        return type(self).__name__
+
     @property
     def stream_fields(self) -> tuple[str, ...]:
         """The source stream's fields: the records' fields, then the position if asked for."""
@@ -307,6 +312,9 @@ class FileSource(LogSource):
             object.__setattr__(self, "pattern", f"*.{suffix}")
 
     uses_redis: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"FileSource {self.uri}"
 
     def open_log(self, ctx: SourceContext) -> SourceLog:
         """The files, with the manifest of those taken in the pipeline's Redis."""
