@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from tridentflow.devtools.sample_data import WORDS, sentences, word_counts  # noqa: F401 (re-exported)
@@ -70,3 +72,26 @@ def plant_in_lua(monkeypatch, after: str, lua: str) -> None:
     from tridentflow_state.scripts import LuaScript
 
     monkeypatch.setattr(LuaScript, "__call__", lua_planted(after, lua))
+
+
+@contextlib.contextmanager
+def moto_s3(*buckets: str) -> Iterator[str]:
+    """A real S3 API on loopback (moto's server) holding ``buckets``; its endpoint URL. The
+    credentials are ``k`` / ``s``, the region us-east-1."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tridentflow.devtools.devredis import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k",
+                              aws_secret_access_key="s", region_name="us-east-1")  # fmt: skip
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        server.stop()

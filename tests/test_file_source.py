@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import drain_retrying
+from tests.helpers import drain_retrying, moto_s3
 from tridentflow import FileSource, Pipeline
 from tridentflow.aggregators import Count, Sum
 from tridentflow.engines.local import LocalEngine
@@ -249,22 +250,10 @@ def test_an_opaque_file_source_needs_opaque_states(redis_url, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def s3():
+def s3() -> Iterator[str]:
     """A real S3 API on loopback (moto's server), a bucket in it; its endpoint."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    from tridentflow.devtools.devredis import free_port
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k",
-                          aws_secret_access_key="s", region_name="us-east-1")  # fmt: skip
-    client.create_bucket(Bucket="landing")
-    yield endpoint
-    server.stop()
+    with moto_s3("landing") as endpoint:
+        yield endpoint
 
 
 def test_files_in_a_bucket_through_deltas_storage_options(s3, redis_url, tmp_path):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import produce, runtime
+from tests.helpers import moto_s3, produce, runtime
 from tridentflow.engines.local import LocalEngine
 from tridentflow.faults import Fault, FaultPlan, SimulatedCrash
 from tridentflow.ops.reset import reset_pipeline
@@ -380,22 +381,10 @@ def test_a_column_of_another_type_is_refused_in_one_line(lake, redis_url, redis_
 
 
 @pytest.fixture(scope="module")
-def s3():
+def s3() -> Iterator[str]:
     """A real S3 API on loopback (moto's server), a bucket in it."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    from tridentflow.devtools.devredis import free_port
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k",
-                          aws_secret_access_key="s", region_name="us-east-1")  # fmt: skip
-    client.create_bucket(Bucket="lake")
-    yield endpoint
-    server.stop()
+    with moto_s3("lake") as endpoint:
+        yield endpoint
 
 
 def test_object_storage_not_a_shared_disk(s3, lake, redis_url, redis_client, home):
