@@ -8,6 +8,7 @@ import pytest
 
 from tests.helpers import assert_caught, plant_in_lua
 from tridentflow.devtools.chaos import STREAM_PIPELINES, run_chaos
+from tridentflow.devtools.chaos.files import FILES_PIPELINE
 from tridentflow.devtools.chaos.typed import TYPED_PIPELINE
 from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 
@@ -36,6 +37,8 @@ DEPLOY_SOAK, DEPLOY_SEED = 10, 6000
 """The deploys family: seed 6000 deploys before its first commit (wordcount-opaque)."""
 TABLES_SOAK, TABLES_SEED = 10, 7000
 """The tables family: the lakehouse schedules among seeds 7000.. (three in ten)."""
+FILES_SOAK, FILES_SEED = 10, 100
+"""The file source's schedules (chaos/files.py); seed 101 shows its planted bug."""
 TYPES_SOAK, TYPES_SEED = 20, 9000
 """The types family: every schedule of the typed pipeline; seed 9000 shows each planted bug
 at its first schedule (a None key field changed twice, in Delta and in Iceberg)."""
@@ -354,6 +357,35 @@ def test_the_tables_family_catches_maintenance_taken_for_another_writer(monkeypa
     (result,) = run_chaos(1, seed=seed, tables=True, reader=True)
     assert not result.ok
     assert "no longer equals the state" in (result.difference or ""), result.difference
+
+
+@pytest.mark.soak
+def test_fixed_seed_schedules_of_a_file_source_are_exact():
+    """A FileSource under every fault, restart, rewind and reset, with the concurrent reader
+    and reshards: each harness append is a file renamed into the landing directory, a txid
+    takes at most two; every word of every file counted once."""
+    results = run_chaos(FILES_SOAK, seed=FILES_SEED, pipelines=(FILES_PIPELINE,), reader=True,
+                        reshards=True)  # fmt: skip
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    assert sum(r.txids for r in results) >= FILES_SOAK * 3
+
+
+def test_the_harness_catches_a_file_read_past_its_frozen_list(monkeypatch):
+    """The file source's planted bug: a read task that reads the manifest up to its head, not
+    to the end of its txid's frozen range - files that landed since count twice (once now,
+    once in their own txid)."""
+    from tridentflow.sources.files import FilesLog
+
+    real = FilesLog.read_raw
+
+    def past_frozen(self, partition, start, end):
+        head = int(self.client.llen(self.keyspace.files_manifest(partition)))
+        return real(self, partition, start, head if end > start else end)
+
+    monkeypatch.setattr(FilesLog, "read_raw", past_frozen)
+    (result,) = run_chaos(1, seed=FILES_SEED + 1, pipelines=(FILES_PIPELINE,))
+    assert not result.ok and result.doubled > 0, result.line()
 
 
 @pytest.mark.soak

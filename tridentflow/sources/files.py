@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Any
 import redis
 
 from tridentflow.errors import FileOverwrittenError, PartitionUnavailable, SourceError
-from tridentflow.sources.base import ChaosTraits, LogScan
+from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.scripts import LuaScript
 
@@ -198,6 +199,35 @@ class FilesLog:
     def partitions(self) -> int:
         return self._partitions
 
+    def produce(
+        self,
+        pipeline: str,
+        lines: list[str],
+        asked_partitions: int | None,
+        source_partitions: int,
+        skip_unavailable: bool = False,
+    ) -> Produced:
+        """``tridentflow produce`` into the landing place: ``lines`` (checked JSON records) as
+        one new JSON-lines file, written under a hidden name and renamed in whole (a listing
+        never sees it half-written). A FileSource of another format is refused."""
+        import uuid
+
+        if self.format != "json":
+            raise SourceError(
+                f"produce writes JSON lines, and this FileSource reads {self.format} files: "
+                "write them with your own tools"
+            )
+        if asked_partitions:
+            raise SourceError("--partitions: a FileSource spreads files by their path")
+        filesystem_, base = self.fs
+        name = f"produced-{time.time_ns()}-{uuid.uuid4().hex[:8]}.jsonl"
+        hidden = f"{base}/.{name}"
+        filesystem_.create_dir(base, recursive=True)
+        with filesystem_.open_output_stream(hidden) as out:
+            out.write("".join(f"{line}\n" for line in lines).encode())
+        filesystem_.move(hidden, f"{base}/{name}")
+        return Produced(len(lines), f"{self.uri}/{name}", self._partitions, verb="wrote")
+
     def check_delete(self) -> None:
         """``reset --source`` is refused: the files are their writers', never tridentflow's."""
         raise SourceError(
@@ -285,8 +315,6 @@ class FilesLog:
     def list_files(self) -> list[FoundFile]:
         """Every file under the uri that the pattern matches, oldest first, ties by path (not
         empty ones, not those modified within ``min_age_s``: still being written)."""
-        import time
-
         from pyarrow import fs
 
         filesystem_, base = self.fs

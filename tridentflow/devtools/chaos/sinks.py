@@ -20,6 +20,7 @@ from tridentflow.devtools.chaos.draws import (
     schedule_expiry_time,
     sink_parts,
 )
+from tridentflow.devtools.chaos.files import FILES_NAME
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.typed import (
     TYPED_NAME,
@@ -77,6 +78,10 @@ class SinkChecks:
                 config={"bootstrap.servers": self.kafka.bootstrap},
                 timeout_s=0.5,  # a frozen broker fails each call within half a second
             )
+        if pipeline.name == FILES_NAME:  # a landing directory of the schedule's own
+            landing = self.workdir / f"landing-{seed}"
+            landing.mkdir(parents=True, exist_ok=True)
+            pipeline.source = replace(pipeline.source, uri=str(landing))
         if self.expiry:  # the expiry family: by txids, by batch time, or both
             self._expire_keys(pipeline, seed)
         if pipeline.name == TYPED_NAME:  # the types family: its state's own columns

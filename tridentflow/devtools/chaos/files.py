@@ -1,0 +1,33 @@
+"""The chaos harness's file pipeline: a FileSource under every fault (issue 69).
+
+The word count over JSON-lines files in a landing directory of the schedule's own: each of
+the harness's appends is one file ``produce`` renames in whole, a txid takes at most two files
+(``batch_size``), and every fault, Redis restart or loss, rewind and reset of the other
+families meets the manifest of taken files. The checks are the word count's: every word of
+every file counted exactly once.
+"""
+
+from __future__ import annotations
+
+from tridentflow.aggregators import Count
+from tridentflow.examples.wordcount import split
+from tridentflow.nodes import StateSpec
+from tridentflow.pipeline import Pipeline
+from tridentflow.sources.specs import FileSource, SourceMode
+from tridentflow_state.maps import StateKind
+
+FILES_PIPELINE = "tridentflow.devtools.chaos.files:files_wordcount"
+"""The pipeline, as the harness loads it (its landing directory set per schedule)."""
+FILES_NAME = "chaos-files"
+
+
+def files_wordcount(landing: str = "landing") -> Pipeline:
+    """The word count of the JSON-lines files under ``landing`` (transactional: a replay
+    reads the files its txid froze), into an opaque and a transactional state."""
+    source = FileSource(fields=("sentence",), uri=landing, format="json", min_age_s=0,
+                        batch_size=2, mode=SourceMode.TRANSACTIONAL)  # fmt: skip
+    pipeline = Pipeline(FILES_NAME, source, description="word count of files in a directory")
+    words = pipeline.stream.each("sentence", split, "word").group_by("word")
+    words.persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+    words.persistent_aggregate(StateSpec("seen", StateKind.TRANSACTIONAL), Count(), out_field="n")
+    return pipeline
