@@ -75,6 +75,8 @@ COMMANDS = (
     "zrange",
     "zremrangebyscore",
     "zrevrangebyscore",
+    # a FileSource: its manifest of taken files (one list per partition: its length, ranges)
+    "llen",
 )
 
 

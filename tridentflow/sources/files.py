@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -220,7 +219,7 @@ class FilesLog:
         if asked_partitions:
             raise SourceError("--partitions: a FileSource spreads files by their path")
         filesystem_, base = self.fs
-        name = f"produced-{time.time_ns()}-{uuid.uuid4().hex[:8]}.jsonl"
+        name = f"produced-{uuid.uuid4().hex}.jsonl"
         hidden = f"{base}/.{name}"
         filesystem_.create_dir(base, recursive=True)
         with filesystem_.open_output_stream(hidden) as out:
@@ -326,7 +325,8 @@ class FilesLog:
             ) from None
         except OSError as exc:
             raise SourceError(f"FileSource {self.uri}: cannot list it: {exc}") from None
-        newest = time.time_ns() - int(self.min_age_s * 1e9)
+        seconds, micros = self.client.time()  # the pipeline's Redis clock, as every cutoff
+        newest = int(seconds) * 10**9 + int(micros) * 1000 - int(self.min_age_s * 1e9)
         found = []
         for info in infos:
             if info.type != fs.FileType.File or not info.size:

@@ -264,9 +264,9 @@ class FileSource(LogSource):
     ``_``-prefixed markers never count). ``on_overwrite``: a file already taken found with
     another size or mtime - ``"fail"`` (the coordinator refuses in one line), ``"ignore"``,
     or ``"reingest"`` (its rows come again in a later txid). ``min_age_s`` (2 s): files
-    modified more recently than this are left for a later txid - a writer still writing in
-    place; 0 for writers that rename a finished file into place. ``storage_options``:
-    delta-rs's object-store keys, as DeltaSink's."""
+    modified more recently than this (by the pipeline's Redis clock) are left for a later
+    txid - a writer still writing in place; 0 for writers that rename a finished file in.
+    ``storage_options``: delta-rs's object-store keys, as DeltaSink's."""
 
     uri: str = ""
     format: str = "parquet"
