@@ -403,3 +403,20 @@ def test_files_meet_rewind_reset_a_delta_sink_and_audit(redis_url, tmp_path):
     export(rt)
     assert state(rt, "totals") == want == table()
     assert audit(rt).ok
+
+
+def test_status_counts_its_lag_in_files_and_names_those_waiting(redis_url, tmp_path):
+    from tridentflow.ops.status import format_status, status
+
+    landing = tmp_path / "landing"
+    for i in range(3):
+        write(landing, f"{i}.parquet", batch(i), mtime=1_700_000_000 + i)
+    rt = runtime_of(pipeline(landing, batch_size=2), redis_url, tmp_path / "h")
+    info = status(rt)
+    assert (info["lag"], info["lag_unit"]) == (3, "files")
+    assert info["waiting"] == [str(landing / f"{i}.parquet") for i in range(3)]
+    text = format_status(info)
+    assert "total lag      3 files" in text and f"waiting: {landing / '0.parquet'}" in text
+    run_batches(rt, ENGINE)
+    info = status(rt)
+    assert (info["lag"], info["waiting"]) == (0, [])

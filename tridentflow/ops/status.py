@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from tridentflow.sources.base import NamesWaiting
 from tridentflow.steps.export import sink_status
 from tridentflow.steps.recorded_settings import STATES
 from tridentflow.steps.recorded_settings import disagreements as settings_disagreements
@@ -63,6 +64,8 @@ def status(rt: Runtime) -> dict[str, Any]:
         "quarantined": ledger.quarantined(),
         "partitions": partitions,
         "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
+        "lag_unit": rt.log.offset_unit if isinstance(rt.log, NamesWaiting) else "records",
+        "waiting": rt.log.waiting(offsets) if isinstance(rt.log, NamesWaiting) else [],
         "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
         "sinks": sink_status(rt),
         "rewindable": rewindable(rt),
@@ -300,7 +303,9 @@ def _partition_lines(info: dict[str, Any]) -> list[str]:
             lines.append(f"{p['partition']:>9}  {p['committed']:>9}  {p['head']:>9}  {p['lag']:>9}")
     unavailable = info["unavailable_partitions"]
     suffix = f" (not counting unavailable partitions {unavailable})" if unavailable else ""
-    lines.append(f"total lag      {info['lag']}{suffix}")
+    unit = info.get("lag_unit", "records")
+    lines.append(f"total lag      {info['lag']}{'' if unit == 'records' else ' ' + unit}{suffix}")
+    lines += [f"  waiting: {name}" for name in info.get("waiting", [])]
     return lines
 
 

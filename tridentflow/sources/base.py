@@ -53,6 +53,8 @@ without one is refused in one line where it is needed, never guessed at):
   reset (it refuses, in one line, a log others read or a producer owns) and the second after;
   a log without ``delete`` is refused;
 * ``trim(committed)``: ``tridentflow trim`` removes what every reader committed;
+* ``offset_unit`` and ``waiting(committed)``: what an offset is, and what waits, named, for
+  ``status`` (a FileSource's files);
 * ``records_in(ranges)``: the records a batch holds, for a log whose offsets are not records
   (the emit's choice of the local engine for a small batch counts records, not offsets);
 * ``chaos``: a ``ChaosTraits`` saying what the chaos harness may do to the log.
@@ -191,6 +193,17 @@ class CountsRecords(Protocol):
     about what reading them does - the emit then treats the batch as big (Spark)."""
 
     def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None: ...
+
+
+@runtime_checkable
+class NamesWaiting(Protocol):
+    """A log whose offsets name things a person knows (a FileSource's files): what waits past
+    the ``committed`` offsets, for ``status`` (at most ``limit`` names, oldest first)."""
+
+    offset_unit: str
+    """What an offset is, plural ("files"): status says its lag in it."""
+
+    def waiting(self, committed: dict[int, int], limit: int = 10) -> list[str]: ...
 
 
 @runtime_checkable

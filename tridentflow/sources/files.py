@@ -138,6 +138,7 @@ class FilesLog:
     pipeline's Redis (``keyspace``); ``url`` is what a read task connects with."""
 
     dense = False
+    offset_unit = "files"
     chaos = ChaosTraits(disturb="none", fresh="ledger-only", producers_own=True)
 
     def __init__(
@@ -283,6 +284,16 @@ class FilesLog:
 
     def acknowledge(self, committed: dict[int, int]) -> None:
         return None
+
+    def waiting(self, committed: dict[int, int], limit: int = 10) -> list[str]:
+        """The paths of the files taken but not committed yet, oldest first per partition, at
+        most ``limit`` (``status``)."""
+        found: list[str] = []
+        for p in range(self._partitions):
+            start = int(committed.get(p, 0))
+            raw = self.client.lrange(self.keyspace.files_manifest(p), start, start + limit - 1)
+            found += [json.loads(entry)["path"] for entry in raw]
+        return found[:limit]
 
     def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None:
         """The records of the files at ``ranges`` (Parquet: the footers' row counts; CSV and
