@@ -29,28 +29,7 @@ def status(rt: Runtime) -> dict[str, Any]:
     history = ledger.history(HISTORY_SHOWN)
     recorded = ledger.settings()
     shapes = json.loads(recorded.get(STATES, "{}"))
-    partitions = []
-    for p in sorted(set(heads) | set(offsets) | set(unavailable)):
-        if p in heads:
-            lag = heads[p] - offsets.get(p, 0)
-            entry = {"partition": p, "committed": offsets.get(p, 0), "head": heads[p]}
-            if lag < 0:  # the partition's head is behind what was committed from it
-                entry.update(
-                    lag=None,
-                    unavailable=f"head {heads[p]} is behind the committed"
-                    f" offset {offsets.get(p, 0)} (restored from an older copy?)",
-                )
-            else:
-                entry.update(lag=lag, unavailable=None)
-        else:
-            entry = {
-                "partition": p,
-                "committed": offsets.get(p, 0),
-                "head": None,
-                "lag": None,
-                "unavailable": unavailable.get(p, "missing from the source log"),
-            }
-        partitions.append(entry)
+    partitions = _partitions(heads, offsets, unavailable)
     return {
         "pipeline": rt.pipeline.name,
         "guarantee": rt.pipeline.guarantee.value,
@@ -176,6 +155,35 @@ def _state_status(
             str(e["txid"]): (e.get("expired_by_state") or {}).get(name, 0) for e in history
         }
     return info
+
+
+def _partitions(
+    heads: dict[int, int], offsets: dict[int, int], unavailable: dict[int, str]
+) -> list[dict[str, Any]]:
+    """Each partition's committed offset, head and lag, or why it cannot be read."""
+    partitions = []
+    for p in sorted(set(heads) | set(offsets) | set(unavailable)):
+        if p in heads:
+            lag = heads[p] - offsets.get(p, 0)
+            entry = {"partition": p, "committed": offsets.get(p, 0), "head": heads[p]}
+            if lag < 0:  # the partition's head is behind what was committed from it
+                entry.update(
+                    lag=None,
+                    unavailable=f"head {heads[p]} is behind the committed"
+                    f" offset {offsets.get(p, 0)} (restored from an older copy?)",
+                )
+            else:
+                entry.update(lag=lag, unavailable=None)
+        else:
+            entry = {
+                "partition": p,
+                "committed": offsets.get(p, 0),
+                "head": None,
+                "lag": None,
+                "unavailable": unavailable.get(p, "missing from the source log"),
+            }
+        partitions.append(entry)
+    return partitions
 
 
 def format_status(info: dict[str, Any]) -> str:

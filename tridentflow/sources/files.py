@@ -235,9 +235,6 @@ class FilesLog:
             "deletes them; reset without --source (every file there is taken again)"
         )
 
-    def require(self) -> None:
-        self.list_files()
-
     def scan(self, committed: dict[int, int] | None = None) -> LogScan:
         """Take what the listing finds that the manifest lacks (oldest first, ties by path),
         then every partition's head: the manifest's length. SourceError (one line) for a file
@@ -261,17 +258,16 @@ class FilesLog:
         parsed is one bad record naming it."""
         if start >= end:
             return
-        entries = self.client.lrange(self.keyspace.files_manifest(partition), start, end - 1)
+        entries = self._entries(partition, start, end)
         if len(entries) < end - start:
             self.probe(partition, start, end)
-        for offset, raw in enumerate(entries, start):
-            entry = json.loads(raw)
+        for offset, entry in enumerate(entries, start):
             try:
                 self._check_unchanged(partition, entry)
             except PartitionUnavailable as exc:
                 if not self.opaque:
                     raise  # a transactional replay must read what it froze: it waits
-                yield offset, f"skipped by an opaque FileSource: partition {exc}".encode()
+                yield offset, f"skipped by an opaque FileSource: {exc}".encode()
                 continue  # quarantined as a bad record: what was skipped is said
             try:
                 rows = self._rows(entry["path"])
@@ -291,26 +287,28 @@ class FilesLog:
         found: list[str] = []
         for p in range(self._partitions):
             start = int(committed.get(p, 0))
-            raw = self.client.lrange(self.keyspace.files_manifest(p), start, start + limit - 1)
-            found += [json.loads(entry)["path"] for entry in raw]
+            found += [entry["path"] for entry in self._entries(p, start, start + limit)]
         return found[:limit]
 
     def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None:
         """The records of the files at ``ranges`` (Parquet: the footers' row counts; CSV and
         JSON: their lines), or None past COUNTED_BYTES of files, or when a file cannot be
         read now (the emit says why): offsets are files here, a batch of ten may be huge."""
-        entries = [
-            json.loads(raw)
-            for p, (start, end) in ranges.items()
-            if end > start
-            for raw in self.client.lrange(self.keyspace.files_manifest(p), start, end - 1)
-        ]
+        entries = [e for p, (start, end) in ranges.items() for e in self._entries(p, start, end)]
         if sum(int(e["size"]) for e in entries) > COUNTED_BYTES:
             return None
         try:
             return sum(self._records_of(e["path"]) for e in entries)
         except (OSError, ValueError):
             return None
+
+    def _entries(self, partition: int, start: int, end: int) -> list[dict[str, Any]]:
+        """The manifest's entries at offsets [start, end) of ``partition`` (fewer if it holds
+        fewer): {path, size, mtime_ns} each."""
+        if end <= start:
+            return []
+        raw = self.client.lrange(self.keyspace.files_manifest(partition), start, end - 1)
+        return [json.loads(entry) for entry in raw]
 
     def _records_of(self, path: str) -> int:
         if self.format == "parquet":
