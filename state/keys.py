@@ -258,9 +258,25 @@ class KeySpace:
         time."""
         return f"{self.base}:files-taken"
 
+    @property
+    def files_meta(self) -> str:
+        """Hash of a FileSource's bookkeeping: ``base:<partition>`` (the offset of its
+        manifest's first entry, after a trim), and with ``forget_after`` ``frontier_ms`` (the
+        newest mtime taken, capped at the Redis clock), ``watermark_ms`` (files modified
+        before it are no longer compared: it only moves forward), ``forgotten`` (files
+        forgotten so far) and ``below_watermark`` (files the last listing left below it)."""
+        return f"{self.base}:files-meta"
+
+    @property
+    def files_forget(self) -> str:
+        """Sorted set: path -> mtime in ms of every remembered file a FileSource with
+        ``forget_after`` took, so the ones below the watermark are forgotten oldest first."""
+        return f"{self.base}:files-forget"
+
     def files_manifest(self, partition: int) -> str:
         """List: the files a FileSource took into ``partition``, in the order taken; a
-        file's index is its offset (a txid's batch is a range of it: an explicit list)."""
+        file's offset is its index plus ``base:<partition>`` of files_meta (entries before
+        it were trimmed; a txid's batch is a range of it: an explicit list)."""
         return f"{self.base}:files:{int(partition)}"
 
     def undo(self, name: str, txid: int) -> str:

@@ -420,3 +420,107 @@ def test_status_counts_its_lag_in_files_and_names_those_waiting(redis_url, tmp_p
     run_batches(rt, ENGINE)
     info = status(rt)
     assert (info["lag"], info["waiting"]) == (0, [])
+
+
+def test_forget_after_keeps_what_the_source_remembers_bounded_and_says_its_price(
+    redis_url, tmp_path
+):
+    """With ``forget_after``, files far enough behind the newest taken are forgotten (neither
+    compared nor taken again) and the manifest is trimmed of what committed txids and the
+    rewind retention no longer need: after 40 files a minute apart, with 150 s, a handful are
+    remembered - and every file still counted exactly once. A late file older than the
+    watermark is left out (the rule's price, counted for status); one newer than it but older
+    than the frontier is still taken. A rewind within the retention re-reads its files."""
+    from tridentflow.ops.rewind import rewind_pipeline
+
+    landing = tmp_path / "landing"
+    spec = FileSource(fields=("user", "amount"), uri=str(landing), batch_size=3, min_age_s=0,
+                      forget_after=150)  # fmt: skip
+    built = Pipeline(f"files-{uuid.uuid4().hex[:6]}", spec, retain_txids=2)
+    built.stream.group_by("user").persistent_aggregate(
+        StateSpec("totals", StateKind.TRANSACTIONAL), Sum(), "amount", "total"
+    )
+    rt = runtime_of(built.validate(), redis_url, tmp_path / "h")
+    t0 = 1_700_000_000
+    files = [batch(i) for i in range(40)]
+    for i, rows in enumerate(files):
+        write(landing, f"{i:02}.parquet", rows, mtime=t0 + 60 * i)
+        if i % 10 == 9:
+            run_batches(rt, ENGINE)
+    assert state(rt, "totals") == expected(files)[0]
+    log = rt.log
+    held = log.remembered()  # type: ignore[attr-defined]
+    # the frontier is file 39's mtime; the watermark 150 s behind it: files 37..39 remembered
+    assert held["watermark_ms"] == (t0 + 60 * 39 - 150) * 1000
+    assert held["taken"] == 3 and held["forgotten"] == 37
+    # the manifest keeps what a rewind to the oldest retained txid reads (2 txids of 3 files)
+    assert held["manifest"] <= 2 * 3, held
+    assert run_batches(rt, ENGINE).results == []  # nothing taken twice, forgotten or not
+    assert log.remembered()["below_watermark"] == 37  # type: ignore[attr-defined]
+    from tridentflow.ops.status import format_status, status
+
+    text = format_status(status(rt))
+    assert "remembers      3 files taken" in text, text
+    assert "37 forgotten: files modified before 2023-11-14T22:49:50+00:00 are not taken" in text
+
+    # late files: one older than the watermark is left out; one newer than it is taken
+    write(landing, "late-old.parquet", batch(50), mtime=t0)
+    write(landing, "late-new.parquet", batch(51), mtime=t0 + 60 * 39 - 100)
+    run_batches(rt, ENGINE)
+    want = expected([*files, batch(51)])[0]
+    assert state(rt, "totals") == want
+    assert log.remembered()["below_watermark"] == 38  # type: ignore[attr-defined]
+
+    # a rewind within the retention re-reads its txids' files from the trimmed manifest
+    committed = rt.ledger.committed_txid()
+    rewind_pipeline(rt, committed - 1)
+    run_batches(rt, ENGINE)
+    assert state(rt, "totals") == want
+    # audit cannot recount from the start: it says so, it does not guess
+    assert not audit(rt).ok
+
+
+def test_trim_keeps_what_a_rewind_needs_and_a_trimmed_range_is_one_line(redis_url, tmp_path):
+    """``tridentflow trim`` on a FileSource: the manifest's committed entries go, up to what
+    the rewind retention needs (a rewind within it still works); what was trimmed is named in
+    one line by a read of it (the files are untouched, the state too)."""
+    from tridentflow.ops.rewind import rewind_pipeline
+    from tridentflow_state.errors import RewindError
+
+    landing = tmp_path / "landing"
+    spec = FileSource(fields=("user", "amount"), uri=str(landing), batch_size=1, min_age_s=0)
+    built = Pipeline(f"files-{uuid.uuid4().hex[:6]}", spec, retain_txids=3)
+    built.stream.group_by("user").persistent_aggregate(
+        StateSpec("totals", StateKind.TRANSACTIONAL), Sum(), "amount", "total"
+    )
+    rt = runtime_of(built.validate(), redis_url, tmp_path / "h")
+    files = [batch(i) for i in range(6)]
+    for i, rows in enumerate(files):
+        write(landing, f"{i}.parquet", rows, mtime=1_700_000_000 + i)
+    run_batches(rt, ENGINE)
+    assert rt.ledger.committed_txid() == 6
+    removed = rt.log.trim(rt.ledger.committed_offsets())  # type: ignore[attr-defined]
+    # retention keeps txids 3..6 rewindable: a rewind to 3 reads offsets 3.. (kept)
+    assert removed == {0: (3, "rewind retention")}
+    assert rt.log.trim(rt.ledger.committed_offsets()) == {0: (0, "rewind retention")}  # type: ignore[attr-defined]
+    rewind_pipeline(rt, 3)
+    run_batches(rt, ENGINE)
+    assert state(rt, "totals") == expected(files)[0]
+    with pytest.raises(RewindError, match="outside what the undo logs retain"):
+        rewind_pipeline(rt, 2)  # the retention refuses first: the trim kept what it allows
+    # what was trimmed is named in one line by whoever asks for it (audit, a replay)
+    with pytest.raises(SourceError, match=r"offsets 0..2 were trimmed from the manifest"):
+        rt.log.probe(0, 0, 6)
+    assert not audit(rt).ok
+    assert state(rt, "totals") == expected(files)[0]
+
+
+def test_forget_after_is_seconds_or_a_timedelta(tmp_path):
+    from datetime import timedelta
+
+    assert FileSource(fields=("a",), uri="x", forget_after=timedelta(days=7)).forget_after == (
+        7 * 86400
+    )
+    for bad in (0, -5, "7d", True):
+        with pytest.raises(PipelineError, match="forget_after is seconds"):
+            FileSource(fields=("a",), uri="x", forget_after=bad)  # type: ignore[arg-type]

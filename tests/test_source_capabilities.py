@@ -8,6 +8,7 @@ import pytest
 from tridentflow.sources import base
 from tridentflow.sources.base import Produced
 from tridentflow.sources.filelog import FileLog
+from tridentflow.sources.files import FilesLog
 from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
 
@@ -21,6 +22,17 @@ CAPABILITIES = {
 DECLARED = {
     # the reader creates the file log and deletes it on reset --source; nothing to trim
     FileLog: {"Grows", "Produces", "AppendsSpread", "Deletes"},
+    # files are their producers': the reader guards a reset --source, counts records, names
+    # what waits, and closes its own Redis client
+    FilesLog: {
+        "Produces",
+        "GuardsDelete",
+        "CountsRecords",
+        "NamesWaiting",
+        "Closes",
+        "Trims",
+        "Remembers",
+    },
     # a topic is its producers': never created, deleted or trimmed by its reader
     KafkaLog: {"Produces", "AppendsSpread", "Rebases", "GuardsDelete", "Requires", "Closes"},
     RedisStreamLog: {

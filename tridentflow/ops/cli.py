@@ -17,7 +17,7 @@
     tridentflow evolve PIPELINE --drop-state NAME | --rename-state OLD=NEW
                        | --migrate NAME=module:function --yes [--json]
     tridentflow reshard PIPELINE --shards M --yes [--json]
-    tridentflow trim PIPELINE      (Redis Streams: XTRIM up to the committed position)
+    tridentflow trim PIPELINE      (Redis Streams, FileSource manifests: up to the committed)
     tridentflow chaos [--schedules N] [--seed S] [--pipelines P,...] [--kafka] [--verbose]
                       [--remote sc://HOST:PORT]
                       [--family expiry|lost-writes|reshards|reader|paused|deploys|tables ...]
@@ -335,7 +335,9 @@ def _add_settings(sub: Any) -> None:
 
 def _add_trim(sub: Any) -> None:
     """The `trim` command and its arguments."""
-    p = sub.add_parser("trim", help="remove stream entries up to the committed position")
+    p = sub.add_parser(
+        "trim", help="remove stream (or FileSource manifest) entries up to the committed position"
+    )
     p.add_argument("pipeline")
     _common(p)
 
@@ -981,17 +983,12 @@ def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     if not isinstance(rt.log, Trims):
         raise TridentflowError(
             f"the source of pipeline {rt.pipeline.name} ({rt.pipeline.source.describe()}) keeps "
-            "no entries tridentflow may trim: trim applies to Redis Streams"
+            "no entries tridentflow may trim: trim applies to Redis Streams and FileSources"
         )
     committed = rt.ledger.committed_offsets()
     removed = rt.log.trim(committed)
     for partition, (n, holder) in sorted(removed.items()):
-        limit = (
-            f"up to ordinal {committed[partition]}, committed"
-            if holder == rt.log.group
-            else f"kept what reader {holder} has not read yet"
-        )
-        out.write(f"{rt.log.stream_keys[partition]}: {n} entries removed ({limit})\n")
+        out.write(rt.log.trimmed(partition, n, holder, committed.get(partition, 0)) + "\n")
     total = sum(n for n, _holder in removed.values())
     out.write(f"trimmed {total} committed entries of {rt.pipeline.name} (read by every reader)\n")
     return 0

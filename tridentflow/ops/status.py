@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tridentflow.sources.base import NamesWaiting
+from tridentflow.sources.base import NamesWaiting, Remembers
 from tridentflow.steps.export import sink_status
 from tridentflow.steps.recorded_settings import STATES
 from tridentflow.steps.recorded_settings import disagreements as settings_disagreements
@@ -43,8 +43,9 @@ def status(rt: Runtime) -> dict[str, Any]:
         "quarantined": ledger.quarantined(),
         "partitions": partitions,
         "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
-        "lag_unit": rt.log.offset_unit if isinstance(rt.log, NamesWaiting) else "records",
+        "lag_unit": rt.log.offset_unit() if isinstance(rt.log, NamesWaiting) else "records",
         "waiting": rt.log.waiting(offsets) if isinstance(rt.log, NamesWaiting) else [],
+        "remembered": rt.log.remembered() if isinstance(rt.log, Remembers) else None,
         "unavailable_partitions": [p["partition"] for p in partitions if p["unavailable"]],
         "sinks": sink_status(rt),
         "rewindable": rewindable(rt),
@@ -314,7 +315,25 @@ def _partition_lines(info: dict[str, Any]) -> list[str]:
     unit = info.get("lag_unit", "records")
     lines.append(f"total lag      {info['lag']}{'' if unit == 'records' else ' ' + unit}{suffix}")
     lines += [f"  waiting: {name}" for name in info.get("waiting", [])]
+    held = info.get("remembered")
+    if held:
+        lines.append(_remembered_line(held))
     return lines
+
+
+def _remembered_line(held: dict[str, int]) -> str:
+    """What a FileSource remembers: files compared, manifest entries, and with forget_after
+    its watermark and what the last listing left below it."""
+    line = f"remembers      {held['taken']} files taken, {held['manifest']} manifest entries"
+    if held["watermark_ms"] >= 0:
+        mark = datetime.fromtimestamp(held["watermark_ms"] / 1000, UTC).isoformat(
+            timespec="seconds"
+        )
+        line += (
+            f"; {held['forgotten']} forgotten: files modified before {mark} are not taken "
+            f"({held['below_watermark']} listed last time)"
+        )
+    return line
 
 
 def replays_after_commit(rt: Runtime, txid: int, entry: dict[str, Any]) -> list[dict[str, Any]]:

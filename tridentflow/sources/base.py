@@ -52,9 +52,11 @@ without one is refused in one line where it is needed, never guessed at):
 * ``check_delete()`` and ``delete()``: ``reset --source`` calls the first before anything is
   reset (it refuses, in one line, a log others read or a producer owns) and the second after;
   a log without ``delete`` is refused;
-* ``trim(committed)``: ``tridentflow trim`` removes what every reader committed;
-* ``offset_unit`` and ``waiting(committed)``: what an offset is, and what waits, named, for
+* ``trim(committed)``, ``trimmed(...)``: ``tridentflow trim`` removes what every reader
+  committed, and says so per partition;
+* ``offset_unit()`` and ``waiting(committed)``: what an offset is, and what waits, named, for
   ``status`` (a FileSource's files);
+* ``remembered()``: how much the log remembers of what it took, for ``status``;
 * ``records_in(ranges)``: the records a batch holds, for a log whose offsets are not records
   (the emit's choice of the local engine for a small batch counts records, not offsets);
 * ``chaos``: a ``ChaosTraits`` saying what the chaos harness may do to the log.
@@ -178,6 +180,10 @@ class Trims(Protocol):
 
     def trim(self, committed: dict[int, int]) -> dict[int, tuple[int, str]]: ...
 
+    def trimmed(self, partition: int, removed: int, holder: str, committed: int) -> str:
+        """The line ``tridentflow trim`` prints for one partition of ``trim``'s answer."""
+        ...
+
 
 @runtime_checkable
 class Requires(Protocol):
@@ -200,10 +206,19 @@ class NamesWaiting(Protocol):
     """A log whose offsets name things a person knows (a FileSource's files): what waits past
     the ``committed`` offsets, for ``status`` (at most ``limit`` names, oldest first)."""
 
-    offset_unit: str
-    """What an offset is, plural ("files"): status says its lag in it."""
+    def offset_unit(self) -> str:
+        """What an offset is, plural ("files"): status says its lag in it."""
+        ...
 
     def waiting(self, committed: dict[int, int], limit: int = 10) -> list[str]: ...
+
+
+@runtime_checkable
+class Remembers(Protocol):
+    """A log that remembers what it took (a FileSource's taken files): how much, for
+    ``status`` - {taken, manifest, forgotten, watermark_ms, below_watermark}."""
+
+    def remembered(self) -> dict[str, int]: ...
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ import redis
 from tridentflow.errors import FileOverwrittenError, PartitionUnavailable, SourceError
 from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow_state.keys import KeySpace
-from tridentflow_state.scripts import LuaScript
+from tridentflow_state.scripts import NOW_MS, LuaScript
 
 LOCATOR_PREFIX = "files:"
 FORMATS = ("parquet", "csv", "json")
@@ -45,23 +45,38 @@ COUNTED_BYTES = 16 << 20
 """A batch of files up to this size has its records counted before the emit (Parquet
 footers, lines): whether it is small enough for the local engine. Past it, it is big."""
 
+PRUNE_MAX = 1000
+"""Files one TAKE_FILES call forgets at most (the rest at the next listing): a short script
+(and within Lua's unpack limit)."""
+
 # Take the files a listing found that the manifest does not hold, atomically: two
-# coordinators listing at once cannot take a file twice.
-# KEYS[1] the taken hash (files_taken); KEYS[2..] the manifest lists, one per partition.
-# ARGV[1] on_overwrite ('fail' | 'ignore' | 'reingest'); then, per file, four values: path,
-# version (its identity, JSON), partition (0-based), the manifest entry (JSON).
+# coordinators listing at once cannot take a file twice. With forget_after, remember each
+# file taken by its mtime, move the frontier (the newest mtime taken, capped at the Redis
+# clock) and the watermark behind it (it never moves back), and forget, oldest first, at most
+# PRUNE_MAX files below the watermark: what the source remembers stays bounded.
+# KEYS[1] the taken hash (files_taken); KEYS[2] files_meta; KEYS[3] files_forget; KEYS[4..]
+# the manifest lists, one per partition.
+# ARGV[1] on_overwrite ('fail' | 'ignore' | 'reingest'); ARGV[2] forget_after in ms ('' for
+# never); then, per file, five values: path, version (its identity, JSON), partition
+# (0-based), the manifest entry (JSON), mtime in ms. A file below the watermark is neither
+# compared nor taken (forgotten files are listed again for ever: that is the rule's price).
 # Returns {0, conflicts...} where conflicts are path, taken-JSON pairs of files taken with
-# another version (with 'fail', nothing is taken then), or {1, taken count}.
+# another version (with 'fail', nothing is taken then), or {1, taken, forgotten}.
 TAKE_FILES = LuaScript(
     "take_files",
-    """
-local mode = ARGV[1]
+    NOW_MS
+    + """
+local mode, forget_ms = ARGV[1], tonumber(ARGV[2])
+local meta = KEYS[2]
+local watermark = tonumber(redis.call('HGET', meta, 'watermark_ms') or '-1')
 local conflicts = {}
-for i = 2, #ARGV, 4 do
-  local taken = redis.call('HGET', KEYS[1], ARGV[i])
-  if taken and cjson.decode(taken)['version'] ~= ARGV[i + 1] then
-    table.insert(conflicts, ARGV[i])
-    table.insert(conflicts, taken)
+for i = 3, #ARGV, 5 do
+  if tonumber(ARGV[i + 4]) >= watermark then
+    local taken = redis.call('HGET', KEYS[1], ARGV[i])
+    if taken and cjson.decode(taken)['version'] ~= ARGV[i + 1] then
+      table.insert(conflicts, ARGV[i])
+      table.insert(conflicts, taken)
+    end
   end
 end
 if mode == 'fail' and #conflicts > 0 then
@@ -70,19 +85,60 @@ if mode == 'fail' and #conflicts > 0 then
   return out
 end
 local count = 0
-for i = 2, #ARGV, 4 do
+local now = now_ms()
+local frontier = tonumber(redis.call('HGET', meta, 'frontier_ms') or '-1')
+for i = 3, #ARGV, 5 do
   local path, version, partition = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local taken = redis.call('HGET', KEYS[1], path)
+  local mtime = tonumber(ARGV[i + 4])
+  local taken = mtime >= watermark and redis.call('HGET', KEYS[1], path)
   local again = taken and cjson.decode(taken)['version'] ~= version and mode == 'reingest'
-  if not taken or again then
-    local list = KEYS[2 + partition]
-    local ordinal = redis.call('RPUSH', list, ARGV[i + 3]) - 1
+  if mtime >= watermark and (not taken or again) then
+    local base = tonumber(redis.call('HGET', meta, 'base:' .. partition) or '0')
+    local ordinal = base + redis.call('RPUSH', KEYS[4 + partition], ARGV[i + 3]) - 1
     redis.call('HSET', KEYS[1], path, cjson.encode(
       {version = version, partition = partition, ordinal = ordinal}))
+    if forget_ms then
+      redis.call('ZADD', KEYS[3], mtime, path)
+      frontier = math.max(frontier, math.min(mtime, now))
+    end
     count = count + 1
   end
 end
-return {1, count}
+local forgotten = 0
+if forget_ms and frontier >= 0 then
+  redis.call('HSET', meta, 'frontier_ms', frontier)
+  local mark = frontier - forget_ms
+  if mark > watermark then
+    redis.call('HSET', meta, 'watermark_ms', mark)
+    watermark = mark
+  end
+  local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. watermark, 'LIMIT', 0,
+    PRUNE_MAX)
+  if #old > 0 then
+    redis.call('HDEL', KEYS[1], unpack(old))
+    redis.call('ZREM', KEYS[3], unpack(old))
+    redis.call('HINCRBY', meta, 'forgotten', #old)
+  end
+  forgotten = #old
+end
+return {1, count, forgotten}
+""".replace("PRUNE_MAX", str(PRUNE_MAX)),
+)
+
+# Trim a partition's manifest: drop its entries before offset ARGV[2] and move its base there.
+# Idempotent (a trim to an offset at or before the base removes nothing).
+# KEYS[1] files_meta; KEYS[2] the partition's manifest list.
+# ARGV[1] the partition; ARGV[2] the first offset to keep. Returns the entries removed.
+TRIM_MANIFEST = LuaScript(
+    "trim_manifest",
+    """
+local field = 'base:' .. ARGV[1]
+local base = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+local keep = math.min(tonumber(ARGV[2]), base + redis.call('LLEN', KEYS[2]))
+if keep <= base then return 0 end
+redis.call('LTRIM', KEYS[2], keep - base, -1)
+redis.call('HSET', KEYS[1], field, keep)
+return keep - base
 """,
 )
 
@@ -94,6 +150,10 @@ class FoundFile:
     path: str
     size: int
     mtime_ns: int
+
+    @property
+    def mtime_ms(self) -> int:
+        return self.mtime_ns // 1_000_000
 
     @property
     def version(self) -> str:
@@ -138,7 +198,6 @@ class FilesLog:
     pipeline's Redis (``keyspace``); ``url`` is what a read task connects with."""
 
     dense = False
-    offset_unit = "files"
     chaos = ChaosTraits(disturb="none", fresh="ledger-only", producers_own=True)
 
     def __init__(
@@ -159,6 +218,9 @@ class FilesLog:
         self.storage_options = dict(spec.get("storage_options") or {})
         self.on_overwrite = str(spec.get("on_overwrite", "fail"))
         self.min_age_s = float(spec.get("min_age_s", 0.0))
+        forget = spec.get("forget_after_s")
+        self.forget_after_ms = int(float(forget) * 1000) if forget else None
+        """Files modified this long before the newest one taken are forgotten (None: never)."""
         self.opaque = spec.get("mode") == "opaque"
         """An opaque source skips a frozen file that is gone or changed (quarantined as one
         bad record naming it); a transactional one waits for it."""
@@ -237,15 +299,29 @@ class FilesLog:
 
     def scan(self, committed: dict[int, int] | None = None) -> LogScan:
         """Take what the listing finds that the manifest lacks (oldest first, ties by path),
-        then every partition's head: the manifest's length. SourceError (one line) for a file
-        taken before and overwritten since, with ``on_overwrite="fail"``."""
+        then every partition's head: its base plus the manifest's length. SourceError (one
+        line) for a file taken before and overwritten since, with ``on_overwrite="fail"``.
+        With ``forget_after``, also trims the manifest (``trim``): memory stays bounded."""
         self.take(self.list_files())
-        heads = {p: int(self.client.llen(self.keyspace.files_manifest(p))) for p in
-                 range(self._partitions)}  # fmt: skip
-        return LogScan(heads)
+        if self.forget_after_ms is not None:
+            self.trim(self._committed())
+        return LogScan(self.heads())
+
+    def heads(self) -> dict[int, int]:
+        """Per partition, the offset after the manifest's last entry (no listing)."""
+        bases = self._bases()
+        return {p: bases[p] + int(self.client.llen(self.keyspace.files_manifest(p))) for p in
+                range(self._partitions)}  # fmt: skip
 
     def probe(self, partition: int, start: int, end: int) -> None:
-        head = int(self.client.llen(self.keyspace.files_manifest(partition)))
+        base = self._bases()[partition]
+        if start < base:
+            raise SourceError(
+                f"files partition {partition}: offsets {start}..{base - 1} were trimmed from "
+                "the manifest (forget_after, or tridentflow trim): what they took cannot be "
+                "read again through it"
+            )
+        head = base + int(self.client.llen(self.keyspace.files_manifest(partition)))
         if head < end:
             raise SourceError(
                 f"files partition {partition}: the manifest holds {head} files, the batch "
@@ -281,6 +357,9 @@ class FilesLog:
     def acknowledge(self, committed: dict[int, int]) -> None:
         return None
 
+    def offset_unit(self) -> str:
+        return "files"
+
     def waiting(self, committed: dict[int, int], limit: int = 10) -> list[str]:
         """The paths of the files taken but not committed yet, oldest first per partition, at
         most ``limit`` (``status``)."""
@@ -304,11 +383,23 @@ class FilesLog:
 
     def _entries(self, partition: int, start: int, end: int) -> list[dict[str, Any]]:
         """The manifest's entries at offsets [start, end) of ``partition`` (fewer if it holds
-        fewer): {path, size, mtime_ns} each."""
-        if end <= start:
+        fewer, or if some were trimmed: none then): {path, size, mtime_ns} each."""
+        base = self._bases()[partition]
+        if end <= start or start < base:
             return []
-        raw = self.client.lrange(self.keyspace.files_manifest(partition), start, end - 1)
+        key = self.keyspace.files_manifest(partition)
+        raw = self.client.lrange(key, start - base, end - 1 - base)
         return [json.loads(entry) for entry in raw]
+
+    def _bases(self) -> dict[int, int]:
+        """Per partition, the offset of the manifest's first entry (0 until a trim)."""
+        fields = [f"base:{p}" for p in range(self._partitions)]
+        raw = self.client.hmget(self.keyspace.files_meta, fields)
+        return {p: int(value or 0) for p, value in enumerate(raw)}
+
+    def _committed(self) -> dict[int, int]:
+        raw = self.client.hgetall(self.keyspace.offsets)
+        return {int(p): int(o) for p, o in raw.items()}
 
     def _records_of(self, path: str) -> int:
         if self.format == "parquet":
@@ -352,8 +443,15 @@ class FilesLog:
 
     def take(self, found: list[FoundFile]) -> int:
         """Append to the manifest the files of ``found`` it does not hold (TAKE_FILES);
-        how many. Idempotent: a file is taken once (again only by ``reingest``)."""
-        taken_key = self.keyspace.files_taken
+        how many. Idempotent: a file is taken once (again only by ``reingest``). Files
+        below the watermark (``forget_after``) are neither compared nor taken; how many the
+        listing found is kept for ``status`` (``below_watermark``)."""
+        taken_key, meta = self.keyspace.files_taken, self.keyspace.files_meta
+        watermark = int(self.client.hget(meta, "watermark_ms") or -1)
+        if watermark >= 0:
+            kept = [f for f in found if f.mtime_ms >= watermark]
+            self.client.hset(meta, "below_watermark", len(found) - len(kept))
+            found = kept
         new: list[FoundFile] = []
         for i in range(0, len(found), LIST_CHUNK):
             chunk = found[i : i + LIST_CHUNK]
@@ -362,17 +460,63 @@ class FilesLog:
                 if taken is None or json.loads(taken)["version"] != file.version:
                     new.append(file)
         count = 0
-        lists = [self.keyspace.files_manifest(p) for p in range(self._partitions)]
-        for i in range(0, len(new), LIST_CHUNK):
-            args: list[Any] = [self.on_overwrite]
-            for file in new[i : i + LIST_CHUNK]:
+        keys = [taken_key, meta, self.keyspace.files_forget]
+        keys += [self.keyspace.files_manifest(p) for p in range(self._partitions)]
+        forget = "" if self.forget_after_ms is None else str(self.forget_after_ms)
+        chunks = [new[i : i + LIST_CHUNK] for i in range(0, len(new), LIST_CHUNK)]
+        for chunk in chunks or ([[]] if forget else []):  # with nothing new: still forget
+            args: list[Any] = [self.on_overwrite, forget]
+            for file in chunk:
                 entry = {"path": file.path, "size": file.size, "mtime_ns": file.mtime_ns}
-                args += [file.path, file.version, self.partition_of(file.path), json.dumps(entry)]
-            result = TAKE_FILES(self.client, [taken_key, *lists], args)
+                args += [file.path, file.version, self.partition_of(file.path), json.dumps(entry),
+                         file.mtime_ms]  # fmt: skip
+            result = TAKE_FILES(self.client, keys, args)
             if int(result[0]) == 0:
                 self._refuse_overwrite(result[1:])
             count += int(result[1])
         return count
+
+    def trim(self, committed: dict[int, int]) -> dict[int, tuple[int, str]]:
+        """Drop the manifest's entries every committed txid is done with: up to the
+        ``committed`` offsets, and no further than a rewind within the retained range still
+        needs (state.undo). The files themselves are never touched. Returns (entries removed,
+        what limited it: "committed" or "rewind retention") per partition. Idempotent."""
+        from tridentflow_state.undo import offsets_after, retained
+
+        kept = retained(self.client, self.keyspace)
+        needed = None  # without retention: up to the committed offsets
+        if kept is not None:  # a rewind to kept.oldest reads from its offsets (none kept: 0)
+            needed = offsets_after(self.client, self.keyspace, kept.oldest) or {}
+        removed: dict[int, tuple[int, str]] = {}
+        for p in range(self._partitions):
+            upto, holder = int(committed.get(p, 0)), "committed"
+            if needed is not None and needed.get(p, 0) < upto:
+                upto, holder = needed.get(p, 0), "rewind retention"
+            key = [self.keyspace.files_meta, self.keyspace.files_manifest(p)]
+            removed[p] = (int(TRIM_MANIFEST(self.client, key, [p, upto])), holder)
+        return removed
+
+    def trimmed(self, partition: int, removed: int, holder: str, committed: int) -> str:
+        limit = (
+            f"up to offset {committed}, committed" if holder == "committed" else f"kept by {holder}"
+        )
+        return f"partition {partition}'s manifest: {removed} entries removed ({limit})"
+
+    def remembered(self) -> dict[str, int]:
+        """What the source remembers, for status and the benchmark: files taken and still
+        compared, manifest entries, forgotten files, the watermark (ms; -1 for none) and how
+        many files the last listing left below it."""
+        meta = self.client.hgetall(self.keyspace.files_meta)
+        get = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in meta.items()}
+        lists = sum(int(self.client.llen(self.keyspace.files_manifest(p)))
+                    for p in range(self._partitions))  # fmt: skip
+        return {
+            "taken": int(self.client.hlen(self.keyspace.files_taken)),
+            "manifest": lists,
+            "forgotten": get.get("forgotten", 0),
+            "watermark_ms": get.get("watermark_ms", -1),
+            "below_watermark": get.get("below_watermark", 0),
+        }
 
     def partition_of(self, path: str) -> int:
         """A file's partition: a stable hash of its path."""

@@ -520,6 +520,14 @@ class RedisStreamLog:
                 self.client.hdel(self.index_key(p), *stale)
         return removed
 
+    def trimmed(self, partition: int, removed: int, holder: str, committed: int) -> str:
+        limit = (
+            f"up to ordinal {committed}, committed"
+            if holder == self.group
+            else f"kept what reader {holder} has not read yet"
+        )
+        return f"{self.stream_keys[partition]}: {removed} entries removed ({limit})"
+
     def other_readers(self) -> dict[str, list[str]]:
         """Stream -> the consumer groups on it other than this reader's."""
         found: dict[str, list[str]] = {}

@@ -7,6 +7,7 @@ source is a subclass with its own ``open_log``, in its own module, and nothing e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
@@ -266,7 +267,13 @@ class FileSource(LogSource):
     or ``"reingest"`` (its rows come again in a later txid). ``min_age_s`` (2 s): files
     modified more recently than this (by the pipeline's Redis clock) are left for a later
     txid - a writer still writing in place; 0 for writers that rename a finished file in.
-    ``storage_options``: delta-rs's object-store keys, as DeltaSink's."""
+    ``storage_options``: delta-rs's object-store keys, as DeltaSink's.
+
+    ``forget_after`` (seconds or a ``timedelta``; default None, remember every file): what
+    the source remembers stays bounded - files modified that long before the newest one it
+    took (the frontier) fall below a watermark and are forgotten, never compared or taken
+    again (a late file older than the watermark is left out: the rule's price), and the
+    manifest is trimmed of what committed txids and the rewind retention no longer need."""
 
     uri: str = ""
     format: str = "parquet"
@@ -276,6 +283,7 @@ class FileSource(LogSource):
     storage_options: tuple[tuple[str, str], ...] | dict[str, str] = ()
     partitions: int = 1
     batch_size: int = 100
+    forget_after: float | timedelta | None = None
 
     def __post_init__(self) -> None:
         from tridentflow.sources.files import FORMATS, ON_OVERWRITE
@@ -307,6 +315,17 @@ class FileSource(LogSource):
             )
         if not self.min_age_s >= 0:
             raise PipelineError(f"min_age_s must be >= 0, got {self.min_age_s!r}")
+        if isinstance(self.forget_after, timedelta):
+            object.__setattr__(self, "forget_after", self.forget_after.total_seconds())
+        if self.forget_after is not None and (
+            isinstance(self.forget_after, bool)
+            or not isinstance(self.forget_after, int | float)
+            or not self.forget_after >= 1
+        ):
+            raise PipelineError(
+                f"forget_after is seconds (>= 1) or a timedelta, got {self.forget_after!r}: "
+                "say how long before the newest file taken a file may still land"
+            )
         if not self.pattern:
             suffix = {"parquet": "parquet", "csv": "csv", "json": "json*"}[self.format]
             object.__setattr__(self, "pattern", f"*.{suffix}")
@@ -329,6 +348,7 @@ class FileSource(LogSource):
             "storage_options": dict(self.storage_options),
             "partitions": self.partitions,
             "mode": self.mode.value,
+            "forget_after_s": self.forget_after,
         }
         return FilesLog(ctx.client, ctx.redis_url or "", ctx.keys, spec)
 
