@@ -7,6 +7,7 @@ import pytest
 
 from tridentflow.sources import base
 from tridentflow.sources.base import Produced
+from tridentflow.sources.delta import DeltaLog
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.files import FilesLog
 from tridentflow.sources.kafka import KafkaLog
@@ -33,6 +34,9 @@ DECLARED = {
         "Trims",
         "Remembers",
     },
+    # a table is its writers': the reader refuses reset --source, counts the rows appends
+    # added, names the versions waiting; nothing kept, nothing to close
+    DeltaLog: {"Produces", "GuardsDelete", "CountsRecords", "NamesWaiting"},
     # a topic is its producers': never created, deleted or trimmed by its reader
     KafkaLog: {"Produces", "AppendsSpread", "Rebases", "GuardsDelete", "Requires", "Closes"},
     RedisStreamLog: {

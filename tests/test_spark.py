@@ -96,6 +96,32 @@ def test_spark_reads_a_file_sources_files_on_its_executors_like_the_local_engine
     assert rows == expected(files)[1]
 
 
+def test_spark_reads_a_delta_sources_versions_on_its_executors_like_the_local_engine(
+    spark, redis_url, tmp_path, monkeypatch
+):
+    """A DeltaSource's txid on Spark: the read tasks open the table from its locator and
+    read its versions (appends, then change-feed versions) on the executors, a range split
+    over several tasks; partials equal the local engine's."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from tests.test_delta_source import pipeline, rows, runtime_of
+    from tridentflow.engines import spark as spark_engine
+
+    uri = tmp_path / "events"
+    for seed in range(3):
+        write_deltalake(uri, rows(seed, n=30), mode="append", partition_by=["day"])
+    DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    DeltaTable(uri).update(updates={"amount": "amount + 1"}, predicate="user = 'u1'")
+    rt = runtime_of(pipeline(uri), redis_url, tmp_path / "h")
+    ranges = {p: (0, h) for p, h in rt.log.scan().heads.items()}
+    local = LocalEngine().compute(rt.plan, rt.log.root, ranges)
+    monkeypatch.setattr(spark_engine, "task_records", lambda plan: 2)  # versions split
+    on_spark = SparkEngine(spark).compute(rt.plan, rt.log.root, ranges)
+    assert on_spark.counts == local.counts
+    assert dict(on_spark.partials["totals"]) == dict(local.partials["totals"])
+    assert local.counts
+
+
 def test_spark_reads_kafka_like_the_local_engine(spark, redis_url, home, monkeypatch):
     """Spark's read tasks open the Kafka log from its locator (their own consumer); offsets
     with transaction markers split over several tasks give the local engine's partials and

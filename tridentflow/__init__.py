@@ -21,6 +21,7 @@ from tridentflow.pipeline import GUARANTEES, Guarantee, Pipeline, guarantee_of
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink
 from tridentflow.sources.specs import (
     CustomSource,
+    DeltaSource,
     FileSource,
     KafkaSource,
     LogSource,
@@ -39,6 +40,7 @@ __all__ = [
     "Count",
     "CustomSource",
     "DeltaSink",
+    "DeltaSource",
     "FileLookup",
     "FileSource",
     "First",

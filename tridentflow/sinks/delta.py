@@ -30,6 +30,7 @@ Needs ``pip install 'tridentflow[delta]'``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from collections.abc import Sequence
@@ -106,7 +107,10 @@ class DeltaSink(Sink):
     ``storage_options``: delta-rs's object store settings (S3 endpoint, credentials);
     ``key``: the stream's fields that key a row (default: the state's key fields);
     ``adopt``: take over a table with rows that tridentflow did not write (they are replaced
-    by the state at the first export; without it such a table is refused)."""
+    by the state at the first export; without it such a table is refused);
+    ``change_data_feed``: create the table with Delta's change data feed on
+    (``delta.enableChangeDataFeed``), so that readers - another pipeline's ``DeltaSource``,
+    Spark's ``readChangeFeed`` - see each txid's updates and deletes, not only its rows."""
 
     resyncable = True
     takes_arrow = True
@@ -120,8 +124,10 @@ class DeltaSink(Sink):
         name: str | None = None,
         key: Sequence[str] | None = None,
         adopt: bool = False,
+        change_data_feed: bool = False,
     ) -> None:
         self.adopt = adopt
+        self.change_data_feed = change_data_feed
         self.table_uri = str(table_uri)
         self.key = tuple(key) if key is not None else None
         self.name = name or f"delta-{os.path.basename(self.table_uri.rstrip('/')) or 'table'}"
@@ -144,8 +150,7 @@ class DeltaSink(Sink):
                 f"sink {self.name}: mode 'upsert' needs a keyed state (a group_by); use "
                 "mode='append' for a global one"
             )
-        bound = DeltaSink(self.table_uri, self.mode, self.partition_by, self.storage_options,
-                          self.name, self.key, self.adopt)  # fmt: skip
+        bound = copy.copy(self)  # every setting, a new one included (never listed twice)
         bound.rows = rows
         return bound
 
@@ -280,6 +285,11 @@ class DeltaSink(Sink):
             storage_options=None if table is not None else self.storage_options or None,
             commit_properties=commit,
             schema_mode="overwrite" if mode == "overwrite" else None,
+            configuration=(
+                {"delta.enableChangeDataFeed": "true"}
+                if table is None and self.change_data_feed
+                else None
+            ),
         )
 
     def _metadata(self, ctx: ExportContext) -> dict[str, str]:

@@ -12,6 +12,8 @@ from typing import Any
 
 from tridentflow.errors import SourceError
 from tridentflow.sources.base import SourceLog
+from tridentflow.sources.delta import LOCATOR_PREFIX as DELTA_PREFIX
+from tridentflow.sources.delta import DeltaLog
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.files import LOCATOR_PREFIX as FILES_PREFIX
 from tridentflow.sources.files import FilesLog
@@ -52,6 +54,7 @@ register_locator(CUSTOM_PREFIX, _open_custom)
 register_locator(LOCATOR_PREFIX, RedisStreamLog.open)
 register_locator(KAFKA_PREFIX, KafkaLog.open)
 register_locator(FILES_PREFIX, FilesLog.open)
+register_locator(DELTA_PREFIX, DeltaLog.open)
 
 
 def open_log(locator: str) -> SourceLog:

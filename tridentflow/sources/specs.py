@@ -355,8 +355,78 @@ class FileSource(LogSource):
     def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
         """The directory or the bucket's prefix, as OpenLineage names them (``file`` /
         ``s3://bucket``)."""
-        if self.uri.startswith("s3://"):
-            bucket, _, prefix = self.uri[len("s3://") :].partition("/")
-            return [LineageDataset(f"s3://{bucket}", prefix.rstrip("/") or "/")]
-        path = self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri
-        return [LineageDataset("file", path)]
+        return [_path_dataset(self.uri)]
+
+
+@dataclass(frozen=True)
+class DeltaSource(LogSource):
+    """A Delta Lake table other jobs write (see tridentflow.sources.delta), read through
+    delta-rs (no JVM): its versions are the offsets of one partition, so a txid's batch is a
+    range of versions. With the table's change data feed on, a version's records are its
+    change rows (``_change_type``: ``insert``, ``update_preimage``, ``update_postimage``,
+    ``delete``); without it, the rows its appends added (``_change_type`` ``insert``), and a
+    version that removed rows is refused in one line, never skipped. Each record also has
+    ``_commit_version`` and ``_commit_timestamp``; name any of these in ``fields`` to use them.
+
+    ``batch_size``: the most versions per txid. ``starting_version``: the first version read
+    (earlier ones read as empty: a pipeline started on a table with a long history, or past a
+    version that cannot be read). ``storage_options``: delta-rs's object-store keys, the dict
+    a DeltaSink takes."""
+
+    uri: str = ""
+    storage_options: tuple[tuple[str, str], ...] | dict[str, str] = ()
+    starting_version: int = 0
+    partitions: int = 1
+    batch_size: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        items = (
+            self.storage_options.items()
+            if isinstance(self.storage_options, dict)
+            else self.storage_options
+        )
+        object.__setattr__(
+            self, "storage_options", tuple(sorted((str(k), str(v)) for k, v in items))
+        )
+        if not self.uri:
+            raise PipelineError("DeltaSource needs uri=: the table's directory or s3:// URI")
+        if self.partitions != 1:
+            raise PipelineError(
+                f"a DeltaSource has one partition (its versions), got partitions={self.partitions}"
+            )
+        if isinstance(self.starting_version, bool) or not (
+            isinstance(self.starting_version, int) and self.starting_version >= 0
+        ):
+            raise PipelineError(
+                f"starting_version is a table version >= 0, got {self.starting_version!r}"
+            )
+        if self.position_field is not None:
+            raise PipelineError(
+                "position_field needs an offset per record, and a DeltaSource's offsets are "
+                "versions: window on a field of the records instead"
+            )
+
+    def describe(self) -> str:
+        return f"DeltaSource {self.uri}"
+
+    def open_log(self, ctx: SourceContext) -> SourceLog:
+        """The table; nothing kept in Redis (its versions are its own log)."""
+        from tridentflow.sources.delta import DeltaLog
+
+        return DeltaLog({"uri": self.uri, "storage_options": dict(self.storage_options),
+                         "starting_version": self.starting_version})  # fmt: skip
+
+    def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
+        """The table, as OpenLineage names a path or a bucket's prefix."""
+        return [_path_dataset(self.uri)]
+
+
+def _path_dataset(uri: str) -> LineageDataset:
+    """A directory or an object-store prefix, as OpenLineage names it (``file`` /
+    ``s3://bucket``)."""
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
+        return LineageDataset(f"s3://{bucket}", prefix.rstrip("/") or "/")
+    path = uri[len("file://") :] if uri.startswith("file://") else uri
+    return LineageDataset("file", path)
