@@ -215,3 +215,21 @@ def test_two_pipelines_chained_through_a_table_stay_exact_under_faults_and_a_rew
     drain_retrying(b, 3)
     assert a_state() == table_sums(table) == state(b)
     assert audit(b).ok
+
+
+def test_a_sinks_table_and_a_sources_table_have_one_lineage_name(tmp_path):
+    """OpenLineage links a chain of pipelines only if a DeltaSink's output and a
+    DeltaSource's input name the table alike (an IcebergSink's and an IcebergSource's too)."""
+    from tridentflow import IcebergSink, IcebergSource
+    from tridentflow.sinks.base import LineageContext
+    from tridentflow.sources.base import SourceContext
+
+    ctx = SourceContext("p", tmp_path)
+    sink_ctx = LineageContext("p", "redis://x")
+    for uri in (str(tmp_path / "t"), f"file://{tmp_path}/t", "s3://bucket/lake/t"):
+        source = DeltaSource(fields=("a",), uri=uri).lineage_datasets(ctx)
+        assert source == DeltaSink(uri).lineage_datasets(sink_ctx), uri
+    catalog = {"type": "sql", "uri": "sqlite:///x.db", "warehouse": "s3://lake/wh"}
+    source = IcebergSource(fields=("a",), table="ns.t", catalog=catalog).lineage_datasets(ctx)
+    assert source == IcebergSink("ns.t", catalog=catalog).lineage_datasets(sink_ctx)
+    assert source[0].namespace == "s3://lake" and source[0].name == "/wh/ns/t"

@@ -10,6 +10,7 @@ from tridentflow.sources.base import Produced
 from tridentflow.sources.delta import DeltaLog
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.files import FilesLog
+from tridentflow.sources.iceberg import IcebergLog
 from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.redisstream import RedisStreamLog
 
@@ -37,6 +38,8 @@ DECLARED = {
     # a table is its writers': the reader refuses reset --source, counts the rows appends
     # added, names the versions waiting; nothing kept, nothing to close
     DeltaLog: {"Produces", "GuardsDelete", "CountsRecords", "NamesWaiting"},
+    # the same, with no produce: append with pyiceberg (or an IcebergSink)
+    IcebergLog: {"GuardsDelete", "CountsRecords", "NamesWaiting"},
     # a topic is its producers': never created, deleted or trimmed by its reader
     KafkaLog: {"Produces", "AppendsSpread", "Rebases", "GuardsDelete", "Requires", "Closes"},
     RedisStreamLog: {

@@ -122,6 +122,27 @@ def test_spark_reads_a_delta_sources_versions_on_its_executors_like_the_local_en
     assert local.counts
 
 
+def test_spark_reads_an_iceberg_sources_snapshots_like_the_local_engine(
+    spark, redis_url, tmp_path, monkeypatch
+):
+    """An IcebergSource's txid on Spark: the read tasks open the table through its catalog
+    from the locator and read its append snapshots on the executors, split over tasks."""
+    from tests.test_iceberg_source import catalog_of, events_table, pipeline, rows, runtime_of
+    from tridentflow.engines import spark as spark_engine
+
+    catalog = catalog_of(tmp_path / "lake")
+    table = events_table(catalog)
+    for seed in range(4):
+        table.append(rows(seed, n=25))
+    rt = runtime_of(pipeline(catalog), redis_url, tmp_path / "h")
+    ranges = {p: (0, h) for p, h in rt.log.scan().heads.items()}
+    local = LocalEngine().compute(rt.plan, rt.log.root, ranges)
+    monkeypatch.setattr(spark_engine, "task_records", lambda plan: 2)
+    on_spark = SparkEngine(spark).compute(rt.plan, rt.log.root, ranges)
+    assert on_spark.counts == local.counts and local.counts
+    assert dict(on_spark.partials["totals"]) == dict(local.partials["totals"])
+
+
 def test_spark_reads_kafka_like_the_local_engine(spark, redis_url, home, monkeypatch):
     """Spark's read tasks open the Kafka log from its locator (their own consumer); offsets
     with transaction markers split over several tasks give the local engine's partials and

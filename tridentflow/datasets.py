@@ -12,6 +12,7 @@ names none is ``tridentflow`` / ``PIPELINE/NAME``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
@@ -64,3 +65,20 @@ def postgres_dataset(dsn: str, table_parts: tuple[str, ...]) -> LineageDataset:
     database = parts.get("dbname") or parts.get("user") or "postgres"
     schema, table = table_parts if len(table_parts) == 2 else ("public", table_parts[-1])
     return LineageDataset(f"postgres://{host}:{port}", f"{database}.{schema}.{table}")
+
+
+def location_dataset(location: str) -> LineageDataset:
+    """A table or a directory at ``location`` (a path, ``file://``, ``s3://bucket/path``), as
+    the OpenLineage naming spec names it: the scheme and authority as namespace (``file`` for a
+    local path), the path as name."""
+    parts = urlsplit(location)
+    if parts.scheme in ("", "file"):
+        return LineageDataset("file", os.path.abspath(parts.path or location))
+    return LineageDataset(f"{parts.scheme}://{parts.netloc}", parts.path or "/")
+
+
+def iceberg_location(warehouse: str, identifier: str) -> str:
+    """Where pyiceberg's catalogs put a new table ``namespace.table``:
+    ``warehouse/namespace/table`` (how lineage names an Iceberg table without I/O)."""
+    namespace, table = identifier.rsplit(".", 1)
+    return f"{warehouse.rstrip('/')}/{namespace}/{table}"

@@ -35,9 +35,8 @@ import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
-from tridentflow.datasets import LineageDataset
+from tridentflow.datasets import LineageDataset, location_dataset
 from tridentflow.sinks.base import (
     ExportContext,
     LineageContext,
@@ -388,10 +387,7 @@ class DeltaSink(Sink):
     def lineage_datasets(self, ctx: LineageContext) -> list[LineageDataset]:
         """As the OpenLineage naming spec names a table on a file system or an object store:
         the scheme and authority as namespace, the path as name."""
-        parts = urlsplit(self.table_uri)
-        if parts.scheme and parts.scheme != "file":
-            return [LineageDataset(f"{parts.scheme}://{parts.netloc}", parts.path or "/")]
-        return [LineageDataset("file", os.path.abspath(parts.path or self.table_uri))]
+        return [location_dataset(self.table_uri)]
 
     # -- rewind, time travel, housekeeping ---------------------------------------------------
     def version_of(self, stamp: str, txid: int) -> int | None:

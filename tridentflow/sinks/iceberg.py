@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from tridentflow.datasets import LineageDataset
+from tridentflow.datasets import LineageDataset, iceberg_location, location_dataset
 from tridentflow.sinks.base import (
     ExportContext,
     LineageContext,
@@ -430,15 +430,10 @@ class IcebergSink(Sink):
         table: its scheme and authority as namespace, its path as name. No I/O: the location
         this sink last loaded or created the table at, else where pyiceberg's catalogs put a
         new table (``warehouse/namespace/table``)."""
-        location = self._location
-        if location is None:
-            warehouse = self.catalog_properties.get("warehouse", "").rstrip("/")
-            namespace, table = self.identifier.rsplit(".", 1)
-            location = f"{warehouse}/{namespace}/{table}"
-        parts = urlsplit(location)
-        if parts.scheme in ("", "file"):
-            return [LineageDataset("file", parts.path)]
-        return [LineageDataset(f"{parts.scheme}://{parts.netloc}", parts.path)]
+        location = self._location or iceberg_location(
+            self.catalog_properties.get("warehouse", ""), self.identifier
+        )
+        return [location_dataset(location)]
 
     def close(self) -> None:
         self._catalog = None

@@ -17,6 +17,8 @@ from tridentflow.sources.delta import DeltaLog
 from tridentflow.sources.filelog import FileLog
 from tridentflow.sources.files import LOCATOR_PREFIX as FILES_PREFIX
 from tridentflow.sources.files import FilesLog
+from tridentflow.sources.iceberg import LOCATOR_PREFIX as ICEBERG_PREFIX
+from tridentflow.sources.iceberg import IcebergLog
 from tridentflow.sources.kafka import LOCATOR_PREFIX as KAFKA_PREFIX
 from tridentflow.sources.kafka import KafkaLog
 from tridentflow.sources.loading import import_ref
@@ -55,6 +57,7 @@ register_locator(LOCATOR_PREFIX, RedisStreamLog.open)
 register_locator(KAFKA_PREFIX, KafkaLog.open)
 register_locator(FILES_PREFIX, FilesLog.open)
 register_locator(DELTA_PREFIX, DeltaLog.open)
+register_locator(ICEBERG_PREFIX, IcebergLog.open)
 
 
 def open_log(locator: str) -> SourceLog:

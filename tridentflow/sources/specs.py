@@ -11,7 +11,14 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
-from tridentflow.datasets import DEFAULT_NAMESPACE, LineageDataset, kafka_namespace, redis_namespace
+from tridentflow.datasets import (
+    DEFAULT_NAMESPACE,
+    LineageDataset,
+    iceberg_location,
+    kafka_namespace,
+    location_dataset,
+    redis_namespace,
+)
 from tridentflow.errors import PipelineError
 from tridentflow.sources.kafka import KafkaFormat
 
@@ -418,8 +425,69 @@ class DeltaSource(LogSource):
                          "starting_version": self.starting_version})  # fmt: skip
 
     def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
-        """The table, as OpenLineage names a path or a bucket's prefix."""
-        return [_path_dataset(self.uri)]
+        """The table, named as a DeltaSink names it (so a chain of pipelines links up)."""
+        return [location_dataset(self.uri)]
+
+
+@dataclass(frozen=True)
+class IcebergSource(LogSource):
+    """An Iceberg table other jobs append to (see tridentflow.sources.iceberg), read through
+    pyiceberg (no JVM): the sequence numbers of its main branch's snapshots are the offsets
+    of one partition, so a txid's batch is a range of snapshots. An append snapshot's records
+    are its new rows (with ``_change_type`` ``insert``, ``_snapshot_id``,
+    ``_sequence_number``, ``_commit_timestamp``; name them in ``fields`` to use them); a
+    compaction gives nothing; an overwrite or delete snapshot is refused in one line, never
+    skipped (pyiceberg reads no changes but appends).
+
+    ``table``: "namespace.table"; ``catalog``: pyiceberg's ``load_catalog`` properties, the
+    dict an IcebergSink takes (``name`` defaults to "tridentflow"). ``batch_size``: the most
+    sequence numbers per txid. ``starting_sequence``: the first read (earlier snapshots read
+    as empty)."""
+
+    table: str = ""
+    catalog: tuple[tuple[str, str], ...] | dict[str, str] = ()
+    starting_sequence: int = 0
+    partitions: int = 1
+    batch_size: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        items = self.catalog.items() if isinstance(self.catalog, dict) else self.catalog
+        object.__setattr__(self, "catalog", tuple(sorted((str(k), str(v)) for k, v in items)))
+        if self.table.count(".") < 1:
+            raise PipelineError(f"IcebergSource needs table='namespace.table', got {self.table!r}")
+        if self.partitions != 1:
+            raise PipelineError(
+                "an IcebergSource has one partition (its snapshots), got "
+                f"partitions={self.partitions}"
+            )
+        if isinstance(self.starting_sequence, bool) or not (
+            isinstance(self.starting_sequence, int) and self.starting_sequence >= 0
+        ):
+            raise PipelineError(
+                f"starting_sequence is a sequence number >= 0, got {self.starting_sequence!r}"
+            )
+        if self.position_field is not None:
+            raise PipelineError(
+                "position_field needs an offset per record, and an IcebergSource's offsets "
+                "are snapshots: window on a field of the records instead"
+            )
+
+    def describe(self) -> str:
+        return f"IcebergSource {self.table}"
+
+    def open_log(self, ctx: SourceContext) -> SourceLog:
+        """The table through its catalog; nothing kept in Redis."""
+        from tridentflow.sources.iceberg import IcebergLog
+
+        return IcebergLog({"identifier": self.table, "catalog": dict(self.catalog),
+                           "starting_sequence": self.starting_sequence})  # fmt: skip
+
+    def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
+        """The table's location as an IcebergSink names it (no I/O: where the catalog puts
+        ``warehouse/namespace/table``), so a sink's table and a source's match."""
+        warehouse = dict(self.catalog).get("warehouse", "")
+        return [location_dataset(iceberg_location(warehouse, self.table))]
 
 
 def _path_dataset(uri: str) -> LineageDataset:
