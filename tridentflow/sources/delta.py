@@ -230,6 +230,13 @@ class DeltaLog:
                 f"deletes), or skip it on purpose: DeltaSource(starting_version={version + 1})"
             )
         added = [a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
+        mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if added and mapping != "none":
+            raise SourceError(
+                f"{self.describe()} maps its columns ({mapping} column mapping): its files' "
+                "physical names are not its columns' - turn on the change data feed, which "
+                "reads them by name"
+            )
         rows: list[bytes] = []
         for add in added:
             rows += self._file_rows(table, add, version, actions)
