@@ -272,3 +272,39 @@ def test_a_fire_is_not_repeated_while_its_run_is_queued_or_slow_to_bind(
     emit_run(rt, "run-a", ENGINE)
     commit_run(rt, "run-a")
     assert work_waiting(rt) is None
+
+
+def test_a_file_or_a_table_version_landing_is_work_until_committed(redis_url, tmp_path):
+    """The on-data watcher on the sources where data already lands: a new file in the landing
+    directory, a new version of a Delta table, is work for a run (the asset watcher fires);
+    once committed, nothing waits - and a file already taken is never work again."""
+    from deltalake import write_deltalake
+
+    from tests import test_delta_source as delta
+    from tests import test_file_source as files
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    rt = files.runtime_of(files.pipeline(landing), redis_url, tmp_path / "f")
+    assert work_waiting(rt) is None
+    files.write(landing, "a.parquet", files.batch(1))
+    assert work_waiting(rt).records == 1  # one file
+    run_batches(rt, ENGINE)
+    assert work_waiting(rt) is None
+    files.write(landing, "b.parquet", files.batch(2))
+    assert work_waiting(rt).describe() == "1 files past the committed offsets"
+    run_batches(rt, ENGINE)
+    assert work_waiting(rt) is None
+
+    uri = tmp_path / "table"
+    write_deltalake(uri, delta.rows(0))
+    table_rt = delta.runtime_of(delta.pipeline(uri), redis_url, tmp_path / "d")
+    assert work_waiting(table_rt).records == 1  # version 0
+    run_batches(table_rt, ENGINE)
+    assert work_waiting(table_rt) is None
+    write_deltalake(uri, delta.rows(1), mode="append")
+    write_deltalake(uri, delta.rows(2), mode="append")
+    assert work_waiting(table_rt).records == 2
+    assert work_waiting(table_rt).describe() == "2 versions past the committed offsets"
+    run_batches(table_rt, ENGINE)
+    assert work_waiting(table_rt) is None

@@ -8,8 +8,11 @@ other, its coordinator deciding what it reads. A fire carries no offsets: events
 merges into one run, or that come twice, cannot lose or double a record, and the watcher keeps
 firing until nothing waits.
 
-The trigger only reads (the ledger, the source's heads); it never writes to Redis. Redis or the
-source out of reach is logged and polled again (with a back-off): the watcher itself never fails.
+The trigger only reads (the ledger, the source's heads); it never writes to Redis - but for a
+FileSource, whose listing is its taking: new files go into the manifest as the coordinator's
+listing would put them (atomic, idempotent; a txid's batch is still frozen by its coordinator).
+Redis or the source out of reach is logged and polled again (with a back-off): the watcher
+itself never fails.
 A txid held under a live lease by a run Airflow says has finished (``dag_id``'s run, asked
 through the triggerer's Task SDK channel, as the coordinator asks) is work: the next run's
 coordinator releases and adopts it. An unanswered fire is not repeated while ``dag_id`` has a

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tridentflow.sources.base import NamesWaiting
 from tridentflow.steps.runs import FINISHED, RunState
 from tridentflow.steps.runtime import Runtime
 
@@ -70,6 +71,8 @@ class Waiting:
     since: dict[int, int] = field(default_factory=dict)
     """Where each partition's waiting records start (committed offsets, or a held txid's
     reach): with ``partitions``, which records wait - compared by offsets, not counts."""
+    unit: str = "records"
+    """What ``records`` counts: offsets, named as the log names them (files, versions)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,8 +86,8 @@ class Waiting:
         if self.adopt is not None:
             return f"txid {self.adopt} is bound and no run holds it: a new run adopts it"
         if self.beyond is not None:
-            return f"{self.records} records beyond what txid {self.beyond} (running) can read"
-        return f"{self.records} records past the committed offsets"
+            return f"{self.records} {self.unit} beyond what txid {self.beyond} (running) can read"
+        return f"{self.records} {self.unit} past the committed offsets"
 
 
 def work_waiting(rt: Runtime, run_state: RunState | None = None) -> Waiting | None:
@@ -113,9 +116,14 @@ def held_txid(rt: Runtime, pending: list[int], run_state: RunState | None = None
 
 def _unheld_work(rt: Runtime, pending: list[int]) -> Waiting | None:
     behind, since = _records_behind(rt)
+    unit = _unit(rt)
     if pending:
-        return Waiting(sum(behind.values()), behind, adopt=pending[0], since=since)
-    return Waiting(sum(behind.values()), behind, since=since) if behind else None
+        return Waiting(sum(behind.values()), behind, adopt=pending[0], since=since, unit=unit)
+    return Waiting(sum(behind.values()), behind, since=since, unit=unit) if behind else None
+
+
+def _unit(rt: Runtime) -> str:
+    return rt.log.offset_unit() if isinstance(rt.log, NamesWaiting) else "records"
 
 
 def _beyond_held(rt: Runtime, held: int, pending: list[int]) -> Waiting | None:
@@ -138,7 +146,9 @@ def _beyond_held(rt: Runtime, held: int, pending: list[int]) -> Waiting | None:
         return None
     beyond = {p: head - reach[p] for p, head in heads.items() if p in reach and head > reach[p]}
     since = {p: reach[p] for p in beyond}
-    return Waiting(sum(beyond.values()), beyond, beyond=held, since=since) if beyond else None
+    if not beyond:
+        return None
+    return Waiting(sum(beyond.values()), beyond, beyond=held, since=since, unit=_unit(rt))
 
 
 def _records_behind(rt: Runtime) -> tuple[dict[int, int], dict[int, int]]:
