@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import assert_caught, plant_in_lua
 from tridentflow.devtools.chaos import STREAM_PIPELINES, run_chaos
-from tridentflow.devtools.chaos.files import FILES_PIPELINE
+from tridentflow.devtools.chaos.files import DELTA_PIPELINE, FILES_PIPELINE
 from tridentflow.devtools.chaos.typed import TYPED_PIPELINE
 from tridentflow_state.maps import MapState, OpaqueMap, StoredValue
 
@@ -38,6 +38,8 @@ DEPLOY_SOAK, DEPLOY_SEED = 10, 6000
 TABLES_SOAK, TABLES_SEED = 10, 7000
 """The tables family: the lakehouse schedules among seeds 7000.. (three in ten)."""
 FILES_SOAK, FILES_SEED = 10, 100
+DELTA_SOAK, DELTA_SEED = 10, 200
+"""The Delta table source's schedules (chaos/files.py); seed 201 shows its planted bug."""
 """The file source's schedules (chaos/files.py); seed 101 shows its planted bug."""
 TYPES_SOAK, TYPES_SEED = 20, 9000
 """The types family: every schedule of the typed pipeline; seed 9000 shows each planted bug
@@ -385,6 +387,40 @@ def test_the_harness_catches_a_file_read_past_its_frozen_list(monkeypatch):
 
     monkeypatch.setattr(FilesLog, "read_raw", past_frozen)
     (result,) = run_chaos(1, seed=FILES_SEED + 1, pipelines=(FILES_PIPELINE,))
+    assert not result.ok and result.doubled > 0, result.line()
+
+
+def test_schedules_of_a_delta_source_are_exact():
+    """A DeltaSource under every fault, restart, rewind and reset: each harness append is one
+    version of the schedule's own table, a txid reads at most two; every word once."""
+    results = run_chaos(3, seed=DELTA_SEED, pipelines=(DELTA_PIPELINE,))
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+    assert sum(r.txids for r in results) >= 9
+
+
+@pytest.mark.soak
+def test_fixed_seed_schedules_of_a_delta_source_are_exact():
+    results = run_chaos(DELTA_SOAK, seed=DELTA_SEED + 10, pipelines=(DELTA_PIPELINE,),
+                        reader=True, reshards=True)  # fmt: skip
+    failures = [r.line() for r in results if not r.ok]
+    assert not failures, failures[0]
+
+
+def test_the_harness_catches_a_table_read_past_its_frozen_versions(monkeypatch):
+    """The table source's planted bug: a read task that reads the table up to its newest
+    version, not to the end of its txid's frozen range - versions committed since count
+    twice."""
+    from tridentflow.sources.delta import DeltaLog
+
+    real = DeltaLog.read_raw
+
+    def past_frozen(self, partition, start, end):
+        head = self._table().version() + 1
+        return real(self, partition, start, head if end > start else end)
+
+    monkeypatch.setattr(DeltaLog, "read_raw", past_frozen)
+    (result,) = run_chaos(1, seed=DELTA_SEED + 1, pipelines=(DELTA_PIPELINE,))
     assert not result.ok and result.doubled > 0, result.line()
 
 

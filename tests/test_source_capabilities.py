@@ -35,11 +35,11 @@ DECLARED = {
         "Trims",
         "Remembers",
     },
-    # a table is its writers': the reader refuses reset --source, counts the rows appends
-    # added, names the versions waiting; nothing kept, nothing to close
-    DeltaLog: {"Produces", "GuardsDelete", "CountsRecords", "NamesWaiting"},
+    # a table is its writers': it must exist, the reader refuses reset --source, counts the
+    # rows appends added, names the versions waiting; nothing kept, nothing to close
+    DeltaLog: {"Produces", "GuardsDelete", "CountsRecords", "NamesWaiting", "Requires"},
     # the same, with no produce: append with pyiceberg (or an IcebergSink)
-    IcebergLog: {"GuardsDelete", "CountsRecords", "NamesWaiting"},
+    IcebergLog: {"GuardsDelete", "CountsRecords", "NamesWaiting", "Requires"},
     # a topic is its producers': never created, deleted or trimmed by its reader
     KafkaLog: {"Produces", "AppendsSpread", "Rebases", "GuardsDelete", "Requires", "Closes"},
     RedisStreamLog: {

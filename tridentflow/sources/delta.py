@@ -71,7 +71,14 @@ class DeltaLog:
 
     # -- the interface ------------------------------------------------------------------------
     def exists(self) -> bool:
-        return True  # a missing table is one line from scan
+        """Whether the table exists (a pipeline may be deployed before its upstream writes)."""
+        from deltalake import DeltaTable
+
+        return bool(DeltaTable.is_deltatable(self.uri, self.storage_options or None))
+
+    def require(self) -> None:
+        """SourceError (one line) unless the table exists: its writers make it."""
+        self._table()
 
     def partitions(self) -> int:
         return 1
@@ -166,7 +173,10 @@ class DeltaLog:
 
         if asked_partitions:
             raise SourceError("--partitions: a DeltaSource has one partition, its versions")
+        fields = list(self.spec.get("fields") or [])
         rows = [json.loads(line) for line in lines]
+        if len(fields) == 1:  # a scalar is the single field of a one-field source
+            rows = [r if isinstance(r, dict) else {fields[0]: r} for r in rows]
         if not all(isinstance(r, dict) for r in rows):
             raise SourceError("produce into a Delta table takes JSON objects, one per line")
         write_deltalake(self.uri, pa.Table.from_pylist(rows), mode="append",

@@ -62,7 +62,18 @@ class IcebergLog:
 
     # -- the interface ------------------------------------------------------------------------
     def exists(self) -> bool:
-        return True  # a missing table is one line from scan
+        """Whether the table exists (a pipeline may be deployed before its upstream writes)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            self._catalog_of().load_table(self.identifier)
+        except NoSuchTableError:
+            return False
+        return True
+
+    def require(self) -> None:
+        """SourceError (one line) unless the table exists: its writers make it."""
+        self._table()
 
     def partitions(self) -> int:
         return 1

@@ -422,7 +422,8 @@ class DeltaSource(LogSource):
         from tridentflow.sources.delta import DeltaLog
 
         return DeltaLog({"uri": self.uri, "storage_options": dict(self.storage_options),
-                         "starting_version": self.starting_version})  # fmt: skip
+                         "starting_version": self.starting_version,
+                         "fields": list(self.fields)})  # fmt: skip
 
     def lineage_datasets(self, ctx: SourceContext) -> list[LineageDataset]:
         """The table, named as a DeltaSink names it (so a chain of pipelines links up)."""

@@ -20,7 +20,7 @@ from tridentflow.devtools.chaos.draws import (
     schedule_expiry_time,
     sink_parts,
 )
-from tridentflow.devtools.chaos.files import FILES_NAME
+from tridentflow.devtools.chaos.files import DELTA_NAME, FILES_NAME, create_sentences_table
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.typed import (
     TYPED_NAME,
@@ -82,6 +82,10 @@ class SinkChecks:
             landing = self.workdir / f"landing-{seed}"
             landing.mkdir(parents=True, exist_ok=True)
             pipeline.source = replace(pipeline.source, uri=str(landing))
+        if pipeline.name == DELTA_NAME:  # a table of the schedule's own, made empty
+            table = self.workdir / f"table-{seed}"
+            create_sentences_table(table)
+            pipeline.source = replace(pipeline.source, uri=str(table))
         if self.expiry:  # the expiry family: by txids, by batch time, or both
             self._expire_keys(pipeline, seed)
         if pipeline.name == TYPED_NAME:  # the types family: its state's own columns
