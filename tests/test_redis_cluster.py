@@ -27,6 +27,7 @@ def cluster(tmp_path_factory):
 def test_the_word_count_runs_on_a_redis_cluster(tf, cluster, tmp_path):
     client = connect(cluster.url(1))
     assert isinstance(client, redis.RedisCluster)
+    client.flushall()  # the module's cluster is shared: the chaos seeds' wordcount had sinks
     env = {"TRIDENTFLOW_REDIS_URL": cluster.url(1), "TRIDENTFLOW_HOME": str(tmp_path / "h")}
     for pipeline in ("wordcount", "wordcount-opaque"):
         produced = tf("produce", pipeline, "-", input="\n".join(SEED_SENTENCES) + "\n", env=env)

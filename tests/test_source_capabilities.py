@@ -33,6 +33,7 @@ DECLARED = {
         "NamesWaiting",
         "Closes",
         "Trims",
+        "DescribesTrims",
         "Remembers",
     },
     # a table is its writers': it must exist, the reader refuses reset --source, counts the
@@ -50,6 +51,7 @@ DECLARED = {
         "GuardsDelete",
         "Deletes",
         "Trims",
+        "DescribesTrims",
         "Closes",
     },
 }

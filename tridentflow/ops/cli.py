@@ -51,7 +51,13 @@ from tridentflow.ops.reset import reset_pipeline
 from tridentflow.pipeline import Guarantee, Pipeline
 from tridentflow.redisconn import resolve_redis_url, scrubbed
 from tridentflow.registry import EXAMPLES, load_by_origin, load_pipeline
-from tridentflow.sources.base import AppendsSpread, Produces, SourceContext, Trims
+from tridentflow.sources.base import (
+    AppendsSpread,
+    DescribesTrims,
+    Produces,
+    SourceContext,
+    Trims,
+)
 from tridentflow.sources.filelog import encode_record
 from tridentflow.steps import recorded_settings
 from tridentflow.steps.runtime import Runtime, resolve_home
@@ -988,7 +994,11 @@ def cmd_trim(args: argparse.Namespace, out: TextIO) -> int:
     committed = rt.ledger.committed_offsets()
     removed = rt.log.trim(committed)
     for partition, (n, holder) in sorted(removed.items()):
-        out.write(rt.log.trimmed(partition, n, holder, committed.get(partition, 0)) + "\n")
+        if isinstance(rt.log, DescribesTrims):
+            line = rt.log.trimmed(partition, n, holder, committed.get(partition, 0))
+        else:
+            line = f"partition {partition}: {n} entries removed"
+        out.write(line + "\n")
     total = sum(n for n, _holder in removed.values())
     out.write(f"trimmed {total} committed entries of {rt.pipeline.name} (read by every reader)\n")
     return 0

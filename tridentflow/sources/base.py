@@ -52,8 +52,8 @@ without one is refused in one line where it is needed, never guessed at):
 * ``check_delete()`` and ``delete()``: ``reset --source`` calls the first before anything is
   reset (it refuses, in one line, a log others read or a producer owns) and the second after;
   a log without ``delete`` is refused;
-* ``trim(committed)``, ``trimmed(...)``: ``tridentflow trim`` removes what every reader
-  committed, and says so per partition;
+* ``trim(committed)``: ``tridentflow trim`` removes what every reader committed (and
+  ``trimmed(...)`` says it per partition);
 * ``offset_unit()`` and ``waiting(committed)``: what an offset is, and what waits, named, for
   ``status`` (a FileSource's files);
 * ``remembered()``: how much the log remembers of what it took, for ``status``;
@@ -180,9 +180,13 @@ class Trims(Protocol):
 
     def trim(self, committed: dict[int, int]) -> dict[int, tuple[int, str]]: ...
 
-    def trimmed(self, partition: int, removed: int, holder: str, committed: int) -> str:
-        """The line ``tridentflow trim`` prints for one partition of ``trim``'s answer."""
-        ...
+
+@runtime_checkable
+class DescribesTrims(Protocol):
+    """A log that says, per partition, what ``trim`` removed and what limited it (else
+    ``tridentflow trim`` prints the count)."""
+
+    def trimmed(self, partition: int, removed: int, holder: str, committed: int) -> str: ...
 
 
 @runtime_checkable
