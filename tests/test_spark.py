@@ -540,6 +540,7 @@ def test_spark_connect_runs_every_pipeline_like_the_local_engine(connect_url, tf
         assert over_connect == on_local, state
 
 
+@pytest.mark.soak
 def test_chaos_seeds_over_spark_connect_are_exact(connect_url, tf):
     """The chaos harness with every emit a Spark Connect client (`tridentflow chaos
     --remote`): faults at every step, dark partitions, Redis restarts, resets, and the counts
