@@ -179,6 +179,7 @@ def run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
     )
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "BENCH_FILES_LANDING": str(landing), "BENCH_FILES_CAP": str(args.cap)}  # fmt: skip
+    os.environ.update(BENCH_FILES_LANDING=str(landing), BENCH_FILES_CAP=str(args.cap))
     client = redis.Redis.from_url(redis_url, socket_timeout=None)
     jobs = args.only.split(",")
     print(f"{'job':<4} {'seconds':>8} {'records/s':>11} {'memory of files':>16}  where")

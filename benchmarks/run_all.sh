@@ -21,7 +21,7 @@ declare -a ORDER=(
   user_scores user_scores_frames batch_operations batch_operations_frames per_exchange
   per_exchange_frames vs_spark vs_spark_all staging_scale staging_scale_large staging_scale_cluster
   commit_throughput commit_profile produce commit_scaleout commit_scaleout_shards undo_retention expiry memory reshard reshard_cluster postgres_sink lakehouse_sink
-  kafka_source file_memory wordcount_vs_pyspark pipelining batch_operations_connect per_exchange_connect
+  kafka_source file_memory files_vs_spark files_vs_spark_big wordcount_vs_pyspark pipelining batch_operations_connect per_exchange_connect
   airflow_connect airflow_connect_redis airflow_both_connect airflow_both_submit on_data
 )
 declare -A COMMAND=(
@@ -38,6 +38,8 @@ declare -A COMMAND=(
   [staging_scale_cluster]="python -m benchmarks.staging_scale --cluster --only tf-redis,bare-foreach --keys 1000000,2000000,4000000,8000000"
   [commit_throughput]="python benchmarks/commit_throughput.py"
   [file_memory]="python -m benchmarks.file_memory --files 100000,1000000"
+  [files_vs_spark]="python -m benchmarks.files_vs_spark --files 10000 --rows 1000 --cap 100"
+  [files_vs_spark_big]="python -m benchmarks.files_vs_spark --files 200 --rows 100000 --cap 10"
   [expiry]="python -m benchmarks.expiry --sizes 10000,1000000,10000000 --txids 3 --repeat 1"
   [commit_profile]="python benchmarks/commit_throughput.py --profile"
   [produce]="python benchmarks/produce.py"

@@ -116,6 +116,11 @@ def test_the_change_feed_gives_updates_deletes_and_merges(redis_url, tmp_path):
     run_batches(rt, ENGINE)
     assert state(rt) == table_sums(uri)
     assert audit(rt).ok
+    from tridentflow.ops.status import format_status, status
+
+    text = format_status(status(rt))  # each commit names its versions; none wait
+    assert "  took: version 3, version 4" in text and "total lag      0 versions" in text, text
+    assert ": 2 versions, 3 keys;" in text  # a txid's count is of its offsets: versions
 
 
 def test_a_version_that_cannot_be_read_exactly_is_one_line_and_can_be_skipped(redis_url, tmp_path):

@@ -420,6 +420,11 @@ def test_status_counts_its_lag_in_files_and_names_those_waiting(redis_url, tmp_p
     run_batches(rt, ENGINE)
     info = status(rt)
     assert (info["lag"], info["waiting"]) == (0, [])
+    # each commit names the files it took (newest first)
+    took = [(e["txid"], e["took"], e["took_more"]) for e in info["history"]]
+    assert took == [(2, [str(landing / "2.parquet")], 0),
+                    (1, [str(landing / f"{i}.parquet") for i in range(2)], 0)]  # fmt: skip
+    assert f"  took: {landing / '0.parquet'}, {landing / '1.parquet'}" in format_status(info)
 
 
 def test_forget_after_keeps_what_the_source_remembers_bounded_and_says_its_price(

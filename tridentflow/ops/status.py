@@ -27,6 +27,8 @@ def status(rt: Runtime) -> dict[str, Any]:
     now_ms = rt.redis_now_ms()
     pending = [pending_txid(rt, txid, now_ms) for txid in ledger.pending_txids()]
     history = ledger.history(HISTORY_SHOWN)
+    if isinstance(rt.log, NamesWaiting):
+        _name_what_they_took(rt.log, history[:TOOK_SHOWN])
     recorded = ledger.settings()
     shapes = json.loads(recorded.get(STATES, "{}"))
     partitions = _partitions(heads, offsets, unavailable)
@@ -59,6 +61,27 @@ def status(rt: Runtime) -> dict[str, Any]:
             "disagreements": settings_disagreements(rt, recorded),
         },
     }
+
+
+TOOK_SHOWN = 5
+"""The newest commits whose files (versions, snapshots) ``status`` names."""
+TOOK_NAMES = 10
+"""Names per commit at most (the rest counted)."""
+
+
+def _name_what_they_took(log: NamesWaiting, entries: list[dict[str, Any]]) -> None:
+    """Each entry's ``took``: what its ranges held, named by the log (a FileSource's files),
+    at most TOOK_NAMES, and ``took_more``: the offsets not named."""
+    for entry in entries:
+        ranges = sorted(
+            (int(p), int(r[0]), int(r[1])) for p, r in (entry.get("ranges") or {}).items()
+        )
+        names: list[str] = []
+        for partition, start, end in ranges:
+            if len(names) < TOOK_NAMES and end > start:
+                names += log.names(partition, start, end, TOOK_NAMES - len(names))
+        entry["took"] = names
+        entry["took_more"] = max(0, sum(end - start for _, start, end in ranges) - len(names))
 
 
 def _resharding(rt: Runtime) -> dict[str, Any] | None:
@@ -103,8 +126,9 @@ def step_tries(info: dict[str, Any]) -> int:
     return int(info.get("tries") or info.get("attempts") or 0)
 
 
-def describe_commit(entry: dict[str, Any]) -> str:
-    """One line of a history entry: txid, run, sizes, skipped partitions, step durations."""
+def describe_commit(entry: dict[str, Any], unit: str = "records") -> str:
+    """One line of a history entry: txid, run, sizes, skipped partitions, step durations.
+    ``unit``: what the source's offsets are (a FileSource's count is of files)."""
     steps = entry.get("steps", {})
     timing = []
     for step in ("coordinate", "emit", "commit"):
@@ -115,7 +139,7 @@ def describe_commit(entry: dict[str, Any]) -> str:
     skipped = f", skipped {entry['skipped']}" if entry.get("skipped") else ""
     return (
         f"txid {entry['txid']} by {entry.get('run_id') or '?'}: {entry.get('records', 0)} "
-        f"records, {entry.get('keys', 0)} keys{skipped}; " + ", ".join(timing)
+        f"{unit}, {entry.get('keys', 0)} keys{skipped}; " + ", ".join(timing)
     )
 
 
@@ -207,7 +231,11 @@ def format_status(info: dict[str, Any]) -> str:
     lines += _rewind_lines(info)
     lines += _sink_lines(info)
     for entry in info["history"][:5]:
-        lines.append(f"committed      {describe_commit(entry)}")
+        unit = info.get("lag_unit", "records")
+        lines.append(f"committed      {describe_commit(entry, unit)}")
+        if entry.get("took"):
+            more = f" (+{entry['took_more']} more)" if entry.get("took_more") else ""
+            lines.append(f"  took: {', '.join(entry['took'])}{more}")
     lines += _partition_lines(info)
     return "\n".join(lines)
 

@@ -216,6 +216,11 @@ class NamesWaiting(Protocol):
 
     def waiting(self, committed: dict[int, int], limit: int = 10) -> list[str]: ...
 
+    def names(self, partition: int, start: int, end: int, limit: int = 10) -> list[str]:
+        """What offsets [start, end) of ``partition`` hold, named (a committed txid's files
+        or versions, for ``status``; at most ``limit``, fewer where they are gone)."""
+        ...
+
 
 @runtime_checkable
 class Remembers(Protocol):

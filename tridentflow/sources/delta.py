@@ -135,6 +135,10 @@ class DeltaLog:
             for v in range(start, min(newest + 1, start + limit))
         ]
 
+    def names(self, partition: int, start: int, end: int, limit: int = 10) -> list[str]:
+        first = max(start, self.starting_version)
+        return [f"version {v}" for v in range(first, min(end, first + limit))]
+
     def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None:
         """The rows the versions in ``ranges`` added (their add actions' ``numRecords``), or
         None when a version's stats say nothing or it changes rows (the change feed)."""

@@ -369,6 +369,9 @@ class FilesLog:
             found += [entry["path"] for entry in self._entries(p, start, start + limit)]
         return found[:limit]
 
+    def names(self, partition: int, start: int, end: int, limit: int = 10) -> list[str]:
+        return [e["path"] for e in self._entries(partition, start, min(end, start + limit))]
+
     def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None:
         """The records of the files at ``ranges`` (Parquet: the footers' row counts; CSV and
         JSON: their lines), or None past COUNTED_BYTES of files, or when a file cannot be

@@ -125,6 +125,13 @@ class IcebergLog:
             for s in found[:limit]
         ]
 
+    def names(self, partition: int, start: int, end: int, limit: int = 10) -> list[str]:
+        try:
+            found = self._snapshots(self._table(), start, end)
+        except SourceError:  # expired or rolled back: nothing to name
+            return []
+        return [f"snapshot {s.snapshot_id} (sequence {s.sequence_number})" for s in found[:limit]]
+
     def records_in(self, ranges: dict[int, tuple[int, int]]) -> int | None:
         """The rows the snapshots in ``ranges`` appended (their summaries' ``added-records``),
         or None when a summary does not say."""
