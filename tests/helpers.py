@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,23 +76,43 @@ def plant_in_lua(monkeypatch, after: str, lua: str) -> None:
 
 
 @contextlib.contextmanager
-def moto_s3(*buckets: str) -> Iterator[str]:
+def moto_s3(*buckets: str, process: bool = False) -> Iterator[str]:
     """A real S3 API on loopback (moto's server) holding ``buckets``; its endpoint URL. The
-    credentials are ``k`` / ``s``, the region us-east-1."""
+    credentials are ``k`` / ``s``, the region us-east-1. ``process``: the server in a process
+    of its own, for a client that holds the GIL while it waits on the store (delta-rs's
+    ``load_cdf`` and ``is_deltatable``: a server thread of this process could never answer)."""
+    import subprocess
+    import sys
+
     import boto3
     from moto.server import ThreadedMotoServer
 
     from tridentflow.devtools.devredis import free_port
 
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    if process:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        stop = server.terminate
+    else:
+        threaded = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+        threaded.start()
+        stop = threaded.stop
     try:
         client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k",
                               aws_secret_access_key="s", region_name="us-east-1")  # fmt: skip
-        for bucket in buckets:
-            client.create_bucket(Bucket=bucket)
+        for tries_left in reversed(range(100)):  # a process's server: until it answers
+            try:
+                for bucket in buckets:
+                    client.create_bucket(Bucket=bucket)
+                break
+            except Exception:
+                if not tries_left:
+                    raise
+                time.sleep(0.1)
         yield endpoint
     finally:
-        server.stop()
+        stop()

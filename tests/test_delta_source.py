@@ -238,3 +238,48 @@ def test_a_sinks_table_and_a_sources_table_have_one_lineage_name(tmp_path):
     source = IcebergSource(fields=("a",), table="ns.t", catalog=catalog).lineage_datasets(ctx)
     assert source == IcebergSink("ns.t", catalog=catalog).lineage_datasets(sink_ctx)
     assert source[0].namespace == "s3://lake" and source[0].name == "/wh/ns/t"
+
+
+def test_tables_in_a_bucket_are_read_through_the_sinks_storage_options(redis_url, tmp_path):
+    """Both table sources on an S3 API (moto's server): a Delta table written with
+    storage_options in delta-rs's keys and read by a DeltaSource given the same dict (its
+    change feed included), an Iceberg table in a bucket warehouse read through the catalog an
+    IcebergSink takes; appends between runs each counted once."""
+    from pyiceberg.catalog import load_catalog
+
+    from tests.helpers import moto_s3
+    from tests.test_iceberg_source import pipeline as iceberg_pipeline
+    from tests.test_iceberg_source import rows as iceberg_rows
+    from tests.test_iceberg_source import state as iceberg_state
+    from tests.test_iceberg_source import sums
+
+    with moto_s3("lake", process=True) as s3:
+        options = {"AWS_ENDPOINT_URL": s3, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                   "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+                   "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}  # fmt: skip
+        uri = "s3://lake/delta/events"
+        write_deltalake(uri, rows(0), storage_options=options,
+                        configuration={"delta.enableChangeDataFeed": "true"})  # fmt: skip
+        rt = runtime_of(pipeline(uri, storage_options=options), redis_url, tmp_path / "d")
+        run_batches(rt, ENGINE)
+        write_deltalake(uri, rows(1), mode="append", storage_options=options)
+        DeltaTable(uri, storage_options=options).delete("user = 'u1'")
+        run_batches(rt, ENGINE)
+        current = DeltaTable(uri, storage_options=options).to_pyarrow_table().to_pylist()
+        want: dict[str, float] = {}
+        for r in current:
+            want[r["user"]] = want.get(r["user"], 0) + r["amount"]
+        assert state(rt) == {k: v for k, v in want.items() if v}
+
+        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+                   "warehouse": "s3://lake/wh", "s3.endpoint": s3, "s3.access-key-id": "k",
+                   "s3.secret-access-key": "s", "s3.region": "us-east-1"}  # fmt: skip
+        opened = load_catalog("tridentflow", **catalog)
+        opened.create_namespace("raw")
+        table = opened.create_table("raw.events", schema=iceberg_rows(0).schema)
+        table.append(iceberg_rows(0))
+        ice = runtime_of(iceberg_pipeline(catalog), redis_url, tmp_path / "i")
+        run_batches(ice, ENGINE)
+        table.append(iceberg_rows(1))
+        run_batches(ice, ENGINE)
+        assert iceberg_state(ice) == sums(iceberg_rows(0), iceberg_rows(1))

@@ -71,10 +71,14 @@ class DeltaLog:
 
     # -- the interface ------------------------------------------------------------------------
     def exists(self) -> bool:
-        """Whether the table exists (a pipeline may be deployed before its upstream writes)."""
-        from deltalake import DeltaTable
+        """Whether the table exists (a pipeline may be deployed before its upstream writes):
+        its log's first commit or checkpoint pointer is there. (Through pyarrow's filesystem:
+        delta-rs's ``is_deltatable`` holds the GIL while it waits on the store.)"""
+        from pyarrow import fs
 
-        return bool(DeltaTable.is_deltatable(self.uri, self.storage_options or None))
+        filesystem_, base = filesystem(self.uri, self.storage_options)
+        paths = [f"{base}/_delta_log/{0:020}.json", f"{base}/_delta_log/_last_checkpoint"]
+        return any(info.type == fs.FileType.File for info in filesystem_.get_file_info(paths))
 
     def require(self) -> None:
         """SourceError (one line) unless the table exists: its writers make it."""
