@@ -81,8 +81,9 @@ def generate(landing: Path, files: int, rows: int, seed: int = 7) -> dict[str, i
 def job_ss(landing: str, redis_url: str, checkpoint: str, cap: int) -> None:
     """The peer: Structured Streaming's file source over the landing directory."""
     import redis
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+
+    from benchmarks.vs_spark import _session
 
     client = redis.Redis.from_url(redis_url, socket_timeout=None)
 
@@ -93,14 +94,7 @@ def job_ss(landing: str, redis_url: str, checkpoint: str, cap: int) -> None:
             pipe.hincrby(SS_KEY, row["user"], int(row["total"]))
         pipe.execute()
 
-    spark = (
-        SparkSession.builder.appName("bench-files-ss")
-        .master("local[*]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
+    spark = _session("bench-files-ss")  # vs_spark's: local[*], 4 shuffle partitions
     stream = (
         spark.readStream.schema("user string, amount long")
         .option("maxFilesPerTrigger", cap)

@@ -155,7 +155,7 @@ def test_bad_settings_and_a_missing_table_are_one_line_each(redis_url, tmp_path)
     for kwargs, needle in (
         ({"uri": ""}, "needs uri="),
         ({"uri": "x", "partitions": 2}, "one partition"),
-        ({"uri": "x", "starting_version": -1}, "starting_version is a table version"),
+        ({"uri": "x", "starting_version": -1}, "starting_version is a whole number"),
         ({"uri": "x", "position_field": "pos"}, "window on a field"),
     ):
         with pytest.raises(PipelineError, match=needle):

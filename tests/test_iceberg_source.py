@@ -129,7 +129,7 @@ def test_bad_settings_and_a_missing_table_are_one_line_each(redis_url, tmp_path)
     for kwargs, needle in (
         ({"table": "events"}, "namespace.table"),
         ({"table": "a.b", "partitions": 2}, "one partition"),
-        ({"table": "a.b", "starting_sequence": -1}, "starting_sequence is a sequence number"),
+        ({"table": "a.b", "starting_sequence": -1}, "starting_sequence is a whole number"),
     ):
         with pytest.raises(PipelineError, match=needle):
             IcebergSource(fields=("a",), **kwargs)  # type: ignore[arg-type]

@@ -398,21 +398,7 @@ class DeltaSource(LogSource):
         )
         if not self.uri:
             raise PipelineError("DeltaSource needs uri=: the table's directory or s3:// URI")
-        if self.partitions != 1:
-            raise PipelineError(
-                f"a DeltaSource has one partition (its versions), got partitions={self.partitions}"
-            )
-        if isinstance(self.starting_version, bool) or not (
-            isinstance(self.starting_version, int) and self.starting_version >= 0
-        ):
-            raise PipelineError(
-                f"starting_version is a table version >= 0, got {self.starting_version!r}"
-            )
-        if self.position_field is not None:
-            raise PipelineError(
-                "position_field needs an offset per record, and a DeltaSource's offsets are "
-                "versions: window on a field of the records instead"
-            )
+        _check_table_source(self, "versions", "starting_version", self.starting_version)
 
     def describe(self) -> str:
         return f"DeltaSource {self.uri}"
@@ -457,22 +443,7 @@ class IcebergSource(LogSource):
         object.__setattr__(self, "catalog", tuple(sorted((str(k), str(v)) for k, v in items)))
         if self.table.count(".") < 1:
             raise PipelineError(f"IcebergSource needs table='namespace.table', got {self.table!r}")
-        if self.partitions != 1:
-            raise PipelineError(
-                "an IcebergSource has one partition (its snapshots), got "
-                f"partitions={self.partitions}"
-            )
-        if isinstance(self.starting_sequence, bool) or not (
-            isinstance(self.starting_sequence, int) and self.starting_sequence >= 0
-        ):
-            raise PipelineError(
-                f"starting_sequence is a sequence number >= 0, got {self.starting_sequence!r}"
-            )
-        if self.position_field is not None:
-            raise PipelineError(
-                "position_field needs an offset per record, and an IcebergSource's offsets "
-                "are snapshots: window on a field of the records instead"
-            )
+        _check_table_source(self, "snapshots", "starting_sequence", self.starting_sequence)
 
     def describe(self) -> str:
         return f"IcebergSource {self.table}"
@@ -489,6 +460,23 @@ class IcebergSource(LogSource):
         ``warehouse/namespace/table``), so a sink's table and a source's match."""
         warehouse = dict(self.catalog).get("warehouse", "")
         return [location_dataset(iceberg_location(warehouse, self.table))]
+
+
+def _check_table_source(source: LogSource, offsets: str, start_name: str, start: object) -> None:
+    """PipelineError (one line) unless a table source has one partition (its ``offsets``),
+    a first offset ``start_name`` >= 0, and no position_field (its offsets are not records)."""
+    kind = type(source).__name__
+    if source.partitions != 1:
+        raise PipelineError(
+            f"a {kind} has one partition (its {offsets}), got partitions={source.partitions}"
+        )
+    if isinstance(start, bool) or not (isinstance(start, int) and start >= 0):
+        raise PipelineError(f"{start_name} is a whole number >= 0, got {start!r}")
+    if source.position_field is not None:
+        raise PipelineError(
+            f"position_field needs an offset per record, and a {kind}'s offsets are "
+            f"{offsets}: window on a field of the records instead"
+        )
 
 
 def _path_dataset(uri: str) -> LineageDataset:
