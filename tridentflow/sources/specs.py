@@ -174,8 +174,7 @@ class KafkaSource(LogSource):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        items = self.config.items() if isinstance(self.config, dict) else self.config
-        object.__setattr__(self, "config", tuple(sorted((str(k), str(v)) for k, v in items)))
+        object.__setattr__(self, "config", _settings(self.config))
         try:
             object.__setattr__(self, "value_format", KafkaFormat(self.value_format))
         except ValueError:
@@ -296,14 +295,7 @@ class FileSource(LogSource):
         from tridentflow.sources.files import FORMATS, ON_OVERWRITE
 
         super().__post_init__()
-        items = (
-            self.storage_options.items()
-            if isinstance(self.storage_options, dict)
-            else self.storage_options
-        )
-        object.__setattr__(
-            self, "storage_options", tuple(sorted((str(k), str(v)) for k, v in items))
-        )
+        object.__setattr__(self, "storage_options", _settings(self.storage_options))
         if not self.uri:
             raise PipelineError("FileSource needs uri=: a directory, or s3://bucket/prefix")
         if self.format not in FORMATS:
@@ -388,14 +380,7 @@ class DeltaSource(LogSource):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        items = (
-            self.storage_options.items()
-            if isinstance(self.storage_options, dict)
-            else self.storage_options
-        )
-        object.__setattr__(
-            self, "storage_options", tuple(sorted((str(k), str(v)) for k, v in items))
-        )
+        object.__setattr__(self, "storage_options", _settings(self.storage_options))
         if not self.uri:
             raise PipelineError("DeltaSource needs uri=: the table's directory or s3:// URI")
         _check_table_source(self, "versions", "starting_version", self.starting_version)
@@ -439,8 +424,7 @@ class IcebergSource(LogSource):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        items = self.catalog.items() if isinstance(self.catalog, dict) else self.catalog
-        object.__setattr__(self, "catalog", tuple(sorted((str(k), str(v)) for k, v in items)))
+        object.__setattr__(self, "catalog", _settings(self.catalog))
         if self.table.count(".") < 1:
             raise PipelineError(f"IcebergSource needs table='namespace.table', got {self.table!r}")
         _check_table_source(self, "snapshots", "starting_sequence", self.starting_sequence)
@@ -460,6 +444,13 @@ class IcebergSource(LogSource):
         ``warehouse/namespace/table``), so a sink's table and a source's match."""
         warehouse = dict(self.catalog).get("warehouse", "")
         return [location_dataset(iceberg_location(warehouse, self.table))]
+
+
+def _settings(given: tuple[tuple[str, str], ...] | dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """A dict of settings (client config, storage options, a catalog's properties) as the
+    sorted pairs a frozen source keeps (hashable; the same however the dict was ordered)."""
+    items = given.items() if isinstance(given, dict) else given
+    return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
 def _check_table_source(source: LogSource, offsets: str, start_name: str, start: object) -> None:
