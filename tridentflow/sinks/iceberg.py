@@ -30,6 +30,7 @@ Needs ``pip install 'tridentflow[iceberg]'``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -119,9 +120,8 @@ class IcebergSink(Sink):
                 f"sink {self.name}: mode 'upsert' needs a keyed state (a group_by); use "
                 "mode='append' for a global one"
             )
-        bound = IcebergSink(
-            self.identifier, self.catalog_properties, self.mode, self.name, self.key, self.adopt
-        )
+        bound = copy.copy(self)  # every setting, a new one included (never listed twice)
+        bound._catalog, bound._location = None, None
         bound.rows = rows
         return bound
 

@@ -17,6 +17,7 @@ One sink per stream: two writers of one stream would collide on IDs.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import zlib
@@ -175,9 +176,8 @@ class RedisStreamSink(Sink):
                 f"stream's fields {list(fields)} do not hold the state's {list(key_fields)}: "
                 "pass key=[...] (a key's changes must always go to one stream)"
             )
-        bound = RedisStreamSink(
-            self.stream, partitions=self.partitions, url=self.url, name=self.name, key=self.key
-        )
+        bound = copy.copy(self)  # every setting, a new one included (never listed twice)
+        bound._client = None
         bound.fields = tuple(fields)
         bound.key_fields = key or tuple(fields)
         return bound
