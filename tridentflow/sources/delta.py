@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
-from tridentflow.errors import SourceError
+from tridentflow.errors import SourceError, one_line
 from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow.sources.files import filesystem
 
@@ -56,6 +56,7 @@ class DeltaLog:
             str(k): str(v) for k, v in (spec.get("storage_options") or {}).items()
         }
         self.starting_version = int(spec.get("starting_version") or 0)
+        self._fs: tuple[Any, str] | None = None
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -69,6 +70,13 @@ class DeltaLog:
     def describe(self) -> str:
         return f"Delta table {self.uri}"
 
+    @property
+    def fs(self) -> tuple[Any, str]:
+        """The table's filesystem and its path in it (made once: an S3 client per call costs)."""
+        if self._fs is None:
+            self._fs = filesystem(self.uri, self.storage_options)
+        return self._fs
+
     # -- the interface ------------------------------------------------------------------------
     def exists(self) -> bool:
         """Whether the table exists (a pipeline may be deployed before its upstream writes):
@@ -76,7 +84,7 @@ class DeltaLog:
         delta-rs's ``is_deltatable`` holds the GIL while it waits on the store.)"""
         from pyarrow import fs
 
-        filesystem_, base = filesystem(self.uri, self.storage_options)
+        filesystem_, base = self.fs
         paths = [f"{base}/_delta_log/{0:020}.json", f"{base}/_delta_log/_last_checkpoint"]
         return any(info.type == fs.FileType.File for info in filesystem_.get_file_info(paths))
 
@@ -116,8 +124,16 @@ class DeltaLog:
         if first >= end:
             return
         table = self._table()
+        schema = _pa_schema(table)
+        feed: bool | None = None  # the change feed on, as of the version read
         for version in range(first, end):
-            for row in self._version_rows(table, version):
+            actions = self._commit(version)
+            changed = next((a["metaData"] for a in actions if "metaData" in a), None)
+            if changed is not None:  # the version set the table's properties: from it on
+                feed = _feed_on(changed.get("configuration") or {})
+            elif feed is None:  # the properties as of the first version: one load per read
+                feed = _feed_on(self._table(version).metadata().configuration)
+            for row in self._version_rows(table, schema, version, actions, feed):
                 yield version, row
 
     def acknowledge(self, committed: dict[int, int]) -> None:
@@ -215,12 +231,12 @@ class DeltaLog:
     def _commit(self, version: int) -> list[dict[str, Any]]:
         """The actions of ``version``'s commit in the table's log. SourceError (one line) if
         it left the log."""
-        fs_, base = filesystem(self.uri, self.storage_options)
+        fs_, base = self.fs
         path = f"{base}/_delta_log/{version:020}.json"
         try:
             with fs_.open_input_stream(path) as stream:
                 data = stream.read()
-        except (FileNotFoundError, OSError):
+        except OSError:
             raise SourceError(
                 f"{self.describe()}: version {version}'s commit is no longer in the table's "
                 "log (delta.logRetentionDuration, or a checkpoint-only copy): skip it on "
@@ -228,17 +244,15 @@ class DeltaLog:
             ) from None
         return [json.loads(line) for line in data.splitlines() if line.strip()]
 
-    def _version_rows(self, table: Any, version: int) -> list[bytes]:
-        """Version ``version``'s rows, sorted: its change feed if it has one, else the rows
-        of the files it added (refused if it removed rows)."""
-        actions = self._commit(version)
-        changes = any("cdc" in a for a in actions) or self._feed_on(actions, table, version)
-        if changes:
+    def _version_rows(
+        self, table: Any, schema: Any, version: int, actions: list[dict[str, Any]], feed: bool
+    ) -> list[bytes]:
+        """Version ``version``'s rows (its commit's ``actions``), sorted: its change feed if it
+        has one (``feed``: on as of this version), else the rows of the files it added
+        (refused if it removed rows)."""
+        if feed or any("cdc" in a for a in actions):
             return self._changes(table, version)
-        removed = [
-            a["remove"] for a in actions if "remove" in a and a["remove"].get("dataChange", True)
-        ]
-        if removed:
+        if any("remove" in a and a["remove"].get("dataChange", True) for a in actions):
             operation = next((a["commitInfo"].get("operation") for a in actions
                               if "commitInfo" in a), "a rewrite")  # fmt: skip
             raise SourceError(
@@ -257,18 +271,8 @@ class DeltaLog:
             )
         rows: list[bytes] = []
         for add in added:
-            rows += self._file_rows(table, add, version, actions)
+            rows += self._file_rows(schema, add, version, actions)
         return sorted(rows)
-
-    def _feed_on(self, actions: list[dict[str, Any]], table: Any, version: int) -> bool:
-        """Whether the change feed is on at ``version`` (its own metaData action, else the
-        table's configuration as of that version)."""
-        for action in actions:
-            if "metaData" in action:
-                config = action["metaData"].get("configuration") or {}
-                return str(config.get("delta.enableChangeDataFeed", "")).lower() == "true"
-        config = self._table(version).metadata().configuration
-        return str(config.get("delta.enableChangeDataFeed", "")).lower() == "true"
 
     def _changes(self, table: Any, version: int) -> list[bytes]:
         import pyarrow as pa
@@ -277,16 +281,16 @@ class DeltaLog:
             reader = table.load_cdf(starting_version=version, ending_version=version)
             data = pa.table(reader.read_all())
         except Exception as exc:  # delta-rs's DeltaError, a vacuumed file's OSError
-            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SourceError(
-                f"{self.describe()}: version {version}'s change feed cannot be read ({cause}): "
+                f"{self.describe()}: version {version}'s change feed cannot be read "
+                f"({one_line(exc)}): "
                 "if a VACUUM removed its files, skip it on purpose with "
                 f"DeltaSource(starting_version={version + 1})"
             ) from None
         return sorted(_record(row) for row in data.to_pylist())
 
     def _file_rows(
-        self, table: Any, add: dict[str, Any], version: int, actions: list[dict[str, Any]]
+        self, schema: Any, add: dict[str, Any], version: int, actions: list[dict[str, Any]]
     ) -> list[bytes]:
         """The rows of one added data file, its partition values as columns, with the change
         columns of an insert."""
@@ -297,7 +301,7 @@ class DeltaLog:
                 f"{self.describe()}: version {version} added a file with a deletion vector, "
                 "which this reader cannot apply: turn on the table's change data feed"
             )
-        fs_, base = filesystem(self.uri, self.storage_options)
+        fs_, base = self.fs
         path = unquote(add["path"])
         if "://" in path:  # an absolute path (a shallow clone's)
             fs_, path = filesystem(path, self.storage_options)
@@ -305,20 +309,19 @@ class DeltaLog:
             path = f"{base}/{path}"
         try:
             data = pq.read_table(path, filesystem=fs_)
-        except (FileNotFoundError, OSError) as exc:
+        except OSError as exc:
             raise SourceError(
                 f"{self.describe()}: version {version}'s file {add['path']} cannot be read "
-                f"({str(exc).strip().splitlines()[0] if str(exc).strip() else 'gone'}): if a "
-                "VACUUM removed it, skip the version on purpose with "
+                f"({one_line(exc)}): if a VACUUM removed it, skip the version on purpose with "
                 f"DeltaSource(starting_version={version + 1})"
             ) from None
-        stamp = _commit_timestamp(actions)
-        partition_values = dict(add.get("partitionValues") or {})
+        columns = {name: _partition_value(schema, name, value)
+                   for name, value in (add.get("partitionValues") or {}).items()}  # fmt: skip
+        columns.update(_change_type="insert", _commit_version=version,
+                       _commit_timestamp=_commit_timestamp(actions))  # fmt: skip
         rows = data.to_pylist()
         for row in rows:
-            for name, value in partition_values.items():
-                row[name] = _partition_value(table, name, value)
-            row.update(_change_type="insert", _commit_version=version, _commit_timestamp=stamp)
+            row.update(columns)
         return [_record(row) for row in rows]
 
 
@@ -330,12 +333,23 @@ def _commit_timestamp(actions: list[dict[str, Any]]) -> datetime | None:
     return datetime.fromtimestamp(int(ms) / 1000, UTC).replace(tzinfo=None)
 
 
-def _partition_value(table: Any, name: str, value: str | None) -> Any:
-    """A partition column's value (a string in the log) typed as the table's schema says."""
+def _feed_on(configuration: dict[str, Any]) -> bool:
+    """Whether a table configuration turns the change data feed on."""
+    return str(configuration.get("delta.enableChangeDataFeed", "")).lower() == "true"
+
+
+def _pa_schema(table: Any) -> Any:
+    """The table's schema as a pyarrow schema."""
+    import pyarrow as pa
+
+    return pa.schema(table.schema().to_arrow())
+
+
+def _partition_value(schema: Any, name: str, value: str | None) -> Any:
+    """A partition column's value (a string in the log) typed as the table's ``schema``
+    (pyarrow) says."""
     if value is None:
         return None
     import pyarrow as pa
 
-    schema = pa.schema(table.schema().to_arrow())
-    kind = schema.field(name).type
-    return pa.array([value]).cast(kind)[0].as_py()
+    return pa.array([value]).cast(schema.field(name).type)[0].as_py()

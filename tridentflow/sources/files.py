@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from tridentflow.errors import FileOverwrittenError, PartitionUnavailable, SourceError
+from tridentflow.errors import FileOverwrittenError, PartitionUnavailable, SourceError, one_line
 from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.scripts import NOW_MS, LuaScript
@@ -348,8 +348,7 @@ class FilesLog:
             try:
                 rows = self._rows(entry["path"])
             except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-                cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                yield offset, f"unreadable file {entry['path']}: {cause}".encode()
+                yield offset, f"unreadable file {entry['path']}: {one_line(exc)}".encode()
                 continue
             for row in rows:
                 yield offset, row

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from tridentflow.errors import SourceError
+from tridentflow.errors import SourceError, one_line
 from tridentflow.sources.base import ChaosTraits, LogScan
 
 LOCATOR_PREFIX = "iceberg:"
@@ -143,7 +143,8 @@ class IcebergLog:
             except SourceError:
                 return None
             for snapshot in snapshots:
-                added = (snapshot.summary or {}).get("added-records") if snapshot.summary else None
+                summary = snapshot.summary
+                added = summary.get("added-records") if summary is not None else None
                 if _operation(snapshot) == "append":
                     if added is None:
                         return None
@@ -172,7 +173,7 @@ class IcebergLog:
                 self._catalog = load_catalog(name, **props)
             except Exception as exc:
                 raise SourceError(
-                    f"{self.describe()}: cannot open its catalog: {_line(exc)}"
+                    f"{self.describe()}: cannot open its catalog: {one_line(exc)}"
                 ) from None
         return self._catalog
 
@@ -251,7 +252,7 @@ class IcebergLog:
         except Exception as exc:  # a data file gone (removed orphans), a catalog error
             raise SourceError(
                 f"{self.describe()}: snapshot {snapshot.snapshot_id}'s rows cannot be read "
-                f"({_line(exc)})"
+                f"({one_line(exc)})"
             ) from None
         stamp = datetime.fromtimestamp(int(snapshot.timestamp_ms) / 1000, UTC).replace(tzinfo=None)
         extra = {
@@ -267,8 +268,3 @@ def _operation(snapshot: Any) -> str:
     summary = snapshot.summary
     operation = summary.operation if summary is not None else None
     return str(getattr(operation, "value", operation) or "append")
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
