@@ -28,11 +28,12 @@ import argparse
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.vs_spark import timed_run
 
 ROOT = Path(__file__).resolve().parent.parent
 USERS = 10_000
@@ -110,15 +111,6 @@ def job_ss(landing: str, redis_url: str, checkpoint: str, cap: int) -> None:
     spark.stop()
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    started = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    elapsed = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:4])} failed: {done.stderr.strip()[-2000:]}")
-    return elapsed
-
-
 def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -180,7 +172,7 @@ def run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
     if "tf" in jobs:
         client.flushdb()
         home = work / "home"
-        seconds = timed(
+        seconds = timed_run(
             ["tridentflow", "run", PIPELINE, "--engine", "spark", "--no-progress",
              "--home", str(home), "--redis-url", redis_url],
             env,
@@ -193,7 +185,7 @@ def run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
         checkpoint = work / "ss-checkpoint"
         argv = [sys.executable, "-m", "benchmarks.files_vs_spark", "job",
                 str(landing), redis_url, str(checkpoint), str(args.cap)]  # fmt: skip
-        seconds = timed(argv, env)
+        seconds = timed_run(argv, env)
         raw = client.hgetall(SS_KEY)
         assert {k.decode(): int(v) for k, v in raw.items()} == want, "ss: the sums differ"
         held = directory_bytes(checkpoint / "sources")
