@@ -10,7 +10,7 @@ import hashlib
 def manifest_in_two_commands() -> None:
     """An emit attempt's manifest written, then its TTL set, in two commands (the fix of
     71359f4 undone): a manifest whose writer gave up on it may land without a TTL."""
-    import tridentflow.steps.staging as staging
+    import tridentflow.steps.staging.in_redis as staging
 
     def store(client, keys, args):
         client.hset(keys[0], args[0], args[1])
@@ -23,7 +23,7 @@ def manifest_in_two_commands() -> None:
 def block_before_its_index() -> None:
     """A staged block written, then added to its txid's index (``write_block``'s order
     reversed): cut between the two, the block is found by no cleanup until its TTL."""
-    import tridentflow.steps.staging as staging
+    import tridentflow.steps.staging.in_redis as staging
     import tridentflow_state.staged as staged
 
     staged.write_block = staging.write_block = write_block_before_its_index

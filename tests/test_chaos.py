@@ -812,10 +812,10 @@ def test_the_harness_catches_a_staged_batch_loaded_without_its_checks(monkeypatc
     """Staging in Redis, a load that trusts its blocks (no line count, no SHA-1 checked inside
     Redis): the late writer's overwritten block would be committed as if an emit staged it."""
     import tridentflow.devtools.chaos.drive
-    import tridentflow.steps.staging
+    import tridentflow.steps.staging.in_redis
 
     monkeypatch.setattr(tridentflow.devtools.chaos.drive, "schedule_staging", lambda seed: "redis")
-    monkeypatch.setattr(tridentflow.steps.staging, "verify_blocks", lambda *args: 0)
+    monkeypatch.setattr(tridentflow.steps.staging.in_redis, "verify_blocks", lambda *args: 0)
     results = run_chaos(30, seed=0, redis_restarts=False)  # caught at schedule 1
     assert not results[-1].ok, "30 schedules did not expose a staged batch loaded unchecked"
     assert "loaded with block" in (results[-1].difference or "")

@@ -211,7 +211,7 @@ def test_the_block_ref_round_trips_and_the_area_names_its_place(redis_url, tmp_p
     assert BlockRef.from_json(ref.to_json()) == ref
     rt = _runtime("wordcount", redis_url, tmp_path / "h", 1, "names")
     area = RedisStagingArea(rt.client, rt.keyspace, "g1")
-    assert str(area.describe(4, 2)).startswith("redis:tf:names:{wordcount}:staged:g1:4")
+    assert area.place(4, 2).startswith("redis:tf:names:{wordcount}:staged:g1:4")
 
 
 def test_an_emit_of_a_committed_txid_deletes_what_a_zombie_of_it_left(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-import tridentflow.steps.staging as staging
+import tridentflow.steps.staging.in_redis as staging
 import tridentflow_state.staged as staged
 from tests.plants import write_block_before_its_index
 from tridentflow.devtools.chaos.torn import TearingProxy, run_drills, summary

@@ -62,7 +62,7 @@ from tridentflow.errors import (
 from tridentflow.steps.recorded_settings import check as check_settings
 from tridentflow.steps.recorded_settings import code_shape_changes
 from tridentflow.steps.runtime import Runtime
-from tridentflow.steps.staging import CODE_SHAPE, StagedBatch
+from tridentflow.steps.staging import CODE_SHAPE, InBlocks, StagedBatch
 from tridentflow.steps.turns import wait_turn
 from tridentflow_state.backing import Fence
 from tridentflow_state.commit import CommitAttempt, PhaseHooks
@@ -237,10 +237,11 @@ class StagedBlocks(StateWriter):
     through Python."""
 
     op: str
+    in_blocks: InBlocks
     refs: list[BlockRef]
 
     def apply(self, state: MapState) -> None:
-        kind, fence, staged = state.kind, self.attempt.fence, self.staged
+        kind, fence, staged = state.kind, self.attempt.fence, self.in_blocks
 
         def one(ref: BlockRef) -> tuple[BlockRef, int, list[str]]:
             return ref, *staged.apply_numeric_block(ref, state.name, kind, self.op, fence)
@@ -258,7 +259,7 @@ class StagedBlocks(StateWriter):
         ref, applied, left = future.result()
         state.note_in_batch(applied)
         if left:
-            lines = self.staged.block_lines(ref)
+            lines = self.in_blocks.block_lines(ref)
             apply_in_python(state, state.name, self.persisted, _left_in(lines, left))
         self.attempt.wrote(ref.lines)
 
@@ -272,9 +273,8 @@ def writer_for(
     op = in_redis_op(persisted, rt.in_redis_ops)
     if op is None:
         return PythonApply(rt, staged, attempt, pool, persisted)
-    refs = staged.blocks(name)
-    if refs is not None and staged.blocks_lie_in(rt.keyspace):
-        return StagedBlocks(rt, staged, attempt, pool, persisted, op, refs)
+    if isinstance(staged, InBlocks) and staged.blocks_lie_in(rt.keyspace):
+        return StagedBlocks(rt, staged, attempt, pool, persisted, op, staged, staged.blocks(name))
     return InRedisChunks(rt, staged, attempt, pool, persisted, op)
 
 

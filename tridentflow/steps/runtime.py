@@ -37,6 +37,7 @@ from tridentflow.steps.staging import (
     DEFAULT_STAGING,
     STAGING_ENV,
     STAGING_KINDS,
+    FileStagingArea,
     RedisStagingArea,
     StagingArea,
 )
@@ -277,7 +278,7 @@ class Runtime:
         return self.home / "staging" / self.pipeline.name
 
     @cached_property
-    def staging(self) -> StagingArea | RedisStagingArea:
+    def staging(self) -> StagingArea:
         """Where this process's emits stage (the ``staging`` setting: ``redis``, the default,
         or ``files`` under the home), in this runtime's generation: an emit still running from
         before a reset can never write over (or be read as) a new generation's attempt."""
@@ -295,8 +296,8 @@ class Runtime:
         return kind
 
     @cached_property
-    def file_staging(self) -> StagingArea:
-        return StagingArea(self.staging_root / f"g-{self.ledger.generation}")
+    def file_staging(self) -> FileStagingArea:
+        return FileStagingArea(self.staging_root / f"g-{self.ledger.generation}")
 
     @cached_property
     def redis_staging(self) -> RedisStagingArea:
@@ -309,26 +310,26 @@ class Runtime:
         for cached in ("ledger", "staging", "file_staging", "redis_staging"):
             self.__dict__.pop(cached, None)
 
-    def staging_of(self, txid: int, attempt: int) -> StagingArea | RedisStagingArea:
+    def staging_areas(self) -> tuple[StagingArea, ...]:
+        """Every place an emit may have staged, whatever this process's setting."""
+        return (self.file_staging, self.redis_staging)
+
+    def staging_of(self, txid: int, attempt: int) -> StagingArea:
         """Where emit ``attempt`` of ``txid`` staged: Redis if its manifest is there, else the
         files - so a commit reads what an emit staged whatever this process's setting."""
         redis_area = self.redis_staging
-        if self.client.hexists(redis_area.manifests_key(txid), str(attempt)):
-            return redis_area
-        return self.file_staging
+        return redis_area if redis_area.holds(txid, attempt) else self.file_staging
 
     def discard_staged(self, txid: int) -> None:
         """Delete every staged attempt of a committed ``txid``, files and Redis (idempotent)."""
-        self.file_staging.discard(txid)
-        self.redis_staging.discard(txid)
+        for area in self.staging_areas():
+            area.discard(txid)
 
     def discard_staged_before(self, txid: int) -> None:
         """After ``txid`` committed: what commits of earlier txids cut short after their marks
-        left - every file-staged txid below it (a listing: files never expire), and txid-1's
-        Redis staging (Redis staging older than that, left by commits cut short twice in a row
-        and never retried, goes with its TTL: finding it would need a SCAN)."""
-        self.file_staging.discard_before(txid)
-        self.redis_staging.discard(txid - 1)
+        left, in every area (each says how far it looks)."""
+        for area in self.staging_areas():
+            area.discard_before(txid)
 
     def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
         """Delete abandoned emit ``attempts`` of ``txid`` wherever they staged, files and
@@ -338,8 +339,8 @@ class Runtime:
         if not wanted:
             return
         try:
-            self.file_staging.discard_attempts(txid, wanted)
-            self.redis_staging.discard_attempts(txid, wanted)
+            for area in self.staging_areas():
+                area.discard_attempts(txid, wanted)
         except Exception as exc:
             log.warning("txid %s: staging of abandoned attempt(s) %s left: %s", txid, wanted, exc)
 

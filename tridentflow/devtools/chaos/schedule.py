@@ -266,7 +266,7 @@ class Schedule:
         if not isinstance(area, RedisStagingArea):
             return
         staged = area.load(txid, attempt)
-        refs = [r for name in rt.pipeline.states for r in staged.blocks(name) or []]
+        refs = [r for name in rt.pipeline.states for r in staged.blocks(name)]
         if not refs:
             return
         ref = random.Random(f"late-writer-block-{self.seed}-{step}").choice(refs)
