@@ -414,3 +414,47 @@ def test_the_interface_check_finds_a_method_that_differs():
 
     gaps = protocol_gaps(staging.StagingArea, Partial)
     assert "Partial.load(self, txid, attempts)" in gaps and "Partial.write is missing" in gaps
+
+
+def probes_of_a_sink(source: str) -> list[int]:
+    """Lines of ``source`` that ask a sink for a capability by name (``hasattr(sink, ...)``,
+    ``getattr(feed.sink, "...", default)``) instead of an ``isinstance`` of a Protocol."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("hasattr", "getattr")
+            and node.args
+            and "sink" in ast.unparse(node.args[0]).lower()
+            and (node.func.id == "hasattr" or len(node.args) == 3)
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_sinks_declare_their_optional_capabilities_as_protocols():
+    """Issue 67: outside tridentflow/sinks/ no code probes a sink with hasattr/getattr; the
+    lakehouse sinks satisfy the Protocols they are found by, method for method."""
+    from tridentflow.sinks.base import CarriesBack, MaintainsTable
+    from tridentflow.sinks.delta import DeltaSink
+    from tridentflow.sinks.iceberg import IcebergSink
+    from tridentflow.sinks.postgres import PostgresSink
+
+    probes = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in SHIPPED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "sinks" not in path.relative_to(ROOT).parts[:2]
+        for line in probes_of_a_sink(path.read_text())
+    ]
+    assert probes == []
+    for sink in (DeltaSink, IcebergSink):
+        assert protocol_gaps(CarriesBack, sink) == protocol_gaps(MaintainsTable, sink) == []
+    assert not issubclass(PostgresSink, CarriesBack | MaintainsTable)
+
+
+def test_the_sink_probe_check_finds_one():
+    source = 'ok = hasattr(feed.sink, "vacuum")\nrewind = getattr(sink, "rewind_to", None)\n'
+    assert probes_of_a_sink(source) == [1, 2]
+    assert probes_of_a_sink('name = getattr(sink, "name")\n') == []

@@ -55,6 +55,7 @@ from tridentflow.nodes import (
     _checked_name,
     lineage,
 )
+from tridentflow.sinks.base import Sink
 from tridentflow.sources.specs import (
     LogSource,
     SourceMode,
@@ -511,7 +512,7 @@ class Feed:
     state: str
     node: Node
     """The stream's last node (per-tuple operations over a SourceNode of the change tuples)."""
-    sink: Any
+    sink: Sink
     """A tridentflow.sinks Sink, bound to the stream's fields."""
 
     @property
@@ -570,11 +571,13 @@ class NewValuesStream:
         """Export this stream to ``sink`` after every commit, txid by txid, exactly once
         (the sink applies each txid atomically and records it; see tridentflow.sinks)."""
         pipeline = self.state.pipeline
-        bind = getattr(sink, "bind", None)
-        if not callable(bind):
-            raise PipelineError(f"sink(): {sink!r} is not a sink (PostgresSink, RedisStreamSink)")
+        if not isinstance(sink, Sink):
+            raise PipelineError(
+                f"sink(): {sink!r} is not a sink (PostgresSink, RedisStreamSink, DeltaSink, "
+                "IcebergSink, or a subclass of tridentflow.sinks.base.Sink of your own)"
+            )
         try:
-            bound = bind(self.fields, self.state.persist.group_fields)
+            bound = sink.bind(self.fields, self.state.persist.group_fields)
         except ValueError as exc:
             raise PipelineError(f"pipeline {pipeline.name}: {exc}") from None
         _checked_name("sink", bound.name)
@@ -583,9 +586,9 @@ class NewValuesStream:
                 f"pipeline {pipeline.name}: two sinks are named {bound.name!r}; give one "
                 "another name=..."
             )
-        claimed = getattr(bound, "claims", lambda: ())()
+        claimed = bound.claims()
         for other in pipeline.feeds:
-            shared = set(claimed) & set(getattr(other.sink, "claims", lambda: ())())
+            shared = set(claimed) & set(other.sink.claims())
             if shared:
                 raise PipelineError(
                     f"pipeline {pipeline.name}: sinks {other.name!r} and {bound.name!r} both "

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError, one_line
+from tridentflow.sinks.base import CarriesBack
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import RedisStagingArea
 from tridentflow_state.changes import note_sink_position
@@ -274,7 +275,7 @@ def _forget_table_versions_after(rt: Runtime, target: int) -> None:
 
 
 def _carries_back(sink: object) -> bool:
-    return getattr(sink, "rewind_to", None) is not None
+    return isinstance(sink, CarriesBack)
 
 
 @dataclass(frozen=True)
@@ -315,9 +316,9 @@ def rewind_tables(rt: Runtime, old_generation: str, target: int) -> tuple[str, .
 
     done = []
     for feed in rt.pipeline.feeds:
-        rewind = getattr(feed.sink, "rewind_to", None)
-        if rewind is None:
+        if not isinstance(feed.sink, CarriesBack):
             continue
+        rewind = feed.sink.rewind_to
         rt.faults.fire("mid-rewind", target, 1)
         try:
             known = table_versions(rt, feed).get(target)  # an earlier rewind's version

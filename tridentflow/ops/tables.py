@@ -15,6 +15,7 @@ from typing import Any
 
 from tridentflow.errors import TridentflowError, one_line
 from tridentflow.pipeline import Feed
+from tridentflow.sinks.base import MaintainsTable
 from tridentflow.sinks.lakehouse import check_retention
 from tridentflow.steps.export import close_sink, pick_feeds, table_versions
 from tridentflow.steps.runtime import Runtime
@@ -23,7 +24,7 @@ from tridentflow.steps.runtime import Runtime
 def lakehouse_feeds(rt: Runtime, names: Sequence[str] | None = None) -> list[Feed]:
     """The pipeline's feeds into a lakehouse table (``names``: only those); TridentflowError
     (one line) when there is none."""
-    feeds = [f for f in pick_feeds(rt, names) if hasattr(f.sink, "vacuum")]
+    feeds = [f for f in pick_feeds(rt, names) if isinstance(f.sink, MaintainsTable)]
     if not feeds:
         raise TridentflowError(
             f"pipeline {rt.pipeline.name} has no lakehouse sink (DeltaSink, IcebergSink)"
@@ -31,10 +32,20 @@ def lakehouse_feeds(rt: Runtime, names: Sequence[str] | None = None) -> list[Fee
     return feeds
 
 
+def _table(feed: Feed) -> MaintainsTable:
+    """``feed``'s sink as a table to maintain; TridentflowError (one line) if it is none."""
+    if not isinstance(feed.sink, MaintainsTable):
+        raise TridentflowError(
+            f"sink {feed.name} ({feed.sink.describe()}) is not a lakehouse table (DeltaSink, "
+            "IcebergSink): name one that is"
+        )
+    return feed.sink
+
+
 def compact_table(feed: Feed) -> dict[str, Any]:
     """``feed``'s table compacted (a new version of the same rows); the table library's
     metrics. Idempotent."""
-    return _one_line(feed, "compact", feed.sink.compact)
+    return _one_line(feed, "compact", _table(feed).compact)
 
 
 def vacuum_table(rt: Runtime, feed: Feed, retention_hours: float, apply: bool) -> list[str]:
@@ -45,7 +56,7 @@ def vacuum_table(rt: Runtime, feed: Feed, retention_hours: float, apply: bool) -
     return _one_line(
         feed,
         "vacuum",
-        lambda: feed.sink.vacuum(retention_hours, dry_run=not apply, keep_versions=keep),
+        lambda: _table(feed).vacuum(retention_hours, dry_run=not apply, keep_versions=keep),
     )
 
 

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import redis
 
@@ -146,3 +146,37 @@ class Sink(ABC):
     def close(self) -> None:
         """Release connections (the next apply opens them again)."""
         return None
+
+
+@runtime_checkable
+class CarriesBack(Protocol):
+    """A sink that can take back what it wrote: ``tridentflow rewind --to N`` brings its table
+    back to its content as of txid N (a lakehouse table's time travel) instead of refusing
+    the rewind while the sink is past N. Its txid -> table version mirror is kept in Redis
+    (``ExportContext.note_version``) and shown by ``status``."""
+
+    def rewind_to(
+        self, ctx: ExportContext, old_generation: str, target: int, known: Any = None
+    ) -> Any | None:
+        """The table as of txid ``target`` of ``old_generation``, written as one new version
+        stamped with ``ctx``'s generation at ``target``; ``known``: the version the mirror
+        names for ``target``. Idempotent; None if that version is gone (the sink then
+        reloads at the next export)."""
+        ...
+
+
+@runtime_checkable
+class MaintainsTable(Protocol):
+    """A sink whose table ``tridentflow tables compact|vacuum`` maintains. Neither may move a
+    txid stamp; both are idempotent."""
+
+    def compact(self) -> dict[str, Any]:
+        """Small files rewritten into few, as a new version of the same rows; its metrics."""
+        ...
+
+    def vacuum(
+        self, retention_hours: float = 168, dry_run: bool = True, keep_versions: Any = ()
+    ) -> list[str]:
+        """Files no version the sink may need references (``keep_versions``: those a rewind
+        may still reach), listed, and deleted unless ``dry_run``."""
+        ...

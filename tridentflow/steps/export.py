@@ -31,6 +31,7 @@ from tridentflow.errors import TridentflowError
 from tridentflow.pipeline import Feed
 from tridentflow.plan import Expander, compile_chain
 from tridentflow.sinks.base import (
+    CarriesBack,
     ExportContext,
     ReloadNeededError,
     Row,
@@ -630,7 +631,7 @@ def sink_status(rt: Runtime) -> list[dict[str, Any]]:
                         "table_versions": table_versions(rt, feed),
                         "stamp": stamp_of(rt.pipeline.name, feed.name, rt.ledger.generation),
                     }
-                    if hasattr(feed.sink, "rewind_to")
+                    if isinstance(feed.sink, CarriesBack)
                     else {}
                 ),
             }

@@ -155,7 +155,7 @@ class SinkChecks:
     def _kill_session(self, feed, point: str, txid: int, rng: random.Random, events) -> None:
         """At a sink's mid-export point: now and then, PostgreSQL ends the sink's session in
         the middle of its transaction (as a server restart would)."""
-        conn = getattr(feed.sink, "_conn", None)
+        conn = feed.sink._conn  # a PostgresSink's open session, if any
         if conn is None or rng.random() >= 0.3:
             return
         if self.postgres is not None and rng.random() < 0.5:

@@ -89,7 +89,9 @@ class StagedBatch(ABC):
         return int(self.manifest.get("bad", {}).get("lines", 0))
 
     def key_count(self, state: str) -> int:
-        return int(self.state_info(state)["lines"])
+        """How many keys the state staged (KeyError if it staged none: the commit checks the
+        code shape that staged the batch first, ``committer.check_code_shape``)."""
+        return int(self.manifest["states"][state]["lines"])
 
     def state_info(self, state: str) -> dict[str, Any]:
         """The manifest's entry for one state; IncompleteBatchError if it staged none."""
