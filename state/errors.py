@@ -4,7 +4,12 @@ from __future__ import annotations
 
 
 class StateError(Exception):
-    """Base class of every error the state layer raises on purpose."""
+    """Base class of every error the state layer raises on purpose (the engine's are
+    ``tridentflow.errors.TridentflowError``; the state layer imports nothing of it)."""
+
+    retry_helps = True
+    """Whether running the step again, unchanged, may succeed (a race, a reshard under way):
+    as ``TridentflowError.retry_helps``."""
 
 
 class StaleTxidError(StateError):
@@ -66,8 +71,10 @@ class StagedBlockError(StateError):
 class KeyEncodingError(StateError, TypeError):
     """A group key holds a value that has no deterministic encoding."""
 
+    retry_helps = False
 
-# Lua scripts report errors with these prefixes; redis_errors() maps them back.
+
+# Lua scripts report errors with these prefixes; from_lua_error() maps them back.
 LUA_ERROR_PREFIXES: dict[str, type[StateError]] = {
     "TFORDER": CommitOrderError,
     "TFFENCED": FencedError,
@@ -92,6 +99,11 @@ def from_lua_error(message: str) -> StateError | None:
     return None
 
 
-class ReshardUnderWay(StateError):
+class ReshardUnderWayError(StateError):
     """``tridentflow reshard`` is moving the pipeline's state to another shard layout: a
     commit writes nothing now and succeeds when retried after it (state.reshard)."""
+
+
+class LayoutMovedError(StateError):
+    """A reader's keyspace names a shard layout a reshard has moved the state from: read
+    again with the stored one (``query_state`` does)."""

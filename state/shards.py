@@ -39,7 +39,12 @@ from typing import Any, TypeVar
 import redis
 
 from tridentflow_state.backing import Fence
-from tridentflow_state.errors import ReshardUnderWay, RewindingError, StateError
+from tridentflow_state.errors import (
+    LayoutMovedError,
+    ReshardUnderWayError,
+    RewindingError,
+    StateError,
+)
 from tridentflow_state.expiry import ShardedExpiryIndex
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.maps import StoredValue, decode_stored
@@ -290,7 +295,7 @@ def ensure_shards(client: redis.Redis, keyspace: KeySpace, configured: int | Non
     """Before a commit writes with ``keyspace``: record the shard count on first use
     (``configured``, else the keyspace's); StateError (one line) if the state is stored with
     another count than ``configured``, or if ``keyspace`` was read before a reset or a
-    reshard moved it; ReshardUnderWay (retry later) while a reshard runs. Idempotent; one
+    reshard moved it; ReshardUnderWayError (retry later) while a reshard runs. Idempotent; one
     read of the ledger (two and a write the first time)."""
     stored, moving = _ledger_layout(client, keyspace)
     if stored is None:
@@ -298,7 +303,7 @@ def ensure_shards(client: redis.Redis, keyspace: KeySpace, configured: int | Non
         stored, moving = _ledger_layout(client, keyspace)
     if moving is not None:
         plan = json.loads(moving)
-        raise ReshardUnderWay(
+        raise ReshardUnderWayError(
             f"pipeline {keyspace.pipeline}'s state is moving to {plan['to'][0]} shard(s) "
             "(`tridentflow reshard`): this commit writes nothing; retry once it is done"
         )
@@ -367,11 +372,6 @@ def generation_unless_rewinding(client: redis.Redis, keyspace: KeySpace) -> str 
     return generation
 
 
-class LayoutMoved(StateError):
-    """A reader's keyspace names a shard layout a reshard has moved the state from: read
-    again with the stored one (``query_state`` does)."""
-
-
 def _snapshots(
     client: redis.Redis, keyspace: KeySpace, state_name: str, keys: Sequence[str]
 ) -> list[tuple[int, int, list[int], list[Any]]]:
@@ -393,7 +393,7 @@ def _snapshots(
             except RewindingError as exc:
                 raise RewindingError(f"pipeline {keyspace.pipeline}: {exc}") from None
             if int(reply[2]) != keyspace.layout:
-                raise LayoutMoved(keyspace.pipeline)
+                raise LayoutMovedError(keyspace.pipeline)
             out.append((int(reply[0]), int(reply[1]), part, reply[3:]))
     return out
 
@@ -451,7 +451,7 @@ def query_state(
                 space,
                 f"state {state_name}",
             )
-        except LayoutMoved:  # a reshard moved the state since the layout was read
+        except LayoutMovedError:  # a reshard moved the state since the layout was read
             space = with_stored_layout(client, space)
     raise StateError(
         f"state {state_name} of pipeline {keyspace.pipeline} kept moving between shard "

@@ -10,7 +10,7 @@ from pathlib import Path
 from tridentflow.devtools.sample_data import WORDS, sentences, word_counts  # noqa: F401 (re-exported)
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError
-from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.faults import FaultPlan, InjectedFaultError, SimulatedCrash
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.runtime import Runtime
@@ -33,7 +33,7 @@ def drain_retrying(rt: Runtime, batch_size: int, tries: int = 40) -> None:
         try:
             run_batches(rt, LocalEngine(), batch_size=batch_size)
             return
-        except (InjectedFault, SimulatedCrash, IncompleteBatchError):
+        except (InjectedFaultError, SimulatedCrash, IncompleteBatchError):
             continue
     raise AssertionError(f"did not drain in {tries} tries")
 

@@ -19,7 +19,7 @@ from tests.test_expiry import POINTS, _counts, _step_by_step, draws
 from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.ops.audit import audit
 from tridentflow.ops.rewind import rewind_pipeline
 from tridentflow.ops.status import format_status, status
@@ -181,7 +181,7 @@ def test_a_retry_on_another_clock_decides_as_the_frozen_batch_time_says(redis_ur
     produce(rt, ["b"])
     coordinate(crashing, 2, batch_size=1000)
     emit(crashing, 2, LocalEngine())
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         commit(crashing, 2)
     retry = rt.with_(batch_clock=frozen(late))
     coordinate(retry, 2, batch_size=1000)  # the stored metadata: the time frozen at 00:30

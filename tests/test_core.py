@@ -8,8 +8,8 @@ import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import IncompleteBatchError, NotReadyError, PartitionUnavailable
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.errors import IncompleteBatchError, NotReadyError, PartitionUnavailableError
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.ops.audit import audit
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
@@ -34,7 +34,7 @@ def test_every_fault_point_raised_then_resumed_is_exact(redis_url, redis_client,
     lines = sentences(40)
     rt = runtime(name, redis_url, home, faults=f"{point}@2")
     produce(rt, lines)
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         run_batches(rt, ENGINE, batch_size=3)
     assert rt.ledger.committed_txid() == 1
     run_batches(rt, ENGINE, batch_size=3)  # resume: same txid 2, attempt 2
@@ -58,7 +58,7 @@ def test_transactional_source_waits_for_a_dark_partition(redis_url, redis_client
     rt = runtime("wordcount", redis_url, home, faults="dark:1@1")
     produce(rt, sentences(8))
     coordinate(rt, 1)
-    with pytest.raises(PartitionUnavailable, match="partition 1"):
+    with pytest.raises(PartitionUnavailableError, match="partition 1"):
         emit(rt, 1, ENGINE)
     rt = rt.with_(faults=FaultPlan())  # the partition is back
     emit(rt, 1, ENGINE)
@@ -90,7 +90,7 @@ def test_opaque_replay_with_a_smaller_batch_rolls_back_the_first_attempt(
     rt.log.append(1, ["omega"])
     coordinate(rt, 1)
     emit(rt, 1, ENGINE)
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         commit(rt, 1)
     rt = rt.with_(faults=FaultPlan.parse("dark:0@1"))
     emit(rt, 1, ENGINE)  # attempt 2 skips partition 0

@@ -50,7 +50,7 @@ def test_a_server_started_on_a_port_another_answers_on_is_refused_not_shared(tmp
     try:
         redis_client = redis.Redis(port=port)
         redis_client.set("mine", "first")
-        with pytest.raises(devredis.PortTaken, match=rf"port {port} is answered by another"):
+        with pytest.raises(devredis.PortTakenError, match=rf"port {port} is answered by another"):
             devredis.start(port, tmp_path / "second", appendonly=False)
         assert redis_client.get("mine") == b"first"  # the first server, untouched
         assert devredis.server_pid(port) == first.pid

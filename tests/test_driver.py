@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.ops.audit import audit
 from tridentflow.steps.driver import run_pipelined
 from tridentflow.steps.query import query
@@ -37,7 +37,7 @@ def test_a_failed_txid_blocks_later_commits_until_it_succeeds(redis_url, redis_c
     rt = runtime(name, redis_url, home, faults="in-emit@2")
     lines = sentences(60)
     produce(rt, lines)
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         run_pipelined(rt, ENGINE, depth=3, batch_size=2)
     assert rt.ledger.committed_txid() == 1  # 3 and 4 may be staged: they never commit ahead
     rt = rt.with_(faults=FaultPlan())

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import sentences, word_counts
 from tridentflow.engines.local import LocalEngine
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.ops.audit import audit
 from tridentflow.registry import load_pipeline
 from tridentflow.steps.committer import commit
@@ -52,7 +52,7 @@ def test_a_redis_crash_between_any_two_steps_loses_nothing(server, home, name, b
     if boundary != "after-coordinate":
         emit(rt, 2, ENGINE)
         if boundary in ("mid-commit", "before-ledger"):
-            with pytest.raises(InjectedFault):
+            with pytest.raises(InjectedFaultError):
                 commit(rt, 2)
         elif boundary == "after-commit":
             commit(rt, 2)

@@ -18,7 +18,7 @@ from tridentflow.ops.audit import audit
 from tridentflow.ops.status import format_status, status
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.query import query
-from tridentflow.steps.recorded_settings import STATES, StateShapeChanged, record
+from tridentflow.steps.recorded_settings import STATES, StateShapeChangedError, record
 from tridentflow.steps.runtime import Runtime
 
 
@@ -170,14 +170,14 @@ def test_another_shape_on_a_state_with_values_is_refused_before_anything_is_writ
 ):
     before = dict(deployed.client.hgetall(deployed.keyspace.state("counts")))
     other = Runtime.open(evolving(**change), redis_url, home)
-    with pytest.raises(StateShapeChanged) as refused:
+    with pytest.raises(StateShapeChangedError) as refused:
         run(other, ["a"])
     line = str(refused.value)
     assert "\n" not in line and said in line
     assert "another state name" in line and "settings evolving --record" in line
     assert deployed.ledger.committed_txid() == 2  # nothing moved
     assert dict(deployed.client.hgetall(deployed.keyspace.state("counts"))) == before
-    assert not StateShapeChanged.retry_helps  # an Airflow task fails at once
+    assert not StateShapeChangedError.retry_helps  # an Airflow task fails at once
 
 
 def test_another_kind_is_refused_too(redis_url, home):
@@ -196,7 +196,7 @@ def test_another_kind_is_refused_too(redis_url, home):
     run_batches(first, LocalEngine(), batch_size=10)
     other = Runtime.open(version(StateKind.TRANSACTIONAL), redis_url, home)
     other.log.append_spread([["x"]])
-    with pytest.raises(StateShapeChanged, match=r"kind opaque .* with kind transactional"):
+    with pytest.raises(StateShapeChangedError, match=r"kind opaque .* with kind transactional"):
         run_batches(other, LocalEngine(), batch_size=10)
 
 
@@ -300,11 +300,11 @@ def test_dropping_a_kept_state_deletes_every_key_of_it_and_nothing_else(with_len
 
 
 def test_a_drop_is_refused_while_the_code_has_the_state(with_lengths):
-    from tridentflow.ops.evolve import EvolveRefused, drop_state
+    from tridentflow.ops.evolve import EvolveRefusedError, drop_state
 
     old, _new = with_lengths
     keys = _lengths_keys(old)
-    with pytest.raises(EvolveRefused) as refused:
+    with pytest.raises(EvolveRefusedError) as refused:
         drop_state(old, "lengths")
     line = str(refused.value)
     assert "still in the code of pipeline evolving" in line and "\n" not in line
@@ -333,7 +333,7 @@ def test_a_drop_killed_part_way_finishes_when_run_again_and_fences_the_old_code(
         drop_state(new, "lengths")
     left = _lengths_keys(new)
     assert left and len(calls) == 1
-    with pytest.raises(StateShapeChanged, match="state lengths of evolving is being dropped"):
+    with pytest.raises(StateShapeChangedError, match="state lengths of evolving is being dropped"):
         run(old, ["a"])  # a straggler of the old code writes nothing
     assert _lengths_keys(new) == left
     monkeypatch.setattr(evolve_keys, "_unlink", original)
@@ -407,7 +407,7 @@ def test_a_rename_is_refused_in_one_line_when_it_cannot_keep_the_values(
     before_rename, redis_url, home
 ):
     from tridentflow.aggregators import Max
-    from tridentflow.ops.evolve import EvolveRefused, rename_state
+    from tridentflow.ops.evolve import EvolveRefusedError, rename_state
 
     old, new, values, _ = before_rename
     recorded = new.ledger.settings()
@@ -418,12 +418,12 @@ def test_a_rename_is_refused_in_one_line_when_it_cannot_keep_the_values(
         (old, "still in the code of pipeline evolving"),
     ]  # fmt: skip
     for rt, words in cases:
-        with pytest.raises(EvolveRefused) as refused:
+        with pytest.raises(EvolveRefusedError) as refused:
             rename_state(rt, "lengths", "letters")
         assert words in str(refused.value) and "\n" not in str(refused.value)
     record(new, force=True)  # the new code counted into letters first: it holds values now
     run(new, ["a"])
-    with pytest.raises(EvolveRefused, match="letters of evolving already holds values"):
+    with pytest.raises(EvolveRefusedError, match="letters of evolving already holds values"):
         rename_state(new, "lengths", "letters")
     assert _letters(old, "lengths") == values
     assert (
@@ -437,7 +437,7 @@ def test_a_rename_killed_part_way_fences_both_codes_and_finishes_when_run_again(
 ):
     import tridentflow_state.evolve as evolve_keys
     from tridentflow.ops.evolve import rename_state
-    from tridentflow.steps.recorded_settings import StateEvolving
+    from tridentflow.steps.recorded_settings import StateEvolvingError
 
     old, new, values, _ = before_rename
     moves = []
@@ -454,7 +454,7 @@ def test_a_rename_killed_part_way_fences_both_codes_and_finishes_when_run_again(
     with pytest.raises(ConnectionError):
         rename_state(new, "lengths", "letters")
     for rt in (old, new):
-        with pytest.raises(StateEvolving, match="lengths of evolving is being renamed"):
+        with pytest.raises(StateEvolvingError, match="lengths of evolving is being renamed"):
             run(rt, ["a"])
     monkeypatch.undo()
     committed = new.ledger.committed_txid()
@@ -558,7 +558,7 @@ def test_a_migration_rewrites_the_state_its_undo_and_change_logs_then_the_code_g
     from tridentflow.steps.export import changes_of
 
     new, values, as_of_2 = before_migration
-    with pytest.raises(StateShapeChanged, match=r"aggregator tridentflow\.aggregators\.Sum"):
+    with pytest.raises(StateShapeChangedError, match=r"aggregator tridentflow\.aggregators\.Sum"):
         run(new, ["a"])  # refused before it writes: the values are Sum's
     result = migrate_state(new, "lengths", MIGRATION)
     assert result.keys_migrated >= 3 + 2  # three shards' hashes, undo and change logs
@@ -576,7 +576,7 @@ def test_a_migration_rewrites_the_state_its_undo_and_change_logs_then_the_code_g
 def test_a_migration_killed_part_way_transforms_no_value_twice(before_migration, monkeypatch):
     import tridentflow_state.evolve as evolve_keys
     from tridentflow.ops.evolve import migrate_state
-    from tridentflow.steps.recorded_settings import StateEvolving
+    from tridentflow.steps.recorded_settings import StateEvolvingError
 
     new, values, as_of_2 = before_migration
     original, swaps = evolve_keys.SWAP_MIGRATED, []
@@ -590,7 +590,7 @@ def test_a_migration_killed_part_way_transforms_no_value_twice(before_migration,
     monkeypatch.setattr(evolve_keys, "SWAP_MIGRATED", killed)
     with pytest.raises(ConnectionError):
         migrate_state(new, "lengths", MIGRATION)
-    with pytest.raises(StateEvolving, match="lengths of evolving is being migrated"):
+    with pytest.raises(StateEvolvingError, match="lengths of evolving is being migrated"):
         run(new, ["a"])
     monkeypatch.setattr(evolve_keys, "SWAP_MIGRATED", original)
     migrate_state(new, "lengths", MIGRATION)  # as_letters raises on a value done twice
@@ -636,7 +636,7 @@ def test_a_finished_migration_run_again_is_a_no_op(
 def test_a_migration_that_fails_on_a_value_is_one_line_and_finishes_once_fixed(
     before_migration, monkeypatch
 ):
-    from tridentflow.ops.evolve import EvolveRefused, migrate_state
+    from tridentflow.ops.evolve import EvolveRefusedError, migrate_state
     from tridentflow_state.errors import StateError
 
     new, values, _ = before_migration
@@ -657,9 +657,9 @@ def test_a_migration_that_fails_on_a_value_is_one_line_and_finishes_once_fixed(
     assert _letters(new, "lengths") == values
     for ref, words in (("tests.test_evolve:nothing", "cannot load the migration"),
                        ("no-colon", "NAME=module:function")):  # fmt: skip
-        with pytest.raises(EvolveRefused, match=words):
+        with pytest.raises(EvolveRefusedError, match=words):
             migrate_state(new, "lengths", ref)
-    with pytest.raises(EvolveRefused, match="code of pipeline evolving has no state counted"):
+    with pytest.raises(EvolveRefusedError, match="code of pipeline evolving has no state counted"):
         migrate_state(new, "counted", MIGRATION)
 
 

@@ -16,7 +16,7 @@ from tests.pipelines import expiring
 from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError
-from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.faults import FaultPlan, InjectedFaultError, SimulatedCrash
 from tridentflow.ops.audit import audit
 from tridentflow.ops.rewind import rewind_pipeline
 from tridentflow.steps.committer import commit
@@ -134,7 +134,7 @@ def _step_by_step(rt, batches: list[list[str]], faults: dict[int, str], first: i
                 emit(attempt, txid, LocalEngine())
                 commit(attempt, txid)
                 break
-            except (InjectedFault, SimulatedCrash):
+            except (InjectedFaultError, SimulatedCrash):
                 attempt = rt  # the retry
         assert rt.ledger.committed_txid() == txid
 
@@ -226,7 +226,7 @@ def test_commits_cut_short_after_their_marks_in_a_row_still_expire_on_time(
         emit(rt, txid, LocalEngine())
         due = first_cut + 2  # a, last updated at first_cut, is due 2 txids later
         if txid in (first_cut, first_cut + 1):
-            with pytest.raises(InjectedFault):
+            with pytest.raises(InjectedFaultError):
                 commit(rt, txid)
         else:
             commit(rt, txid)
@@ -375,7 +375,7 @@ def test_a_key_an_earlier_attempt_wrote_is_judged_by_its_last_committed_update(
                 coordinate(attempt, txid, batch_size=1)
                 emit(attempt, txid, LocalEngine())
                 commit(attempt, txid)
-            except InjectedFault:
+            except InjectedFaultError:
                 continue
         assert rt.ledger.committed_txid() == txid
     assert _counts(rt) == {"k": 2, "b": 1, "c": 1, "d": 1, "e": 1}  # a: txid 1, gone at 4

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tridentflow.faults import Fault, FaultPlan, FaultSpecError, InjectedFault
+from tridentflow.faults import Fault, FaultPlan, FaultSpecError, InjectedFaultError
 
 
 def test_parse_the_documented_syntax():
@@ -25,5 +25,5 @@ def test_a_fault_fires_only_on_its_attempt():
     plan = FaultPlan.parse("before-ledger@4#2")
     plan.fire("before-ledger", 4, 1)
     plan.fire("mid-commit", 4, 2)
-    with pytest.raises(InjectedFault, match="before-ledger@4#2"):
+    with pytest.raises(InjectedFaultError, match="before-ledger@4#2"):
         plan.fire("before-ledger", 4, 2)

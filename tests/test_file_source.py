@@ -19,7 +19,7 @@ from tests.helpers import drain_retrying, moto_s3
 from tridentflow import FileSource, Pipeline
 from tridentflow.aggregators import Count, Sum
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable, PipelineError, SourceError
+from tridentflow.errors import PartitionUnavailableError, PipelineError, SourceError
 from tridentflow.faults import STEP_POINTS as POINTS
 from tridentflow.faults import Fault, FaultPlan
 from tridentflow.nodes import StateSpec
@@ -178,7 +178,7 @@ def test_a_frozen_file_deleted_or_changed_before_its_emit_is_never_read_half(red
     with pytest.raises(FileOverwrittenError, match=r"f\.parquet was taken at offset 0"):
         emit(rt, txid, ENGINE)
     path.unlink()
-    with pytest.raises(PartitionUnavailable, match=r"missing its file .*f\.parquet"):
+    with pytest.raises(PartitionUnavailableError, match=r"missing its file .*f\.parquet"):
         emit(rt, txid, ENGINE)
     path.write_bytes(original)
     os.utime(path, (1_700_000_000, 1_700_000_000))

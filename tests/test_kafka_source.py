@@ -17,7 +17,7 @@ from tests.helpers import drain_retrying, sentences, word_counts
 from tridentflow.aggregators import Count
 from tridentflow.devtools.devkafka import LocalKafka
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError
+from tridentflow.errors import PartitionUnavailableError, SourceError, TridentflowError
 from tridentflow.examples.wordcount import split
 from tridentflow.faults import STEP_POINTS as POINTS
 from tridentflow.faults import Fault, FaultPlan
@@ -177,7 +177,7 @@ def test_a_stopped_broker_is_skipped_by_opaque_and_waited_for_by_transactional(
         assert skipped.records == 0 and time.monotonic() - started < 30
         assert opaque.ledger.history(1)[0]["skipped"] == [0, 1, 2, 3]
         assert status(opaque)["unavailable_partitions"] == [0, 1, 2, 3]
-        with pytest.raises(PartitionUnavailable, match=r"not answering at 127\.0\.0\.1"):
+        with pytest.raises(PartitionUnavailableError, match=r"not answering at 127\.0\.0\.1"):
             emit(txnal, txid, ENGINE)
     finally:
         broker.resume()

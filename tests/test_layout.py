@@ -458,3 +458,43 @@ def test_the_sink_probe_check_finds_one():
     source = 'ok = hasattr(feed.sink, "vacuum")\nrewind = getattr(sink, "rewind_to", None)\n'
     assert probes_of_a_sink(source) == [1, 2]
     assert probes_of_a_sink('name = getattr(sink, "name")\n') == []
+
+
+ERRORS_ELSEWHERE = {
+    "tridentflow/faults.py": {"InjectedFaultError", "SimulatedCrash"},  # stand for foreign ones
+    "plugins/tridentflow_airflow/view.py": {"NotConfiguredHTTPError"},  # an HTTP answer
+}
+"""Exception classes defined outside a package's errors.py, on purpose."""
+
+
+def exception_classes(source: str) -> list[str]:
+    """The public classes of ``source`` that derive from a name ending in Error, Exception
+    or BaseException (private control-flow ones, ``_Name``, aside)."""
+    return [
+        node.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef)
+        and not node.name.startswith("_")
+        and any(ast.unparse(b).endswith(("Error", "Exception")) for b in node.bases)
+    ]
+
+
+def test_errors_live_in_one_place_per_package_and_end_in_error():
+    """Issue 67: every exception class of the shipped code is defined in its package's
+    errors.py (tridentflow, the state layer, the Airflow integration) and named ...Error."""
+    elsewhere, misnamed = [], []
+    for folder in SHIPPED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            for name in exception_classes(path.read_text()):
+                allowed = ERRORS_ELSEWHERE.get(where, set())
+                if path.name != "errors.py" and name not in allowed:
+                    elsewhere.append(f"{where}:{name}")
+                if not name.endswith("Error") and name not in allowed:
+                    misnamed.append(name)
+    assert elsewhere == [] and misnamed == []
+
+
+def test_the_error_check_finds_a_class_elsewhere():
+    source = "class Refused(TridentflowError):\n    pass\nclass _Stop(Exception):\n    pass\n"
+    assert exception_classes(source) == ["Refused"]

@@ -139,7 +139,7 @@ def test_the_bounded_reader_answers_fast_reads_slow_ones_and_never_deadlocks():
     import threading
     import time
 
-    from tridentflow.ops.bounded import BoundedReader, TimedOut
+    from tridentflow.ops.bounded import BoundedReader, TimedOutError
 
     reader = BoundedReader(workers=4)
     release = threading.Event()
@@ -158,10 +158,10 @@ def test_the_bounded_reader_answers_fast_reads_slow_ones_and_never_deadlocks():
     t0 = time.monotonic()
     got = reader.read_all({"slow": slow, "boom": boom, "ok": lambda: "ok"}, 0.5)
     assert time.monotonic() - t0 < 2
-    assert isinstance(got["slow"], TimedOut) and isinstance(got["boom"], KeyError)
+    assert isinstance(got["slow"], TimedOutError) and isinstance(got["boom"], KeyError)
     assert got["ok"] == "ok"
     again = reader.read_all({"slow": slow}, 0.2)  # still running: waited on, not restarted
-    assert isinstance(again["slow"], TimedOut) and len(started) == 1
+    assert isinstance(again["slow"], TimedOutError) and len(started) == 1
     release.set()
     assert reader.read_all({"slow": slow}, 5)["slow"] == "late"
 

@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import produce, runtime, sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.examples.mutating import expected_counts
-from tridentflow.faults import InjectedFault
+from tridentflow.faults import InjectedFaultError
 from tridentflow.ops.audit import audit
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.query import query
@@ -29,7 +29,7 @@ def test_in_place_combiner_and_reducer_replay_exactly(redis_url, redis_client, h
     produce(rt, ["a", "b"])
     run_batches(rt, ENGINE, max_batches=1)
     produce(rt, ["a", "a b"])
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         run_batches(rt, ENGINE)
     if point in ("mid-commit", "before-ledger"):
         # a query during the pending commit shows the last committed values
@@ -79,7 +79,7 @@ def test_every_in_place_aggregator_kind_is_exact_under_faults(
         try:
             run_batches(rt, ENGINE, batch_size=3)
             break
-        except InjectedFault:
+        except InjectedFaultError:
             continue
     run_batches(rt, ENGINE, batch_size=3)
     from tridentflow_state.codec import decode_key

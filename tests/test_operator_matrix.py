@@ -24,11 +24,11 @@ from tridentflow.aggregators import Count
 from tridentflow.devtools.chaos.sinks import _stream_view, jsonish
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, TridentflowError
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.ops.audit import audit
-from tridentflow.ops.evolve import EvolveRefused, drop_state, migrate_state, rename_state
+from tridentflow.ops.evolve import EvolveRefusedError, drop_state, migrate_state, rename_state
 from tridentflow.ops.reset import reset_pipeline
-from tridentflow.ops.reshard import ReshardRefused, reshard
+from tridentflow.ops.reshard import ReshardRefusedError, reshard
 from tridentflow.ops.rewind import rewind_pipeline
 from tridentflow.ops.tables import compact_table, lakehouse_feeds, vacuum_table
 from tridentflow.steps.committer import commit
@@ -50,7 +50,7 @@ def _in_flight(rt: Runtime, stage: str) -> int:
     if stage in ("emitted", "mid-commit"):
         emit(rt, txid, LocalEngine())
     if stage == "mid-commit":
-        with pytest.raises(InjectedFault):
+        with pytest.raises(InjectedFaultError):
             commit(rt.with_(faults=FaultPlan.parse(f"mid-commit@{txid}")), txid)
     return txid
 
@@ -146,7 +146,7 @@ def _evolve(rt: Runtime, action: str, killed: bool, patch: pytest.MonkeyPatch) -
     run()
     try:
         again = run()
-    except EvolveRefused as exc:
+    except EvolveRefusedError as exc:
         assert "\n" not in str(exc), exc
     else:
         assert getattr(again, "already", False) or getattr(again, "keys_moved", 1) == 0, again
@@ -161,7 +161,7 @@ def _act(rt: Runtime, action: str, killed: bool, patch: pytest.MonkeyPatch) -> R
     if action == "rewind":
         target = rt.ledger.committed_txid() - 1
         if killed:
-            with pytest.raises(InjectedFault):
+            with pytest.raises(InjectedFaultError):
                 faulty = rt.with_(faults=FaultPlan.parse(f"mid-rewind@{target}#1"))
                 rewind_pipeline(faulty, target, force=True)
         rewind_pipeline(rt, target, force=True)
@@ -170,10 +170,10 @@ def _act(rt: Runtime, action: str, killed: bool, patch: pytest.MonkeyPatch) -> R
     if action == "reshard":
         txid = rt.ledger.committed_txid() + 1
         if killed:
-            with pytest.raises(InjectedFault):
+            with pytest.raises(InjectedFaultError):
                 reshard(rt.with_(faults=FaultPlan.parse(f"mid-reshard@{txid}#2")), 2)
         assert reshard(rt, 2).to_shards == 2
-        with pytest.raises(ReshardRefused, match="in 2 shard\\(s\\) already"):
+        with pytest.raises(ReshardRefusedError, match="in 2 shard\\(s\\) already"):
             reshard(rt, 2)  # again: nothing more, said in one line
         return Runtime(rt.pipeline, rt.client, rt.home, shards=2)
     if action in ("compact", "vacuum"):

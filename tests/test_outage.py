@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable
+from tridentflow.errors import PartitionUnavailableError
 from tridentflow.ops.audit import audit
 from tridentflow.ops.status import status
 from tridentflow.steps.committer import commit
@@ -145,7 +145,7 @@ def test_a_partition_gone_during_a_transactional_txid_waits_with_one_line(
     coordinate(rt, 1, batch_size=2)  # the ranges are frozen with partition 1 in them
     outage = Outage(rt.log.root, 1, tmp_path)
     getattr(outage, how)()
-    with pytest.raises(PartitionUnavailable) as failure:
+    with pytest.raises(PartitionUnavailableError) as failure:
         emit(rt, 1, ENGINE)
     message = str(failure.value)
     assert message.startswith("partition 1 is unavailable") and "\n" not in message
@@ -191,9 +191,9 @@ def test_nothing_recreates_a_missing_partition(redis_url, redis_client, home, tm
     outage.unmount()
     rt.log.ensure(6)  # growing the log creates only the new partitions
     rt.source_scan()
-    with pytest.raises(PartitionUnavailable):
+    with pytest.raises(PartitionUnavailableError):
         rt.log.append_lines(0, ['"x"'])
-    with pytest.raises(PartitionUnavailable):
+    with pytest.raises(PartitionUnavailableError):
         rt.log.append_spread(["y"])
     assert not outage.pdir.exists()
     assert sorted(rt.log.scan().unavailable) == [0]

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import runtime
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import TooManyBadRecords
+from tridentflow.errors import TooManyBadRecordsError
 from tridentflow.ops.audit import audit
 from tridentflow.ops.status import status
 from tridentflow.steps.driver import run_batches
@@ -55,7 +55,7 @@ def test_quarantine_survives_replays_without_duplicates(redis_url, redis_client,
 def test_too_many_bad_records_fail_the_batch_visibly(redis_url, redis_client, home):
     rt = runtime("tests.pipelines:strict_poison", redis_url, home)
     plant(rt)
-    with pytest.raises(TooManyBadRecords, match="2 of 6 records are bad"):
+    with pytest.raises(TooManyBadRecordsError, match="2 of 6 records are bad"):
         run_batches(rt, ENGINE)
     assert rt.ledger.committed_txid() == 0
     assert redis_client.hlen(rt.keyspace.quarantine) == 0

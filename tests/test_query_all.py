@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import produce, runtime, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.steps.committer import commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.driver import run_batches
@@ -50,7 +50,7 @@ def test_a_listing_during_a_commit_shows_the_last_committed_values(redis_url, re
     rt = rt.with_(faults=FaultPlan.parse("before-ledger@2"))
     coordinate(rt, 2)
     emit(rt, 2, ENGINE)
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         commit(rt, 2)  # every key of txid 2 written, the txid not yet committed
     listed, _pages = everything(rt, limit=1)
     assert listed == word_counts(first)  # 'd' (created by the pending txid) is left out

@@ -15,7 +15,7 @@ from tridentflow.ops.cli import main
 from tridentflow.ops.status import format_status, status
 from tridentflow.sinks.redisstream import RedisStreamSink
 from tridentflow.steps.driver import run_batches
-from tridentflow.steps.recorded_settings import SettingsDisagree
+from tridentflow.steps.recorded_settings import SettingsDisagreeError
 from tridentflow.steps.runtime import Runtime
 
 ENGINE = LocalEngine()
@@ -62,7 +62,7 @@ def test_an_environment_that_disagrees_is_refused_in_one_line_before_anything_is
     monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", value)
     other = runtime("wordcount", redis_url, home)
     produce(other, sentences(4, seed=3))
-    with pytest.raises(SettingsDisagree) as refused:
+    with pytest.raises(SettingsDisagreeError) as refused:
         drain(other)
     line = str(refused.value)
     assert "\n" not in line
@@ -135,7 +135,7 @@ def test_a_process_whose_pipeline_lost_a_sink_cannot_commit_without_its_change_l
     committed = sinked.ledger.committed_txid()
     older = Runtime.open(_summed(False), redis_url, home)  # another version of the pipeline
     produce(older, sentences(4, seed=6))
-    with pytest.raises(SettingsDisagree) as refused:
+    with pytest.raises(SettingsDisagreeError) as refused:
         drain(older)
     line = str(refused.value)
     assert line.startswith("this process's pipeline settings-sinked writes no change log of")

@@ -17,16 +17,16 @@ from tests.helpers import produce
 from tests.test_lost_commits import FileSink
 from tridentflow import Count, LogSource, Pipeline, SourceMode, StateKind, StateSpec, Sum
 from tridentflow.engines.local import LocalEngine
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.ops.audit import audit
-from tridentflow.ops.reshard import ReshardRefused, reshard
+from tridentflow.ops.reshard import ReshardRefusedError, reshard
 from tridentflow.ops.status import status
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.export import export
 from tridentflow.steps.query import list_state, query_as_of
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.backing import Fence
-from tridentflow_state.errors import FencedError, ReshardUnderWay, StateError
+from tridentflow_state.errors import FencedError, ReshardUnderWayError, StateError
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.shards import claim_shards, query_state
 
@@ -125,11 +125,11 @@ def test_a_reshard_killed_at_each_point_is_finished_by_running_it_again(twins, p
     moving, staying, open_ = twins
     txid = moving.ledger.committed_txid() + 1
     faulty = open_("moving").with_(faults=FaultPlan.parse(f"mid-reshard@{txid}#{point}"))
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         reshard(faulty, 3)
-    with pytest.raises(ReshardUnderWay, match="moving to 3 shard"):  # commits wait, and retry
+    with pytest.raises(ReshardUnderWayError, match="moving to 3 shard"):  # commits wait, and retry
         step(open_("moving"), ["meanwhile"])
-    with pytest.raises(ReshardRefused, match="resharded to 3 shards: finish that first"):
+    with pytest.raises(ReshardRefusedError, match="resharded to 3 shards: finish that first"):
         reshard(open_("moving"), 2)
     assert reshard(open_("moving"), 3).to_shards == 3
     moving = open_("moving")
@@ -161,7 +161,7 @@ def test_an_attempt_under_way_writes_nothing_into_shards_being_copied(twins):
     zombie = Fence(ticket.txid, ticket.token, ticket.generation)
     claim_shards(moving.client, moving.keyspace, ["counts"], zombie)
     faulty = open_("moving").with_(faults=FaultPlan.parse(f"mid-reshard@{ticket.txid}#1"))
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         reshard(faulty, 2)  # killed part-way through its copy
     for word in ("the", "zz"):  # a key copied already, and one not
         with pytest.raises(FencedError):
@@ -230,7 +230,7 @@ def test_a_process_that_predates_the_reshard_reads_as_of_the_new_one_or_is_told_
     while it read is told to export again, not handed "gone" (a reload); a rewind waits for
     a reshard cut short."""
     from tridentflow.errors import TridentflowError
-    from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+    from tridentflow.ops.rewind import RewindRefusedError, rewind_pipeline
 
     moving, staying, open_ = twins
     before = open_("moving")  # opened before the reshard: its keyspace names the old layout
@@ -247,9 +247,9 @@ def test_a_process_that_predates_the_reshard_reads_as_of_the_new_one_or_is_told_
         export(before)
     export(open_("moving"))
     faulty = open_("moving").with_(faults=FaultPlan.parse("mid-reshard@6#2"))
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         reshard(faulty, 2)
-    with pytest.raises(RewindRefused, match="being resharded to 2 shards: finish that first"):
+    with pytest.raises(RewindRefusedError, match="being resharded to 2 shards: finish that first"):
         rewind_pipeline(open_("moving"), 4, force=True)
     reshard(open_("moving"), 2)
     step(staying, LINES[5:6])
@@ -258,13 +258,13 @@ def test_a_process_that_predates_the_reshard_reads_as_of_the_new_one_or_is_told_
 
 def test_what_a_reshard_refuses_in_one_line(twins, redis_url, home, tmp_path):
     moving, _, open_ = twins
-    with pytest.raises(ReshardRefused, match="in 1 shard\\(s\\) already"):
+    with pytest.raises(ReshardRefusedError, match="in 1 shard\\(s\\) already"):
         reshard(moving, 1)
-    with pytest.raises(ReshardRefused, match="from 1 to 256"):
+    with pytest.raises(ReshardRefusedError, match="from 1 to 256"):
         reshard(moving, 0)
     fresh = Runtime.open(resharded("fresh", tmp_path / "f.json"), redis_url, home)
     fresh.ledger.reset(force=True)
-    with pytest.raises(ReshardRefused, match="no committed state to move: set state_shards=3"):
+    with pytest.raises(ReshardRefusedError, match="no committed state to move: set state_shards=3"):
         reshard(fresh, 3)
     asks_two = open_("moving", 2)  # code that asks for a count the state is not in
     with pytest.raises(StateError, match="tridentflow reshard moving --shards 2 --yes"):

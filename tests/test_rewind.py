@@ -11,10 +11,10 @@ import pytest
 from tests.helpers import runtime, sentences
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import TridentflowError
-from tridentflow.faults import FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.faults import FaultPlan, InjectedFaultError, SimulatedCrash
 from tridentflow.ops.audit import audit
 from tridentflow.ops.reset import reset_pipeline
-from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+from tridentflow.ops.rewind import RewindRefusedError, rewind_pipeline
 from tridentflow.steps.driver import run_batches
 from tridentflow.steps.query import list_state, list_state_as_of, query, query_as_of
 from tridentflow.steps.runs import RunNotBoundError, commit_run, coordinate_run, emit_run
@@ -57,7 +57,7 @@ def run_one(rt: Runtime, txid: int) -> None:
         try:
             run_batches(rt, LocalEngine(), max_batches=1, batch_size=100)
             break
-        except (InjectedFault, SimulatedCrash):
+        except (InjectedFaultError, SimulatedCrash):
             continue
     assert rt.ledger.committed_txid() == txid
 
@@ -143,7 +143,7 @@ def test_a_rewind_and_a_replay_with_fixed_code_equal_a_recompute(
     runs_through(bad, range(6, 10))
     assert everything(bad) != noted
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         rewind_pipeline(good, 5)
     assert rewinding_to(good.client, good.keyspace) == 5
     with pytest.raises(GenerationError, match=r"being rewound to txid 5: .*rewind kept --to 5"):
@@ -283,7 +283,7 @@ def test_a_rewind_that_would_lose_trimmed_records_is_refused(redis_url, home, mo
     committed = rt.ledger.committed_offsets()
     before = everything(rt)
     rt.log.trim(rt.ledger.committed_offsets())  # every entry read so far goes
-    with pytest.raises(RewindRefused, match=r"^cannot rewind wordcount-stream to txid 2: "
+    with pytest.raises(RewindRefusedError, match=r"^cannot rewind wordcount-stream to txid 2: "
                        r"partition \d's records \d+\.\.\d+, read by txids 3\.\.4, cannot be "
                        r"read again"):  # fmt: skip
         rewind_pipeline(rt, 2)

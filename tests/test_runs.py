@@ -124,7 +124,7 @@ def test_one_line_finds_the_python_exception_inside_a_spark_trace():
             "Traceback (most recent call last):",
             '  File "/w/worker.py", line 1, in main',
             "    process()",
-            "tridentflow.errors.PartitionUnavailable: partition 2 is unavailable: gone",
+            "tridentflow.errors.PartitionUnavailableError: partition 2 is unavailable: gone",
             "",
             "During handling of the above exception, another exception occurred:",
             "",
@@ -145,7 +145,7 @@ def test_one_line_finds_the_python_exception_inside_a_spark_trace():
 
 def test_the_ledger_keeps_each_commits_result_and_step_timings(redis_url, redis_client, home):
     """What a cleared task's XCom no longer shows stays in Redis: run, sizes, attempts, times."""
-    from tridentflow.faults import FaultPlan, InjectedFault
+    from tridentflow.faults import FaultPlan, InjectedFaultError
 
     rt = runtime("wordcount-opaque", redis_url, home)
     produce(rt, ["a b", "c d", "e f", "a"])
@@ -153,7 +153,7 @@ def test_the_ledger_keeps_each_commits_result_and_step_timings(redis_url, redis_
     produce(rt, ["g h"])
     rt = rt.with_(faults=FaultPlan.parse("in-emit@2"))
     coordinate_run(rt, "run-2")
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         emit_run(rt, "run-2", ENGINE)
     emit_run(rt, "run-2", ENGINE)  # the retry
     commit_run(rt, "run-2")

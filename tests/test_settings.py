@@ -10,7 +10,7 @@ import pytest
 from tridentflow import settings
 from tridentflow.settings import (
     SETTINGS,
-    SettingsConflict,
+    SettingsConflictError,
     env_int,
     env_seconds,
     explicit_setting,
@@ -43,14 +43,14 @@ def test_the_variable_then_the_platform_section_then_the_default(monkeypatch):
 def test_the_two_disagreeing_is_one_line_naming_both(monkeypatch):
     monkeypatch.setenv("TRIDENTFLOW_STAGING", "files")
     monkeypatch.setenv("AIRFLOW__TRIDENTFLOW__STAGING", "redis")
-    with pytest.raises(SettingsConflict) as exc:
+    with pytest.raises(SettingsConflictError) as exc:
         raw_setting("TRIDENTFLOW_STAGING")
     line = str(exc.value)
     assert "TRIDENTFLOW_STAGING" in line and "[tridentflow] staging" in line and "\n" not in line
     assert "'files'" in line and "'redis'" in line and not exc.value.retry_helps
     monkeypatch.setenv("TRIDENTFLOW_METRICS_TOKEN", "a-secret")
     monkeypatch.setenv("AIRFLOW__TRIDENTFLOW__METRICS_TOKEN", "another")
-    with pytest.raises(SettingsConflict) as exc:
+    with pytest.raises(SettingsConflictError) as exc:
         explicit_setting("TRIDENTFLOW_METRICS_TOKEN")
     assert "secret" not in str(exc.value) and "another" not in str(exc.value)
 
@@ -115,6 +115,6 @@ def test_without_airflow_loaded_the_airflow_cfg_file_still_answers(monkeypatch, 
     assert raw_setting("TRIDENTFLOW_NAMESPACE") == "team-b"
     monkeypatch.delenv("AIRFLOW__TRIDENTFLOW__NAMESPACE")
     monkeypatch.setenv("TRIDENTFLOW_NAMESPACE", "team-c")
-    with pytest.raises(SettingsConflict) as exc:
+    with pytest.raises(SettingsConflictError) as exc:
         raw_setting("TRIDENTFLOW_NAMESPACE")
     assert "airflow.cfg" in str(exc.value) and "\n" not in str(exc.value)

@@ -98,7 +98,7 @@ def test_the_documented_mid_export_fault_lags_the_sink(redis_url, redis_client, 
     code, _ = cli(redis_url, home, *args, "--faults", "mid-export@2=raise")
     err = capsys.readouterr().err
     assert code == 1 and backlog(rt) == 0 and rt.ledger.committed_txid() == 2
-    assert "txid 2 not applied, InjectedFault: injected fault mid-export@2" in err
+    assert "txid 2 not applied, InjectedFaultError: injected fault mid-export@2" in err
     assert len(err.splitlines()) == 1
     assert cli(redis_url, home, *args)[0] == 0  # no fault: the sink catches up
     assert flaky_rows(rt) == counts(rt)
@@ -306,7 +306,7 @@ def test_a_stream_sink_cut_between_its_streams_refuses_a_rewind_below_any_part(
     but a reader of the first stream may have read txid 2; a rewind to 1 is refused naming
     2, and the export resumes on the other stream only (each entry once)."""
     from tridentflow.faults import SimulatedCrash
-    from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+    from tridentflow.ops.rewind import RewindRefusedError, rewind_pipeline
 
     monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "5")
     sink = RedisStreamSink("parts-{partition}", partitions=2)
@@ -328,7 +328,7 @@ def test_a_stream_sink_cut_between_its_streams_refuses_a_rewind_below_any_part(
 
     assert feed.sink.position(context(rt, feed)) == 1
     assert feed.sink.written_through(context(rt, feed)) == 2
-    with pytest.raises(RewindRefused, match=r"up to 2 \(in whole or in part\)"):
+    with pytest.raises(RewindRefusedError, match=r"up to 2 \(in whole or in part\)"):
         rewind_pipeline(rt, 1)
     assert rt.ledger.committed_txid() == 2
     export(rt)

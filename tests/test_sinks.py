@@ -159,7 +159,7 @@ def test_exporters_killed_mid_txid_or_racing_apply_each_txid_once(sinked, pg_dsn
             export(rt, ["postgres-kv", "stream-kv-changesP"])
             break
         except SinkError as exc:  # the injected fault, said as the sink's one line
-            assert "InjectedFault: injected fault mid-export@" in str(exc), exc
+            assert "InjectedFaultError: injected fault mid-export@" in str(exc), exc
             continue
     rt = rt.with_(faults=FaultPlan())
     run_batches(rt, LocalEngine())
@@ -211,7 +211,7 @@ def test_a_rewind_reloads_the_tables_and_the_stream_goes_on_once(
     it), nothing changed; one to the stream's position takes back a txid the PostgreSQL
     tables had: their next export reloads them in one transaction, and after the replay
     every table equals the state and the stream holds each change once."""
-    from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+    from tridentflow.ops.rewind import RewindRefusedError, rewind_pipeline
 
     monkeypatch.setenv("TRIDENTFLOW_RETAIN_TXIDS", "8")
     rt = sinked
@@ -221,7 +221,7 @@ def test_a_rewind_reloads_the_tables_and_the_stream_goes_on_once(
     export(rt, ["postgres-kv", "postgres-counts_x10"])
     assert table_rows(pg_dsn, "kv", "key") == {"y": (2,)}
     refusal = r"sink stream-kv-changesP .* up to 2 \(in whole or in part\), which"
-    with pytest.raises(RewindRefused, match=refusal):
+    with pytest.raises(RewindRefusedError, match=refusal):
         rewind_pipeline(rt, 1)
     assert rt.ledger.committed_txid() == 3
     rewind_pipeline(rt, 2)

@@ -19,7 +19,7 @@ from tridentflow.devtools.chaos import staging_left
 from tridentflow.engines.base import ComputeResult, ExecContext, Ranges
 from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import IncompleteBatchError, TooManyBadRecords
+from tridentflow.errors import IncompleteBatchError, TooManyBadRecordsError
 from tridentflow.faults import Fault, FaultPlan, SimulatedCrash
 from tridentflow.ops.audit import audit
 from tridentflow.ops.reset import reset_pipeline
@@ -78,7 +78,7 @@ def test_a_refused_batch_leaves_nothing_staged(kind, redis_url, tmp_path, monkey
     rt = _fresh("tests.pipelines:strict_poison", kind, redis_url, tmp_path, monkeypatch)
     produce(rt, [*sentences(40, seed=3), POISON, f"a {POISON}", "b c"])
     coordinate(rt, 1, batch_size=100)
-    with pytest.raises(TooManyBadRecords):
+    with pytest.raises(TooManyBadRecordsError):
         emit(rt, 1, ENGINE)
     assert rt.ledger.attempts(1, "emit") == 1
     assert staging_left(rt) == []

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import drain_retrying, sentences, word_counts
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable, SourceError
+from tridentflow.errors import PartitionUnavailableError, SourceError
 from tridentflow.faults import STEP_POINTS as POINTS
 from tridentflow.faults import Fault, FaultPlan
 from tridentflow.ops.audit import audit
@@ -110,7 +110,7 @@ def test_a_stream_deleted_and_recreated_is_skipped_never_misread(redis_url, stre
     run_batches(rt, ENGINE)
     scan = rt.log.scan()
     assert 1 not in scan.unavailable  # its head moved on: only a read can tell
-    with pytest.raises(PartitionUnavailable, match="deleted and recreated"):
+    with pytest.raises(PartitionUnavailableError, match="deleted and recreated"):
         rt.log.probe(1, rt.ledger.committed_offsets()[1], scan.heads[1])
     after = counts(rt)
     assert after.get("fresh0") is None  # not one entry of the new stream read as an old one
@@ -127,7 +127,7 @@ def test_entries_trimmed_beyond_the_committed_position_are_an_error(redis_url, s
     run_batches(rt, ENGINE, max_batches=1, batch_size=4)  # 4 of each stream's 10 committed
     key = "tridentflow:wordcount-stream-tx:p2"
     streams.xtrim(key, maxlen=3, approximate=False)  # someone trims uncommitted entries away
-    with pytest.raises((PartitionUnavailable, SourceError), match="trimmed to ordinal 7"):
+    with pytest.raises((PartitionUnavailableError, SourceError), match="trimmed to ordinal 7"):
         run_batches(rt, ENGINE, batch_size=4)
     assert rt.ledger.committed_offsets()[2] == 4  # nothing skipped silently
 

@@ -230,7 +230,7 @@ def test_removed_keys_leave_the_store_once_committed_and_survive_a_failed_commit
     redis_url, redis_client, home
 ):
     from tridentflow import SourceMode, StateKind
-    from tridentflow.faults import FaultPlan, InjectedFault
+    from tridentflow.faults import FaultPlan, InjectedFaultError
     from tridentflow.ops.audit import audit
     from tridentflow.steps.query import query
 
@@ -247,7 +247,7 @@ def test_removed_keys_leave_the_store_once_committed_and_survive_a_failed_commit
     rt.log.append_spread([["ann", "out"], ["bob", "out"]])
     coordinate(rt, 2)
     emit(rt, 2, LocalEngine())
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFaultError):
         commit(rt, 2)  # every key written, the ledger not marked: ann is a tombstone
     state = rt.pipeline.states["open"]
     field = encode_key(("ann",))

@@ -1,4 +1,10 @@
-"""Errors of the engine (pipeline definition, sources, batches). One clear line each."""
+"""Every error tridentflow raises on purpose, under one base (``TridentflowError``, with
+``retry_helps``): the pipeline's definition, sources, batches, sinks, settings, the
+operators' commands, the tools. One clear line each. The state layer keeps its own
+(``tridentflow_state.errors``: it imports nothing of tridentflow) and the Airflow
+integration its own (``tridentflow_airflow.errors``). Not here on purpose: the fault
+injector's ``InjectedFaultError`` and ``SimulatedCrash`` (tridentflow.faults), which stand
+for foreign failures and a process's death."""
 
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ class SourceError(TridentflowError):
     """The source log is missing, malformed, or a range cannot be read."""
 
 
-class NotConfigured(SourceError):
+class NotConfiguredError(SourceError):
     """The pipeline lacks a setting it needs (its message says which, and where to give it):
     it is not configured, which is not a failure - the view shows it as such, and the metrics
     report ``tridentflow_configured`` 0 instead of ``tridentflow_up`` 0."""
@@ -50,7 +56,7 @@ class FileOverwrittenError(SourceError):
     retry_helps = False
 
 
-class PartitionUnavailable(SourceError):
+class PartitionUnavailableError(SourceError):
     """A partition cannot be read right now (a dark partition)."""
 
     def __init__(self, partition: int, reason: str = "unreadable") -> None:
@@ -84,8 +90,108 @@ class StagingValueError(TridentflowError):
     """A value to stage cannot be written as JSON (an aggregator returned e.g. a set)."""
 
 
-class TooManyBadRecords(TridentflowError):
+class TooManyBadRecordsError(TridentflowError):
     """A batch has more quarantined records than the pipeline allows: it fails, visibly."""
+
+
+# Refusals of an operator's command (nothing was changed)
+
+
+class ReshardRefusedError(TridentflowError):
+    """A reshard that cannot apply as asked: nothing was changed."""
+
+    retry_helps = False
+
+
+class EvolveRefusedError(TridentflowError):
+    """An evolution step that cannot apply as asked: nothing was changed."""
+
+    retry_helps = False
+
+
+class RewindRefusedError(TridentflowError):
+    """A rewind that would lose or duplicate something outside Redis: nothing was changed."""
+
+
+# Settings
+
+
+class SettingsConflictError(TridentflowError):
+    """The environment variable and the platform's configuration disagree."""
+
+    retry_helps = False
+
+
+class SettingsDisagreeError(TridentflowError):
+    """This process's settings differ from the ones recorded with the pipeline."""
+
+
+class StateShapeChangedError(SettingsDisagreeError):
+    """The code makes a state's values another way than the one that made the stored values
+    (another kind, aggregator or key fields): refused before anything is written; retrying
+    cannot help (an Airflow task fails at once)."""
+
+    retry_helps = False
+
+
+class StateEvolvingError(SettingsDisagreeError):
+    """A state of this code is being renamed or migrated (``tridentflow evolve``): the
+    commit writes nothing now and succeeds when retried after it."""
+
+
+# Sinks
+
+
+class SinkError(TridentflowError):
+    """A sink could not apply a txid (one line: which sink, which txid, why, what to do)."""
+
+
+class SinkRefusedError(SinkError):
+    """A sink refuses what it was given - a value its table cannot hold, a table another
+    writer wrote, columns that are not the stream's: running the export again, unchanged,
+    is refused the same way, so an orchestrator fails the task at once (one line, its fix)
+    instead of retrying it."""
+
+    retry_helps = False
+
+
+class ReloadNeededError(SinkError):
+    """A sink cannot apply a txid from its rows alone, but can from the whole state: what it
+    holds does not reach the txid before (a table not created yet, the txids before having
+    written nothing it could type), or the txid's values need a wider column than the
+    table's (a DeltaSink widens a column by rewriting the table). The export then reloads it,
+    as for a change log that is gone."""
+
+
+# Steps, tools and the test harness
+
+
+class RunNotBoundError(TridentflowError):
+    """The run has no txid, or lost it to another run."""
+
+
+class TimedOutError(TridentflowError):
+    """A read that did not finish within the deadline (it may still be running)."""
+
+
+class FaultSpecError(TridentflowError, ValueError):
+    """A fault specification (``TF_FAULTS``, ``--fault``) that does not parse."""
+
+    retry_helps = False
+
+
+class TestingError(TridentflowError):
+    """A run of ``run_batches`` cannot go on: bad input, or a record your code fails on."""
+
+    __test__ = False  # not a pytest test class
+
+
+class PortTakenError(TridentflowError):
+    """Another redis-server answers on the port a new one was to listen on."""
+
+
+PartitionUnavailable = PartitionUnavailableError
+"""The name before 0.x, kept for sources of your own that raise it."""
 
 
 _EXCEPTION_LINE = re.compile(

@@ -9,7 +9,7 @@ Syntax (``TRIDENTFLOW_FAULTS`` or ``--faults``), a comma-separated list of:
   ``mid-export`` (a sink part-way through applying the txid: PostgreSQL inside its
   transaction, a stream after its first chunk). The fault fires only on that step's attempt
   ATTEMPT (default 1) of txid TXID, so resuming gets past it. ``raise`` (default) fails the
-  step with InjectedFault; ``kill`` ends the process at once with SIGKILL (exit code 137).
+  step with InjectedFaultError; ``kill`` ends the process at once with SIGKILL (exit code 137).
   (The chaos harness also builds ``crash`` faults - SimulatedCrash -, ``pause`` ones -
   PAUSE_HOOK, its paused-Redis family - and ``stall`` ones - STALL_HOOK, the same family's
   stalled holder -, which no spec names.)
@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import FaultSpecError
 
 POINTS = (
     "after-coordinate",
@@ -55,11 +55,7 @@ _FAULT = re.compile(
 _DARK = re.compile(r"^dark:(?P<partition>\d+)@(?P<first>\d+)(?:-(?P<last>\d+))?$")
 
 
-class FaultSpecError(TridentflowError, ValueError):
-    pass
-
-
-class InjectedFault(RuntimeError):
+class InjectedFaultError(RuntimeError):
     """Raised by a ``raise`` fault."""
 
 
@@ -167,7 +163,7 @@ class FaultPlan:
             sys.stderr.write(f"tridentflow: injected fault {fault}: killing process\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        raise InjectedFault(f"injected fault {fault}")
+        raise InjectedFaultError(f"injected fault {fault}")
 
     def dark_partitions(self, txid: int) -> frozenset[int]:
         return frozenset(d.partition for d in self.darks if d.first <= txid <= d.last)

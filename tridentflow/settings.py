@@ -21,15 +21,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import SettingsConflictError, TridentflowError
 
 SECTION = "tridentflow"
-
-
-class SettingsConflict(TridentflowError):
-    """The environment variable and the platform's configuration disagree."""
-
-    retry_helps = False
 
 
 @dataclass(frozen=True)
@@ -176,7 +170,7 @@ def _from_airflow_cfg(setting: Setting) -> tuple[str | None, str]:
 
 def explicit_setting(env: str) -> str | None:
     """What the deployment set for the setting whose environment variable is ``env``: the
-    variable, else the platform's ``[tridentflow]`` option; None if neither. SettingsConflict
+    variable, else the platform's ``[tridentflow]`` option; None if neither. SettingsConflictError
     (one line) when both are set and differ. A name outside the table is read from the
     environment only."""
     own = os.environ.get(env, "").strip() or None
@@ -187,7 +181,7 @@ def explicit_setting(env: str) -> str | None:
     platform = platform.strip() if platform is not None else None
     if own is not None and platform is not None and own != platform:
         shown = "(values hidden)" if setting.sensitive else f"{own!r} and {platform!r}"
-        raise SettingsConflict(
+        raise SettingsConflictError(
             f"{env} and [{SECTION}] {setting.key} ({where}) disagree: {shown}; set one of them"
         )
     return own if own is not None else platform

@@ -47,7 +47,7 @@ from typing import Any
 
 from tridentflow.engines.base import ExecContext
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PipelineError, TridentflowError
+from tridentflow.errors import PipelineError, TestingError, TridentflowError
 from tridentflow.nodes import QueryNode, parents_of
 from tridentflow.pipeline import Pipeline
 from tridentflow.plan import compile_chain, compile_pipeline
@@ -70,12 +70,6 @@ class _Abort:
 
 ABORT: Any = _Abort()
 """Put in a batch: that txid's first emit attempt dies here; its retry emits the whole batch."""
-
-
-class TestingError(TridentflowError):
-    """A run of ``run_batches`` cannot go on: bad input, or a record your code fails on."""
-
-    __test__ = False  # not a pytest test class
 
 
 class States(dict[str, dict[Any, Any]]):

@@ -29,8 +29,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from tridentflow.errors import TridentflowError
 from tridentflow.steps.runtime import Runtime
+from tridentflow_airflow.errors import OutOfOrderWaitError
 
 ORDER_WAIT_S = 120.0
 """How long a coordinator waits in its try for the run before it (by date) to bind."""
@@ -53,11 +53,6 @@ class EarlierRun:
     state: str  # queued | running | success | failed
     backfill: bool
     bound: bool  # it bound a txid (the ledger says so)
-
-
-class OutOfOrderWait(TridentflowError):
-    """The earlier run did not bind within ORDER_WAIT_S: the coordinator's try fails and its
-    retry looks again."""
 
 
 def verdict(
@@ -121,7 +116,7 @@ def has_bound(rt: Runtime, run_id: str) -> bool:
 
 def bind_in_date_order(context: Any, rt: Runtime, timeout: float = ORDER_WAIT_S) -> None:
     """Return once this run may bind its first txid (see the module doc); AirflowFailException
-    (no retry) for a run refused, OutOfOrderWait (retried) past ``timeout``."""
+    (no retry) for a run refused, OutOfOrderWaitError (retried) past ``timeout``."""
     run = context["dag_run"]
     if rt.ledger.txid_of_run(run.run_id) is not None:
         return  # a replay: its txid is its own
@@ -137,7 +132,7 @@ def bind_in_date_order(context: Any, rt: Runtime, timeout: float = ORDER_WAIT_S)
 
             raise AirflowFailException(why)
         if time.monotonic() >= deadline:
-            raise OutOfOrderWait(f"{why} (still waiting after {timeout:.0f} s; retried)")
+            raise OutOfOrderWaitError(f"{why} (still waiting after {timeout:.0f} s; retried)")
         if why != waiting:
             log.info("%s", why)
             waiting = why

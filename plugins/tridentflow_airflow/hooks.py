@@ -13,17 +13,13 @@ from urllib.parse import quote
 from airflow.sdk import BaseHook
 
 from tridentflow.connections import Connections
-from tridentflow.errors import TridentflowError
 from tridentflow.redisconn import CA_PARAM, with_ca
 from tridentflow_airflow.compat import AirflowNotFoundException
 from tridentflow_airflow.config import use_airflow_config
+from tridentflow_airflow.errors import MissingConnectionError
 
 use_airflow_config()  # tridentflow's settings: TRIDENTFLOW_*, then Airflow's [tridentflow]
 TRUE = ("1", "true", "yes")
-
-
-class MissingConnectionError(TridentflowError):
-    pass
 
 
 def _connection(conn_id: str, example: str):

@@ -48,6 +48,7 @@ from tridentflow.user_code import shippable
 from tridentflow_airflow.assets import emit_commit_events
 from tridentflow_airflow.compat import AirflowFailException, AirflowNotFoundException
 from tridentflow_airflow.dated_order import bind_in_date_order
+from tridentflow_airflow.errors import EmitFailedError
 from tridentflow_airflow.hooks import (
     TridentflowRedisHook,
     airflow_connections,
@@ -248,10 +249,6 @@ class CoordinateOperator(TridentflowTask, BaseOperator):
         return result
 
 
-class EmitFailed(TridentflowError):
-    """The emit job failed; the message is its one-line cause."""
-
-
 class EmitOperator(TridentflowTask, SparkSubmitOperator):
     """spark-submit of spark_jobs/emit_batch.py for the run's txid. The run's lease is renewed
     for the DAG's ``lease``; a failure ends the task with the job's one-line cause (a Python
@@ -357,7 +354,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
                 if not cause:
                     raise
                 self.log.error("emit failed: %s", cause)
-                failure = EmitFailed(cause)
+                failure = EmitFailedError(cause)
                 failure.retry_helps = retry_helps
                 raise failure from exc
         return staged_summary(rt, txid)
@@ -376,7 +373,7 @@ class EmitOperator(TridentflowTask, SparkSubmitOperator):
                 )
         except Exception as exc:
             self.log.error("emit failed: %s", one_line(exc))
-            failure = EmitFailed(one_line(exc))
+            failure = EmitFailedError(one_line(exc))
             failure.retry_helps = getattr(exc, "retry_helps", True)
             raise failure from exc
         self.log.info("emit over Spark Connect: %s", result)

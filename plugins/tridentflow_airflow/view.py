@@ -67,10 +67,15 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from tridentflow.errors import NotConfigured, TridentflowError, one_line
+from tridentflow.errors import NotConfiguredError, TridentflowError, one_line
 from tridentflow.ops import metrics
 from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
-from tridentflow.ops.status import pending_txid, replays_after_commit, status
+from tridentflow.ops.status import (
+    name_what_they_took,
+    pending_txid,
+    replays_after_commit,
+    status,
+)
 from tridentflow.pipeline import Pipeline
 from tridentflow.redisconn import REDIS_URL_ENV, redacted, scrubbed
 from tridentflow.settings import env_seconds, explicit_setting
@@ -177,8 +182,8 @@ def single_dag(pipeline: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-class NotConfiguredError(HTTPException):
-    """A pipeline that lacks a setting (tridentflow.errors.NotConfigured): listed apart, as
+class NotConfiguredHTTPError(HTTPException):
+    """A pipeline that lacks a setting (tridentflow.errors.NotConfiguredError): listed apart, as
     not configured, with what to set - not as a failure."""
 
 
@@ -197,8 +202,8 @@ def runtime(name: str | Pipeline) -> Iterator[Runtime]:
         raise HTTPException(status_code=503, detail=_safe(one_line(exc))) from None
     try:
         yield rt
-    except NotConfigured as exc:
-        raise NotConfiguredError(status_code=409, detail=_safe(one_line(exc))) from None
+    except NotConfiguredError as exc:
+        raise NotConfiguredHTTPError(status_code=409, detail=_safe(one_line(exc))) from None
     except (TridentflowError, StateError) as exc:
         raise HTTPException(status_code=409, detail=_safe(one_line(exc))) from None
     finally:
@@ -323,7 +328,7 @@ def list_pipelines() -> dict[str, Any]:
     results = READER.read_all(reads, read_deadline_s())  # concurrently, within the bound
     for pipeline in pipelines:
         result = results[f"summary:{pipeline.name}"]
-        if isinstance(result, NotConfiguredError):  # nobody set it up: not a failure
+        if isinstance(result, NotConfiguredHTTPError):  # nobody set it up: not a failure
             not_configured.append({"pipeline": pipeline.name, "needs": result.detail})
         elif isinstance(result, HTTPException):  # e.g. a Redis ACL user limited to others
             unreadable.append({"pipeline": pipeline.name, "error": result.detail})
@@ -376,6 +381,7 @@ def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) 
     with runtime(name) as rt:
         info = status(rt)
         info["history"] = rt.ledger.history(history)
+        name_what_they_took(rt, info["history"])
         info["blocked"] = blocked_with_owner_state(rt)
         info["dag_id"] = single_dag(rt.pipeline.name)
         info["dag_ids"] = dags_of(rt.pipeline.name)
@@ -651,7 +657,7 @@ def pipeline_of_dag(dag_id: str) -> Pipeline:
     does not load here, 404 if the DAG runs no tridentflow pipeline."""
     cat = catalog()
     if dag_id in cat.not_configured:
-        raise NotConfiguredError(
+        raise NotConfiguredHTTPError(
             status_code=409,
             detail=f"DAG {dag_id} runs a tridentflow pipeline the api-server cannot load: "
             f"{cat.not_configured[dag_id]}",

@@ -220,7 +220,7 @@ def test_runs_under_airflow_dags_test_with_retried_failures(af_env, redis_url, h
     for fault in ("in-emit@1#1=raise", "mid-commit@1#1=raise"):
         assert f"injected fault {fault}" in out
     assert out.count("up_for_retry") >= 2
-    assert "EmitFailed: injected fault in-emit@1#1=raise" in out  # its one-line cause
+    assert "EmitFailedError: injected fault in-emit@1#1=raise" in out  # its one-line cause
     assert rt.ledger.committed_txid() == 1
     check_lineage_of_a_run_with_failures(read_events(events), rt, out)
 

@@ -240,7 +240,7 @@ class LocalCluster:
         for port, proc in zip(self.ports, self.procs, strict=True):
             devredis.wait_ready(port, proc)
             if devredis.server_pid(port) != proc.pid:
-                raise devredis.PortTaken(f"port {port} is answered by another redis-server")
+                raise devredis.PortTakenError(f"port {port} is answered by another redis-server")
 
     def _create(self) -> None:
         subprocess.run(

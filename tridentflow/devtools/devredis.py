@@ -18,7 +18,7 @@ from pathlib import Path
 
 import redis
 
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import PortTakenError, TridentflowError
 
 
 def redis_server_binary() -> str:
@@ -96,10 +96,6 @@ def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout: float =
     raise TridentflowError(f"redis-server on port {port} did not answer within {timeout}s")
 
 
-class PortTaken(TridentflowError):
-    """Another redis-server answers on the port a new one was to listen on."""
-
-
 def server_pid(port: int) -> int | None:
     """The process id of the redis-server answering on ``port`` (None if none answers)."""
     try:
@@ -110,7 +106,7 @@ def server_pid(port: int) -> int | None:
 
 
 def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Popen:
-    """Start a redis-server child process and wait until it answers; PortTaken (one line) if
+    """Start a redis-server child process and wait until it answers; PortTakenError (one line) if
     the server answering there is another one (a test worker that picked the same port):
     never share a stranger's server, or its data."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -124,7 +120,7 @@ def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Pop
         wait_ready(port, proc)
         answering = server_pid(port)
         if answering != proc.pid:
-            raise PortTaken(
+            raise PortTakenError(
                 f"port {port} is answered by another redis-server (pid {answering}), not the "
                 f"one just started there: pick another port"
             )

@@ -27,7 +27,7 @@ from typing import Any
 from tridentflow.aggregators import absent_value, apply_staged
 from tridentflow.engines.base import ComputeResult
 from tridentflow.engines.local import LocalEngine
-from tridentflow.errors import PartitionUnavailable, SourceError
+from tridentflow.errors import PartitionUnavailableError, SourceError
 from tridentflow.plan import compile_pipeline
 from tridentflow.steps.recorded_settings import STATES
 from tridentflow.steps.runtime import Runtime
@@ -162,7 +162,7 @@ def _unreadable(rt: Runtime, offsets: dict[int, int], base: dict[int, int]) -> d
         else:
             try:  # everything from the start still there (a trimmed stream is not)
                 rt.log.probe(partition, base.get(partition, 0), end)
-            except PartitionUnavailable as exc:
+            except PartitionUnavailableError as exc:
                 unreadable[partition] = exc.reason
             except SourceError as exc:  # gone for good (retention, rows deleted): say what
                 unreadable[partition] = f"cannot be read: {exc}"

@@ -4,7 +4,7 @@ The view's listing and the metrics scrape read every pipeline's ledger and sourc
 source that does not answer (a Kafka broker refusing connections, a blackholed host) must not
 hold the others, nor the answer, past the deadline: ``read_all`` runs each read in a worker
 thread and, at the deadline, returns what finished; a read still running is reported as
-``TimedOut`` and keeps its thread (Python cannot stop it) - the next call for the same key
+``TimedOutError`` and keeps its thread (Python cannot stop it) - the next call for the same key
 waits on that same read instead of starting another, so a hung source never holds more than
 one worker.
 
@@ -21,14 +21,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from tridentflow.errors import TimedOutError
+
 DEFAULT_DEADLINE_S = 4.0
 """The listing's and the scrape's bound: under Prometheus' default 10 s scrape timeout, with
 room for rendering and the network."""
 WORKERS = 16
-
-
-class TimedOut(Exception):
-    """A read that did not finish within the deadline (it may still be running)."""
 
 
 class BoundedReader:
@@ -58,7 +56,7 @@ class BoundedReader:
     def read_all(
         self, reads: Mapping[str, Callable[[], Any]], deadline_s: float = DEFAULT_DEADLINE_S
     ) -> dict[str, Any]:
-        """Each read's result, its exception, or ``TimedOut`` (as the value) if it did not
+        """Each read's result, its exception, or ``TimedOutError`` (as the value) if it did not
         finish within ``deadline_s`` of this call. Keys keep the order of ``reads``."""
         started = time.monotonic()
         futures = {key: self._submit(key, read) for key, read in reads.items()}
@@ -68,7 +66,7 @@ class BoundedReader:
             try:
                 out[key] = future.result(timeout=left)
             except FutureTimeout:
-                out[key] = TimedOut(
+                out[key] = TimedOutError(
                     f"not read within {deadline_s:g} s (its source or Redis does not answer); "
                     "its figures are left out until it answers"
                 )

@@ -45,7 +45,7 @@ from typing import Any, NoReturn, TextIO
 import redis
 
 from tridentflow.errors import TridentflowError, one_line
-from tridentflow.faults import FaultPlan, InjectedFault
+from tridentflow.faults import FaultPlan, InjectedFaultError
 from tridentflow.ops.deployment import cli_redis_url
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.pipeline import Guarantee, Pipeline
@@ -612,7 +612,7 @@ def _preflight(rt: Runtime) -> Guarantee:
     _ = rt.retain_txids
     unmeant = recorded_settings.disagreements(rt)
     if unmeant:
-        raise recorded_settings.SettingsDisagree(unmeant[0])
+        raise recorded_settings.SettingsDisagreeError(unmeant[0])
     label = rt.pipeline.guarantee
     if label is Guarantee.AT_LEAST_ONCE:
         sys.stderr.write(
@@ -1162,7 +1162,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         return COMMANDS[args.command](args, out)
-    except (TridentflowError, StateError, InjectedFault, redis.RedisError) as exc:
+    except (TridentflowError, StateError, InjectedFaultError, redis.RedisError) as exc:
         url = resolve_redis_url(getattr(args, "redis_url", None))
         sys.stderr.write(f"tridentflow: error: {scrubbed(one_line(exc), url)}\n")
     except KeyboardInterrupt:

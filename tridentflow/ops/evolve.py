@@ -53,7 +53,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import EvolveRefusedError
 from tridentflow.steps.export import owe_reloads
 from tridentflow.steps.recorded_settings import (
     CHANGE_LOGS,
@@ -80,12 +80,6 @@ from tridentflow_state.reshard import plan_under_way
 from tridentflow_state.shards import claim_shards
 
 
-class EvolveRefused(TridentflowError):
-    """An evolution step that cannot apply as asked: nothing was changed."""
-
-    retry_helps = False
-
-
 @dataclass(frozen=True)
 class DropResult:
     state: str
@@ -97,11 +91,11 @@ class DropResult:
 
 def drop_state(rt: Runtime, name: str) -> DropResult:
     """Delete state ``name`` - one the pipeline's code no longer has - for good (see the
-    module doc). Idempotent and resumable; EvolveRefused (one line) with nothing changed if
+    module doc). Idempotent and resumable; EvolveRefusedError (one line) with nothing changed if
     the code has the state, or nothing by that name is recorded or stored."""
     pipeline = rt.pipeline.name
     if name in rt.pipeline.states:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {name} is still in the code of pipeline {pipeline}: deploy the code "
             f"without it before dropping it (to count it afresh instead: a new state name, "
             f"or `tridentflow reset {pipeline}`)"
@@ -109,7 +103,7 @@ def drop_state(rt: Runtime, name: str) -> DropResult:
     states = _recorded_states(rt)
     if name not in states and next(state_keys(rt.client, rt.keyspace, name), None) is None:
         kept = sorted(set(states) - set(rt.pipeline.states))
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"pipeline {pipeline} has no state {name} to drop (states kept from older code: "
             f"{', '.join(kept) or 'none'})"
         )
@@ -123,7 +117,7 @@ def drop_state(rt: Runtime, name: str) -> DropResult:
 def _recorded_states(rt: Runtime) -> dict[str, dict[str, object]]:
     plan = plan_under_way(rt.client, rt.keyspace)
     if plan is not None:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"pipeline {rt.pipeline.name} is being resharded to {plan.to_shards} shards: "
             f"finish that first (`tridentflow reshard {rt.pipeline.name} --shards "
             f"{plan.to_shards} --yes`)"
@@ -169,12 +163,12 @@ class RenameResult:
 
 def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
     """Rename kept state ``old`` to ``new``, the name the deployed code gives it (see the
-    module doc). Idempotent and resumable; EvolveRefused (one line) with nothing changed when
+    module doc). Idempotent and resumable; EvolveRefusedError (one line) with nothing changed when
     it cannot apply."""
     states = _recorded_states(rt)
     entry = states.get(old)
     if entry is not None and entry.get(MIGRATING):
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {old} of {rt.pipeline.name} is being migrated with {entry[MIGRATING]}: "
             "finish that first"
         )
@@ -182,7 +176,7 @@ def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
         _check_renamable(rt, states, old, new)
         _mark(rt, old, **{RENAMING: new})
     elif entry[RENAMING] != new:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {old} of {rt.pipeline.name} is being renamed to {entry[RENAMING]}: "
             f"finish that first (`tridentflow evolve {rt.pipeline.name} --rename-state "
             f"{old}={entry[RENAMING]}`)"
@@ -199,18 +193,18 @@ def rename_state(rt: Runtime, old: str, new: str) -> RenameResult:
 def _check_renamable(rt: Runtime, states: dict[str, dict[str, object]], old: str, new: str) -> None:
     pipeline = rt.pipeline.name
     if old in rt.pipeline.states:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {old} is still in the code of pipeline {pipeline}: deploy the code that "
             f"names it {new} first"
         )
     if new not in rt.pipeline.states:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"the code of pipeline {pipeline} has no state {new}: deploy the code that names "
             f"the state {new} first"
         )
     if old not in states:
         kept = sorted(set(states) - set(rt.pipeline.states))
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"pipeline {pipeline} has no state {old} to rename (states kept from older "
             f"code: {', '.join(kept) or 'none'})"
         )
@@ -219,7 +213,7 @@ def _check_renamable(rt: Runtime, states: dict[str, dict[str, object]], old: str
     if differ:
         was = ", ".join(f"{f} {states[old].get(f)}" for f in differ)
         now = ", ".join(f"{f} {own[f]}" for f in differ)
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {old} of {pipeline} holds values made with {was}; the code makes {new} "
             f"with {now}: a rename keeps the values, so only to the same kind, aggregator "
             "and key fields"
@@ -227,7 +221,7 @@ def _check_renamable(rt: Runtime, states: dict[str, dict[str, object]], old: str
     since = states.get(new, {}).get("since")
     committed = rt.ledger.committed_txid()
     if new in states and (since is None or int(str(since)) <= committed):
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {new} of {pipeline} already holds values (since txid {since}): a rename "
             f"moves {old} into a name with none; drop {new} first (deploy code without it, "
             f"then `tridentflow evolve {pipeline} --drop-state {new}`), or rewind"
@@ -271,7 +265,7 @@ class MigrateResult:
 def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
     """Rewrite every value of state ``name`` with the function ``ref`` (``module:function``)
     names (see the module doc). Idempotent and resumable with the same function;
-    EvolveRefused (one line) with nothing changed when it cannot apply."""
+    EvolveRefusedError (one line) with nothing changed when it cannot apply."""
     function = load_function(ref)
     states = _recorded_states(rt)
     entry = states.get(name)
@@ -281,7 +275,7 @@ def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
         _check_migratable(rt, states, name)
         _mark(rt, name, **{MIGRATING: ref})
     elif entry[MIGRATING] != ref:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {name} of {rt.pipeline.name} is being migrated with {entry[MIGRATING]}: "
             f"finish that first, with the same function"
         )
@@ -301,12 +295,12 @@ def migrate_state(rt: Runtime, name: str, ref: str) -> MigrateResult:
 def _check_migratable(rt: Runtime, states: dict[str, dict[str, object]], name: str) -> None:
     pipeline = rt.pipeline.name
     if name not in rt.pipeline.states:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"the code of pipeline {pipeline} has no state {name}: a migration rewrites the "
             "values of a state the deployed code has (deploy it first)"
         )
     if name not in states or states[name].get(RENAMING):
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {name} of {pipeline} holds no committed values to migrate"
             if name not in states
             else f"state {name} of {pipeline} is being renamed: finish that first"
@@ -316,7 +310,7 @@ def _check_migratable(rt: Runtime, states: dict[str, dict[str, object]], name: s
     if differ:
         was = ", ".join(f"{f} {states[name].get(f)}" for f in differ)
         now = ", ".join(f"{f} {own[f]}" for f in differ)
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"state {name} of {pipeline} holds values with {was}; the code has {now}: a "
             "migration rewrites values, not keys or kinds - give the state a new name, or "
             "reset"
@@ -324,16 +318,18 @@ def _check_migratable(rt: Runtime, states: dict[str, dict[str, object]], name: s
 
 
 def load_function(ref: str) -> Any:
-    """The callable ``module:function`` names; EvolveRefused (one line) if there is none."""
+    """The callable ``module:function`` names; EvolveRefusedError (one line) if there is none."""
     module_name, colon, attr = ref.partition(":")
     if not (colon and module_name and attr):
-        raise EvolveRefused(f"--migrate takes NAME=module:function, got a function {ref!r}")
+        raise EvolveRefusedError(f"--migrate takes NAME=module:function, got a function {ref!r}")
     try:
         function = getattr(importlib.import_module(module_name), attr)
     except Exception as exc:
-        raise EvolveRefused(
+        raise EvolveRefusedError(
             f"cannot load the migration {ref}: {type(exc).__name__}: {exc}"
         ) from None
     if not callable(function):
-        raise EvolveRefused(f"the migration {ref} is a {type(function).__name__}, not callable")
+        raise EvolveRefusedError(
+            f"the migration {ref} is a {type(function).__name__}, not callable"
+        )
     return function

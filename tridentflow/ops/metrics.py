@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from tridentflow.errors import NotConfigured, one_line
+from tridentflow.errors import NotConfiguredError, one_line
 from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER, BoundedReader
 from tridentflow.ops.status import status
 from tridentflow.steps.runs import first_started_ms
@@ -122,7 +122,7 @@ def collect(
         result = results[f"metrics:{name}"]
         if isinstance(result, PipelineFigures):
             out.append(result)
-        elif isinstance(result, NotConfigured):  # nobody set it up: not a failure
+        elif isinstance(result, NotConfiguredError):  # nobody set it up: not a failure
             out.append(PipelineFigures(name, error=one_line(result), configured=False))
         else:  # Redis down, an ACL refusal, a broken pipeline, a hung source: say so
             out.append(PipelineFigures(name, error=one_line(result)))

@@ -3,7 +3,7 @@ M state shards without a reset, between two txids.
 
 1. The ledger records the plan - from N shards in layout L to M shards in a new layout L'
    whose hash tags differ from L's (state.keys.shard_tags) - in one HSETNX: from then on
-   every commit is refused in one line before it writes (ReshardUnderWay: an Airflow task
+   every commit is refused in one line before it writes (ReshardUnderWayError: an Airflow task
    retries it) and every other reshard or ``evolve`` step is refused.
 2. A commit attempt of the next txid is begun and every old shard claimed with its token:
    an attempt already under way writes nothing more there, nor marks its txid.
@@ -30,7 +30,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import ReshardRefusedError
 from tridentflow.ops.evolve import fence_the_next_txid
 from tridentflow.steps.recorded_settings import DROPPING, MIGRATING, RENAMING, STATES
 from tridentflow.steps.runtime import Runtime
@@ -49,12 +49,6 @@ from tridentflow_state.reshard import (
     switch_layout,
 )
 from tridentflow_state.shards import stored_layout
-
-
-class ReshardRefused(TridentflowError):
-    """A reshard that cannot apply as asked: nothing was changed."""
-
-    retry_helps = False
 
 
 @dataclass(frozen=True)
@@ -92,13 +86,13 @@ class ReshardResult:
 
 def reshard(rt: Runtime, shards: int) -> ReshardResult:
     """Move pipeline ``rt.pipeline``'s state to ``shards`` shards (see the module doc).
-    Idempotent and resumable with the same count; ReshardRefused (one line) with nothing
+    Idempotent and resumable with the same count; ReshardRefusedError (one line) with nothing
     changed when it cannot apply."""
     started = time.monotonic()
     try:
         check_shards(shards)
     except ValueError as exc:
-        raise ReshardRefused(f"--shards: {exc}") from None
+        raise ReshardRefusedError(f"--shards: {exc}") from None
     client, base, name = rt.client, rt.keyspace, rt.pipeline.name
     plan = plan_under_way(client, base)
     if plan is None:
@@ -107,7 +101,7 @@ def reshard(rt: Runtime, shards: int) -> ReshardResult:
             plan = plan_under_way(client, base)
             assert plan is not None
     if plan.to_shards != shards:
-        raise ReshardRefused(
+        raise ReshardRefusedError(
             f"pipeline {name} is being resharded to {plan.to_shards} shards: finish that "
             f"first (`tridentflow reshard {name} --shards {plan.to_shards} --yes`)"
         )
@@ -147,21 +141,21 @@ def _fault(rt: Runtime, committed: int, point: int) -> None:
 
 
 def _new_plan(rt: Runtime, shards: int) -> Plan:
-    """The plan from the stored layout to ``shards``; ReshardRefused if there is nothing to
+    """The plan from the stored layout to ``shards``; ReshardRefusedError if there is nothing to
     move or another step is under way."""
     client, base, name = rt.client, rt.keyspace, rt.pipeline.name
     stored = stored_layout(client, base)
     if stored is None or rt.ledger.committed_txid() == 0:
-        raise ReshardRefused(
+        raise ReshardRefusedError(
             f"pipeline {name} has no committed state to move: set state_shards={shards} in "
             "its code (or TRIDENTFLOW_STATE_SHARDS) before its first run"
         )
     if stored[0] == shards:
-        raise ReshardRefused(f"pipeline {name}'s state is in {shards} shard(s) already")
+        raise ReshardRefusedError(f"pipeline {name}'s state is in {shards} shard(s) already")
     for state, entry in json.loads(rt.ledger.settings().get(STATES, "{}")).items():
         for mark, what in ((DROPPING, "dropped"), (RENAMING, "renamed"), (MIGRATING, "migrated")):
             if entry.get(mark):
-                raise ReshardRefused(
+                raise ReshardRefusedError(
                     f"state {state} of {name} is being {what} (`tridentflow evolve`): finish "
                     "that first"
                 )

@@ -27,7 +27,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tridentflow.errors import PartitionUnavailable, SourceError, TridentflowError, one_line
+from tridentflow.errors import (
+    PartitionUnavailableError,
+    RewindRefusedError,
+    SourceError,
+    TridentflowError,
+    one_line,
+)
 from tridentflow.sinks.base import CarriesBack
 from tridentflow.steps.runtime import Runtime
 from tridentflow.steps.staging import RedisStagingArea
@@ -39,10 +45,6 @@ from tridentflow_state.undo import offsets_after, retained
 TABLES_OWED = "tables_owed"
 """Undo meta field: ``GENERATION|TARGET|LAST`` while a rewind's tables are not all carried
 back (the generation they go back from, the target, the last txid before the rewind)."""
-
-
-class RewindRefused(TridentflowError):
-    """A rewind that would lose or duplicate something outside Redis: nothing was changed."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class RewindReport:
 
 
 def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
-    """RewindRefused (one line) if rewinding to ``target`` would lose source records or
+    """RewindRefusedError (one line) if rewinding to ``target`` would lose source records or
     take back what a sink cannot; returns the sinks that will reload (every one that can:
     the rewind starts a new generation)."""
     committed = rt.ledger.committed_txid()
@@ -99,8 +101,8 @@ def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
             try:
                 rt.log.probe(partition, start, end)
             except SourceError as exc:  # gone (trimmed, retention), or unreadable now
-                reason = exc.reason if isinstance(exc, PartitionUnavailable) else str(exc)
-                raise RewindRefused(
+                reason = exc.reason if isinstance(exc, PartitionUnavailableError) else str(exc)
+                raise RewindRefusedError(
                     f"cannot rewind {rt.pipeline.name} to txid {target}: partition {partition}'s"
                     f" records {start}..{end - 1}, read by txids {target + 1}..{committed}, "
                     f"cannot be read again ({reason}); rewind to a later txid, or once the "
@@ -118,7 +120,7 @@ def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
             finally:
                 feed.sink.close()
             if written > target:
-                raise RewindRefused(
+                raise RewindRefusedError(
                     f"cannot rewind {rt.pipeline.name} to txid {target}: sink {feed.name} "
                     f"({feed.sink.describe()}) already wrote txids up to {written} (in whole or "
                     f"in part), which its readers may have read; rewind to txid {written} or "
@@ -128,7 +130,7 @@ def check_rewindable(rt: Runtime, target: int) -> tuple[str, ...]:
 
 
 def rewind_pipeline(rt: Runtime, target: int, force: bool = False) -> RewindReport:
-    """Rewind ``rt``'s pipeline to ``target`` (see the module doc). RewindRefused /
+    """Rewind ``rt``'s pipeline to ``target`` (see the module doc). RewindRefusedError /
     RewindError / PipelineBusyError (unless ``force``) with nothing changed; run it again
     with the same target to finish a rewind that was cut short."""
     _check_target(rt, target)
@@ -150,7 +152,7 @@ def _check_target(rt: Runtime, target: int) -> None:
         raise TridentflowError(f"rewind --to takes a txid (a whole number >= 0), got {target!r}")
     plan = plan_under_way(rt.client, rt.keyspace)
     if plan is not None:  # it would restore values into the layout being copied away
-        raise RewindRefused(
+        raise RewindRefusedError(
             f"pipeline {rt.pipeline.name} is being resharded to {plan.to_shards} shards: "
             f"finish that first (`tridentflow reshard {rt.pipeline.name} --shards "
             f"{plan.to_shards} --yes`)"

@@ -27,8 +27,7 @@ def status(rt: Runtime) -> dict[str, Any]:
     now_ms = rt.redis_now_ms()
     pending = [pending_txid(rt, txid, now_ms) for txid in ledger.pending_txids()]
     history = ledger.history(HISTORY_SHOWN)
-    if isinstance(rt.log, NamesWaiting):
-        _name_what_they_took(rt.log, history[:TOOK_SHOWN])
+    name_what_they_took(rt, history)
     recorded = ledger.settings()
     shapes = json.loads(recorded.get(STATES, "{}"))
     partitions = _partitions(heads, offsets, unavailable)
@@ -69,10 +68,14 @@ TOOK_NAMES = 10
 """Names per commit at most (the rest counted)."""
 
 
-def _name_what_they_took(log: NamesWaiting, entries: list[dict[str, Any]]) -> None:
-    """Each entry's ``took``: what its ranges held, named by the log (a FileSource's files),
-    at most TOOK_NAMES, and ``took_more``: the offsets not named."""
-    for entry in entries:
+def name_what_they_took(rt: Runtime, entries: list[dict[str, Any]]) -> None:
+    """The newest TOOK_SHOWN history entries' ``took``: what their ranges held, named by a log
+    that names its offsets (a FileSource's files, a table's versions; ``NamesWaiting``), at
+    most TOOK_NAMES, and ``took_more``: the offsets not named. Other logs: nothing added."""
+    log = rt.log
+    if not isinstance(log, NamesWaiting):
+        return
+    for entry in entries[:TOOK_SHOWN]:
         ranges = sorted(
             (int(p), int(r[0]), int(r[1])) for p, r in (entry.get("ranges") or {}).items()
         )

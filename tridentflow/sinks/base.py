@@ -1,4 +1,6 @@
-"""The sink interface: what ``export`` needs from a store it writes a new-values stream to."""
+"""The sink interface: what ``export`` needs from a store it writes a new-values stream to.
+Its errors (``SinkError``, ``SinkRefusedError``, ``ReloadNeededError``) live in
+``tridentflow.errors`` with every other and are named here too, for sinks of your own."""
 
 from __future__ import annotations
 
@@ -13,30 +15,21 @@ import redis
 
 from tridentflow.connections import NONE, Connections
 from tridentflow.datasets import DEFAULT_NAMESPACE, LineageDataset
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import ReloadNeededError, SinkError, SinkRefusedError
 
 Row = tuple[Any, ...]
 
-
-class SinkError(TridentflowError):
-    """A sink could not apply a txid (one line: which sink, which txid, why, what to do)."""
-
-
-class SinkRefusedError(SinkError):
-    """A sink refuses what it was given - a value its table cannot hold, a table another
-    writer wrote, columns that are not the stream's: running the export again, unchanged,
-    is refused the same way, so an orchestrator fails the task at once (one line, its fix)
-    instead of retrying it."""
-
-    retry_helps = False
-
-
-class ReloadNeededError(SinkError):
-    """A sink cannot apply a txid from its rows alone, but can from the whole state: what it
-    holds does not reach the txid before (a table not created yet, the txids before having
-    written nothing it could type), or the txid's values need a wider column than the
-    table's (a DeltaSink widens a column by rewriting the table). The export then reloads it,
-    as for a change log that is gone."""
+__all__ = [
+    "CarriesBack",
+    "ExportContext",
+    "LineageContext",
+    "MaintainsTable",
+    "ReloadNeededError",
+    "Row",
+    "Sink",
+    "SinkError",
+    "SinkRefusedError",
+]
 
 
 @dataclass(frozen=True)

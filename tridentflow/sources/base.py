@@ -13,7 +13,7 @@ the audit) talks to it through this interface only:
   partitions that cannot be read now, with the reason (an opaque batch skips them; a
   transactional one waits). ``committed``: the reader's committed offsets - a partition whose
   head is behind them lost records and is unavailable, never read as new;
-* ``probe(p, start, end)``: fail (PartitionUnavailable, SourceError if records are gone for
+* ``probe(p, start, end)``: fail (PartitionUnavailableError, SourceError if records are gone for
   good) unless [start, end) can be read now; the emitter compares ranges with the heads itself;
 * ``read_raw(p, start, end)``: (offset, raw record bytes) for every record in [start, end),
   in offset order, the same on every call (a transactional replay reads exactly what it read

@@ -17,7 +17,7 @@ Contracts:
 * The partition count can grow, never shrink. A partition's directory and HEAD are created
   only when the log is created or grown (``ensure``): a partition that ``partitions.json``
   lists but whose directory or HEAD is missing or unreadable (a dropped mount, a permission or
-  I/O error) is *unavailable* (PartitionUnavailable), never silently empty, and nothing
+  I/O error) is *unavailable* (PartitionUnavailableError), never silently empty, and nothing
   recreates it. ``scan`` reports every partition's head or why it cannot be read.
 """
 
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tridentflow.errors import NON_FINITE, PartitionUnavailable, SourceError
+from tridentflow.errors import NON_FINITE, PartitionUnavailableError, SourceError
 from tridentflow.fileio import write_atomic
 from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow_state.codec import check_unicode
@@ -150,7 +150,7 @@ class FileLog:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _head(self, partition: int) -> dict[str, int]:
-        """The partition's HEAD; PartitionUnavailable if its directory or HEAD is missing or
+        """The partition's HEAD; PartitionUnavailableError if its directory or HEAD is missing or
         cannot be read (both are created with the partition, so either missing means the
         storage under it went away)."""
         pdir = self._pdir(partition)
@@ -159,19 +159,19 @@ class FileLog:
             offset, segment, size = int(head["offset"]), int(head["segment"]), int(head["size"])
         except FileNotFoundError:
             what = "HEAD is missing" if pdir.is_dir() else f"directory {pdir.name} is missing"
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"unavailable: {what} (storage not mounted?)"
             ) from None
         except OSError as exc:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"unavailable: cannot read {pdir.name}/HEAD: {exc.strerror or exc}"
             ) from None
         except (ValueError, KeyError, TypeError) as exc:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"unavailable: {pdir.name}/HEAD is torn or unreadable ({exc})"
             ) from None
         if min(offset, segment, size) < 0 or segment > offset:
-            raise PartitionUnavailable(partition, f"unavailable: {pdir.name}/HEAD is corrupt")
+            raise PartitionUnavailableError(partition, f"unavailable: {pdir.name}/HEAD is corrupt")
         return {"offset": offset, "segment": segment, "size": size}
 
     def head(self, partition: int) -> int:
@@ -179,7 +179,7 @@ class FileLog:
         return int(self._head(partition)["offset"])
 
     def heads(self) -> dict[int, int]:
-        """Head offset of every partition (partitions.json is read once); PartitionUnavailable
+        """Head offset of every partition (partitions.json is read once); PartitionUnavailableError
         if any cannot be read (see ``scan`` to go on without it)."""
         return {p: int(self._head(p)["offset"]) for p in range(self.partitions())}
 
@@ -191,7 +191,7 @@ class FileLog:
         for p in range(self.partitions()):
             try:
                 heads[p] = int(self._head(p)["offset"])
-            except PartitionUnavailable as exc:
+            except PartitionUnavailableError as exc:
                 unavailable[p] = exc.reason
         return LogScan(heads, unavailable)
 
@@ -222,7 +222,7 @@ class FileLog:
         """append_lines for lines already checked (encode_record / check_line)."""
         self._check_partition(partition)
         pdir = self._pdir(partition)
-        self._head(partition)  # PartitionUnavailable before the lock file could recreate pdir
+        self._head(partition)  # PartitionUnavailableError before the lock file could recreate pdir
         with self._lock(pdir / ".lock"):
             head = self._head(partition)
             start = offset = int(head["offset"])
@@ -285,7 +285,7 @@ class FileLog:
 
         All records are encoded and every target partition checked before anything is
         written: a bad record or an unavailable partition appends nothing (SourceError /
-        PartitionUnavailable). With ``skip_unavailable`` the records go round-robin over the
+        PartitionUnavailableError). With ``skip_unavailable`` the records go round-robin over the
         readable partitions only."""
         encoded = [encode_record(r, f"record {i + 1}") for i, r in enumerate(records)]
         return self.append_lines_spread(encoded, skip_unavailable)
@@ -297,7 +297,7 @@ class FileLog:
         scan = self.scan()
         if scan.unavailable and not skip_unavailable:
             partition, reason = min(scan.unavailable.items())
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition,
                 reason + "; nothing appended (produce --skip-unavailable "
                 "spreads over the readable partitions)",
@@ -313,7 +313,7 @@ class FileLog:
     # -- read -------------------------------------------------------------------------------
     def probe(self, partition: int, start: int, end: int) -> None:
         """Check that [start, end) can be read now: every segment file it needs (and its index)
-        opens and yields bytes. PartitionUnavailable if not. Cheap: a few opens, no scan."""
+        opens and yields bytes. PartitionUnavailableError if not. Cheap: a few opens, no scan."""
         if end <= start:
             return
         pdir = self._pdir(partition)
@@ -321,7 +321,7 @@ class FileLog:
             segments = self._segments(partition)
             first = bisect.bisect_right(segments, start) - 1
             if first < 0:
-                raise PartitionUnavailable(
+                raise PartitionUnavailableError(
                     partition, f"unavailable: no segment holds offset {start} (files missing?)"
                 )
             for base in segments[first:]:
@@ -334,7 +334,7 @@ class FileLog:
                     with open(index, "rb") as fh:
                         fh.read(1)
         except OSError as exc:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"unavailable: {exc.strerror or exc} reading [{start}, {end})"
             ) from None
 
@@ -360,11 +360,11 @@ class FileLog:
         """Yield (offset, line without its newline) for offsets in [start, end).
 
         A partition whose files cannot be read (missing, permission denied, I/O error) raises
-        PartitionUnavailable, a torn segment SourceError."""
+        PartitionUnavailableError, a torn segment SourceError."""
         try:
             yield from self._read_raw(partition, start, end)
         except OSError as exc:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"unavailable: {exc.strerror or exc} reading [{start}, {end})"
             ) from None
 

@@ -31,7 +31,12 @@ from typing import Any
 
 import redis
 
-from tridentflow.errors import FileOverwrittenError, PartitionUnavailable, SourceError, one_line
+from tridentflow.errors import (
+    FileOverwrittenError,
+    PartitionUnavailableError,
+    SourceError,
+    one_line,
+)
 from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.scripts import NOW_MS, LuaScript
@@ -340,7 +345,7 @@ class FilesLog:
         for offset, entry in enumerate(entries, start):
             try:
                 self._check_unchanged(partition, entry)
-            except PartitionUnavailable as exc:
+            except PartitionUnavailableError as exc:
                 if not self.opaque:
                     raise  # a transactional replay must read what it froze: it waits
                 yield offset, f"skipped by an opaque FileSource: {exc}".encode()
@@ -541,9 +546,9 @@ class FilesLog:
 
         info = self.fs[0].get_file_info(entry["path"])
         if info.type == fs.FileType.NotFound:
-            raise PartitionUnavailable(partition, f"missing its file {entry['path']}")
+            raise PartitionUnavailableError(partition, f"missing its file {entry['path']}")
         if int(info.size or 0) != entry["size"] or int(info.mtime_ns or 0) != entry["mtime_ns"]:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition,
                 f"holding file {entry['path']} changed since it was taken ({entry['size']} "
                 f"bytes then, {info.size} now): put the original back, or rewind past it",

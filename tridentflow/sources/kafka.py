@@ -32,7 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from tridentflow.connections import NONE, Connections
-from tridentflow.errors import NotConfigured, PartitionUnavailable, SourceError
+from tridentflow.errors import NotConfiguredError, PartitionUnavailableError, SourceError
 from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow.sources.filelog import encode_record
 
@@ -93,7 +93,7 @@ def resolve_config(source: Any, connections: Connections = NONE) -> dict[str, st
             raise SourceError(f"{CONFIG_ENV} must be a JSON object of client settings") from None
     if found and found.get("bootstrap.servers"):
         return {**found, **config}
-    raise NotConfigured(
+    raise NotConfiguredError(
         "a KafkaSource needs brokers: set TRIDENTFLOW_KAFKA_BOOTSTRAP=host:port, give "
         "config={'bootstrap.servers': ...}, or (under Airflow) a kafka_default connection"
     )
@@ -227,7 +227,7 @@ class KafkaLog:
 
     # -- topic --------------------------------------------------------------------------------
     def _metadata(self) -> Any:
-        """The topic's metadata; PartitionUnavailable(-1) if no broker answers in time,
+        """The topic's metadata; PartitionUnavailableError(-1) if no broker answers in time,
         SourceError if the credentials are refused."""
         from confluent_kafka import KafkaError, KafkaException
 
@@ -264,14 +264,14 @@ class KafkaLog:
                 "check the sasl.*/ssl.* settings of the source's config or connection"
             )
         reason = f"not answering at {self.brokers} within {self.timeout_s:g}s ({text})"
-        return PartitionUnavailable(-1 if partition is None else partition, reason)
+        return PartitionUnavailableError(-1 if partition is None else partition, reason)
 
     def exists(self) -> bool:
         """False only if the brokers say the topic does not exist (unreachable brokers: True,
         and ``scan`` says why nothing can be read)."""
         try:
             return self._metadata() is not None
-        except PartitionUnavailable:
+        except PartitionUnavailableError:
             return True
 
     def partitions(self) -> int:
@@ -441,7 +441,7 @@ class KafkaLog:
         committed = committed or {}
         try:
             topic = self.require()
-        except PartitionUnavailable as exc:  # no broker answers: every known partition
+        except PartitionUnavailableError as exc:  # no broker answers: every known partition
             known = sorted(committed) or list(range(self.partitions_hint))
             return LogScan({}, {p: exc.reason for p in known})
         self._check_identity()
@@ -463,7 +463,8 @@ class KafkaLog:
         return LogScan(heads, unavailable)
 
     def low_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """The first offset each partition still holds; PartitionUnavailable if not answered."""
+        """The first offset each partition still holds; PartitionUnavailableError if not
+        answered."""
         lows = {}
         for p, found in self._list_offsets(partitions, latest=False).items():
             if not isinstance(found, int):
@@ -472,7 +473,7 @@ class KafkaLog:
         return lows
 
     def probe(self, partition: int, start: int, end: int) -> None:
-        """PartitionUnavailable unless [start, end) can be read now; SourceError if Kafka
+        """PartitionUnavailableError unless [start, end) can be read now; SourceError if Kafka
         deleted part of it (retention) or the partition ends before it."""
         if end <= start:
             return
@@ -490,9 +491,9 @@ class KafkaLog:
             return  # the broker's stable offset is past the range: no need to find the end
         heads, unavailable = self._heads([partition], {})
         if partition in unavailable:
-            raise PartitionUnavailable(partition, unavailable[partition])
+            raise PartitionUnavailableError(partition, unavailable[partition])
         if heads[partition] < end:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"at offset {heads[partition]}, before the batch's end {end}"
             )
 
@@ -500,7 +501,7 @@ class KafkaLog:
     def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         """(offset, the record as JSON bytes) for every record a ``read_committed`` consumer
         gets in [start, end), in offset order, the same on every call; returns once the
-        consumer's position reached ``end``. PartitionUnavailable if the broker stops
+        consumer's position reached ``end``. PartitionUnavailableError if the broker stops
         answering, SourceError if the partition lost part of the range."""
         from confluent_kafka import KafkaError, TopicPartition
 
@@ -513,7 +514,7 @@ class KafkaLog:
             # at most the range's records and the end-of-partition event: no wait for more
             for messages in self._batches(consumer, end - start + 1):
                 if messages is None:
-                    raise PartitionUnavailable(
+                    raise PartitionUnavailableError(
                         partition,
                         f"not answering at {self.brokers} within {self.timeout_s:g}s while "
                         f"[{start}, {end}) was read",

@@ -41,7 +41,7 @@ from typing import Any
 
 import redis
 
-from tridentflow.errors import PartitionUnavailable, SourceError
+from tridentflow.errors import PartitionUnavailableError, SourceError
 from tridentflow.sources.base import ChaosTraits, LogScan, Produced
 from tridentflow.sources.filelog import encode_record
 from tridentflow_state.keys import KeySpace
@@ -208,21 +208,21 @@ class RedisStreamLog:
         return self.client.hget(self.index_key(partition), GROUP_MARK) is not None
 
     def _check_group(self, partition: int, start: int, info: StreamInfo | None) -> None:
-        """PartitionUnavailable if the stream was deleted behind this reader (its group, once
+        """PartitionUnavailableError if the stream was deleted behind this reader (its group, once
         created, is gone); else make sure the group exists, at ``start`` if new."""
         key = self.stream_keys[partition]
         if info is not None and self.group in self.groups(partition):
             return
         if self._registered(partition):
             what = "is missing" if info is None else "was deleted and recreated"
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition,
                 f"unavailable: stream {key} {what} (the consumer group {self.group} of this "
                 f"reader is gone; it stood at ordinal {start}): records may be lost; "
                 f"`tridentflow reset {self.keyspace.pipeline}` counts what it holds now",
             )
         if info is None and start > 0:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"unavailable: stream {key} is missing (deleted?); it stood at {start}"
             )
         self._create_group(partition, start)
@@ -279,16 +279,20 @@ class RedisStreamLog:
     # -- heads --------------------------------------------------------------------------------
     def info(self, partition: int) -> StreamInfo | None:
         """The stream's counters; None if it does not exist (nothing added yet, or deleted).
-        PartitionUnavailable if Redis cannot tell."""
+        PartitionUnavailableError if Redis cannot tell."""
         key = self.stream_keys[partition]
         try:
             raw = self.client.xinfo_stream(key)
         except redis.exceptions.ResponseError as exc:
             if "no such key" in str(exc).lower():
                 return None
-            raise PartitionUnavailable(partition, f"unavailable: stream {key}: {exc}") from None
+            raise PartitionUnavailableError(
+                partition, f"unavailable: stream {key}: {exc}"
+            ) from None
         except redis.exceptions.RedisError as exc:
-            raise PartitionUnavailable(partition, f"unavailable: stream {key}: {exc}") from None
+            raise PartitionUnavailableError(
+                partition, f"unavailable: stream {key}: {exc}"
+            ) from None
         if "entries-added" not in raw:
             raise SourceError("a Redis Streams source needs Redis 7.0 or newer (entries-added)")
         return StreamInfo(
@@ -320,7 +324,7 @@ class RedisStreamLog:
                     self._check_group(p, start, info)  # deleted behind the reader: raises
                 if start < heads[p] or (info is None and start > 0):
                     self._position(p, start)
-            except PartitionUnavailable as exc:
+            except PartitionUnavailableError as exc:
                 heads.pop(p, None)
                 unavailable[p] = exc.reason
         return LogScan(heads, unavailable)
@@ -345,7 +349,7 @@ class RedisStreamLog:
 
     def _position(self, partition: int, start: int, check_group: bool = False) -> str | None:
         """The ID of entry ``start - 1`` ("-" for ordinal 0; None if the stream has no entry
-        yet), checked against the stream; PartitionUnavailable if reading from ``start`` could
+        yet), checked against the stream; PartitionUnavailableError if reading from ``start`` could
         skip or misplace entries. ``check_group``: also check (and create) this reader's
         consumer group (the driver does; read tasks on executors need not)."""
         key = self.stream_keys[partition]
@@ -355,26 +359,26 @@ class RedisStreamLog:
         if info is None:
             if start == 0:
                 return None  # nothing added yet
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition, f"unavailable: stream {key} is missing (deleted?); it stood at {start}"
             )
         base, after = self._indexed(partition, start)
         accounted = _id(self._index_field(partition, ACCOUNTED_FIELD) or "0-0")
         if after != "-" and info.max_deleted > max(_id(after), accounted):
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition,
                 f"unavailable: entries of stream {key} after {after} (ordinal {base}) were "
                 "deleted (XDEL) before this reader read them: they are lost to it; "
                 f"`tridentflow reset {self.keyspace.pipeline}` counts what the stream holds now",
             )
         if info.entries_added < start:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition,
                 f"unavailable: stream {key} holds {info.entries_added} entries ever added, "
                 f"behind ordinal {start} (deleted and recreated?)",
             )
         if info.first_ordinal > base:
-            raise PartitionUnavailable(
+            raise PartitionUnavailableError(
                 partition,
                 f"unavailable: stream {key} was trimmed to ordinal {info.first_ordinal}, beyond "
                 f"ordinal {base} where reading resumes: entries {base}..{info.first_ordinal - 1}"

@@ -5,11 +5,11 @@ engine, and stages the output under (txid, attempt); the attempt is recorded as 
 after its manifest is durable. A committed txid is a no-op. Safe to re-run at any time.
 
 * transactional source: the ranges are the ones frozen in the metadata. A dark partition with
-  records in its range makes the emit fail (PartitionUnavailable): the batch cannot be replayed
+  records in its range makes the emit fail (PartitionUnavailableError): the batch cannot be replayed
   without it, and the pipeline waits - Trident's documented weakness of this source kind.
 Records that cannot be processed (undecodable, missing fields, a function raising) are staged
 as bad records and quarantined at commit; they never fail the batch unless the pipeline's
-max_bad_records / max_bad_fraction is exceeded (TooManyBadRecords). Every exchange between
+max_bad_records / max_bad_fraction is exceeded (TooManyBadRecordsError). Every exchange between
 stages reports its tuple counts; a batch whose counts disagree (a lost tuple) fails here, and
 the reports are staged so the commit checks them again.
 
@@ -28,8 +28,8 @@ from tridentflow.engines.base import Engine, ExecContext, check_stages
 from tridentflow.errors import (
     IncompleteBatchError,
     NotReadyError,
-    PartitionUnavailable,
-    TooManyBadRecords,
+    PartitionUnavailableError,
+    TooManyBadRecordsError,
 )
 from tridentflow.sources.specs import SourceMode
 from tridentflow.steps.recorded_settings import code_shape
@@ -53,7 +53,7 @@ def _probe(rt: Runtime, partition: int, start: int, end: int) -> str | None:
     """Why [start, end) of ``partition`` cannot be read now, or None if it can."""
     try:
         rt.log.probe(partition, start, end)
-    except PartitionUnavailable as exc:
+    except PartitionUnavailableError as exc:
         return exc.reason
     return None
 
@@ -74,7 +74,7 @@ def emit_ranges(
             if reason is None:
                 reason = _probe(rt, partition, start, end)
             if reason is not None:
-                raise PartitionUnavailable(
+                raise PartitionUnavailableError(
                     partition,
                     f"{reason}; txid {txid} of a transactional source replays exactly "
                     f"[{start}, {end}) and waits for it",
@@ -121,17 +121,17 @@ def start_positions(rt: Runtime, txid: int, meta: dict[str, Any]) -> dict[int, i
 
 
 def check_bad_records(rt: Runtime, txid: int, records: int, bad: int) -> None:
-    """Fail the batch (TooManyBadRecords) when it has more bad records than allowed."""
+    """Fail the batch (TooManyBadRecordsError) when it has more bad records than allowed."""
     pipeline = rt.pipeline
     if pipeline.max_bad_records is not None and bad > pipeline.max_bad_records:
-        raise TooManyBadRecords(
+        raise TooManyBadRecordsError(
             f"txid {txid}: {bad} of {records} records are bad (max_bad_records="
             f"{pipeline.max_bad_records}); see them with `tridentflow quarantine` after fixing"
             " the limit, or fix the input"
         )
     limit = pipeline.max_bad_fraction
     if limit is not None and records and bad / records > limit:
-        raise TooManyBadRecords(
+        raise TooManyBadRecordsError(
             f"txid {txid}: {bad} of {records} records are bad, more than max_bad_fraction="
             f"{pipeline.max_bad_fraction}"
         )

@@ -34,7 +34,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import (
+    SettingsDisagreeError,
+    StateEvolvingError,
+    StateShapeChangedError,
+)
 from tridentflow.steps.runtime import FROM_CODE, FROM_COMMAND_LINE, FROM_DEFAULT
 from tridentflow_state.batch_times import ExpiryRule
 
@@ -66,23 +70,6 @@ MOVING = "moving"
 """Set with RENAMING once the rename's keys are moving (what was under the new name is gone)."""
 SHAPE = ("kind", "aggregator", "keys")
 """What a state's values are made by: another one makes the stored values wrong."""
-
-
-class SettingsDisagree(TridentflowError):
-    """This process's settings differ from the ones recorded with the pipeline."""
-
-
-class StateShapeChanged(SettingsDisagree):
-    """The code makes a state's values another way than the one that made the stored values
-    (another kind, aggregator or key fields): refused before anything is written; retrying
-    cannot help (an Airflow task fails at once)."""
-
-    retry_helps = False
-
-
-class StateEvolving(SettingsDisagree):
-    """A state of this code is being renamed or migrated (``tridentflow evolve``): the
-    commit writes nothing now and succeeds when retried after it."""
 
 
 def shapes(rt: Runtime) -> dict[str, dict[str, Any]]:
@@ -256,18 +243,18 @@ def disagreements(rt: Runtime, recorded: dict[str, str] | None = None) -> list[s
 
 
 def check(rt: Runtime) -> None:
-    """Before a commit writes: SettingsDisagree (one line) if this process would change a
+    """Before a commit writes: SettingsDisagreeError (one line) if this process would change a
     recorded setting without meaning to; then record this process's values. Idempotent."""
     recorded = rt.ledger.settings()
     evolving = evolution_under_way(rt, recorded)
     if evolving:
-        raise StateEvolving(evolving)
+        raise StateEvolvingError(evolving)
     changes = shape_changes(rt, recorded)
     if changes:
-        raise StateShapeChanged(changes[0])
+        raise StateShapeChangedError(changes[0])
     lines = disagreements(rt, recorded)
     if lines:
-        raise SettingsDisagree(lines[0])
+        raise SettingsDisagreeError(lines[0])
     record(rt, recorded)
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tridentflow.engines.base import Engine
-from tridentflow.errors import TridentflowError
+from tridentflow.errors import RunNotBoundError, TridentflowError
 from tridentflow.settings import env_int
 from tridentflow.sources.base import CountsRecords
 from tridentflow.sources.specs import SourceMode
@@ -55,11 +55,6 @@ from tridentflow.steps.staging import StagedBatch
 from tridentflow.steps.turns import TURN_WAIT_S, RunState, wait_turn
 from tridentflow_state.errors import CommitOrderError
 from tridentflow_state.ledger import DEFAULT_LEASE_MS
-
-
-class RunNotBoundError(TridentflowError):
-    """The run has no txid, or lost it to another run."""
-
 
 FINISHED = frozenset({"success", "failed"})
 LOCAL_EMIT_ENV = "TRIDENTFLOW_LOCAL_EMIT_MAX_RECORDS"

@@ -15,7 +15,7 @@ import redis
 from tridentflow.connections import NONE, Connections
 from tridentflow.errors import (
     InvalidNameError,
-    PartitionUnavailable,
+    PartitionUnavailableError,
     ReplicationError,
     TridentflowError,
 )
@@ -356,11 +356,11 @@ class Runtime:
         return self.log.scan()
 
     def source_heads(self) -> dict[int, int]:
-        """Head offset of every partition (PartitionUnavailable if one cannot be read)."""
+        """Head offset of every partition (PartitionUnavailableError if one cannot be read)."""
         scan = self.source_scan()
         if scan.unavailable:
             partition, reason = min(scan.unavailable.items())
-            raise PartitionUnavailable(partition, reason)
+            raise PartitionUnavailableError(partition, reason)
         return scan.heads
 
     def redis_now_ms(self) -> int:

@@ -30,7 +30,7 @@ retries a task) through a random mix of:
 * state shards: a schedule's states are split into 1, 2 or 3 shards (fenced per shard);
 * an operator's ``reshard`` to another count (once at most, mostly between a batch's emit and
   its commit), half the time killed at one of its fault points (``mid-reshard``) and run
-  again: a commit meanwhile must be refused (ReshardUnderWay), a commit by the process that
+  again: a commit meanwhile must be refused (ReshardUnderWayError), a commit by the process that
   read the old layout too, and the batch staged before it commits in the new layout;
 * staging: a schedule's emits stage in files or in Redis (blocks next to each shard), drawn
   from its seed; every step of the schedule stages the same way;

@@ -16,7 +16,7 @@ from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import (
     TridentflowError,
 )
-from tridentflow.faults import InjectedFault, SimulatedCrash
+from tridentflow.faults import InjectedFaultError, SimulatedCrash
 from tridentflow_state.errors import StateError
 
 WORDS = (
@@ -59,7 +59,7 @@ MAINTENANCE_CHANCE = 0.15
 most three times a schedule; ``run_chaos(tables=True)``)."""
 PARALLEL_CHANCE = 0.06
 """Per step between runs: several runs at once (a backfill with max_active_runs > 1)."""
-STEP_FAILURES = (SimulatedCrash, InjectedFault, TridentflowError, StateError, redis.RedisError)
+STEP_FAILURES = (SimulatedCrash, InjectedFaultError, TridentflowError, StateError, redis.RedisError)
 """What a run's step may fail with in a schedule: retried, as Airflow retries a task."""
 PARALLEL_WAITS = 30
 """A parallel run's step found not its turn this often in a row gives up (the run before it

@@ -69,7 +69,7 @@ from tridentflow.devtools.devpostgres import LocalPostgres
 from tridentflow.engines.base import Engine
 from tridentflow.errors import (
     NotReadyError,
-    PartitionUnavailable,
+    PartitionUnavailableError,
 )
 from tridentflow.faults import STEP_POINTS, Dark, Fault, FaultPlan
 from tridentflow.ops.audit import audit
@@ -497,7 +497,7 @@ class Chaos(OperatorActs, SinkChecks):
                         sched.append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
                 run_no, failures, step_index = run_no + 1, 0, 0
                 run_id = f"run-{run_no}"
-            except PartitionUnavailable:
+            except PartitionUnavailableError:
                 self.pauser.wait()
                 dark_failures += 1
                 if dark_failures >= 3:  # the operator repairs the partition

@@ -18,7 +18,7 @@ from tridentflow.devtools.chaos.sinks import tables_ahead
 from tridentflow.errors import (
     ReplicationError,
 )
-from tridentflow.faults import Fault, FaultPlan, InjectedFault, SimulatedCrash
+from tridentflow.faults import Fault, FaultPlan, InjectedFaultError, SimulatedCrash
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.sinks import DeltaSink, IcebergSink
 from tridentflow.steps.export import export
@@ -164,7 +164,7 @@ class OperatorActs:
         run's next step must be refused (GenerationError in its own process; a new process of
         the run finds its txid rewound); the replay must count every record once (the final
         checks)."""
-        from tridentflow.ops.rewind import RewindRefused, rewind_pipeline
+        from tridentflow.ops.rewind import RewindRefusedError, rewind_pipeline
         from tridentflow.steps.runs import RunNotBoundError
 
         old, rng, events = sched.rt, sched.rewind_rng, sched.result.events
@@ -222,11 +222,11 @@ class OperatorActs:
         try:
             try:
                 fresh = rewind(target, faults)
-            except (InjectedFault, SimulatedCrash):
+            except (InjectedFaultError, SimulatedCrash):
                 events.append("rewind-cut-short")
                 refused(old, "during a rewind cut short")
                 fresh = rewind(target)  # the operator runs it again: it finishes
-        except RewindRefused:  # a stream sink wrote past it: the operator keeps what it has
+        except RewindRefusedError:  # a stream sink wrote past it: the operator keeps what it has
             events.append("rewind-refused:sink")
             target = committed
             fresh = rewind(committed)
@@ -252,12 +252,12 @@ class OperatorActs:
         """An operator reshards the pipeline to another count (1-3) while ``run_id`` is in
         flight; half the time the reshard is killed at one of its fault points
         (``mid-reshard``: raise or crash) and run again. While it is cut short, the run's
-        commit must be refused (ReshardUnderWay); after it, a commit by the run's process
+        commit must be refused (ReshardUnderWayError); after it, a commit by the run's process
         that read the old layout must be refused too (it is told to run again), and the run
         goes on in a new process - its batch staged before the reshard commits after it. The
         final checks count every record once."""
         from tridentflow.ops.reshard import reshard
-        from tridentflow_state.errors import ReshardUnderWay, StateError
+        from tridentflow_state.errors import ReshardUnderWayError, StateError
 
         old, rng, events = sched.rt, sched.reshard_rng, sched.result.events
         current = old.keyspace.shards
@@ -274,13 +274,13 @@ class OperatorActs:
         pending = bound is not None and bound > old.ledger.committed_txid()
         try:
             reshard(self._runtime(old.pipeline, old.home, faults, current), target)
-        except (InjectedFault, SimulatedCrash):
+        except (InjectedFaultError, SimulatedCrash):
             events.append("reshard-cut-short")
             if next_step == "commit" and pending:
                 waiting = self._runtime(old.pipeline, old.home, FaultPlan(), current)
                 self._expect_refused(
                     sched, waiting, run_id, "commit", "during a reshard cut short",
-                    (ReshardUnderWay,),
+                    (ReshardUnderWayError,),
                 )  # fmt: skip
                 waiting.client.close()
             reshard(self._runtime(old.pipeline, old.home, FaultPlan(), current), target)
@@ -384,7 +384,7 @@ class OperatorActs:
                 commit_run(rt, run_id)
         except refusals:
             pass
-        except (InjectedFault, SimulatedCrash) as exc:  # a fault point past every check
+        except (InjectedFaultError, SimulatedCrash) as exc:  # a fault point past every check
             sched.result.difference = (
                 f"{next_step} of {run_id} {what} was not refused (it got as far as {exc})"
             )
