@@ -1,25 +1,18 @@
-"""One commit attempt of a txid, as its protocol reads (Trident's ``beginCommit`` ... ``commit``
-over the ledger and every map state of a pipeline).
+"""One commit attempt of a txid over Redis: the ledger and every map state of a pipeline
+(Trident's ``beginCommit`` ... ``commit``). The order a commit runs these in, with what it does
+between them, is ``tridentflow/steps/committer.py``'s ``commit()``; its docstring is the one
+numbered list of the protocol.
 
 ``CommitAttempt`` knows Redis, the ledger and the map states - not where the batch was staged,
 how its partials are applied (the caller writes through the fenced writers ``claim`` gives),
 nor faults or replication waits: the caller hangs those on the phases through ``PhaseHooks``.
-
-1. ``begin``: a fencing token from the ledger; None if the txid is committed already;
-   CommitOrderError unless the ledger stands at txid-1 (checked inside Redis).
-2. ``claim``: the stored shard count checked, every shard claimed for this attempt (a
-   superseded attempt's writes are refused from now on), one fenced writer per state.
-3. The caller's writes, reported as they land (``wrote``): ``half_written`` fires once half of
-   the keys ``expect`` announced are in - the point a crash mid-commit is tested at.
-4. ``finish_writes``: the keys of an expiring state whose time has come are removed
-   (tridentflow_state.expiry); keys an earlier attempt of this txid wrote and this batch lacks
-   are rolled back; the change logs of the states a sink reads are written (fenced too).
-5. ``mark``: ``written`` fires (everything the mark stands on is in), the ledger marks the txid
-   committed together with the source offsets (atomic), ``marked`` fires. A crash anywhere
-   before the mark replays safely; after it, the retry finds the txid committed.
-6. ``settle``: shards closed to the txid, writers' scopes ended, tombstones of removed keys
-   dropped, the expiry indexes merged, change logs and undo logs trimmed. Idempotent and best
-   effort: what a crash leaves reads the same and is redone by the next commit.
+Its methods, each one step: ``begin`` (the fencing token; CommitOrderError unless the ledger
+stands at txid-1, checked inside Redis), ``claim`` (shards checked and claimed, one fenced
+writer per state), ``expect``/``wrote`` (``half_written`` fires once half of the keys are in),
+``finish_writes`` (expiry, the rollback of keys only an earlier attempt wrote, change logs),
+``mark`` (``written`` fires, the ledger marks txid and offsets atomically, ``marked`` fires)
+and ``settle`` (idempotent, best effort: what a crash leaves reads the same and is redone by
+the next commit).
 """
 
 from __future__ import annotations

@@ -1,36 +1,36 @@
-"""The commit: applies one staged batch to the map states, strictly in txid order.
+"""The commit: applies one staged batch to the map states, strictly in txid order. This is the
+module to open first: ``commit(rt, txid)`` reads as the protocol, one named call per step, in
+the order below (the Redis side of each step is a method of ``CommitAttempt``,
+tridentflow_state.commit; this module adds where the batch comes from, how each state's
+partials are applied, the fault points and replication waits - ``_CommitHooks`` - the
+quarantine and the staging's cleanup).
 
-``commit(rt, txid)`` - the protocol is ``CommitAttempt`` (tridentflow_state.commit); this
-module adds where the batch comes from, how each state's partials are applied (the
-strategies ``PythonApply``, ``InRedisChunks``, ``StagedBlocks``), the fault points and the
-replication waits (``_CommitHooks``), the quarantine and the staging's cleanup:
-
-1. ``begin_commit`` in the ledger: refused unless the ledger stands at txid-1 (checked inside
-   Redis); a no-op if txid is already committed; otherwise a new fencing token.
-2. Loads the newest staged emit attempt from wherever it was staged (files, or Redis) and
-   verifies it (checksums, record counts per partition: a partial batch fails here) and that
-   it starts where the committed offsets stand.
-3. With state shards, checks the stored shard count and claims every shard for this attempt
-   (state.shards). Applies every key's partial with the state's rule (transactional / opaque /
-   non-transactional), in chunks; every write is fenced (by the ledger, or by the shard's
-   claim), so a superseded attempt cannot land. The built-in numeric combiners (Count, Sum,
-   Min, Max, Mean) are applied inside Redis, one script call per chunk and shard
-   (state.numeric), the shards in parallel threads while the next chunk is read - or, for a
-   batch staged in Redis, one call per staged block where the block lies, so the partials
-   never leave Redis (state.staged); any other Combiner, Reducer or updater in Python.
-4. Rolls back keys an earlier commit attempt of this txid wrote that this batch lacks, and
-   records the batch's bad records in the quarantine (fenced too). For a state that a
-   new-values stream reads, writes the txid's change log (state.changes, fenced too). With
-   ``--wait-replicas`` and state shards on other masters, waits until their replicas
-   acknowledged all of it.
-5. ``mark_committed``: committed txid and source offsets move together, atomically, and only
-   after every key is written. A crash anywhere before this replays safely. With
-   ``--wait-replicas``, the ledger's replicas must acknowledge the mark. Then the shards
-   are settled, the source told the new positions, and the keys the txid removed dropped
-   (all best effort).
-6. Staging goes: every attempt of the txid (and of txid-1, if its commit was cut short after
-   its mark); a retry that finds the txid committed deletes it too, and an attempt that cannot
-   commit (torn, expired, read from the wrong offsets) is deleted when the commit refuses it.
+1. ``CommitAttempt.begin``: a fencing token from the ledger - refused unless it stands at
+   txid-1 (inside Redis); None if the txid is committed already (``_already_committed``:
+   the replicas, the history entry and the staging a cut-short commit left are finished).
+2. ``load_verified``: the newest staged emit attempt, from wherever it was staged (Redis or
+   files), verified (checksums, record counts per partition, the code shape that emitted it,
+   and that it starts where the committed offsets stand).
+3. ``rt.require_replicated``: txid-1's mark acknowledged where ``--wait-replicas`` asks.
+4. ``check_settings``: this process's settings are the pipeline's recorded ones (one line).
+5. ``attempt.claim``: the stored shard count checked, every shard claimed for this attempt
+   (a superseded attempt's writes are refused from now on); one fenced writer per state.
+6. ``attempt.expect`` then ``writer_for(...).apply`` per state: every key's partial with the
+   state's rule (transactional / opaque / non-transactional), in chunks, each write fenced.
+   The built-in numeric combiners (Count, Sum, Min, Max, Mean) are applied inside Redis
+   (``InRedisChunks``: one script call per chunk and shard, in parallel threads; or
+   ``StagedBlocks``: one call per staged block where it lies, the partials never leaving
+   Redis); any other Combiner, Reducer or updater in Python (``PythonApply``). Half-way,
+   the ``mid-commit`` fault point.
+7. ``quarantine``: the batch's bad records kept (fenced too).
+8. ``attempt.finish_writes``: expired keys removed, keys an earlier attempt of this txid
+   wrote and this batch lacks rolled back, change logs written for the states a sink reads.
+9. ``attempt.mark``: committed txid and source offsets move together, atomically, only after
+   every key is written (a crash anywhere before replays safely); then ``rt.log.acknowledge``.
+10. ``attempt.settle``: shards closed to the txid, tombstones dropped, expiry indexes merged,
+    change and undo logs trimmed (best effort, idempotent).
+11. ``rt.discard_staged`` / ``discard_staged_before``: every staged attempt of the txid (and
+    what a commit cut short after its mark left).
 """
 
 from __future__ import annotations
