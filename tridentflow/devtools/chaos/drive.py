@@ -27,13 +27,11 @@ from tridentflow.devtools.chaos.config import (
     DRAIN_POLLS,
     DRAIN_REFIRE_S,
     ENGINE,
-    PARALLEL_CHANCE,
     PARALLEL_WAITS,
     PIPELINES,
     RESHARD_CHANCE,
     RETAIN_TXIDS,
     RETRIES,
-    REWIND_CHANCE,
     STEP_FAILURES,
     RedisServer,
     ScheduleResult,
@@ -62,6 +60,7 @@ from tridentflow.devtools.chaos.pauses import (
 from tridentflow.devtools.chaos.reader import ConcurrentReader
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.sinks import SinkChecks, sink_faults
+from tridentflow.devtools.chaos.tasks import RunTasks
 from tridentflow.devtools.chaos.typed import TYPED_PIPELINE
 from tridentflow.devtools.devcluster import LocalCluster
 from tridentflow.devtools.devkafka import LocalKafka
@@ -69,7 +68,6 @@ from tridentflow.devtools.devpostgres import LocalPostgres
 from tridentflow.engines.base import Engine
 from tridentflow.errors import (
     NotReadyError,
-    PartitionUnavailableError,
 )
 from tridentflow.faults import STEP_POINTS, Dark, Fault, FaultPlan
 from tridentflow.ops.audit import audit
@@ -91,7 +89,7 @@ from tridentflow_state.codec import decode_key
 from tridentflow_state.expiry import compacting_eagerly
 
 
-class Chaos(OperatorActs, SinkChecks):
+class Chaos(RunTasks, OperatorActs, SinkChecks):
     """The harness: one Redis (own, external or a gated cluster), a scratch directory, and a
     schedule at a time (run_schedule); the operator's acts and the sinks are mixed in."""
 
@@ -424,111 +422,6 @@ class Chaos(OperatorActs, SinkChecks):
             and sched.reshard_rng.random() < RESHARD_CHANCE * weight
             and rt.ledger.committed_txid() > 0  # before: nothing to move, refused
         )
-
-    def _drive(self, sched: Schedule, runs: int, batch_size: int) -> None:
-        rng, result = sched.rng, sched.result
-        run_no, failures, dark_failures, step_index = 0, 0, 0, 0
-        run_id = f"run-{run_no}"
-        steps = ("coordinate", "emit", "commit")
-        for step in range(runs * 10):
-            self.pauser.wait()  # the harness's own reads wait for Redis to go on
-            if self.cluster is not None and self._failover_step(sched, step):
-                continue
-            if sched.lost_rng is not None and self._lost_writes_step(sched, step):
-                run_no, failures, step_index = run_no + 1, 0, 0  # its run died with Redis
-                run_id = f"run-{run_no}"
-                batch_size = sched.batch_after_loss or batch_size
-                continue
-            rt = sched.rt
-            if rt.ledger.committed_txid() >= runs:
-                if failures:  # the run's failed step is retried, as Airflow does
-                    self._finish_run(rt, run_id, steps[step_index:])
-                return
-            torn = sched.torn_since_rewind()  # an exporter died between a sink's parts
-            soon = torn and random.Random(f"torn-{sched.seed}-{step}-go").random() < 0.3
-            chance = REWIND_CHANCE * (3 if sched.lake else 1)  # and the tables go back too
-            if sched.rewinds < 2 and (sched.rewind_rng.random() < chance or soon):
-                self._rewind_in_flight(sched, run_id, steps[step_index], step)
-                run_no, failures, step_index = run_no + 1, 0, 0
-                run_id = f"run-{run_no}"
-                continue
-            if self._reshard_drawn(sched, rt):
-                self._reshard_in_flight(sched, run_id, steps[step_index], step)
-                continue
-            if self._maintenance_drawn(sched):
-                self._maintain_tables(sched, step)
-                continue
-            if step_index == 0 and sched.parallel_rng.random() < PARALLEL_CHANCE:
-                run_no = self._parallel_runs(sched, run_no, batch_size)
-                failures, run_id = 0, f"run-{run_no}"
-                continue
-            roll = rng.random()
-            if self.redis_restarts and roll < 0.08:
-                self.redis.restart()
-                result.events.append(f"redis-restart@step{step}")
-                continue
-            if roll < 0.15:
-                sched.append(rng.randint(1, 10), during=f"step{step}")
-                self._maybe_export(sched, f"step{step}")
-                continue
-            if roll < 0.19:
-                disturb = rt.log.chaos.disturb
-                if disturb == "remove-entries":
-                    sched.mutate_stream(f"step{step}")
-                elif disturb == "freeze-broker":
-                    sched.toggle_broker(f"step{step}")
-                elif disturb == "dark-partition":
-                    sched.toggle_outage(f"step{step}")
-                continue
-            if roll < 0.2 and not sched.was_reset:
-                self._reset_in_flight(sched, run_id, steps[step_index], step)
-                run_no, failures, step_index = run_no + 1, 0, 0
-                run_id = f"run-{run_no}"
-                continue
-            try:
-                for index in range(step_index, len(steps)):
-                    step_index = index
-                    with self._maybe_paused(sched, run_id, steps[index], batch_size):
-                        rt = self._step(sched, rt, run_id, steps[index], step, batch_size)
-                    if steps[index] == "commit":  # an exporter starts once Redis answers
-                        self.pauser.wait()
-                        self._maybe_export(sched, f"after-commit:{run_id}")
-                    if index < 2 and rng.random() < 0.15:
-                        sched.append(rng.randint(1, 5), during=f"{run_id}:after-{steps[index]}")
-                run_no, failures, step_index = run_no + 1, 0, 0
-                run_id = f"run-{run_no}"
-            except PartitionUnavailableError:
-                self.pauser.wait()
-                dark_failures += 1
-                if dark_failures >= 3:  # the operator repairs the partition
-                    sched.rt = rt = rt.with_(faults=FaultPlan(rt.faults.faults, ()))
-                    sched.end_outage(f"step{step}")
-                    result.events.append(f"repaired-dark@step{step}")
-                    if rt.log.chaos.removals_lose_records:
-                        sched.operator_resets_reader(f"step{step}")
-                        dark_failures, run_no, failures, step_index = 0, run_no + 1, 0, 0
-                        run_id = f"run-{run_no}"
-            except STEP_FAILURES:
-                self.pauser.wait()  # a step that gave up on a paused Redis: it goes on first
-                failures += 1
-                if rng.random() < 0.3:  # an outage starts while the txid is being retried
-                    txid = rt.ledger.committed_txid() + 1
-                    dark = Dark(rng.randrange(rt.pipeline.source.partitions), txid, txid)
-                    darks = (*rt.faults.darks, dark)  # the retry: a new process sees it
-                    sched.rt = rt = rt.with_(faults=FaultPlan(rt.faults.faults, darks))
-                    result.events.append(f"dark:{dark.partition}@{txid}(mid-txid)")
-                if rng.random() < 0.4:  # a person clears the whole run: from coordinate again
-                    step_index = 0
-                    result.events.append(f"clear:{run_id}")
-                spent = sched.retries_spent()  # its task's retries were spent: no retry
-                if failures >= RETRIES or spent:  # the run gives up; the next run adopts its txid
-                    release_run(rt, run_id)
-                    result.events.append(f"{'spent' if spent else 'gave-up'}:{run_id}")
-                    left = sched.zombie_staging_left(rt)
-                    if left and not result.difference:
-                        result.difference = f"a zombie's last try left its staging: {left}"
-                    run_no, failures, step_index = run_no + 1, 0, 0
-                    run_id = f"run-{run_no}"
 
     def _step(
         self, sched: Schedule, rt: Runtime, run_id: str, name: str, step: int, batch_size: int
