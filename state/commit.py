@@ -17,20 +17,173 @@ the next commit).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
 from tridentflow_state.backing import BackingMap, Fence
-from tridentflow_state.batch_times import BatchTimes, ExpiryRule
+from tridentflow_state.batch_times import BatchTimes, ExpiryRule, horizon_by_time
 from tridentflow_state.changes import record_changes, trim_changes
+from tridentflow_state.errors import CommitOrderError
 from tridentflow_state.keys import KeySpace
 from tridentflow_state.ledger import CommitTicket, Ledger
 from tridentflow_state.maps import MapState, StateKind, make_map_state
 from tridentflow_state.shards import claim_shards, ensure_shards, settle_shards
 from tridentflow_state.undo import trim_undo
+
+
+class CommitStore(Protocol):
+    """What a commit attempt keeps besides the map states: the ledger (tokens, the mark,
+    the history), the shards' claims, the batch times, the change and undo logs. Redis in
+    production (``RedisCommitStore``); memory in ``tridentflow.testing``
+    (``MemoryCommitStore``): the attempt's phases are the same code over either."""
+
+    def begin(self, txid: int) -> CommitTicket | None:
+        """A fencing token for ``txid``; None if committed already; CommitOrderError unless
+        the ledger stands at txid-1."""
+        ...
+
+    def claim_shards(self, shards: int | None, states: Sequence[str], fence: Fence) -> None:
+        """The shard count checked (``shards``: the one asked for) and every shard claimed."""
+        ...
+
+    def batch_horizons(
+        self, fence: Fence, at_ms: int, retain_txids: int, periods: Sequence[int]
+    ) -> dict[int, int]:
+        """The txid's batch time recorded; period (ms) -> the expiry horizon by time."""
+        ...
+
+    def record_changes(self, state: str, fence: Fence, keys: list[str]) -> None:
+        """The txid's change log of ``state`` (its values after the txid, of ``keys``)."""
+        ...
+
+    def mark(
+        self,
+        ticket: CommitTicket,
+        offsets: Mapping[int, int],
+        settled: list[str],
+        stats: Mapping[str, Any],
+        retain_txids: int,
+    ) -> bool:
+        """Txid and offsets committed together, atomically; False if another attempt did."""
+        ...
+
+    def record_history(self, txid: int) -> None: ...
+
+    def close_shards(self, txid: int, settled: list[str]) -> None:
+        """After the mark: the shards closed to the txid."""
+        ...
+
+    def trim(self, txid: int, changed: Iterable[str], limit: int, states: Iterable[str]) -> None:
+        """After the mark: ``limit`` change logs kept of each ``changed`` state, the undo logs
+        retention no longer covers trimmed."""
+        ...
+
+
+class RedisCommitStore:
+    """A ``CommitStore`` in Redis: the pipeline's ledger and keyspace."""
+
+    def __init__(self, ledger: Ledger, client: redis.Redis, keyspace: KeySpace) -> None:
+        self.ledger, self.client, self.keyspace = ledger, client, keyspace
+
+    def begin(self, txid: int) -> CommitTicket | None:
+        return self.ledger.begin_commit(txid)
+
+    def claim_shards(self, shards: int | None, states: Sequence[str], fence: Fence) -> None:
+        ensure_shards(self.client, self.keyspace, shards)
+        claim_shards(self.client, self.keyspace, list(states), fence)
+
+    def batch_horizons(
+        self, fence: Fence, at_ms: int, retain_txids: int, periods: Sequence[int]
+    ) -> dict[int, int]:
+        return BatchTimes(self.client, self.keyspace).claim(fence, at_ms, retain_txids, periods)
+
+    def record_changes(self, state: str, fence: Fence, keys: list[str]) -> None:
+        record_changes(self.client, self.keyspace, state, fence, keys)
+
+    def mark(
+        self,
+        ticket: CommitTicket,
+        offsets: Mapping[int, int],
+        settled: list[str],
+        stats: Mapping[str, Any],
+        retain_txids: int,
+    ) -> bool:
+        return self.ledger.mark_committed(
+            ticket, offsets, settled, stats, retain_txids, unbuilt=settled
+        )
+
+    def record_history(self, txid: int) -> None:
+        self.ledger.record_history(txid)
+
+    def close_shards(self, txid: int, settled: list[str]) -> None:
+        settle_shards(self.client, self.keyspace, settled, txid)
+
+    def trim(self, txid: int, changed: Iterable[str], limit: int, states: Iterable[str]) -> None:
+        for name in changed:  # a sink further behind than this reloads or fails
+            trim_changes(self.client, self.keyspace, name, txid, limit)
+        trim_undo(self.client, self.keyspace, states)
+
+
+class MemoryCommitStore:
+    """A ``CommitStore`` in memory, for ``tridentflow.testing``: the ledger's order and
+    tokens, the batch times; no shards, no change or undo logs (the harness exports from the
+    states). Not thread-safe; one pipeline."""
+
+    def __init__(self) -> None:
+        self.committed = 0
+        self.tokens = 0
+        self.times: dict[int, int] = {}
+        """txid -> its batch time, as the batch times Redis keeps."""
+        self.history: list[dict[str, Any]] = []
+
+    def begin(self, txid: int) -> CommitTicket | None:
+        if txid <= self.committed:
+            return None
+        if txid != self.committed + 1:
+            raise CommitOrderError(
+                f"txid {txid} cannot commit: the ledger stands at {self.committed}"
+            )
+        self.tokens += 1
+        return CommitTicket(txid, self.tokens)
+
+    def claim_shards(self, shards: int | None, states: Sequence[str], fence: Fence) -> None:
+        return None
+
+    def batch_horizons(
+        self, fence: Fence, at_ms: int, retain_txids: int, periods: Sequence[int]
+    ) -> dict[int, int]:
+        earlier = {t: ms for t, ms in self.times.items() if t < fence.txid}
+        self.times[fence.txid] = at_ms
+        return {period: horizon_by_time(earlier, fence.txid, at_ms, period) for period in periods}
+
+    def record_changes(self, state: str, fence: Fence, keys: list[str]) -> None:
+        return None
+
+    def mark(
+        self,
+        ticket: CommitTicket,
+        offsets: Mapping[int, int],
+        settled: list[str],
+        stats: Mapping[str, Any],
+        retain_txids: int,
+    ) -> bool:
+        if ticket.txid != self.committed + 1 or ticket.token != self.tokens:
+            return False
+        self.committed = ticket.txid
+        self.history.append({"txid": ticket.txid, **stats})
+        return True
+
+    def record_history(self, txid: int) -> None:
+        return None
+
+    def close_shards(self, txid: int, settled: list[str]) -> None:
+        return None
+
+    def trim(self, txid: int, changed: Iterable[str], limit: int, states: Iterable[str]) -> None:
+        return None
 
 
 class PhaseHooks:
@@ -52,14 +205,12 @@ class CommitAttempt:
 
     def __init__(
         self,
-        ledger: Ledger,
-        client: redis.Redis,
-        keyspace: KeySpace,
+        store: CommitStore,
         ticket: CommitTicket,
         retain_txids: int = 0,
         hooks: PhaseHooks | None = None,
     ) -> None:
-        self.ledger, self.client, self.keyspace = ledger, client, keyspace
+        self.store = store
         self.ticket = ticket
         self.retain_txids = retain_txids
         self.hooks = hooks or PhaseHooks()
@@ -94,11 +245,23 @@ class CommitAttempt:
         retain_txids: int = 0,
         hooks: PhaseHooks | None = None,
     ) -> CommitAttempt | None:
-        """A new attempt with its own fencing token; None if ``txid`` is committed already."""
-        ticket = ledger.begin_commit(txid)
+        """A new attempt over Redis with its own fencing token; None if ``txid`` is committed
+        already."""
+        return cls.begin_in(RedisCommitStore(ledger, client, keyspace), txid, retain_txids, hooks)
+
+    @classmethod
+    def begin_in(
+        cls,
+        store: CommitStore,
+        txid: int,
+        retain_txids: int = 0,
+        hooks: PhaseHooks | None = None,
+    ) -> CommitAttempt | None:
+        """``begin`` over any ``CommitStore`` (``tridentflow.testing``'s in memory)."""
+        ticket = store.begin(txid)
         if ticket is None:
             return None
-        return cls(ledger, client, keyspace, ticket, retain_txids, hooks)
+        return cls(store, ticket, retain_txids, hooks)
 
     @property
     def txid(self) -> int:
@@ -126,8 +289,7 @@ class CommitAttempt:
             name: rule if isinstance(rule, ExpiryRule) else ExpiryRule(after_txids=rule)
             for name, rule in (expiring or {}).items()
         }
-        ensure_shards(self.client, self.keyspace, shards)
-        claim_shards(self.client, self.keyspace, self._settled_at_mark(states), self.fence)
+        self.store.claim_shards(shards, self._settled_at_mark(states), self.fence)
         self.batch_time = at_ms
         self.horizons = self._horizons(at_ms)
         for name, (kind, backing) in states.items():
@@ -144,8 +306,7 @@ class CommitAttempt:
         periods = sorted({r.after_ms for r in self.expiring.values() if r.after_ms is not None})
         by_time: dict[int, int] = {}
         if periods and at_ms is not None:
-            times = BatchTimes(self.client, self.keyspace)
-            by_time = times.claim(self.fence, at_ms, self.retain_txids, periods)
+            by_time = self.store.batch_horizons(self.fence, at_ms, self.retain_txids, periods)
         return {
             name: rule.horizon(self.txid, by_time.get(rule.after_ms or 0, 0))
             for name, rule in self.expiring.items()
@@ -203,7 +364,7 @@ class CommitAttempt:
         )
         for name in logged:
             keys = [*batch_keys(name), *self.expired.get(name, ())]
-            record_changes(self.client, self.keyspace, name, self.fence, keys)
+            self.store.record_changes(name, self.fence, keys)
         return rolled_back
 
     def _settled_at_mark(self, names: Iterable[str]) -> list[str]:
@@ -219,12 +380,10 @@ class CommitAttempt:
         concurrent attempt of the txid marked it first (this one wrote nothing after that)."""
         self.hooks.written(self)
         settled = self._settled_at_mark(self.writers)  # their expiry indexes stop following
-        self.marked = self.ledger.mark_committed(
-            self.ticket, offsets, settled, stats, self.retain_txids, unbuilt=settled
-        )
+        self.marked = self.store.mark(self.ticket, offsets, settled, stats, self.retain_txids)
         self.hooks.marked(self)
         if self.marked:
-            self.ledger.record_history(self.txid)
+            self.store.record_history(self.txid)
         return self.marked
 
     # -- 6. settle ------------------------------------------------------------------------------
@@ -235,8 +394,7 @@ class CommitAttempt:
         its scopes. Returns the tombstones dropped."""
         removed = {name: writer.tombstones() for name, writer in self.writers.items()}
         if self.marked:
-            settled = self._settled_at_mark(self.writers)
-            settle_shards(self.client, self.keyspace, settled, self.txid)
+            self.store.close_shards(self.txid, self._settled_at_mark(self.writers))
         for writer in self.writers.values():
             writer.commit()
         if not self.marked:
@@ -254,7 +412,5 @@ class CommitAttempt:
                 index.forget(horizon)  # this txid expired by them
             else:
                 index.rebuild()
-        for name in changed:  # a sink further behind than this reloads or fails
-            trim_changes(self.client, self.keyspace, name, self.txid, change_log_limit)
-        trim_undo(self.client, self.keyspace, self.writers.keys())
+        self.store.trim(self.txid, changed, change_log_limit, self.writers.keys())
         return dropped

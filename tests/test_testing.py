@@ -115,6 +115,48 @@ def test_an_opaque_replay_that_reads_other_records_counts_only_the_replay():
     assert got == {"total": {"a": 8}}  # b was in the first attempt only: rolled back
 
 
+def test_the_harness_runs_the_production_commit_a_change_there_shows_here(monkeypatch):
+    """Issue 67: run_batches commits through tridentflow_state.commit.CommitAttempt (and the
+    committer's Python apply), not a copy of them: a planted change in the production
+    commit - its rollback of the keys only an earlier attempt wrote left out - makes the
+    opaque replay above count ``b``, which it must not."""
+    from tridentflow_state.commit import CommitAttempt
+
+    pipeline = _summing(StateKind.OPAQUE)
+    batches, replay = [[["a", 1]], [["a", 5], ["b", 1]]], {2: [["a", 7]]}
+    assert run_batches(pipeline, batches, replay=replay) == {"total": {"a": 8}}
+    finish = CommitAttempt.finish_writes
+
+    def without_rollback(self, batch_keys, logged=()):
+        for writer in self.writers.values():
+            writer.rollback_stray_keys = lambda keys: 0
+        return finish(self, batch_keys, logged)
+
+    monkeypatch.setattr(CommitAttempt, "finish_writes", without_rollback)
+    assert run_batches(pipeline, batches, replay=replay) == {"total": {"a": 8, "b": 1}}
+
+
+def test_a_crash_mid_commit_dies_where_production_fires_it(monkeypatch):
+    """The harness's crash is the production hook ``half_written``: half of the batch's keys
+    over all its states are in, the rest is not, and the retry finishes exactly."""
+    import tridentflow.testing as testing
+
+    seen = []
+    died = testing._DiesAt.half_written
+
+    def noting(self, attempt):
+        seen.append((attempt.txid, attempt.expected, attempt._written))
+        died(self, attempt)
+
+    monkeypatch.setattr(testing._DiesAt, "half_written", noting)
+    pipeline = _summing(StateKind.TRANSACTIONAL, SourceMode.TRANSACTIONAL)
+    batch = [[k, 1] for k in "abcdefgh"]
+    assert run_batches(pipeline, [batch], crash_mid_commit=[1]) == {
+        "total": dict.fromkeys("abcdefgh", 1)
+    }
+    assert seen[0] == (1, 8, 4)  # the first attempt: 4 of 8 keys in when it died
+
+
 def test_a_non_transactional_state_counts_a_replay_twice():
     """At-least-once, as the guarantee table says: the harness shows it."""
     source = LogSource(fields=("line",), mode=SourceMode.TRANSACTIONAL)

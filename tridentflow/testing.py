@@ -2,9 +2,12 @@
 
 ``run_batches(pipeline, batches, replay=[...])`` runs consecutive txids of a pipeline on the
 local engine (the same plan, operations and aggregators the Spark engine runs) and commits them
-to in-memory states with the same txid rules as Redis (``tridentflow_state.maps``: a
-transactional state skips a key its txid already wrote, an opaque one recomputes from
-``prev``, a non-transactional one applies everything again). It returns each state's values,
+through the production commit - ``tridentflow_state.commit.CommitAttempt``'s phases and the
+committer's Python apply, over in-memory states and an in-memory ledger
+(``MemoryCommitStore``) - so a test and production cannot disagree: the same txid rules
+(``tridentflow_state.maps``: a transactional state skips a key its txid already wrote, an
+opaque one recomputes from ``prev``, a non-transactional one applies everything again), the
+same expiry, the same rollback. It returns each state's values,
 as ``tridentflow query`` shows them::
 
     from tridentflow.testing import ABORT, CollectSink, run_batches
@@ -19,7 +22,8 @@ What a run can go through, as in production:
   before marking T committed (a retried or cleared commit task). ``replay={T: records}``: the
   replay reads other records (an opaque source's replay may differ; a transactional source's
   never does, so that is refused for one).
-* ``crash_mid_commit=[T, ...]``: T's first commit attempt dies with half of its keys written;
+* ``crash_mid_commit=[T, ...]``: T's first commit attempt dies where production's
+  ``mid-commit`` fault point fires, with half of the batch's keys written;
   the retry commits the whole batch (keys only the first attempt wrote are rolled back).
 * ``ABORT`` inside a batch (Bytewax's sentinel): T's first emit attempt dies there, after the
   records before it went through your functions; the retry emits the whole batch.
@@ -53,12 +57,12 @@ from tridentflow.pipeline import Pipeline
 from tridentflow.plan import compile_chain, compile_pipeline
 from tridentflow.sinks.base import ExportContext, Row, Sink
 from tridentflow.sources.filelog import FileLog
-from tridentflow.steps.committer import apply_in_python, staged_chunks
+from tridentflow.steps.committer import apply_in_chunks
 from tridentflow.steps.export import stream_rows
-from tridentflow_state.backing import Fence, MemoryBackingMap
+from tridentflow_state.backing import MemoryBackingMap
 from tridentflow_state.codec import decode_key
+from tridentflow_state.commit import CommitAttempt, MemoryCommitStore, PhaseHooks
 from tridentflow_state.maps import StoredValue, make_map_state
-from tridentflow_state.redis_backing import CHUNK
 
 __all__ = ["ABORT", "CollectSink", "States", "TestingError", "run_batches"]
 
@@ -192,8 +196,8 @@ class _Run:
     def __init__(self, pipeline: Pipeline, on_bad: str, batch_times: list[int]) -> None:
         self.pipeline = pipeline
         self.batch_times = batch_times
-        self.times: dict[int, int] = {}
-        """txid -> the batch time of each txid committed so far (as Redis's batch times)."""
+        self.store = MemoryCommitStore()
+        """The ledger's order and tokens and the batch times, in memory."""
         self.plan = compile_pipeline(pipeline)
         self.on_bad = on_bad
         self.engine = LocalEngine()
@@ -214,8 +218,6 @@ class _Run:
 
     # -- a txid --------------------------------------------------------------------------------
     def txid(self, txid: int, batch: Batch, replay: Any, crash: bool) -> None:
-        self.expired = {}
-        horizons = self._horizons(txid)
         parts = self._parts(batch, txid)
         base = self.read
         ranges = self._append({p: [r for r in rs if r is not ABORT] for p, rs in parts.items()})
@@ -226,8 +228,8 @@ class _Run:
             self._compute(txid, cut, base)
         partials, bad = self._compute(txid, ranges, base)
         attempts = [partials]
-        if crash:  # the first attempt wrote half of the keys
-            self._commit(txid, 1, partials, horizons, half=True)
+        if crash:  # the first attempt died with half of the keys written
+            self._commit(txid, partials, dies_at="half_written")
         if replay is not None and replay is not _SAME:
             ranges = self._append(self._parts(replay, txid))
             staged, bad = self._compute(txid, ranges, base)
@@ -235,32 +237,13 @@ class _Run:
         elif replay is not None:
             attempts.append(partials)
         self._quarantine(txid, bad)
-        removed: dict[str, list[str]] = {}
-        for number, staged in enumerate(attempts, start=2 if crash else 1):
-            removed = self._commit(txid, number, staged, horizons)
-        for name, keys in removed.items():  # once the txid is marked: no replay needs them
-            self.backings[name].drop_tombstones(txid, keys)
-        for name, horizon in horizons.items():  # the index follows the txid
-            index = self.backings[name].expiry
-            index.merge(txid)
-            if index.built():
-                index.forget(horizon)
-            else:
-                index.rebuild()
+        for staged in attempts[:-1]:  # wrote every key and died before the mark
+            self._commit(txid, staged, dies_at="written")
+        attempt = self._commit(txid, attempts[-1])
+        self.expired = attempt.expired if attempt is not None else {}
         self.read = base + sum(end - start for start, end in ranges.values())
         self.committed = txid
         self._export(txid, attempts[-1])
-
-    def _horizons(self, txid: int) -> dict[str, int]:
-        """State -> its expiry horizon at ``txid`` (tridentflow_state.batch_times); the txid's
-        batch time joins the recorded ones."""
-        at = self.batch_times[txid - 1]
-        horizons = {
-            name: rule.horizon_among(self.times, txid, at)
-            for name, rule in self.pipeline.expiring.items()
-        }
-        self.times[txid] = at
-        return horizons
 
     def _parts(self, batch: Batch, txid: int) -> dict[int, list[Any]]:
         if isinstance(batch, (str, bytes)) or not isinstance(batch, (Sequence, Mapping)):
@@ -317,34 +300,33 @@ class _Run:
         self.quarantined += [{"txid": txid, **b.to_json()} for b in bad]
 
     def _commit(
-        self,
-        txid: int,
-        attempt: int,
-        partials: dict[str, list[tuple[str, Any]]],
-        horizons: Mapping[str, int],
-        half: bool = False,
-    ) -> dict[str, list[str]]:
-        """One commit attempt of ``txid``, as the committer's: every state's keys (the first
-        half only with ``half``: an attempt that died there), then an expiring state's keys
-        whose time has come removed (``expired``), then the keys earlier attempts wrote and
-        this batch lacks rolled back. The keys it removed (tombstones)."""
-        fence = Fence(txid, attempt)
-        removed: dict[str, list[str]] = {}
-        for name, persist in self.pipeline.states.items():
-            state = make_map_state(persist.state.kind, self.backings[name], name)
-            state.begin_commit(txid, fence)
-            items = list(partials.get(name, ()))  # the staged order, as the committer's
-            if half:
-                items = items[: len(items) // 2]
-            for chunk in staged_chunks(iter(items), CHUNK, len(items)):  # its chunks too
-                apply_in_python(state, name, persist.aggregator, chunk)
-            if not half and name in horizons:
-                self.expired[name] = state.expire(horizons[name])
-            if not half:
-                state.rollback_stray_keys()
-            removed[name] = state.tombstones()
-            state.commit()
-        return removed
+        self, txid: int, partials: dict[str, list[tuple[str, Any]]], dies_at: str = ""
+    ) -> CommitAttempt | None:
+        """One commit attempt of ``txid`` through the production protocol
+        (``tridentflow_state.commit.CommitAttempt`` over the in-memory store and states, each
+        state's partials applied as the committer's ``PythonApply`` does), dying at the phase
+        ``dies_at`` names (``half_written``, ``written``) as a process would. The attempt, if
+        it marked the txid."""
+        hooks = _DiesAt(dies_at)
+        attempt = CommitAttempt.begin_in(self.store, txid, hooks=hooks)
+        if attempt is None:
+            raise TestingError(f"txid {txid} is committed already")  # the harness's own bug
+        states = {
+            name: (p.state.kind, self.backings[name]) for name, p in self.pipeline.states.items()
+        }
+        at_ms = self.batch_times[txid - 1] if self.pipeline.expires_in_time else None
+        try:
+            writers = attempt.claim(states, None, self.pipeline.expiring, at_ms)
+            attempt.expect(sum(len(partials.get(name, ())) for name in writers))
+            for name, state in writers.items():
+                persisted = self.pipeline.states[name].aggregator
+                apply_in_chunks(state, persisted, iter(partials.get(name, ())), attempt)
+            attempt.finish_writes(lambda name: (key for key, _ in partials.get(name, ())))
+            attempt.mark({}, {})
+        except _DiedError:
+            return None
+        attempt.settle()
+        return attempt
 
     # -- exports and results -------------------------------------------------------------------
     def _export(self, txid: int, partials: dict[str, list[tuple[str, Any]]]) -> None:
@@ -374,6 +356,25 @@ class _Run:
                     out[_present_key(decode_key(key))] = present(stored.curr)
             values[name] = out
         return States(values, self.committed, self.quarantined)
+
+
+class _DiedError(Exception):
+    """An attempt's process died (the harness's crash, at a phase of the protocol)."""
+
+
+class _DiesAt(PhaseHooks):
+    """Dies at the named phase (``half_written``, ``written``; '': never)."""
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+
+    def half_written(self, attempt: CommitAttempt) -> None:
+        if self.phase == "half_written":
+            raise _DiedError(self.phase)
+
+    def written(self, attempt: CommitAttempt) -> None:
+        if self.phase == "written":
+            raise _DiedError(self.phase)
 
 
 _EXPORT_CONTEXT = ExportContext("testing", "", client=None, redis_url="")  # type: ignore[arg-type]

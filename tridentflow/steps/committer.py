@@ -169,10 +169,18 @@ class PythonApply(StateWriter):
     round trip (tridentflow_state.maps)."""
 
     def apply(self, state: MapState) -> None:
-        items = self.staged.items(state.name)
-        for chunk in staged_chunks(items, CHUNK, self.attempt.keys_to_half()):
-            apply_in_python(state, state.name, self.persisted, chunk)
-            self.attempt.wrote(len(chunk))
+        apply_in_chunks(state, self.persisted, self.staged.items(state.name), self.attempt)
+
+
+def apply_in_chunks(
+    state: MapState, persisted: Persistable, items: Iterator[Any], attempt: CommitAttempt
+) -> None:
+    """``items`` (encoded key, partial) in the staged order, in chunks of CHUNK - one ending
+    at the attempt's half - each applied in Python and reported to the attempt. What
+    ``PythonApply`` does, and ``tridentflow.testing`` over its in-memory states."""
+    for chunk in staged_chunks(items, CHUNK, attempt.keys_to_half()):
+        apply_in_python(state, state.name, persisted, chunk)
+        attempt.wrote(len(chunk))
 
 
 @dataclass
