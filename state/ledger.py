@@ -54,6 +54,7 @@ from tridentflow_state.shards import set_shard_generations
 BIND_RUN = LuaScript(
     "bind_run",
     GEN_CHECK
+    + NOW_MS
     + """
 -- Bind an orchestrator run to a txid. Idempotent per run id while the run owns its txid.
 -- KEYS[1] ledger hash  KEYS[2] runs hash (run id -> txid)  KEYS[3] generation key
@@ -75,8 +76,7 @@ if last < committed then last = committed end
 if committed ~= tonumber(ARGV[5]) or last ~= tonumber(ARGV[6]) then
   return redis.error_reply('TFRETRY the ledger moved while binding')
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local run, lease = ARGV[1], tonumber(ARGV[2])
 local function txkey(n) return KEYS[3 + n - committed] end
 local function own(n, how)
@@ -112,6 +112,7 @@ return own(last + 1, 'new')
 RENEW_LEASE = LuaScript(
     "renew_lease",
     GEN_CHECK
+    + NOW_MS
     + """
 -- Extend (ARGV[2] > 0) or release (ARGV[2] = 0) the lease of run ARGV[1] on a txid it owns.
 -- KEYS[1] tx hash  KEYS[2] generation key   ARGV[1] run id  ARGV[2] lease in ms
@@ -126,8 +127,7 @@ if gerr then return redis.error_reply(gerr) end
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 local lease = tonumber(ARGV[2])
 if lease > 0 and redis.call('HGET', KEYS[1], 'released') == ARGV[1] then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 if lease > 0 then
   lease = now + lease
 else
@@ -317,6 +317,7 @@ return current
 CLAIM_TXID = LuaScript(
     "claim_txid",
     GEN_CHECK
+    + NOW_MS
     + """
 -- Claim a specific txid for a run (a single driver pipelining its own txids).
 -- KEYS[1] ledger hash  KEYS[2] runs hash  KEYS[3] tx hash of ARGV[1]  KEYS[4] generation key
@@ -339,8 +340,7 @@ if txid == last + 1 then
   redis.call('HSET', KEYS[1], 'last_txid', txid)
   how = 'new'
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local previous = redis.call('HGET', KEYS[3], 'owner')
 if previous and previous ~= ARGV[2] then
   redis.call('HSET', KEYS[2], previous, 'lost:' .. txid .. ':' .. ARGV[2])

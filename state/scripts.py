@@ -144,10 +144,9 @@ end
 # Shared Lua helper: the check a reset and a rewind make before they start a generation -
 # refused (TFBUSY) while a pending txid's owner holds a live lease. ``first``: the index in
 # KEYS of the first pending txid's tx hash; ``how``: what the error suggests to force it.
-BUSY_CHECK = """
+BUSY_CHECK = NOW_MS + """
 local function busy_check(first, how)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   for i = first, #KEYS do
     local owner = redis.call('HGET', KEYS[i], 'owner')
     local lease_until = tonumber(redis.call('HGET', KEYS[i], 'lease_until') or '0')
