@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG, Param
 
 from tridentflow.errors import TridentflowError
+from tridentflow.pipeline import Pipeline
 from tridentflow.registry import load_pipeline
 from tridentflow.settings import env_int, env_seconds
 from tridentflow_airflow.assets import commit_alias
@@ -134,24 +136,16 @@ def pipeline_dag(
     Celery workers that run Spark); the others go to the default queue. Steps share nothing
     but Redis (staging in Redis, the default), so any step may run on any worker.
     """
-    if retries is None:
-        retries = env_int(RETRIES_ENV, DEFAULT_RETRIES)
-    if retry_delay is None:
-        retry_delay = timedelta(
-            seconds=env_seconds(RETRY_DELAY_ENV, DEFAULT_RETRY_DELAY_S, allow_zero=True)
-        )
-    if max_retry_delay is None:
-        max_retry_delay = timedelta(
-            seconds=env_seconds(MAX_RETRY_DELAY_ENV, DEFAULT_MAX_RETRY_DELAY_S, allow_zero=True)
-        )
-    check_dag_arguments(retries, max_active_runs, batch_size, lease, retry_delay, watch_interval)
-    queues = dict(queues or {})
-    unknown = sorted(set(queues) - {"coordinate", "emit", "commit", "export"})
-    if unknown:
-        raise TridentflowError(
-            f"pipeline_dag: queues names no step {unknown}: use coordinate, emit, commit, export"
-        )
-    on = {step: {"queue": queue} for step, queue in queues.items()}
+    retry_args = _retry_args(retries, retry_delay, max_retry_delay)
+    check_dag_arguments(
+        retry_args["retries"],
+        max_active_runs,
+        batch_size,
+        lease,
+        retry_args["retry_delay"],
+        watch_interval,
+    )
+    on = _step_queues(queues)
     definition = load_pipeline(pipeline)
     common = {"pipeline": pipeline, "redis_conn_id": redis_conn_id, "home": home, "lease": lease}
     dag_id = dag_id or default_dag_id(definition.name)
@@ -177,38 +171,76 @@ def pipeline_dag(
                 description="records per partition per txid (first attempt only)",
             )
         },
-        default_args={
-            "retries": retries,
-            "retry_delay": retry_delay,
-            "retry_exponential_backoff": doubling_backoff(),
-            "max_retry_delay": max_retry_delay,
-            "on_failure_callback": release_on_failure,
-        },
+        default_args={**retry_args, "on_failure_callback": release_on_failure},
         tags=["tridentflow", *tags],
         description=f"{definition.description or definition.name} ({definition.guarantee.value})",
-        doc_md=DOC.format(
-            name=definition.name,
-            description=definition.description,
-            guarantee=definition.guarantee.value,
-            export=EXPORT_DOC.format(sinks=", ".join(f.name for f in definition.feeds))
-            if definition.feeds
-            else "",
-        ),
+        doc_md=_dag_doc(definition),
     ) as dag:
-        coordinate = CoordinateOperator(
-            task_id="coordinate",
-            batch_size="{{ params.batch_size }}",
-            **common,
-            **on.get("coordinate", {}),
-        )
-        emit = EmitOperator(task_id="emit", conn_id=spark_conn_id, **common, **on.get("emit", {}))
-        commit = CommitOperator(
-            task_id="commit",
-            outlets=[commit_alias(definition.name)],
-            **common,
-            **on.get("commit", {}),
-        )
-        coordinate >> emit >> commit
-        if definition.feeds:  # the sinks follow the commits: their own task, their own retries
-            commit >> ExportOperator(task_id="export", **common, **on.get("export", {}))
+        _add_steps(definition, common, on, spark_conn_id)
     return dag
+
+
+def _retry_args(
+    retries: int | None, retry_delay: timedelta | None, max_retry_delay: timedelta | None
+) -> dict[str, Any]:
+    """Every task's retry arguments: those given, else the settings' (doubling back-off)."""
+    if retries is None:
+        retries = env_int(RETRIES_ENV, DEFAULT_RETRIES)
+    if retry_delay is None:
+        retry_delay = timedelta(
+            seconds=env_seconds(RETRY_DELAY_ENV, DEFAULT_RETRY_DELAY_S, allow_zero=True)
+        )
+    if max_retry_delay is None:
+        max_retry_delay = timedelta(
+            seconds=env_seconds(MAX_RETRY_DELAY_ENV, DEFAULT_MAX_RETRY_DELAY_S, allow_zero=True)
+        )
+    return {
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "retry_exponential_backoff": doubling_backoff(),
+        "max_retry_delay": max_retry_delay,
+    }
+
+
+def _step_queues(queues: Mapping[str, str] | None) -> dict[str, dict[str, str]]:
+    """Step -> its operator's ``queue`` argument; one line for a step that is not one."""
+    queues = dict(queues or {})
+    unknown = sorted(set(queues) - {"coordinate", "emit", "commit", "export"})
+    if unknown:
+        raise TridentflowError(
+            f"pipeline_dag: queues names no step {unknown}: use coordinate, emit, commit, export"
+        )
+    return {step: {"queue": queue} for step, queue in queues.items()}
+
+
+def _dag_doc(definition: Pipeline) -> str:
+    """The DAG's page text: the pipeline, its guarantee, its sinks."""
+    sinks = ", ".join(f.name for f in definition.feeds)
+    return DOC.format(
+        name=definition.name,
+        description=definition.description,
+        guarantee=definition.guarantee.value,
+        export=EXPORT_DOC.format(sinks=sinks) if definition.feeds else "",
+    )
+
+
+def _add_steps(
+    definition: Pipeline, common: dict[str, Any], on: dict[str, dict[str, str]], spark_conn_id: str
+) -> None:
+    """coordinate >> emit >> commit (>> export, with sinks), in the DAG being defined."""
+    coordinate = CoordinateOperator(
+        task_id="coordinate",
+        batch_size="{{ params.batch_size }}",
+        **common,
+        **on.get("coordinate", {}),
+    )
+    emit = EmitOperator(task_id="emit", conn_id=spark_conn_id, **common, **on.get("emit", {}))
+    commit = CommitOperator(
+        task_id="commit",
+        outlets=[commit_alias(definition.name)],
+        **common,
+        **on.get("commit", {}),
+    )
+    coordinate >> emit >> commit
+    if definition.feeds:  # the sinks follow the commits: their own task, their own retries
+        commit >> ExportOperator(task_id="export", **common, **on.get("export", {}))
