@@ -144,7 +144,9 @@ end
 # Shared Lua helper: the check a reset and a rewind make before they start a generation -
 # refused (TFBUSY) while a pending txid's owner holds a live lease. ``first``: the index in
 # KEYS of the first pending txid's tx hash; ``how``: what the error suggests to force it.
-BUSY_CHECK = NOW_MS + """
+BUSY_CHECK = (
+    NOW_MS
+    + """
 local function busy_check(first, how)
   local now = now_ms()
   for i = first, #KEYS do
@@ -158,3 +160,4 @@ local function busy_check(first, how)
   return nil
 end
 """
+)
