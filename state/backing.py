@@ -148,6 +148,10 @@ class MemoryBackingMap:
     def keys_written_in(self, txid: int) -> set[str]:
         return set(self._written.get(txid, set()))
 
+    def count(self) -> int:
+        """The fields the state holds (tombstones included, as Redis's HLEN)."""
+        return len(self._data)
+
     def count_written_in(self, txid: int) -> int:
         return len(self._written.get(txid, ()))
 
@@ -202,6 +206,17 @@ class MemoryExpiryIndex:
 
     def written_between(self, after: int, through: int) -> set[str]:
         return {f for f, score in self.scores.items() if after < score <= through}
+
+    def count(self) -> int:
+        """The fields the index holds (each once)."""
+        return len(self.scores)
+
+    def build_if_empty(self) -> bool:
+        """As RedisExpiryIndex.build_if_empty: built now if the state holds nothing."""
+        if self.backing._data:
+            return False
+        self.is_built = True
+        return True
 
     def rebuild(self) -> int:
         self.is_built = True

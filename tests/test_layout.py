@@ -498,3 +498,18 @@ def test_errors_live_in_one_place_per_package_and_end_in_error():
 def test_the_error_check_finds_a_class_elsewhere():
     source = "class Refused(TridentflowError):\n    pass\nclass _Stop(Exception):\n    pass\n"
     assert exception_classes(source) == ["Refused"]
+
+
+def test_the_in_memory_twins_answer_every_method_production_calls():
+    """The family 'the harness's twin lacks what the production path calls' (the testing
+    harness met MemoryExpiryIndex without build_if_empty once it ran the production commit):
+    the in-memory backing map and expiry index have every public method of Redis's."""
+    from tridentflow_state.backing import MemoryBackingMap, MemoryExpiryIndex
+    from tridentflow_state.expiry import ShardedExpiryIndex
+    from tridentflow_state.redis_backing import RedisBackingMap
+
+    def public(cls: type) -> set[str]:
+        return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+
+    assert public(RedisBackingMap) - public(MemoryBackingMap) == set()
+    assert public(ShardedExpiryIndex) - public(MemoryExpiryIndex) == set()
