@@ -383,7 +383,7 @@ def protocol_gaps(protocol: type, implementation: type) -> list[str]:
 
 
 def test_both_staging_places_answer_one_interface():
-    """Issue 67: the Redis and file staging satisfy ``StagingArea`` method for method, their
+    """Issue 67: the Redis and file staging are ``StagingArea``s, method for method, their
     batches are ``StagedBatch``es with nothing abstract left, only the Redis one is
     ``InBlocks``; the package holds no ``assert`` standing in for a type."""
     import inspect
@@ -391,6 +391,7 @@ def test_both_staging_places_answer_one_interface():
     from tridentflow.steps import staging
 
     areas = (staging.FileStagingArea, staging.RedisStagingArea)
+    assert all(issubclass(a, staging.StagingArea) and not inspect.isabstract(a) for a in areas)
     assert [gap for area in areas for gap in protocol_gaps(staging.StagingArea, area)] == []
     for batch in (staging.FileStagedBatch, staging.RedisStagedBatch):
         assert issubclass(batch, staging.StagedBatch) and not inspect.isabstract(batch)

@@ -1,8 +1,9 @@
 """Durable staging of a batch's emitted output, keyed by txid and emit attempt: one interface
-(``base``: ``StagingArea``, ``StagedBatch``, the optional ``InBlocks``) and two places - Redis
-(``in_redis``, the default: nothing shared between the hosts that emit and commit but Redis)
-and files under the home (``in_files``, ``TRIDENTFLOW_STAGING=files``: emit and commit must
-share the home). ``layouts`` finds a Redis batch staged before ``tridentflow reshard``."""
+(``base``: the abstract ``StagingArea`` and ``StagedBatch``, the optional ``InBlocks``) and two
+places - Redis (``in_redis``, the default: nothing shared between the hosts that emit and
+commit but Redis) and files under the home (``in_files``, ``TRIDENTFLOW_STAGING=files``: emit
+and commit must share the home). ``layouts`` finds a Redis batch staged before ``tridentflow
+reshard``."""
 
 from __future__ import annotations
 

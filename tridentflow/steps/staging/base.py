@@ -168,14 +168,11 @@ class InBlocks(Protocol):
         ...
 
 
-class StagingArea(Protocol):
+class StagingArea(ABC):
     """Where emit attempts stage, in one generation of one pipeline. Writing an attempt is
-    idempotent (written again whole); ``load`` verifies it; the discards are idempotent."""
-
-    def space(self, txid: int, attempt: int) -> BlockSpace | None:
-        """Where executors may write an attempt's blocks themselves, or None: the driver
-        stages everything (``write``'s partials are then pairs only)."""
-        ...
+    idempotent (written again whole); ``load`` verifies it; the discards are idempotent. An
+    area says how it stages an attempt's parts (``_stage``) and keeps its manifest
+    (``_store_manifest``); ``write`` puts them in the one order every area keeps."""
 
     def write(
         self,
@@ -185,41 +182,60 @@ class StagingArea(Protocol):
         bad: Iterable[BadRecord] = (),
         before_manifest: Callable[[], None] | None = None,
     ) -> StagedBatch:
-        """Stage one attempt (``header`` names its txid and attempt), the manifest last;
-        ``before_manifest`` runs just before it is written (a fault point)."""
-        ...
+        """Stage one attempt (``header`` names its txid and attempt): its states' partials and
+        bad records, then - after ``before_manifest`` (a fault point) - its manifest, last."""
+        txid, attempt = int(header["txid"]), int(header["attempt"])
+        parts = self._stage(txid, attempt, partials, bad)
+        if before_manifest is not None:
+            before_manifest()
+        return self._store_manifest(txid, attempt, manifest_header(header, counts, **parts))
 
+    @abstractmethod
+    def _stage(
+        self, txid: int, attempt: int, partials: Partials, bad: Iterable[BadRecord]
+    ) -> dict[str, Any]:
+        """Stage the attempt's parts; what its manifest says of them (``states``, ``bad``)."""
+
+    @abstractmethod
+    def _store_manifest(self, txid: int, attempt: int, manifest: dict[str, Any]) -> StagedBatch:
+        """Keep the manifest (the attempt counts as staged from now on); the staged batch."""
+
+    @abstractmethod
+    def space(self, txid: int, attempt: int) -> BlockSpace | None:
+        """Where executors may write an attempt's blocks themselves, or None: the driver
+        stages everything (``write``'s partials are then pairs only)."""
+
+    @abstractmethod
     def load(self, txid: int, attempt: int) -> StagedBatch:
         """Load and verify a staged attempt; IncompleteBatchError if torn or missing."""
-        ...
 
+    @abstractmethod
     def manifest(self, txid: int, attempt: int) -> dict[str, Any]:
         """An attempt's manifest only (written last: present means complete);
         IncompleteBatchError if missing - e.g. discarded after its txid committed."""
-        ...
 
+    @abstractmethod
     def holds(self, txid: int, attempt: int) -> bool:
         """Whether an attempt's manifest is here (one read)."""
-        ...
 
+    @abstractmethod
     def discard(self, txid: int) -> None:
         """Delete every staged attempt of ``txid``."""
-        ...
 
+    @abstractmethod
     def discard_before(self, txid: int) -> None:
         """After ``txid`` committed: delete what commits of earlier txids cut short after
         their marks left (best effort: what this area cannot find cheaply expires)."""
-        ...
 
+    @abstractmethod
     def discard_attempts(self, txid: int, attempts: Iterable[int]) -> None:
         """Delete the named attempts of ``txid`` - abandoned ones: refused, died part-way,
         superseded."""
-        ...
 
+    @abstractmethod
     def prune(self, batch: StagedBatch) -> None:
         """Delete what ``batch``'s attempt wrote that its manifest does not name (Spark task
         attempts killed or beaten by another); best effort."""
-        ...
 
 
 def check_manifest_names(manifest: dict[str, Any], txid: int, attempt: int, place: str) -> None:

@@ -17,19 +17,19 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from tridentflow.engines.base import PartitionCount, staged_json
+from tridentflow.engines.base import staged_json
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.fileio import fsync_dir, write_atomic
 from tridentflow.plan import BadRecord
 from tridentflow.steps.staging.base import (
     Partials,
     StagedBatch,
+    StagingArea,
     check_manifest_names,
-    manifest_header,
     parse_manifest,
 )
 from tridentflow_state.staged import WrittenBlocks
@@ -127,7 +127,7 @@ class FileStagedBatch(StagedBatch):
             ) from None
 
 
-class FileStagingArea:
+class FileStagingArea(StagingArea):
     """A ``StagingArea`` in a directory: one per txid, one below it per attempt."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -143,17 +143,10 @@ class FileStagingArea:
         """Nowhere for executors: files are written by the driver."""
         return None
 
-    def write(
-        self,
-        header: dict[str, Any],
-        counts: dict[int, PartitionCount],
-        partials: Partials,
-        bad: Iterable[BadRecord] = (),
-        before_manifest: Callable[[], None] | None = None,
-    ) -> FileStagedBatch:
-        """Write one attempt's output (over an earlier write of it); the manifest goes last,
-        atomically."""
-        txid, attempt = int(header["txid"]), int(header["attempt"])
+    def _stage(
+        self, txid: int, attempt: int, partials: Partials, bad: Iterable[BadRecord]
+    ) -> dict[str, Any]:
+        """The attempt's directory anew: a file per state, the bad records' file, fsynced."""
         directory = self.attempt_dir(txid, attempt)
         if directory.exists():
             shutil.rmtree(directory)
@@ -167,9 +160,11 @@ class FileStagingArea:
             directory / BAD_FILE, (staged_json(b.to_json(), "value") for b in bad)
         )
         fsync_dir(directory)
-        if before_manifest is not None:
-            before_manifest()
-        manifest = manifest_header(header, counts, states=states, bad=bad_info)
+        return {"states": states, "bad": bad_info}
+
+    def _store_manifest(self, txid: int, attempt: int, manifest: dict[str, Any]) -> FileStagedBatch:
+        """The manifest file, written atomically."""
+        directory = self.attempt_dir(txid, attempt)
         write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         return FileStagedBatch(directory, manifest)
 

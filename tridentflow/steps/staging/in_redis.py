@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tridentflow.engines.base import PartitionCount, staged_json
+from tridentflow.engines.base import staged_json
 from tridentflow.errors import IncompleteBatchError
 from tridentflow.plan import BadRecord
 from tridentflow.steps.staging.base import (
     Partials,
     StagedBatch,
+    StagingArea,
     check_manifest_names,
-    manifest_header,
     parse_manifest,
 )
 from tridentflow.steps.staging.layouts import (
@@ -115,7 +115,7 @@ class RedisStagedBatch(StagedBatch):
             yield json.loads(line)
 
 
-class RedisStagingArea:
+class RedisStagingArea(StagingArea):
     """A ``StagingArea`` in one generation of one pipeline's Redis keyspace."""
 
     def __init__(self, client: Any, keyspace: KeySpace, generation: str) -> None:
@@ -134,37 +134,32 @@ class RedisStagingArea:
         """What error messages name as the attempt's place."""
         return f"redis:{self.manifests_key(txid)}#{attempt}"
 
-    def write(
-        self,
-        header: dict[str, Any],
-        counts: dict[int, PartitionCount],
-        partials: Partials,
-        bad: Iterable[BadRecord] = (),
-        before_manifest: Callable[[], None] | None = None,
-    ) -> RedisStagedBatch:
-        """Stage one attempt: what the engine did not write already, in blocks; the manifest
-        last. Idempotent for the same attempt (its blocks are written again whole)."""
-        txid, attempt = int(header["txid"]), int(header["attempt"])
+    def _stage(
+        self, txid: int, attempt: int, partials: Partials, bad: Iterable[BadRecord]
+    ) -> dict[str, Any]:
+        """What the engine did not write already, in blocks; the layout they lie in."""
         space = self.space(txid, attempt)
         states = {name: self._stage_state(space, name, pairs) for name, pairs in partials.items()}
         bad_refs = self._stage_bad(space, bad)
-        bad_info = {
-            "lines": sum(r.lines for r in bad_refs),
-            "blocks": [r.to_json() for r in bad_refs],
+        return {
+            "layout": layout_field(self.keyspace),
+            "states": states,
+            "bad": {
+                "lines": sum(r.lines for r in bad_refs),
+                "blocks": [r.to_json() for r in bad_refs],
+            },
         }
-        if before_manifest is not None:
-            before_manifest()
-        manifest = manifest_header(
-            header,
-            counts,
-            layout=layout_field(self.keyspace),  # where the blocks lie
-            states=states,
-            bad=bad_info,
-        )
-        key = self.manifests_key(txid)  # with its TTL even if it lands late; an old
-        # generation's (a rewind's) goes by itself
+
+    def _store_manifest(
+        self, txid: int, attempt: int, manifest: dict[str, Any]
+    ) -> RedisStagedBatch:
+        """A field of the txid's manifest hash, with its TTL even if it lands late (an old
+        generation's - a rewind's - goes by itself)."""
+        key = self.manifests_key(txid)
         STORE_MANIFEST(self.client, [key], [attempt, json.dumps(manifest), BLOCK_TTL_S])
-        return RedisStagedBatch(self.place(txid, attempt), manifest, self.client, space)
+        return RedisStagedBatch(
+            self.place(txid, attempt), manifest, self.client, self.space(txid, attempt)
+        )
 
     def _stage_state(
         self, space: BlockSpace, name: str, pairs: Iterable[tuple[str, Any]] | WrittenBlocks
