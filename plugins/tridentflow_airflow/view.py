@@ -71,7 +71,6 @@ from tridentflow.errors import NotConfiguredError, TridentflowError, one_line
 from tridentflow.ops import metrics
 from tridentflow.ops.bounded import DEFAULT_DEADLINE_S, READER
 from tridentflow.ops.status import (
-    name_what_they_took,
     pending_txid,
     replays_after_commit,
     status,
@@ -379,9 +378,7 @@ def get_pipeline(name: str, history: Annotated[int, Query(ge=0, le=1000)] = 20) 
     """The pipeline's status and its last commits; each commit's and each pending txid's step
     tries and seconds as Airflow counts them wherever its DB answers."""
     with runtime(name) as rt:
-        info = status(rt)
-        info["history"] = rt.ledger.history(history)
-        name_what_they_took(rt, info["history"])
+        info = status(rt, shown=history)
         info["blocked"] = blocked_with_owner_state(rt)
         info["dag_id"] = single_dag(rt.pipeline.name)
         info["dag_ids"] = dags_of(rt.pipeline.name)

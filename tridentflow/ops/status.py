@@ -16,8 +16,12 @@ from tridentflow_state.reshard import plan_under_way
 from tridentflow_state.rewind import rewinding_to
 from tridentflow_state.undo import retained
 
+HISTORY_SHOWN = 20
 
-def status(rt: Runtime) -> dict[str, Any]:
+
+def status(rt: Runtime, shown: int = HISTORY_SHOWN) -> dict[str, Any]:
+    """The pipeline's status (reads only), with its last ``shown`` commits; the newest of
+    them name what they took, where the log names its offsets."""
     ledger = rt.ledger
     committed = ledger.committed_txid()
     offsets = ledger.committed_offsets()
@@ -26,8 +30,8 @@ def status(rt: Runtime) -> dict[str, Any]:
     unavailable = scan.unavailable if scan else {}
     now_ms = rt.redis_now_ms()
     pending = [pending_txid(rt, txid, now_ms) for txid in ledger.pending_txids()]
-    history = ledger.history(HISTORY_SHOWN)
-    name_what_they_took(rt, history)
+    history = ledger.history(shown)
+    _name_what_they_took(rt, history)
     recorded = ledger.settings()
     shapes = json.loads(recorded.get(STATES, "{}"))
     partitions = _partitions(heads, offsets, unavailable)
@@ -68,7 +72,7 @@ TOOK_NAMES = 10
 """Names per commit at most (the rest counted)."""
 
 
-def name_what_they_took(rt: Runtime, entries: list[dict[str, Any]]) -> None:
+def _name_what_they_took(rt: Runtime, entries: list[dict[str, Any]]) -> None:
     """The newest TOOK_SHOWN history entries' ``took``: what their ranges held, named by a log
     that names its offsets (a FileSource's files, a table's versions; ``NamesWaiting``), at
     most TOOK_NAMES, and ``took_more``: the offsets not named. Other logs: nothing added."""
@@ -103,9 +107,6 @@ def rewindable(rt: Runtime) -> dict[str, Any] | None:
     if kept is None:
         return None
     return {"oldest": kept.oldest, "newest": kept.newest, "retain_txids": rt.retain_txids}
-
-
-HISTORY_SHOWN = 20
 
 
 def _clock(ms: int) -> str:
