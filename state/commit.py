@@ -1,18 +1,18 @@
-"""One commit attempt of a txid over Redis: the ledger and every map state of a pipeline
-(Trident's ``beginCommit`` ... ``commit``). The order a commit runs these in, with what it does
-between them, is ``tridentflow/steps/committer.py``'s ``commit()``; its docstring is the one
-numbered list of the protocol.
+"""One commit attempt of a txid: the ledger and every map state of a pipeline (Trident's
+``beginCommit`` ... ``commit``). The order a commit runs these in, with what it does between
+them, is ``tridentflow/steps/committer.py``'s ``commit()``; its docstring is the one numbered
+list of the protocol.
 
-``CommitAttempt`` knows Redis, the ledger and the map states - not where the batch was staged,
-how its partials are applied (the caller writes through the fenced writers ``claim`` gives),
-nor faults or replication waits: the caller hangs those on the phases through ``PhaseHooks``.
-Its methods, each one step: ``begin`` (the fencing token; CommitOrderError unless the ledger
-stands at txid-1, checked inside Redis), ``claim`` (shards checked and claimed, one fenced
-writer per state), ``expect``/``wrote`` (``half_written`` fires once half of the keys are in),
-``finish_writes`` (expiry, the rollback of keys only an earlier attempt wrote, change logs),
-``mark`` (``written`` fires, the ledger marks txid and offsets atomically, ``marked`` fires)
-and ``settle`` (idempotent, best effort: what a crash leaves reads the same and is redone by
-the next commit).
+``CommitAttempt`` knows its ``CommitStore`` (Redis, or memory for ``tridentflow.testing``) and
+the map states - not where the batch was staged, how its partials are applied (the caller
+writes through the fenced writers ``claim`` gives), nor faults or replication waits: the caller
+hangs those on the phases through ``PhaseHooks``. Its methods, each one step: ``begin`` (the
+fencing token; CommitOrderError unless the ledger stands at txid-1, checked inside the store),
+``claim`` (shards checked and claimed, one fenced writer per state), ``expect``/``wrote``
+(``half_written`` fires once half of the keys are in), ``finish_writes`` (expiry, the rollback
+of keys only an earlier attempt wrote, change logs), ``mark`` (``written`` fires, the ledger
+marks txid and offsets atomically, ``marked`` fires) and ``settle`` (idempotent, best effort:
+what a crash leaves reads the same and is redone by the next commit).
 """
 
 from __future__ import annotations
@@ -137,7 +137,6 @@ class MemoryCommitStore:
         self.tokens = 0
         self.times: dict[int, int] = {}
         """txid -> its batch time, as the batch times Redis keeps."""
-        self.history: list[dict[str, Any]] = []
 
     def begin(self, txid: int) -> CommitTicket | None:
         if txid <= self.committed:
@@ -173,7 +172,6 @@ class MemoryCommitStore:
         if ticket.txid != self.committed + 1 or ticket.token != self.tokens:
             return False
         self.committed = ticket.txid
-        self.history.append({"txid": ticket.txid, **stats})
         return True
 
     def record_history(self, txid: int) -> None:

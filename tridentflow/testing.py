@@ -239,7 +239,7 @@ class _Run:
         self._quarantine(txid, bad)
         for staged in attempts[:-1]:  # wrote every key and died before the mark
             self._commit(txid, staged, dies_at="written")
-        attempt = self._commit(txid, attempts[-1])
+        attempt = self._commit(txid, attempts[-1])  # dies nowhere: it marks
         self.expired = attempt.expired if attempt is not None else {}
         self.read = base + sum(end - start for start, end in ranges.values())
         self.committed = txid
