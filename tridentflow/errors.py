@@ -32,6 +32,12 @@ class PipelineError(TridentflowError):
     retry_helps = False
 
 
+class DataFrameStepError(PipelineError):
+    """A DataFrame or SQL step (Stream.spark / Stream.sql) broke its contract at emit, before
+    any write: its output lacks a declared column or has another type, or it is
+    non-deterministic and feeds a transactional state."""
+
+
 class InvalidNameError(PipelineError, ValueError):
     """A pipeline, state or namespace name that cannot name Redis keys (still a ValueError,
     as it was before it became one of tridentflow's one-line errors)."""

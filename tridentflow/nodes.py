@@ -12,6 +12,7 @@ from typing import Any
 
 from tridentflow.aggregators import AnyAggregator, Combiner, Persistable, StateUpdater, guard
 from tridentflow.errors import InvalidNameError, PipelineError
+from tridentflow.schemas import Schema
 from tridentflow.static_state import Lookup
 from tridentflow_state.batch_times import ExpiryRule
 from tridentflow_state.keys import check_name
@@ -138,6 +139,8 @@ class SourceNode:
     fields: tuple[str, ...]
     position_field: str | None = None
     """The source's position field (LogSource.position_field), last of ``fields``."""
+    schema: Schema | None = None
+    """The fields' declared types (LogSource.schema, the position a bigint); None: untyped."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,7 +216,63 @@ class QueryNode:
     """A static state's store (read as it is, not a map state's committed value)."""
 
 
-Node = SourceNode | OpNode | RepartitionNode | AggregateNode | MergeNode | JoinNode | QueryNode
+@dataclass(frozen=True, eq=False)
+class FrameNode:
+    """A DataFrame or SQL step (Stream.spark, Stream.sql): the batch's tuples of ``parent`` as
+    a Spark DataFrame typed by ``input_schema``, transformed by Spark - ``transform(df)``, or
+    the SQL ``query`` over a view named ``batch`` - into a DataFrame of ``schema``'s columns
+    (the node's fields), in ``parallelism`` partitions (None: the pipeline's default)."""
+
+    parent: Node
+    transform: Callable[[Any], Any] | None
+    query: str | None
+    input_schema: Schema
+    schema: Schema
+    parallelism: int | None
+    fields: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """The step for messages: ``spark(fn)`` or ``sql``."""
+        if self.transform is None:
+            return "sql"
+        return f"spark({getattr(self.transform, '__name__', type(self.transform).__name__)})"
+
+
+Node = (
+    SourceNode
+    | OpNode
+    | RepartitionNode
+    | AggregateNode
+    | MergeNode
+    | JoinNode
+    | QueryNode
+    | FrameNode
+)
+
+
+def known_schema(node: Node) -> Schema | None:
+    """The declared types of ``node``'s fields, where they are known: a typed source, a
+    DataFrame step, and what only filters, projects or moves their tuples."""
+    while True:
+        if isinstance(node, SourceNode):
+            return node.schema
+        if isinstance(node, FrameNode):
+            return node.schema
+        if isinstance(node, RepartitionNode) or (
+            isinstance(node, OpNode) and isinstance(node.op, Filter)
+        ):
+            node = node.parent
+            continue
+        if isinstance(node, OpNode) and isinstance(node.op, Project):
+            parent = known_schema(node.parent)
+            return None if parent is None else parent.select(node.op.fields)
+        return None
+
+
+def frames_in(node: Node) -> list[FrameNode]:
+    """The DataFrame steps ``node`` depends on."""
+    return [n for n in lineage(node) if isinstance(n, FrameNode)]
 
 
 def parents_of(node: Node) -> tuple[Node, ...]:

@@ -18,6 +18,7 @@ ones need an explicit ``allow_at_least_once=True`` and are labelled loudly every
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -38,6 +39,7 @@ from tridentflow.nodes import (
     AggSpec,
     Each,
     Filter,
+    FrameNode,
     JoinNode,
     Map,
     MergeNode,
@@ -53,8 +55,10 @@ from tridentflow.nodes import (
     SourceNode,
     StateSpec,
     _checked_name,
+    known_schema,
     lineage,
 )
+from tridentflow.schemas import Schema, parse_schema
 from tridentflow.sinks.base import Sink
 from tridentflow.sources.specs import (
     LogSource,
@@ -113,7 +117,7 @@ def _check_parallelism(n: int | None) -> None:
 
 def _with_parallelism(node: Node, n: int) -> Node:
     """``node`` with the nearest upstream repartitioning stage set to ``n`` partitions."""
-    if isinstance(node, RepartitionNode):
+    if isinstance(node, (RepartitionNode, FrameNode)):
         return replace(node, parallelism=n)
     if isinstance(node, JoinNode):
         return replace(node, parallelism=n)
@@ -164,6 +168,38 @@ def _check_specs(specs: Sequence[AggSpec], fields: tuple[str, ...], what: str) -
         outs += spec.out_fields
     if len(set(outs)) != len(outs):
         raise PipelineError(f"{what}: output fields {outs} repeat a name")
+
+
+def _check_typed_persist(
+    node: Node,
+    state: StateSpec,
+    aggregator: Persistable,
+    group: tuple[str, ...],
+    in_fields: tuple[str, ...],
+) -> None:
+    """A state fed straight by a DataFrame step: its key and argument fields must have types
+    a state can hold (JSON values), and Sum/Mean numbers; PipelineError in one line."""
+    if not isinstance(node, FrameNode):
+        return
+    from tridentflow.aggregators import Mean, Sum
+
+    inner = getattr(aggregator, "inner", aggregator)
+    for name in (*group, *in_fields):
+        kind = node.schema.type_of(name)
+        if not kind.json_like:
+            raise PipelineError(
+                f"state {state.name}: field {name} of {node.label} is {kind.ddl()}, which a "
+                "state cannot key or hold (JSON values only); cast it in the step (e.g. "
+                f"CAST({name} AS STRING), or a number)"
+            )
+    if isinstance(inner, (Sum, Mean)):
+        for name in in_fields:
+            kind = node.schema.type_of(name)
+            if not kind.numeric:
+                raise PipelineError(
+                    f"state {state.name}: {type(inner).__name__}({name}) needs a number, but "
+                    f"{node.label} declares {name} {kind.ddl()}; cast it in the step"
+                )
 
 
 @dataclass(frozen=True)
@@ -240,6 +276,71 @@ class Stream:
         keep = _fields(fields)
         self._require(keep, "project")
         return self._op(Project(keep), keep)
+
+    # -- DataFrame and SQL steps (run by Spark) ----------------------------------------------
+    def spark(
+        self,
+        function: Callable[[Any], Any],
+        schema: str | Schema | Any,
+        input_schema: str | Schema | Any = None,
+    ) -> Stream:
+        """A DataFrame step: ``function(df)`` gets the batch's tuples as a Spark DataFrame
+        whose columns are this stream's fields, and returns a DataFrame whose columns are
+        ``schema``'s (Spark DDL, e.g. ``"word string"``, or a StructType): the new stream's
+        fields. Spark runs it - its functions, Python and pandas UDFs - on spark-submit and over
+        Spark Connect; the local engine refuses it. The input's types are the source's
+        ``schema`` (LogSource(schema=...)) or an earlier step's, else ``input_schema``."""
+        if not callable(function):
+            raise PipelineError(f"spark(): {function!r} is not callable (a DataFrame -> DataFrame)")
+        return self._frame(function, None, schema, input_schema, f"spark({_name(function)})")
+
+    def sql(
+        self, query: str, schema: str | Schema | Any, input_schema: str | Schema | Any = None
+    ) -> Stream:
+        """A SQL step: Spark SQL ``query`` over a view named ``batch`` (this stream's fields
+        as columns), whose result's columns are ``schema``'s; see ``spark``."""
+        if not isinstance(query, str) or not query.strip():
+            raise PipelineError(f"sql(): {query!r} is not a SQL query (SELECT ... FROM batch)")
+        if not re.search(r"\bbatch\b", query, re.IGNORECASE):
+            raise PipelineError(
+                f"sql(): the query reads no view named batch ({query.strip()[:60]!r}): "
+                "the batch's records are FROM batch"
+            )
+        return self._frame(None, query, schema, input_schema, "sql")
+
+    def _frame(
+        self,
+        function: Callable[[Any], Any] | None,
+        query: str | None,
+        schema: Any,
+        input_schema: Any,
+        what: str,
+    ) -> Stream:
+        if schema is None:
+            raise PipelineError(
+                f"{what}: needs schema=, the output's columns and types as Spark DDL (e.g. "
+                "schema='word string'), so that the next steps are checked before a txid runs"
+            )
+        output = parse_schema(schema)
+        if input_schema is not None:
+            given = parse_schema(input_schema)
+            if given.names != self.fields:
+                raise PipelineError(
+                    f"{what}: input_schema names {list(given.names)}, the stream's fields are "
+                    f"{list(self.fields)}; name each field once, in order"
+                )
+            typed = given
+        else:
+            known = known_schema(self.node)
+            if known is None:
+                raise PipelineError(
+                    f"{what}: the types of the stream's fields {list(self.fields)} are not "
+                    "known; give the source a schema (LogSource(schema='...')) or this step "
+                    "input_schema='...'"
+                )
+            typed = known
+        node = FrameNode(self.node, function, query, typed, output, None, output.names)
+        return Stream(self.pipeline, node)
 
     # -- repartitioning ---------------------------------------------------------------------
     def _repartition(self, how: Repartition, keys: tuple[str, ...] = ()) -> Stream:
@@ -708,7 +809,9 @@ class Pipeline:
                 check_shards(self.state_shards)
             except ValueError as exc:
                 raise PipelineError(f"pipeline {self.name}: {exc}") from None
-        self._source_node = SourceNode(self.source.stream_fields, self.source.position_field)
+        self._source_node = SourceNode(
+            self.source.stream_fields, self.source.position_field, self.source.stream_schema
+        )
 
     @property
     def stream(self) -> Stream:
@@ -853,6 +956,7 @@ class Pipeline:
                 f"{state.kind.value} state is only AT-LEAST-ONCE (a replay can count twice); "
                 "pass allow_at_least_once=True to accept that"
             )
+        _check_typed_persist(stream.node, state, aggregator, group, in_fields)
         persist = Persist(state, aggregator, group, in_fields, out_field, stream.node)
         self.persists.append(persist)
         return TridentState(self, persist)

@@ -29,11 +29,13 @@ from tridentflow.nodes import (
     Project,
     SourceNode,
     StateSpec,
+    frames_in,
     is_record_level,
     lineage,
     parents_of,
 )
 from tridentflow.pipeline import Pipeline
+from tridentflow.schemas import RecordCheck, Schema
 from tridentflow_state.codec import check_unicode, encode_key
 from tridentflow_state.errors import KeyEncodingError
 
@@ -126,7 +128,7 @@ class ProjectStep:
         return [tuple([row[i] for i in self.idx])]
 
 
-Step = EachStep | FilterStep | MapStep | ProjectStep
+Step = EachStep | FilterStep | MapStep | ProjectStep | RecordCheck
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,10 @@ def _name(function: Any) -> str:
     return getattr(function, "__name__", type(function).__name__)
 
 
-def compile_chain(node: Node) -> Expander:
-    """The per-record chain from the source to a record-level ``node``."""
+def compile_chain(node: Node, typed: Schema | None = None) -> Expander:
+    """The per-record chain from the source to a record-level ``node``; with ``typed``, its
+    tuples held to those types (a DataFrame step's input: a value that does not fit makes
+    its record bad)."""
     ops: list[Operation] = []
     while isinstance(node, OpNode):
         ops.append(node.op)
@@ -191,6 +195,8 @@ def compile_chain(node: Node) -> Expander:
     for op in reversed(ops):
         step, fields = compile_step(op, fields)
         steps.append(step)
+    if typed is not None:
+        steps.append(RecordCheck(typed))
     return Expander(tuple(steps))
 
 
@@ -230,6 +236,11 @@ class Plan:
     """Whether the source stream carries each record's position (LogSource.position_field)
     after the record's fields."""
 
+    @property
+    def frames(self) -> bool:
+        """Whether a DataFrame or SQL step feeds a state: only Spark's DataFrames run it."""
+        return any(frames_in(p.node) for p in self.graph_persists)
+
     def edge_index(self, node: Node) -> int | None:
         for index, (edge_node, _expand) in enumerate(self.edges):
             if edge_node is node:
@@ -259,10 +270,16 @@ def compile_pipeline(pipeline: Pipeline, states: Collection[str] | None = None) 
     persists = [p for p in pipeline.persists if states is None or p.state.name in states]
     fast = [p for p in persists if is_record_level(p.node) and isinstance(p.aggregator, Combiner)]
     graph = [p for p in persists if not any(p is f for f in fast)]
+    typed = {  # the record-level inputs of DataFrame steps, held to their declared types
+        id(frame.parent): frame.input_schema
+        for p in graph
+        for frame in frames_in(p.node)
+        if is_record_level(frame.parent)
+    }
     return Plan(
         RowDecoder(pipeline.source.fields),
         tuple(compile_persist(p) for p in fast),
-        tuple((node, compile_chain(node)) for node in _graph_edges(graph)),
+        tuple((node, compile_chain(node, typed.get(id(node)))) for node in _graph_edges(graph)),
         tuple(graph),
         pipeline.default_parallelism,
         dict(pipeline.stage_names),

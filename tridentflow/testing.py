@@ -52,7 +52,7 @@ from typing import Any
 from tridentflow.engines.base import ExecContext
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError, TestingError, TridentflowError
-from tridentflow.nodes import QueryNode, parents_of
+from tridentflow.nodes import QueryNode, lineage, parents_of
 from tridentflow.pipeline import Pipeline
 from tridentflow.plan import compile_chain, compile_pipeline
 from tridentflow.sinks.base import ExportContext, Row, Sink
@@ -137,15 +137,17 @@ def run_batches(
     crash_mid_commit: Iterable[int] = (),
     on_bad: str = "raise",
     at: Sequence[datetime] | None = None,
+    spark: Any = None,
 ) -> States:
     """Run ``batches`` as txids 1, 2, ... of ``pipeline`` (coordinate, emit on the local
-    engine, commit to in-memory states), with the replays and crashes asked for; each
-    state's values after the last commit. Deterministic; nothing outside the process."""
+    engine - or, with ``spark`` (a SparkSession, classic or Connect), on the Spark engine -
+    commit to in-memory states), with the replays and crashes asked for; each state's values
+    after the last commit. Deterministic; nothing outside the process (but Spark's)."""
     if on_bad not in ("raise", "quarantine"):
         raise TestingError(f"on_bad is 'raise' or 'quarantine', got {on_bad!r}")
     _refuse_redis_lookups(pipeline)
     batches = list(batches)
-    run = _Run(pipeline, on_bad, _batch_times(at, len(batches)))
+    run = _Run(pipeline, on_bad, _batch_times(at, len(batches)), spark)
     replays = dict(replay) if isinstance(replay, Mapping) else {t: _SAME for t in replay}
     crashes = set(crash_mid_commit)
     unknown = sorted(t for t in (*replays, *crashes) if not 1 <= t <= len(batches))
@@ -193,14 +195,16 @@ def _batch_times(at: Sequence[datetime] | None, count: int) -> list[int]:
 class _Run:
     """One ``run_batches``: the log the batches are appended to, the in-memory states."""
 
-    def __init__(self, pipeline: Pipeline, on_bad: str, batch_times: list[int]) -> None:
+    def __init__(
+        self, pipeline: Pipeline, on_bad: str, batch_times: list[int], spark: Any = None
+    ) -> None:
         self.pipeline = pipeline
         self.batch_times = batch_times
         self.store = MemoryCommitStore()
         """The ledger's order and tokens and the batch times, in memory."""
         self.plan = compile_pipeline(pipeline)
         self.on_bad = on_bad
-        self.engine = LocalEngine()
+        self.engine = LocalEngine() if spark is None else _spark_engine(pipeline, spark)
         self.partitions = pipeline.source.partitions
         self.backings = {name: MemoryBackingMap() for name in pipeline.states}
         self.expired: dict[str, list[str]] = {}
@@ -386,6 +390,19 @@ def _present_key(key: tuple[Any, ...]) -> Any:
 
 def _before_abort(records: list[Any]) -> list[Any]:
     return records[: records.index(ABORT)] if ABORT in records else records
+
+
+def _spark_engine(pipeline: Pipeline, spark: Any) -> Any:
+    """The Spark engine on ``spark``; TestingError (one line) for a pipeline that queries its
+    states (they are in this process's memory, which Spark's executors cannot read)."""
+    from tridentflow.engines.spark import SparkEngine
+
+    if any(isinstance(n, QueryNode) for p in pipeline.persists for n in lineage(p.node)):
+        raise TestingError(
+            "spark=: a pipeline with a state_query reads its states on Spark's executors, and "
+            "run_batches keeps them in this process; test it without spark= (the local engine)"
+        )
+    return SparkEngine(spark)
 
 
 def _refuse_redis_lookups(pipeline: Pipeline) -> None:

@@ -46,6 +46,10 @@ class Frame:
     df: Any
     partitions: int
     pending: tuple[PartitionFn, ...] = ()
+    typed: Any = None
+    """A DataFrame step's output as Spark has it (typed columns), beside ``df``, its chunks:
+    what a state fed straight by the step aggregates with Spark's own groupBy (Spark is
+    lazy: the chunks are never computed if nothing reads them)."""
 
 
 class Fused:

@@ -31,6 +31,7 @@ from tridentflow.engines.batchops import (
 from tridentflow.errors import PipelineError
 from tridentflow.nodes import (
     AggregateNode,
+    FrameNode,
     JoinNode,
     MergeNode,
     Node,
@@ -40,10 +41,12 @@ from tridentflow.nodes import (
     Repartition,
     RepartitionNode,
     Scope,
+    frames_in,
 )
 from tridentflow.plan import Plan, compile_step
 from tridentflow.static_state import StaticQuery
 from tridentflow_state.keys import KeySpace
+from tridentflow_state.maps import StateKind
 
 D = TypeVar("D")
 PartitionFn = Callable[[int, Iterable[Any]], Iterable[Any]]
@@ -60,6 +63,15 @@ class Backend(Protocol, Generic[D]):
 
     def num_partitions(self, data: D) -> int: ...
 
+    def frame(self, data: D, node: FrameNode, partitions: int, strict: str | None) -> D:
+        """A DataFrame or SQL step over ``data``'s tuples, as ``partitions`` partitions; with
+        ``strict`` (the transactional state it feeds), refused unless Spark's plan of it is
+        deterministic. Only Spark's DataFrames run one (``engines.dataframes``)."""
+
+    def aggregate(self, data: D, persist: Persist) -> D | None:
+        """``persist``'s (key, staged value) pairs computed by the backend's own aggregation
+        from a DataFrame step's output ``data``; None: the graph computes them."""
+
 
 class GraphBuilder(Generic[D]):
     """Builds each node's dataset once (memoised by node identity)."""
@@ -71,6 +83,12 @@ class GraphBuilder(Generic[D]):
         self.ctx = ctx
         self._built: dict[int, D] = {}
         self._stages = 0
+        self._strict = {  # DataFrame steps that feed a transactional state: which one
+            id(frame): persist.state.name
+            for persist in plan.graph_persists
+            if persist.state.kind is StateKind.TRANSACTIONAL
+            for frame in frames_in(persist.node)
+        }
 
     def _stage(self, label: str) -> str:
         self._stages += 1
@@ -108,6 +126,10 @@ class GraphBuilder(Generic[D]):
             return backend.union([self.dataset(n) for n in node.inputs])
         if isinstance(node, JoinNode):
             return self._join(node)
+        if isinstance(node, FrameNode):
+            n = node.parallelism or self.plan.default_parallelism
+            strict = self._strict.get(id(node))
+            return backend.frame(self.dataset(node.parent), node, n, strict)
         if isinstance(node, QueryNode) and node.static is not None:
             static = StaticQuery(
                 self.ctx.redis_url,
@@ -193,6 +215,10 @@ class GraphBuilder(Generic[D]):
 
     def persist(self, persist: Persist) -> D:
         """The (encoded key, staged value) pairs of one graph-computed state."""
+        if isinstance(persist.node, FrameNode):  # Spark's own groupBy, where it is exact
+            aggregated = self.backend.aggregate(self.dataset(persist.node), persist)
+            if aggregated is not None:
+                return aggregated
         fields = persist.fields
         combiner = persist.aggregator if isinstance(persist.aggregator, Combiner) else None
         keyed = KeyedValues(

@@ -15,7 +15,14 @@ from tridentflow.engines.tasks import (
     split_ranges,
     task_records,
 )
+from tridentflow.errors import PipelineError
+from tridentflow.nodes import FrameNode, Persist, frames_in
 from tridentflow.plan import Plan
+
+NO_FRAMES = (
+    "{step}: a DataFrame or SQL step runs on Spark only; use --engine spark (spark-submit or "
+    "Spark Connect), or tridentflow.testing.run_batches(..., spark=session) in tests"
+)
 
 
 class LocalEngine:
@@ -27,6 +34,9 @@ class LocalEngine:
         self, plan: Plan, log_root: str, ranges: Ranges, ctx: ExecContext | None = None
     ) -> ComputeResult:
         ctx = ctx or ExecContext(0, "")
+        if plan.frames:
+            frame = next(f for p in plan.graph_persists for f in frames_in(p.node))
+            raise PipelineError(NO_FRAMES.format(step=frame.label))
         tasks = split_ranges(ranges, task_records(plan), ctx.position_base)
         outputs = [read_task(log_root, plan, *task) for task in tasks]
         counts = merge_counts(ranges, ((o.partition, o.count) for o in outputs))
@@ -76,3 +86,9 @@ class LocalBackend:
 
     def num_partitions(self, data: list[list[Any]]) -> int:
         return len(data)
+
+    def frame(self, data: Any, node: FrameNode, partitions: int, strict: str | None) -> Any:
+        raise PipelineError(NO_FRAMES.format(step=node.label))
+
+    def aggregate(self, data: Any, persist: Persist) -> None:
+        return None

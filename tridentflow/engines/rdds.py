@@ -38,7 +38,8 @@ from tridentflow.engines.batchops import Exchange, StageReport, receive
 from tridentflow.engines.blocks import write_state_blocks
 from tridentflow.engines.graph import GraphBuilder, PartitionFn
 from tridentflow.engines.tasks import ReadTask, TaskOutput, build_states, merge_counts, read_task
-from tridentflow.errors import IncompleteBatchError
+from tridentflow.errors import IncompleteBatchError, PipelineError
+from tridentflow.nodes import FrameNode, Persist
 from tridentflow.plan import Plan
 from tridentflow_state.staged import BlockRef, WrittenBlocks
 
@@ -146,6 +147,12 @@ class RddBackend:
 
     def num_partitions(self, data: RDD) -> int:
         return data.getNumPartitions()
+
+    def frame(self, data: RDD, node: FrameNode, partitions: int, strict: str | None) -> RDD:
+        raise PipelineError(f"internal: {node.label} reached the RDD graph (engines.dataframes)")
+
+    def aggregate(self, data: RDD, persist: Persist) -> None:
+        return None
 
     def cache(self, rdd: RDD) -> RDD:
         from pyspark import StorageLevel

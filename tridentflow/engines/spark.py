@@ -35,6 +35,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from tridentflow.engines import rdds
 from tridentflow.engines.base import COLLECT_KEYS, ComputeResult, ExecContext, Ranges
 from tridentflow.engines.batchops import StageByKey
 from tridentflow.engines.blocks import write_state_blocks
+from tridentflow.engines.dataframes import DataFrameBackend
 from tridentflow.engines.frames import (
     Frame,
     FrameBackend,
@@ -143,9 +145,9 @@ class SparkEngine:
             direct = self._compute_direct(plan, log_root, ranges, tasks, limit)
             if direct is not None:
                 return direct
-        if not self.remote and graph_api() == "rdd":
+        if not self.remote and graph_api() == "rdd" and not plan.frames:
             return rdds.compute_graph(self.spark.sparkContext, plan, log_root, ranges, ctx, tasks)
-        backend = FrameBackend(ctx.lose_tuple)
+        backend = DataFrameBackend(self.spark, ctx.lose_tuple)  # DataFrame steps: Spark's own
         with planned_as_written(self.spark, len(tasks)):
             return self._compute_graph(plan, log_root, ranges, ctx, tasks, backend)
 
@@ -158,10 +160,13 @@ class SparkEngine:
         tasks: list[ReadTask],
         backend: FrameBackend,
     ) -> ComputeResult:
+        # the read tasks need the record stage only: not the steps' code (a DataFrame step's
+        # function runs on the driver, and may hold what does not pickle)
+        shipped = replace(plan, graph_persists=(), stage_names={}) if plan.frames else plan
         try:
             outputs = backend.cache(
                 self.spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(
-                    functools.partial(_read_tasks_frames, log_root, plan, tasks), TASK_SCHEMA
+                    functools.partial(_read_tasks_frames, log_root, shipped, tasks), TASK_SCHEMA
                 )
             )
             summaries = [pickle.loads(r["data"]) for r in outputs.where("kind = 0").collect()]

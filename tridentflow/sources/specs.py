@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tridentflow.datasets import (
     DEFAULT_NAMESPACE,
@@ -20,6 +20,7 @@ from tridentflow.datasets import (
     redis_namespace,
 )
 from tridentflow.errors import PipelineError
+from tridentflow.schemas import FieldType, Schema, check_source_types, parse_schema
 from tridentflow.sources.kafka import KafkaFormat
 
 if TYPE_CHECKING:
@@ -51,12 +52,19 @@ class LogSource:
     records, then this batch's partition by partition, offset by offset; see
     engines.tasks.split_ranges). Unique and stable across replays: what count windows key
     on (``Stream.tumbling_window(n, on=position_field)``)."""
+    schema: str | Schema | Any = None
+    """The records' types, as Spark DDL (``"sentence string, n bigint"``) or a pyspark
+    StructType, naming every field: what a DataFrame or SQL step (``Stream.spark``,
+    ``Stream.sql``) sees. A record whose value does not fit its type is a bad record
+    (quarantined). None: untyped (steps of Python functions need no types)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.fields))
         object.__setattr__(self, "mode", SourceMode(self.mode))
         if not self.fields:
             raise PipelineError("a source needs at least one field")
+        if self.schema is not None:
+            object.__setattr__(self, "schema", _typed_fields(self.fields, self.schema))
         if self.partitions < 1:
             raise PipelineError(f"a source needs at least one partition, got {self.partitions}")
         if self.batch_size < 1:
@@ -78,6 +86,14 @@ class LogSource:
     def stream_fields(self) -> tuple[str, ...]:
         """The source stream's fields: the records' fields, then the position if asked for."""
         return self.fields + ((self.position_field,) if self.position_field else ())
+
+    @property
+    def stream_schema(self) -> Schema | None:
+        """The source stream's declared types (the position a bigint); None: untyped."""
+        if self.schema is None:
+            return None
+        position = ((self.position_field, FieldType("bigint")),) if self.position_field else ()
+        return Schema(self.schema.fields + position)
 
     def open_log(self, ctx: SourceContext) -> SourceLog:
         """The pipeline's file log, under ``HOME/sources/PIPELINE``."""
@@ -478,3 +494,21 @@ def _path_dataset(uri: str) -> LineageDataset:
         return LineageDataset(f"s3://{bucket}", prefix.rstrip("/") or "/")
     path = uri[len("file://") :] if uri.startswith("file://") else uri
     return LineageDataset("file", path)
+
+
+def _typed_fields(fields: tuple[str, ...], schema: Any) -> Schema:
+    """``schema`` for a source of ``fields``: the same names (in the fields' order), every type
+    one a JSON record can hold; PipelineError in one line otherwise."""
+    parsed = parse_schema(schema)
+    if set(parsed.names) != set(fields):
+        missing = [f for f in fields if f not in parsed.names]
+        extra = [f for f in parsed.names if f not in fields]
+        raise PipelineError(
+            f"the source's schema names {list(parsed.names)}, its fields are {list(fields)}"
+            + (f": no type for {missing}" if missing else "")
+            + (f": {extra} are not fields" if extra else "")
+            + "; give every field one type"
+        )
+    typed = parsed.select(fields)
+    check_source_types(typed)
+    return typed
