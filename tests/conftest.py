@@ -138,7 +138,24 @@ def cli_env(redis_url: str, home: Path, redis_client) -> dict[str, str]:
         PYSPARK_DRIVER_PYTHON=sys.executable,
     )
     env.pop("TRIDENTFLOW_FAULTS", None)
+    for leaked in CONNECT_MODE_MARKERS:  # a user's shell has no Connect session of this process
+        env.pop(leaked, None)
     return env
+
+
+CONNECT_MODE_MARKERS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE")
+"""What pyspark writes into ``os.environ`` when a process opens a Connect session and does not
+remove on ``stop()`` (a remote server's session): left there, every later classic session of
+this process, and every child it starts (``tridentflow run``, ``spark-submit``), asks for Connect
+and fails with CONNECT_URL_NOT_SET."""
+
+
+@pytest.fixture(autouse=True)
+def no_connect_mode_after_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts, and leaves the worker, without pyspark's Connect-mode markers, so a test
+    that opens a Connect session in-process cannot turn a later test's Spark into a client."""
+    for marker in CONNECT_MODE_MARKERS:
+        monkeypatch.delenv(marker, raising=False)
 
 
 @pytest.fixture

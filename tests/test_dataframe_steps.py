@@ -243,6 +243,15 @@ def test_a_transactional_state_over_a_non_deterministic_step_is_refused(spark):
         k.upper(): v for k, v in recount(BATCHES).items()
     }
 
+    @F.pandas_udf("string")
+    def doubled(words):  # a pandas UDF runs as Spark runs it, in Arrow batches
+        return words + words
+
+    twice = lambda df: words(df).select(doubled("word").alias("word"))  # noqa: E731
+    assert run_batches(wordcount(step=twice), BATCHES, spark=spark)["counts"] == {
+        k * 2: v for k, v in recount(BATCHES).items()
+    }
+
 
 @pytest.mark.spark
 def test_a_step_that_breaks_its_schema_fails_in_one_line(spark):
@@ -319,3 +328,23 @@ def test_dataframe_steps_over_spark_connect(connect_url):
         assert run_batches(pipeline, BATCHES, spark=session)["counts"] == recount(BATCHES)
     finally:
         session.stop()
+
+
+@pytest.mark.spark
+def test_the_docs_pytest_example_passes_on_the_suites_session(spark):
+    """docs/examples/test_my_dataframe_pipeline.py (shown in docs/pipelines.md), its tests
+    called with the suite's SparkSession (one JVM for the suite)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    example = root / "docs" / "examples" / "test_my_dataframe_pipeline.py"
+    assert example.read_text() in (root / "docs" / "pipelines.md").read_text()
+    spec = importlib.util.spec_from_file_location("test_my_dataframe_pipeline", example)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tests = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+    assert tests
+    for test in tests:
+        test(spark)

@@ -33,6 +33,8 @@ EXAMPLES = {
     "wordcount-kafka": "tridentflow.examples.wordcount_kafka:wordcount_kafka",
     "wordcount-kafka-opaque": "tridentflow.examples.wordcount_kafka:wordcount_kafka_opaque",
     "wordcount-sqlite": "tridentflow.examples.sqlite_source:wordcount_sqlite",
+    "wordcount-df": "tridentflow.examples.wordcount_df:wordcount_df",
+    "wordcount-sql": "tridentflow.examples.wordcount_df:wordcount_sql",
 }
 
 
