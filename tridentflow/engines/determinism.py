@@ -8,8 +8,9 @@ the plan shapes whose rows depend on the order Spark's tasks happen to deliver t
 ``limit`` without an order, ``sample``, and a round-robin ``repartition`` below an operation
 that depends on order.
 
-What cannot be decided is said in the README: a function registered by name on a Connect
-server and called from SQL carries no determinism flag the client can see."""
+What cannot be decided is said in docs/model.md (Guarantees and their limits): a function
+registered by name on a Connect server and called from SQL carries no determinism flag the
+client can see."""
 
 from __future__ import annotations
 
