@@ -110,6 +110,21 @@ def test_sinks_stay_exact_when_postgresql_crashes_in_their_transactions():
     assert "pg-restart" in " ".join(e for r in results for e in r.events)
 
 
+def test_the_harness_catches_an_exporter_refusing_a_sink_a_racer_passed(monkeypatch, pg_dsn):
+    """The family 'racing exporters meet a dropped change log' (CI met it as a flaky
+    tests/test_sinks.py): an exporter that read a sink's position, overtaken by a racer that
+    applied the next txids to every sink of the state and dropped their change logs, must not
+    take the gone log for a loss. Planted: the position is not read again. The harness's
+    overtaken duplicate exports and its check that a refusal stays final catch it."""
+    from tridentflow.steps import export
+
+    monkeypatch.setattr(export, "_passed_meanwhile", lambda feed, ctx, txid: None)
+    results = run_chaos(10, seed=120, redis_restarts=False, postgres_dsn=pg_dsn)
+    assert_caught(
+        results, r"was refused \(.*change log of txid \d+ is gone.*a refusal must be final"
+    )
+
+
 def test_the_harness_catches_a_sink_that_reads_values_after_the_fact(monkeypatch, pg_dsn):
     """The family: an exporter that reads a txid's keys from the state as it is now (not
     from the change log the commit wrote) exports what a later, half-written commit left."""

@@ -11,7 +11,9 @@ it was, and the next export catches up from there.
 A sink further behind than the change log (``Pipeline.change_log_limit`` txids) reloads the
 whole state as of the committed txid in one step, if it can (``Sink.resyncable``:
 PostgresSink); otherwise the export fails with one line. Once every sink of a state passed a
-txid, its change log is dropped.
+txid, its change log is dropped - so a log found gone is first checked against the sink's own
+position again: an exporter racing this one may have applied that txid and dropped its log
+since this one read the position (neither a refusal nor a reload, then).
 """
 
 from __future__ import annotations
@@ -430,6 +432,11 @@ def _export_feed(
     while must_reload or position < target:
         txid = attempt.txid = position + 1
         rows = None if must_reload else _logged_rows(rt, feed, txid, expand)
+        if rows is None and not must_reload:
+            moved = _passed_meanwhile(feed, ctx, txid)
+            if moved is not None:
+                position = moved
+                continue
         if rows is None:
             reloaded, reloaded_rows = _reload(rt, feed, ctx, expand, position, target, attempt)
             position, must_reload = reloaded, False
@@ -476,6 +483,14 @@ def _logged_rows(rt: Runtime, feed: Feed, txid: int, expand: Expander) -> Any | 
         return change_table(rt, feed, txid)
     items = changes_of(rt, feed, txid)
     return None if items is None else stream_rows(items, expand)
+
+
+def _passed_meanwhile(feed: Feed, ctx: ExportContext, txid: int) -> int | None:
+    """The sink's position if it stands at ``txid`` or past it now: a racing exporter applied
+    it (and, every sink of the state past it, dropped its change log) since this one read the
+    position. None: the sink is still before ``txid``."""
+    moved = feed.sink.position(ctx)
+    return moved if moved >= txid else None
 
 
 def _reload(
