@@ -218,6 +218,8 @@ class SinkChecks:
             try:
                 names = [f.name for f in other.pipeline.feeds if not resync or
                          f.sink.resyncable]  # fmt: skip
+                if not names:  # nothing to reload (export(rt, []) would export every sink)
+                    return
                 export(other, names, resync=resync, hook=None if overtaker else hook)
             except SinkRefusedError as exc:  # final, it says: checked below, once all ended
                 refused.append(exc)
@@ -237,7 +239,7 @@ class SinkChecks:
 
         refused: list[SinkRefusedError] = []
         at_once(exporter, racers)
-        self._refusals_hold(rt, refused, sched.result)
+        self._refusals_hold(rt, refused, resync, sched.result)
         failed = any(e.endswith(f"@{when}") and "failed" in e for e in events)
         if racers == 1 and not failed and rt.ledger.committed_txid() > 0:
             # nothing commits in between here: each table must be the state as of now (a
@@ -248,20 +250,24 @@ class SinkChecks:
             self._compare_sinks(rt, sched.result, only_postgres=True, lakes=sched.lost_writes)
 
     @staticmethod
-    def _refusals_hold(rt: Runtime, refused: list[SinkRefusedError], result) -> None:
+    def _refusals_hold(
+        rt: Runtime, refused: list[SinkRefusedError], resync: bool, result: ScheduleResult
+    ) -> None:
         """A refusal says retrying will not help (the family 'a refusal a retry contradicts':
         racing exporters once refused a sink a racer had just passed): the sink it names, exported
-        again at once with nothing armed, must be refused again."""
+        again at once the same way with nothing armed, must be refused again."""
         plain = rt.with_(faults=FaultPlan())
         for exc in refused:
             names = [f.name for f in rt.pipeline.feeds if str(exc).startswith(f"sink {f.name} ")]
+            if not names:
+                continue
             try:
-                export(plain, names)
+                export(plain, names, resync=resync)
             except SinkRefusedError:
                 continue
             except (SimulatedCrash, SinkError):  # no verdict: the retry itself failed
                 continue
-            if names and not result.difference:
+            if not result.difference:
                 result.difference = (
                     f"sink {names[0]} was refused ({exc}) but an export right after went "
                     "through: a refusal must be final"
