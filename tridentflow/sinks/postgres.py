@@ -816,16 +816,30 @@ class PostgresSink(Sink):
         (binary) into two temporary tables, then one INSERT ... ON CONFLICT and one DELETE.
         Into a table this transaction created or emptied (``empty``), COPY straight in."""
         from psycopg import sql
-        from psycopg.types.json import Jsonb
 
         if not rows:
             return 0
+        types = self._checked_columns(cur, table, rows, txid)
+        upserts, removals = self._upserts_and_removals(rows, types)
+        cols = sql.SQL(", ").join(sql.Identifier(f) for f in self.fields)
+        if upserts and empty:
+            _copy(cur, sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, cols),
+                  [types[f] for f in self.fields], upserts)  # fmt: skip
+            return len(rows)
+        if upserts:
+            self._upsert(cur, table, cols, types, upserts)
+        if removals:
+            self._delete(cur, table, types, removals)
+        return len(rows)
+
+    def _checked_columns(
+        self, cur: Any, table: Any, rows: Sequence[Row], txid: int
+    ) -> dict[str, str]:
+        """Each column's type, every value held to it (one pass per typed column, exact types
+        first); a bigint value column widened first where a value needs it. One line naming
+        the txid, the key and the column for a value the column cannot take."""
         types = self._checked_types(cur)
-        fields = self.fields
-        key_idx = [fields.index(k) for k in self.key_fields]
-        value_idx = [i for i, f in enumerate(fields) if f not in self.key_fields]
-        json_idx = [i for i, f in enumerate(fields) if types.get(f) in ("jsonb", "json")]
-        for i, field in enumerate(fields):  # one pass per typed column, exact types first
+        for i, field in enumerate(self.fields):
             kind = types.get(field, "")
             is_key = field in self.key_fields
             if kind == "bigint" and not is_key and self._widens(rows, i):
@@ -838,6 +852,18 @@ class PostgresSink(Sink):
                     raise self._value_error(txid, row, i, kind)
             if kind in _WRAPPED or kind in _INEXACT_INTS:  # the COPY would not say: check
                 self._check_range(txid, rows, i, kind)
+        return types
+
+    def _upserts_and_removals(
+        self, rows: Sequence[Row], types: dict[str, str]
+    ) -> tuple[list[Row], list[tuple[Any, ...]]]:
+        """The rows to upsert (JSON columns wrapped for psycopg) and the keys to delete (every
+        value None)."""
+        from psycopg.types.json import Jsonb
+
+        fields = self.fields
+        key_idx = [fields.index(k) for k in self.key_fields]
+        value_idx = [i for i, f in enumerate(fields) if f not in self.key_fields]
         if len(value_idx) == 1:
             (v,) = value_idx
             upserts = [row for row in rows if row[v] is not None]
@@ -845,7 +871,7 @@ class PostgresSink(Sink):
         else:
             upserts = [row for row in rows if any(row[i] is not None for i in value_idx)]
             removed = [row for row in rows if all(row[i] is None for i in value_idx)]
-        removals = [tuple(row[i] for i in key_idx) for row in removed]
+        json_idx = [i for i, f in enumerate(fields) if types.get(f) in ("jsonb", "json")]
         if json_idx:
             wrapped = []
             for row in upserts:
@@ -855,37 +881,45 @@ class PostgresSink(Sink):
                         values[i] = Jsonb(values[i])
                 wrapped.append(tuple(values))
             upserts = wrapped
-        cols = sql.SQL(", ").join(sql.Identifier(f) for f in fields)
+        return upserts, [tuple(row[i] for i in key_idx) for row in removed]
+
+    def _upsert(
+        self, cur: Any, table: Any, cols: Any, types: dict[str, str], upserts: list[Row]
+    ) -> None:
+        """COPY ``upserts`` into UPSERTS, then one INSERT ... ON CONFLICT DO UPDATE."""
+        from psycopg import sql
+
+        fields = self.fields
+        _stage(cur, UPSERTS, cols, table, [types[f] for f in fields], upserts)
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in self.key_fields)
-        if upserts and empty:
-            _copy(cur, sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, cols),
-                  [types[f] for f in fields], upserts)  # fmt: skip
-            return len(rows)
-        if upserts:
-            _stage(cur, UPSERTS, cols, table, [types[f] for f in fields], upserts)
-            updates = sql.SQL(", ").join(
-                sql.SQL("{} = EXCLUDED.{}").format(
-                    sql.Identifier(fields[i]), sql.Identifier(fields[i])
-                )
-                for i in value_idx
+        updates = sql.SQL(", ").join(
+            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(f), sql.Identifier(f))
+            for f in fields
+            if f not in self.key_fields
+        )
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO UPDATE SET {}"
+            ).format(table, cols, cols, sql.Identifier(UPSERTS), keys, updates)
+        )
+
+    def _delete(
+        self, cur: Any, table: Any, types: dict[str, str], removals: list[tuple[Any, ...]]
+    ) -> None:
+        """COPY the removed keys into REMOVALS, then one DELETE ... USING."""
+        from psycopg import sql
+
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in self.key_fields)
+        _stage(cur, REMOVALS, keys, table, [types[k] for k in self.key_fields], removals)
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{} = r.{}").format(sql.Identifier(k), sql.Identifier(k))
+            for k in self.key_fields
+        )
+        cur.execute(
+            sql.SQL("DELETE FROM {} t USING {} r WHERE {}").format(
+                table, sql.Identifier(REMOVALS), match
             )
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO UPDATE SET {}"
-                ).format(table, cols, cols, sql.Identifier(UPSERTS), keys, updates)
-            )
-        if removals:
-            _stage(cur, REMOVALS, keys, table, [types[k] for k in self.key_fields], removals)
-            match = sql.SQL(" AND ").join(
-                sql.SQL("t.{} = r.{}").format(sql.Identifier(k), sql.Identifier(k))
-                for k in self.key_fields
-            )
-            cur.execute(
-                sql.SQL("DELETE FROM {} t USING {} r WHERE {}").format(
-                    table, sql.Identifier(REMOVALS), match
-                )
-            )
-        return len(rows)
+        )
 
 
 def _copy(cur: Any, statement: Any, types: list[str], rows: Sequence[Row]) -> None:
