@@ -36,6 +36,7 @@ def cluster(tmp_path):
     started.stop()
 
 
+@pytest.mark.soak  # the soak lane, CI runs it after the suite (README)
 def test_a_standalone_cluster_with_a_worker_killed_mid_emit(
     cluster, redis_url, redis_client, home, tf
 ):

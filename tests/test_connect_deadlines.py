@@ -68,6 +68,7 @@ def _server_pid(home: Path) -> int:
     return int(pid_file.read_text().split()[0])
 
 
+@pytest.mark.soak  # the soak lane, CI runs it after the suite (README)
 def test_a_server_killed_mid_emit_fails_the_run_in_one_line_then_it_resumes(
     tf, cli_env, tmp_path, connect_url
 ):

@@ -162,6 +162,7 @@ def over_connect(env: dict[str, str], connect_url: str) -> dict[str, str]:
     return {**env, "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark)}
 
 
+@pytest.mark.soak  # the soak lane, CI runs it after the suite (README)
 def test_batch_operation_examples_emit_through_a_spark_connect_connection(
     af_env, redis_url, home, connect_url
 ):

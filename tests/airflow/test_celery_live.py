@@ -154,6 +154,7 @@ def wait_try(api, run_id: str, task: str, tries: int, timeout: float = 300) -> N
         time.sleep(1)
 
 
+@pytest.mark.soak  # the soak lane, CI runs it after the suite (README)
 def test_two_celery_workers_that_share_only_redis_commit_exactly_through_clears_and_a_kill(
     celery_stack,
 ):

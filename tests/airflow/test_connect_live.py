@@ -68,6 +68,7 @@ def counts(rt, words):
     return dict(zip(words, query(rt, persist, [(w,) for w in words])[1], strict=True))
 
 
+@pytest.mark.soak  # the soak lane, CI runs it after the suite (README)
 def test_a_connect_server_killed_mid_emit_heals_with_nobody_clearing(connect_stack):
     api, redis_url, home, port = connect_stack
     ready = launcher.status(home, int(api.base.rsplit(":", 1)[1]))
