@@ -136,6 +136,41 @@ def test_the_harness_runs_the_production_commit_a_change_there_shows_here(monkey
     assert run_batches(pipeline, batches, replay=replay) == {"total": {"a": 8, "b": 1}}
 
 
+def test_the_harness_stages_through_production_a_change_there_shows_here(monkeypatch):
+    """Issue 67: each emit attempt is staged through production's file staging area and the
+    commit applies what it loads back (the JSON lines, the completeness check): a planted
+    change in the staging - its state files written one line short - makes the harness refuse
+    the batch as production's commit would, and one in what the commit reads back (the staged
+    pairs, the last one lost) shows in its states."""
+    import tridentflow.steps.staging.in_files as in_files
+    from tridentflow.errors import IncompleteBatchError
+    from tridentflow.steps.staging.base import StagedBatch
+
+    pipeline = _summing(StateKind.TRANSACTIONAL, SourceMode.TRANSACTIONAL)
+    batches = [[["a", 1], ["b", 2]], [["a", 5]]]
+    assert run_batches(pipeline, batches) == {"total": {"a": 6, "b": 2}}
+    items = StagedBatch.items
+
+    def one_short(self, state):
+        return iter(list(items(self, state))[:-1])
+
+    with monkeypatch.context() as m:
+        m.setattr(StagedBatch, "items", one_short)
+        assert run_batches(pipeline, batches) == {"total": {"a": 1}}
+    write_lines = in_files._write_lines
+
+    def torn(path, texts):
+        info = write_lines(path, texts)
+        if path.name.startswith("state-") and info["lines"]:
+            with open(path, "rb+") as fh:
+                fh.truncate(fh.seek(0, 2) - 1)  # the last byte lost: a torn write
+        return info
+
+    monkeypatch.setattr(in_files, "_write_lines", torn)
+    with pytest.raises(IncompleteBatchError, match="different checksum"):
+        run_batches(pipeline, batches)
+
+
 def test_a_crash_mid_commit_dies_where_production_fires_it(monkeypatch):
     """The harness's crash is the production hook ``half_written``: half of the batch's keys
     over all its states are in, the rest is not, and the retry finishes exactly."""

@@ -1,9 +1,11 @@
 """Test a pipeline under pytest with no server: no Redis, no JVM, no Airflow.
 
 ``run_batches(pipeline, batches, replay=[...])`` runs consecutive txids of a pipeline on the
-local engine (the same plan, operations and aggregators the Spark engine runs) and commits them
-through the production commit - ``tridentflow_state.commit.CommitAttempt``'s phases and the
-committer's Python apply, over in-memory states and an in-memory ledger
+local engine (the same plan, operations and aggregators the Spark engine runs), stages each emit
+attempt through production's file staging area (``tridentflow.steps.staging``: every partial
+as the JSON line the commit reads back, the completeness check on loading) and commits what
+it loads back through the production commit - ``tridentflow_state.commit.CommitAttempt``'s
+phases and the committer's Python apply, over in-memory states and an in-memory ledger
 (``MemoryCommitStore``) - so a test and production cannot disagree: the same txid rules
 (``tridentflow_state.maps``: a transactional state skips a key its txid already wrote, an
 opaque one recomputes from ``prev``, a non-transactional one applies everything again), the
@@ -47,9 +49,10 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from tridentflow.engines.base import ExecContext
+from tridentflow.engines.base import ComputeResult, ExecContext
 from tridentflow.engines.local import LocalEngine
 from tridentflow.errors import PipelineError, TestingError, TridentflowError
 from tridentflow.nodes import QueryNode, lineage, parents_of
@@ -59,6 +62,7 @@ from tridentflow.sinks.base import ExportContext, Row, Sink
 from tridentflow.sources.filelog import FileLog
 from tridentflow.steps.committer import apply_in_chunks
 from tridentflow.steps.export import stream_rows
+from tridentflow.steps.staging import FileStagingArea, StagedBatch
 from tridentflow_state.backing import MemoryBackingMap
 from tridentflow_state.codec import decode_key
 from tridentflow_state.commit import CommitAttempt, MemoryCommitStore, PhaseHooks
@@ -213,12 +217,16 @@ class _Run:
         self.quarantined: list[dict[str, Any]] = []
         self.root = ""
         self.log: FileLog | None = None
+        self.staging: FileStagingArea | None = None
+        self.emits: dict[int, int] = {}
+        """Txid -> its emit attempts so far (each staged under its number)."""
         self.read = 0  # records appended before this txid, every partition counted
 
     def open(self, root: str) -> None:
         self.root = root
         self.log = FileLog(root)
         self.log.ensure(self.partitions)
+        self.staging = FileStagingArea(Path(root) / "staging")
 
     # -- a txid --------------------------------------------------------------------------------
     def txid(self, txid: int, batch: Batch, replay: Any, crash: bool) -> None:
@@ -230,17 +238,16 @@ class _Run:
             cut = {p: (start, start + aborted_at.get(p, end - start))
                    for p, (start, end) in ranges.items()}  # fmt: skip
             self._compute(txid, cut, base)
-        partials, bad = self._compute(txid, ranges, base)
-        attempts = [partials]
+        first = self._emit(txid, ranges, base)
+        attempts = [first]
         if crash:  # the first attempt died with half of the keys written
-            self._commit(txid, partials, dies_at="half_written")
+            self._commit(txid, first, dies_at="half_written")
         if replay is not None and replay is not _SAME:
             ranges = self._append(self._parts(replay, txid))
-            staged, bad = self._compute(txid, ranges, base)
-            attempts.append(staged)
+            attempts.append(self._emit(txid, ranges, base))
         elif replay is not None:
-            attempts.append(partials)
-        self._quarantine(txid, bad)
+            attempts.append(first)
+        self._quarantine(txid, list(attempts[-1].bad_records()))
         for staged in attempts[:-1]:  # wrote every key and died before the mark
             self._commit(txid, staged, dies_at="written")
         attempt = self._commit(txid, attempts[-1])  # dies nowhere: it marks
@@ -271,14 +278,31 @@ class _Run:
         except TridentflowError as exc:
             raise TestingError(f"a batch holds a record the log refuses: {exc}") from None
 
-    def _compute(
-        self, txid: int, ranges: dict[int, tuple[int, int]], base: int
-    ) -> tuple[dict[str, list[tuple[str, Any]]], list[Any]]:
-        """The per-key partials and the bad records of the records in ``ranges``."""
+    def _compute(self, txid: int, ranges: dict[int, tuple[int, int]], base: int) -> ComputeResult:
+        """What the engine makes of the records in ``ranges``: counts, partials, bad records."""
         ctx = ExecContext(txid, "", position_base=base, read_state=self._read_state)
-        result = self.engine.compute(self.plan, self.root, ranges, ctx)
-        partials = {name: list(pairs) for name, pairs in result.partials.items()}  # type: ignore[arg-type]
-        return partials, list(result.bad)
+        return self.engine.compute(self.plan, self.root, ranges, ctx)
+
+    def _emit(self, txid: int, ranges: dict[int, tuple[int, int]], base: int) -> StagedBatch:
+        """One emit attempt of ``txid``: computed, staged through production's file staging
+        area (every partial as the JSON line the commit reads back), loaded and checked
+        complete as the commit loads it."""
+        result = self._compute(txid, ranges, base)
+        attempt = self.emits[txid] = self.emits.get(txid, 0) + 1
+        header = {
+            "pipeline": self.pipeline.name,
+            "txid": txid,
+            "attempt": attempt,
+            "mode": self.pipeline.source.mode.value,
+            "engine": self.engine.name,
+            "ranges": {str(p): [s, e] for p, (s, e) in sorted(ranges.items())},
+            "skipped": [],
+            "next_positions": {},
+            "stages": [r.to_json() for r in result.stages],
+        }
+        assert self.staging is not None
+        self.staging.write(header, result.counts, result.partials, result.bad)
+        return self.staging.load(txid, attempt)
 
     def _read_state(self, pipeline: str, state: str, keys: list[str]) -> list[Any]:
         if pipeline != self.pipeline.name or state not in self.backings:
@@ -292,20 +316,18 @@ class _Run:
         ).read(keys)
         return [None if s is None else s.committed_view(committed) for s in stored]
 
-    def _quarantine(self, txid: int, bad: list[Any]) -> None:
+    def _quarantine(self, txid: int, bad: list[dict[str, Any]]) -> None:
         if not bad:
             return
         if self.on_bad == "raise":
             first = bad[0]
             raise TestingError(
-                f"txid {txid}: record {first.record} failed: {first.error} (production "
+                f"txid {txid}: record {first['record']} failed: {first['error']} (production "
                 "quarantines it and goes on: on_bad='quarantine' does the same here)"
             )
-        self.quarantined += [{"txid": txid, **b.to_json()} for b in bad]
+        self.quarantined += [{"txid": txid, **b} for b in bad]
 
-    def _commit(
-        self, txid: int, partials: dict[str, list[tuple[str, Any]]], dies_at: str = ""
-    ) -> CommitAttempt | None:
+    def _commit(self, txid: int, staged: StagedBatch, dies_at: str = "") -> CommitAttempt | None:
         """One commit attempt of ``txid`` through the production protocol
         (``tridentflow_state.commit.CommitAttempt`` over the in-memory store and states, each
         state's partials applied as the committer's ``PythonApply`` does), dying at the phase
@@ -321,11 +343,11 @@ class _Run:
         at_ms = self.batch_times[txid - 1] if self.pipeline.expires_in_time else None
         try:
             writers = attempt.claim(states, None, self.pipeline.expiring, at_ms)
-            attempt.expect(sum(len(partials.get(name, ())) for name in writers))
+            attempt.expect(sum(staged.key_count(name) for name in writers))
             for name, state in writers.items():
                 persisted = self.pipeline.states[name].aggregator
-                apply_in_chunks(state, persisted, iter(partials.get(name, ())), attempt)
-            attempt.finish_writes(lambda name: (key for key, _ in partials.get(name, ())))
+                apply_in_chunks(state, persisted, staged.items(name), attempt)
+            attempt.finish_writes(staged.keys)
             attempt.mark({}, {})
         except _DiedError:
             return None
@@ -333,14 +355,12 @@ class _Run:
         return attempt
 
     # -- exports and results -------------------------------------------------------------------
-    def _export(self, txid: int, partials: dict[str, list[tuple[str, Any]]]) -> None:
+    def _export(self, txid: int, staged: StagedBatch) -> None:
         for feed in self.pipeline.feeds:
             if not isinstance(feed.sink, CollectSink):
                 continue
             persist = self.pipeline.states[feed.state]
-            keys = sorted(
-                {k for k, _ in partials.get(feed.state, ())} | set(self.expired.get(feed.state, ()))
-            )
+            keys = sorted(set(staged.keys(feed.state)) | set(self.expired.get(feed.state, ())))
             stored = make_map_state(persist.state.kind, self.backings[feed.state]).read(keys)
             items = [
                 (k, decode_key(k), None if s is None or s.curr is None else
