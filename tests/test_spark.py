@@ -319,6 +319,7 @@ def test_split_ranges_bounds_task_size():
     ]
 
 
+@pytest.mark.soak  # the soak lane, CI runs it after the suite (README)
 def test_seed_word_count_on_spark_with_a_kill_inside_the_emit(tf):
     tf("produce", "wordcount", "-", input="\n".join(SEED_SENTENCES) + "\n")
     killed = tf("run", "wordcount", "--faults", "in-emit@1=kill")

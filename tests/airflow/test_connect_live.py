@@ -120,6 +120,7 @@ def committed_all(rt, timeout: float) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.soak  # the soak lane, CI runs it after the suite (README)
 def test_on_data_runs_when_records_arrive_through_a_triggerer_crash_and_merged_bursts(
     connect_stack,
 ):
