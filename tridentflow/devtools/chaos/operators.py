@@ -20,6 +20,7 @@ from tridentflow.errors import (
 )
 from tridentflow.faults import Fault, FaultPlan, InjectedFaultError, SimulatedCrash
 from tridentflow.ops.reset import reset_pipeline
+from tridentflow.pipeline import Feed
 from tridentflow.sinks import DeltaSink, IcebergSink
 from tridentflow.steps.export import export
 from tridentflow.steps.runs import (
@@ -172,16 +173,7 @@ class OperatorActs:
         _ = old.ledger.generation  # the run's process started before the operator acted
         sched.rewinds += 1
         committed = old.ledger.committed_txid()
-        kept = retained(old.client, old.keyspace)
-        target = committed if kept is None else rng.randint(kept.oldest, kept.newest)
-        # family: a sink of several parts judged as one - right below a txid an exporter left
-        # on some of its parts (it died between them), most of the time (a generator of its
-        # own: the other draws stay as they were)
-        torn = sched.torn_since_rewind()
-        sched.rewound_at_event = len(events)
-        below = [t - 1 for t in torn if kept is not None and kept.oldest <= t - 1 <= kept.newest]
-        if below and random.Random(f"torn-{sched.seed}-{step}").random() < 0.7:
-            target = max(below)
+        target = _rewind_target(sched, committed, step)
 
         carried: list[tuple[str, ...]] = []  # the tables each finished rewind carried back
 
@@ -207,16 +199,8 @@ class OperatorActs:
             refusals = (GenerationError, RunNotBoundError)
             self._expect_refused(sched, rt, run_id, next_step, what, refusals)
 
-        last = old.ledger.last_txid()
         lake = [f for f in old.pipeline.feeds if isinstance(f.sink, (DeltaSink, IcebergSink))]
-        faults = FaultPlan()
-        if lake and rng.random() < 0.5:  # after the states, before the first table, or in them
-            action = rng.choice(("raise", "crash"))
-            at = target if last == target or rng.random() < 0.5 else rng.randint(target + 1, last)
-            faults = FaultPlan((Fault("mid-rewind", at, 1, action),))
-        elif not lake and last > target and rng.random() < 0.5:
-            action = rng.choice(("raise", "crash"))
-            faults = FaultPlan((Fault("mid-rewind", rng.randint(target + 1, last), 1, action),))
+        faults = _mid_rewind(rng, bool(lake), target, old.ledger.last_txid())
         killed = f"({faults.faults[0]})" if faults.faults else ""
         events.append(f"rewind-to:{target}@step{step}{killed}")
         try:
@@ -231,15 +215,7 @@ class OperatorActs:
             target = committed
             fresh = rewind(committed)
         sched.forget_changes_after(target)  # taken back: the replay commits them anew
-        if lake:  # a table holding a version of the target is carried back, not reloaded
-            from tridentflow.steps.export import table_versions
-
-            had = {f.name for f in lake if target in table_versions(old, f)}
-            if had - set(carried[-1]) and not sched.result.difference:
-                sched.result.difference = (
-                    f"the rewind to txid {target} did not carry back the tables of "
-                    f"{sorted(had - set(carried[-1]))} (they have a version of it)"
-                )
+        _check_carried_back(sched, old, lake, target, carried[-1])
         refused(old, "after a rewind")
         if next_step != "coordinate":
             other = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
@@ -406,3 +382,49 @@ def _files_merged(metrics: dict) -> int:
 def _resets(sched: Schedule) -> int:
     """How many resets the operator has made in this schedule so far."""
     return sum(e.startswith("reset") for e in sched.result.events)
+
+
+def _rewind_target(sched: Schedule, committed: int, step: int) -> int:
+    """The txid an operator rewinds to: the committed one while the undo logs retain none,
+    else one they retain - and, most of the time, right below a txid an exporter left on some
+    of a sink's parts (the family: a sink of several parts judged as one; a generator of its
+    own, so the other draws stay as they were)."""
+    old = sched.rt
+    kept = retained(old.client, old.keyspace)
+    target = committed if kept is None else sched.rewind_rng.randint(kept.oldest, kept.newest)
+    torn = sched.torn_since_rewind()
+    sched.rewound_at_event = len(sched.result.events)
+    below = [t - 1 for t in torn if kept is not None and kept.oldest <= t - 1 <= kept.newest]
+    if below and random.Random(f"torn-{sched.seed}-{step}").random() < 0.7:
+        target = max(below)
+    return target
+
+
+def _mid_rewind(rng: random.Random, lake: bool, target: int, last: int) -> FaultPlan:
+    """Half the time a ``mid-rewind`` fault (raise or crash): with table sinks after the
+    states, before the first table or in them; otherwise at a txid the rewind takes back."""
+    if lake and rng.random() < 0.5:
+        action = rng.choice(("raise", "crash"))
+        at = target if last == target or rng.random() < 0.5 else rng.randint(target + 1, last)
+        return FaultPlan((Fault("mid-rewind", at, 1, action),))
+    if not lake and last > target and rng.random() < 0.5:
+        action = rng.choice(("raise", "crash"))
+        return FaultPlan((Fault("mid-rewind", rng.randint(target + 1, last), 1, action),))
+    return FaultPlan()
+
+
+def _check_carried_back(
+    sched: Schedule, old: Runtime, lake: list[Feed], target: int, carried: tuple[str, ...]
+) -> None:
+    """A table holding a version of the rewind's target is carried back, not reloaded: the
+    schedule's difference otherwise."""
+    if not lake:
+        return
+    from tridentflow.steps.export import table_versions
+
+    had = {f.name for f in lake if target in table_versions(old, f)}
+    if had - set(carried) and not sched.result.difference:
+        sched.result.difference = (
+            f"the rewind to txid {target} did not carry back the tables of "
+            f"{sorted(had - set(carried))} (they have a version of it)"
+        )
