@@ -89,7 +89,7 @@ def main() -> None:
             phases, "staging", spark_engine._stage_on_executors
         )
         spark = spark_session(master="local[*]", app_name="tf-df-profile")
-        glob = f"{root}/p-*/*"
+        glob = f"{root}/p-*/seg-*.jsonl"
         print(f"{args.sentences} sentences, one txid of wordcount-df, seconds:")
         for rep in range(1, args.repeat + 1):
             home = work / f"home-{rep}"
