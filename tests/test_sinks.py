@@ -350,3 +350,19 @@ def test_an_exporter_whose_position_a_racer_passed_goes_on_from_the_sink(
     assert all(r.position == 4 and r.reloaded_at is None for r in results.values()), results
     assert table_rows(pg_dsn, "kv", "key") == {k: (v,) for k, v in state_rows(rt, "kv").items()}
     assert len(stream_entries(rt)) == entries_before + changed_in_4  # txid 4 appended once
+
+
+def test_an_empty_list_of_sinks_exports_none(sinked, pg_dsn) -> None:
+    """``export(rt, [])`` exports no sink (None is every sink): the chaos harness's resync of
+    "every sink that can reload" once passed an empty list and resynced every stream sink."""
+    rt = sinked
+    run_batches(rt, LocalEngine(), max_batches=2)
+    assert export(rt, []) == []
+    assert {s["sink"]: s["position"] for s in sink_status(rt)} == dict.fromkeys(
+        ("postgres-counts_x10", "postgres-kv", "stream-kv-changesP"), 0
+    )
+    assert {r.sink for r in export(rt)} == {
+        "postgres-counts_x10",
+        "postgres-kv",
+        "stream-kv-changesP",
+    }

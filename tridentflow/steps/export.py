@@ -204,8 +204,10 @@ def table_versions(rt: Runtime, feed: Feed) -> dict[int, str]:
 
 
 def pick_feeds(rt: Runtime, names: Sequence[str] | None) -> list[Feed]:
+    """The feeds named, in that order (an empty list: none); every feed for None. A name the
+    pipeline has no sink of is one line naming its sinks."""
     feeds = rt.pipeline.feeds
-    if names:
+    if names is not None:
         known = {f.name: f for f in feeds}
         unknown = [n for n in names if n not in known]
         if unknown:

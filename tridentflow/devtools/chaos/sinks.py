@@ -218,7 +218,7 @@ class SinkChecks:
             try:
                 names = [f.name for f in other.pipeline.feeds if not resync or
                          f.sink.resyncable]  # fmt: skip
-                if not names:  # nothing to reload (export(rt, []) would export every sink)
+                if not names:  # no sink that can reload: nothing to resync
                     return
                 export(other, names, resync=resync, hook=None if overtaker else hook)
             except SinkRefusedError as exc:  # final, it says: checked below, once all ended
