@@ -605,49 +605,21 @@ class PostgresSink(Sink):
     def _apply(
         self, conn: Any, ctx: ExportContext, txid: int, rows: Sequence[Row], replace_all: bool
     ) -> bool:
+        """One txid in one transaction: the table's lock, its progress row claimed, the rows
+        written (over an emptied table for a reload or a new generation), the progress row
+        moved. False if the progress row says the txid is applied already."""
         from psycopg import sql
 
         self._ensure_progress(conn)
         progress = self._ident(self.progress_parts)
         table = self._ident(self.table_parts)
         with conn.transaction(), conn.cursor() as cur:
-            # exporters of one table queue here: its creation and every txid's write, one
-            # at a time (the progress row then decides what is left to do)
-            cur.execute(
-                "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tridentflow:{self._quoted_table}",)
-            )
-            now = ctx.generation_now()
-            if now is not None and now != ctx.generation:
-                raise SinkError(
-                    f"sink {self.name}: pipeline {ctx.pipeline} was reset or rewound while this "
-                    "export waited for the table; nothing written: export again"
-                )
+            self._lock_table(cur, ctx)
             table_existed = self._table_exists(cur, self.table_parts)
             typed = self._keys_typed(rows)
             if not table_existed and rows and typed:  # types come from the first rows
                 self._create_table(cur, rows)
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {} (pipeline, sink, generation, txid) VALUES (%s, %s, '', 0) "
-                    "ON CONFLICT DO NOTHING RETURNING 1"
-                ).format(progress),
-                (ctx.pipeline, self.name),
-            )
-            new_progress = cur.fetchone() is not None
-            cur.execute(
-                sql.SQL(
-                    "SELECT generation, txid FROM {} WHERE pipeline = %s AND sink = %s FOR UPDATE"
-                ).format(progress),
-                (ctx.pipeline, self.name),
-            )
-            generation, applied = cur.fetchone()
-            if new_progress and table_existed:
-                cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table))
-                if cur.fetchone()[0]:
-                    raise SinkRefusedError(
-                        f"sink {self.name}: table {self.table} already holds rows that this "
-                        "sink did not write; point the sink at a new table, or empty this one"
-                    )
+            generation, applied = self._claim_progress(cur, ctx, progress, table, table_existed)
             same_generation = generation == ctx.generation
             if same_generation and applied >= txid and not (replace_all and ctx.resync):
                 return False  # already applied: this transaction rolls back, nothing changed
@@ -666,14 +638,68 @@ class PostgresSink(Sink):
             else:  # no table yet, and these rows type no key column: removals, or refused
                 written = self._untyped_rows(txid, rows)
             ctx.fire("mid-export", txid)
-            cur.execute(
-                sql.SQL(
-                    "UPDATE {} SET generation = %s, txid = %s, rows_total = rows_total + %s, "
-                    "updated_at = now() WHERE pipeline = %s AND sink = %s"
-                ).format(progress),
-                (ctx.generation, txid, written, ctx.pipeline, self.name),
-            )
+            self._note_progress(cur, ctx, progress, txid, written)
         return True
+
+    def _lock_table(self, cur: Any, ctx: ExportContext) -> None:
+        """Exporters of one table queue here - its creation and every txid's write, one at a
+        time (the progress row then decides what is left to do); one that waited while the
+        pipeline was reset or rewound writes nothing (SinkError)."""
+        cur.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tridentflow:{self._quoted_table}",)
+        )
+        now = ctx.generation_now()
+        if now is not None and now != ctx.generation:
+            raise SinkError(
+                f"sink {self.name}: pipeline {ctx.pipeline} was reset or rewound while this "
+                "export waited for the table; nothing written: export again"
+            )
+
+    def _claim_progress(
+        self, cur: Any, ctx: ExportContext, progress: Any, table: Any, table_existed: bool
+    ) -> tuple[str, int]:
+        """The sink's progress row (generation, txid), locked for this transaction; created
+        if new - and then a table that already held rows is someone else's: refused in one
+        line, never written over."""
+        from psycopg import sql
+
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {} (pipeline, sink, generation, txid) VALUES (%s, %s, '', 0) "
+                "ON CONFLICT DO NOTHING RETURNING 1"
+            ).format(progress),
+            (ctx.pipeline, self.name),
+        )
+        new_progress = cur.fetchone() is not None
+        cur.execute(
+            sql.SQL(
+                "SELECT generation, txid FROM {} WHERE pipeline = %s AND sink = %s FOR UPDATE"
+            ).format(progress),
+            (ctx.pipeline, self.name),
+        )
+        generation, applied = cur.fetchone()
+        if new_progress and table_existed:
+            cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table))
+            if cur.fetchone()[0]:
+                raise SinkRefusedError(
+                    f"sink {self.name}: table {self.table} already holds rows that this "
+                    "sink did not write; point the sink at a new table, or empty this one"
+                )
+        return generation, applied
+
+    def _note_progress(
+        self, cur: Any, ctx: ExportContext, progress: Any, txid: int, written: int
+    ) -> None:
+        """The progress row moved to ``txid`` (in the transaction that wrote its rows)."""
+        from psycopg import sql
+
+        cur.execute(
+            sql.SQL(
+                "UPDATE {} SET generation = %s, txid = %s, rows_total = rows_total + %s, "
+                "updated_at = now() WHERE pipeline = %s AND sink = %s"
+            ).format(progress),
+            (ctx.generation, txid, written, ctx.pipeline, self.name),
+        )
 
     def _keys_typed(self, rows: Sequence[Row]) -> bool:
         """Whether ``rows`` give every key column a type (a value that is not None, or a type
