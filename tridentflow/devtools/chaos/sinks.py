@@ -9,8 +9,10 @@ import random
 import shutil
 import threading
 import zlib
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from typing import Any
 
 import redis
 
@@ -42,7 +44,7 @@ from tridentflow.registry import load_pipeline
 from tridentflow.sinks import DeltaSink, IcebergSink, PostgresSink, RedisStreamSink, SinkError
 from tridentflow.sinks.base import SinkRefusedError
 from tridentflow.sinks.redisstream import companion_key
-from tridentflow.steps.export import close_sink, context, export
+from tridentflow.steps.export import close_sink, context, export, export_each
 from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime
 from tridentflow_state.changes import sink_allowed
@@ -195,51 +197,11 @@ class SinkChecks:
                 self._kill_session(feed, point, txid, rng, events)
             sink_misbehaves(sched.sink_edge_rng, point, txid, events)
 
-        racer_numbers = itertools.count()
-        others_done = threading.Event()
-        overtaken = racers > 1 and zlib.crc32(f"{sched.seed}:{when}".encode()) % 2 == 0
-        if overtaken:
+        race = _Race(overtaken=racers > 1 and zlib.crc32(f"{sched.seed}:{when}".encode()) % 2 == 0)
+        if race.overtaken:
             events.append(f"export-overtaken@{when}")
-
-        def exporter() -> None:
-            number = next(racer_numbers)
-            overtaker = overtaken and number > 0  # a clean racer: it passes every sink
-            faults = FaultPlan() if overtaker else rt.faults
-            try:  # the schedule's pipeline as it was given (a bundled name or module:attribute)
-                other = self._runtime(self._pipeline(sched.result.pipeline, sched.seed),
-                                      rt.home, faults, rt.shards or 1)  # fmt: skip
-            except Exception as exc:  # a thread's exception is lost unless it is noted
-                if not sched.result.difference:
-                    sched.result.difference = f"an exporter did not start: {one_line(exc)}"
-                others_done.set()
-                return
-            if overtaken and number == 0:
-                _overtaken_after_position(other, others_done)
-            try:
-                names = [f.name for f in other.pipeline.feeds if not resync or
-                         f.sink.resyncable]  # fmt: skip
-                if not names:  # no sink that can reload: nothing to resync
-                    return
-                export(other, names, resync=resync, hook=None if overtaker else hook)
-            except SinkRefusedError as exc:  # final, it says: checked below, once all ended
-                refused.append(exc)
-                events.append(f"export-failed:{type(exc).__name__}@{when}")
-            except (SimulatedCrash, SinkError) as exc:  # a kill, or the sink's one line
-                events.append(f"export-failed:{type(exc).__name__}@{when}")
-            except Exception as exc:  # every failure of a sink must be its SinkError line
-                if not sched.result.difference:
-                    sched.result.difference = (
-                        f"an export let {type(exc).__name__} through instead of a SinkError "
-                        f"(the commits would stop): {exc}"
-                    )
-            finally:
-                other.client.close()
-                if number > 0:
-                    others_done.set()
-
-        refused: list[SinkRefusedError] = []
-        at_once(exporter, racers)
-        self._refusals_hold(rt, refused, resync, sched.result)
+        at_once(lambda: self._export_racing(sched, when, resync, hook, race), racers)
+        self._refusals_hold(rt, race.refused, resync, sched.result)
         failed = any(e.endswith(f"@{when}") and "failed" in e for e in events)
         if racers == 1 and not failed and rt.ledger.committed_txid() > 0:
             # nothing commits in between here: each table must be the state as of now (a
@@ -249,27 +211,70 @@ class SinkChecks:
             # ledger shows as soon as the pipeline has recommitted past it)
             self._compare_sinks(rt, sched.result, only_postgres=True, lakes=sched.lost_writes)
 
+    def _export_racing(
+        self, sched: Schedule, when: str, resync: bool, hook: Any, race: _Race
+    ) -> None:
+        """One exporter of ``race``, a process of its own: every sink (those that can reload,
+        for a resync) exported; its first failure noted as an event - a refusal kept for
+        ``_refusals_hold`` -, anything but a sink's one line a difference. In an overtaken race
+        the first exporter waits after reading its stream sink's position while the others,
+        clean, export every sink (``_overtaken_after_position``)."""
+        rt, events = sched.rt, sched.result.events
+        number = next(race.numbers)
+        overtaker = race.overtaken and number > 0  # a clean racer: it passes every sink
+        faults = FaultPlan() if overtaker else rt.faults
+        try:  # the schedule's pipeline as it was given (a bundled name or module:attribute)
+            other = self._runtime(self._pipeline(sched.result.pipeline, sched.seed),
+                                  rt.home, faults, rt.shards or 1)  # fmt: skip
+        except Exception as exc:  # a thread's exception is lost unless it is noted
+            if not sched.result.difference:
+                sched.result.difference = f"an exporter did not start: {one_line(exc)}"
+            race.others_done.set()
+            return
+        if race.overtaken and number == 0:
+            _overtaken_after_position(other, race.others_done)
+        try:
+            names = [f.name for f in other.pipeline.feeds if not resync or f.sink.resyncable]
+            if not names:  # no sink that can reload: nothing to resync
+                return
+            _done, failures = export_each(other, names, resync=resync,
+                                          hook=None if overtaker else hook)  # fmt: skip
+            first = next(iter(failures.items()), None)
+            if first is not None and not isinstance(first[1], SinkError):
+                raise first[1]  # every failure of a sink must be its SinkError line
+            if first is not None:
+                if isinstance(first[1], SinkRefusedError):  # final, it says: checked after
+                    race.refused[first[0]] = first[1]
+                events.append(f"export-failed:{type(first[1]).__name__}@{when}")
+        except SimulatedCrash as exc:  # a kill
+            events.append(f"export-failed:{type(exc).__name__}@{when}")
+        except Exception as exc:
+            if not sched.result.difference:
+                sched.result.difference = (
+                    f"an export let {type(exc).__name__} through instead of a SinkError "
+                    f"(the commits would stop): {exc}"
+                )
+        finally:
+            other.client.close()
+            if number > 0:
+                race.others_done.set()
+
     @staticmethod
     def _refusals_hold(
-        rt: Runtime, refused: list[SinkRefusedError], resync: bool, result: ScheduleResult
+        rt: Runtime, refused: dict[str, SinkRefusedError], resync: bool, result: ScheduleResult
     ) -> None:
         """A refusal says retrying will not help (the family 'a refusal a retry contradicts':
-        racing exporters once refused a sink a racer had just passed): the sink it names, exported
-        again at once the same way with nothing armed, must be refused again."""
+        racing exporters once refused a sink a racer had just passed): the sink, exported again
+        at once the same way with nothing armed, must be refused again."""
         plain = rt.with_(faults=FaultPlan())
-        for exc in refused:
-            names = [f.name for f in rt.pipeline.feeds if str(exc).startswith(f"sink {f.name} ")]
-            if not names:
-                continue
+        for name, exc in refused.items():
             try:
-                export(plain, names, resync=resync)
-            except SinkRefusedError:
-                continue
-            except (SimulatedCrash, SinkError):  # no verdict: the retry itself failed
+                export(plain, [name], resync=resync)
+            except (SimulatedCrash, SinkError):  # refused again, or no verdict: it failed
                 continue
             if not result.difference:
                 result.difference = (
-                    f"sink {names[0]} was refused ({exc}) but an export right after went "
+                    f"sink {name} was refused ({exc}) but an export right after went "
                     "through: a refusal must be final"
                 )
 
@@ -511,6 +516,18 @@ FOREIGN_ERRORS: tuple[type[Exception], ...] = (
     ConnectionResetError,
 )
 """What a sink's driver or a bug of its own may raise that is none of tridentflow's errors."""
+
+
+@dataclass
+class _Race:
+    """Exporters racing at one export point: ``overtaken`` (the first one waits after reading
+    a position), their numbers in the order they start, the event the others set when they
+    end, and the sink a racer's export refused first, by name."""
+
+    overtaken: bool
+    numbers: Iterator[int] = field(default_factory=itertools.count)
+    others_done: threading.Event = field(default_factory=threading.Event)
+    refused: dict[str, SinkRefusedError] = field(default_factory=dict)
 
 
 def _overtaken_after_position(rt: Runtime, others_done: threading.Event) -> None:
