@@ -165,7 +165,7 @@ class OperatorActs:
         run's next step must be refused (GenerationError in its own process; a new process of
         the run finds its txid rewound); the replay must count every record once (the final
         checks)."""
-        from tridentflow.ops.rewind import RewindRefusedError, rewind_pipeline
+        from tridentflow.ops.rewind import RewindRefusedError
         from tridentflow.steps.runs import RunNotBoundError
 
         old, rng, events = sched.rt, sched.rewind_rng, sched.result.events
@@ -174,21 +174,6 @@ class OperatorActs:
         sched.rewinds += 1
         committed = old.ledger.committed_txid()
         target = _rewind_target(sched, committed, step)
-
-        carried: list[tuple[str, ...]] = []  # the tables each finished rewind carried back
-
-        def rewind(to: int, faults: FaultPlan | None = None) -> Runtime:
-            fresh = self._runtime(old.pipeline, old.home, faults, old.shards or 1)
-            try:
-                report = rewind_pipeline(fresh, to, force=True)
-            except ReplicationError:  # not on a replica: the operator waits, runs it again
-                self._wait_for_replicas(sched)
-                fresh.client.close()
-                fresh = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
-                report = rewind_pipeline(fresh.with_(replica_timeout_ms=PATIENT_MS), to, force=True)
-                events.append(f"rewind-after-replication-wait@step{step}")
-            carried.append(report.tables_rewound)
-            return fresh
 
         bound = old.ledger.txid_of_run(run_id)
         kept_txid = bound is not None and bound <= committed  # e.g. cut short after its mark
@@ -205,17 +190,17 @@ class OperatorActs:
         events.append(f"rewind-to:{target}@step{step}{killed}")
         try:
             try:
-                fresh = rewind(target, faults)
+                fresh, carried = self._rewound(sched, target, faults, step)
             except (InjectedFaultError, SimulatedCrash):
                 events.append("rewind-cut-short")
                 refused(old, "during a rewind cut short")
-                fresh = rewind(target)  # the operator runs it again: it finishes
+                fresh, carried = self._rewound(sched, target, None, step)  # run again: it ends
         except RewindRefusedError:  # a stream sink wrote past it: the operator keeps what it has
             events.append("rewind-refused:sink")
             target = committed
-            fresh = rewind(committed)
+            fresh, carried = self._rewound(sched, committed, None, step)
         sched.forget_changes_after(target)  # taken back: the replay commits them anew
-        _check_carried_back(sched, old, lake, target, carried[-1])
+        _check_carried_back(sched, old, lake, target, carried)
         refused(old, "after a rewind")
         if next_step != "coordinate":
             other = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
@@ -223,6 +208,26 @@ class OperatorActs:
             other.client.close()
         old.client.close()
         sched.rt = fresh.with_(faults=old.faults)
+
+    def _rewound(
+        self, sched: Schedule, to: int, faults: FaultPlan | None, step: int
+    ) -> tuple[Runtime, tuple[str, ...]]:
+        """The operator's ``rewind --to`` (forced) in a process of its own, armed with
+        ``faults``; off a replica, it waits for them and runs it again. Its runtime and the
+        tables it carried back."""
+        from tridentflow.ops.rewind import rewind_pipeline
+
+        old = sched.rt
+        fresh = self._runtime(old.pipeline, old.home, faults, old.shards or 1)
+        try:
+            report = rewind_pipeline(fresh, to, force=True)
+        except ReplicationError:  # not on a replica: the operator waits, runs it again
+            self._wait_for_replicas(sched)
+            fresh.client.close()
+            fresh = self._runtime(old.pipeline, old.home, FaultPlan(), old.shards or 1)
+            report = rewind_pipeline(fresh.with_(replica_timeout_ms=PATIENT_MS), to, force=True)
+            sched.result.events.append(f"rewind-after-replication-wait@step{step}")
+        return fresh, report.tables_rewound
 
     def _reshard_in_flight(self, sched: Schedule, run_id: str, next_step: str, step: int) -> None:
         """An operator reshards the pipeline to another count (1-3) while ``run_id`` is in
