@@ -61,6 +61,7 @@ from tridentflow.plan import compile_chain, compile_pipeline
 from tridentflow.sinks.base import ExportContext, Row, Sink
 from tridentflow.sources.filelog import FileLog
 from tridentflow.steps.committer import apply_in_chunks
+from tridentflow.steps.emitter import attempt_header
 from tridentflow.steps.export import stream_rows
 from tridentflow.steps.staging import FileStagingArea, StagedBatch
 from tridentflow_state.backing import MemoryBackingMap
@@ -289,17 +290,11 @@ class _Run:
         complete as the commit loads it."""
         result = self._compute(txid, ranges, base)
         attempt = self.emits[txid] = self.emits.get(txid, 0) + 1
-        header = {
-            "pipeline": self.pipeline.name,
-            "txid": txid,
-            "attempt": attempt,
-            "mode": self.pipeline.source.mode.value,
-            "engine": self.engine.name,
-            "ranges": {str(p): [s, e] for p, (s, e) in sorted(ranges.items())},
-            "skipped": [],
-            "next_positions": {},
-            "stages": [r.to_json() for r in result.stages],
-        }
+        header = attempt_header(
+            self.pipeline.name, txid, attempt, self.pipeline.source.mode.value,
+            self.engine.name, ranges,
+        )  # fmt: skip
+        header["stages"] = [r.to_json() for r in result.stages]
         assert self.staging is not None
         self.staging.write(header, result.counts, result.partials, result.bad)
         return self.staging.load(txid, attempt)

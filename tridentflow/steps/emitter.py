@@ -20,6 +20,7 @@ the reports are staged so the commit checks them again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -167,17 +168,10 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         return None
     staged_before = ledger.staged_attempt(txid)
     rt.discard_attempts(txid, (a for a in range(1, attempt) if a != staged_before))
-    header = {
-        "pipeline": rt.pipeline.name,
-        "txid": txid,
-        "attempt": attempt,
-        "mode": meta["mode"],
-        "engine": engine.name,
-        "ranges": {str(p): [s, e] for p, (s, e) in sorted(ranges.items())},
-        "skipped": sorted(skipped),
-        "next_positions": {str(p): v for p, v in sorted(next_positions.items())},
-        CODE_SHAPE: code_shape(rt),  # a commit by code of another shape refuses the batch
-    }
+    header = attempt_header(
+        rt.pipeline.name, txid, attempt, meta["mode"], engine.name, ranges, skipped, next_positions
+    )
+    header[CODE_SHAPE] = code_shape(rt)  # a commit by code of another shape refuses the batch
     try:
         staged = _compute_and_stage(rt, txid, attempt, engine, ranges, next_positions, header)
     except Exception as exc:
@@ -189,6 +183,30 @@ def emit(rt: Runtime, txid: int, engine: Engine) -> StagedBatch | None:
         return None
     rt.staging.prune(staged)
     return staged
+
+
+def attempt_header(
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    mode: str,
+    engine: str,
+    ranges: dict[int, tuple[int, int]],
+    skipped: Iterable[int] = (),
+    next_positions: dict[int, int] | None = None,
+) -> dict[str, Any]:
+    """The head of an emit attempt's manifest: what it is and what it read (the staging adds
+    the counts, the stages and its parts; the emitter the code shape)."""
+    return {
+        "pipeline": pipeline,
+        "txid": txid,
+        "attempt": attempt,
+        "mode": mode,
+        "engine": engine,
+        "ranges": {str(p): [s, e] for p, (s, e) in sorted(ranges.items())},
+        "skipped": sorted(skipped),
+        "next_positions": {str(p): v for p, v in sorted((next_positions or {}).items())},
+    }
 
 
 def _abandoned(rt: Runtime, txid: int, attempt: int, exc: Exception) -> bool:
