@@ -1,7 +1,8 @@
 """Benchmark: a FileSource against Spark Structured Streaming's own file source (issue 69 goal
 7), whole processes, one command, 2 cores.
 
-    python -m benchmarks.files_vs_spark [--files 10000] [--rows 1000] [--cap 100] [--only tf,ss]
+    python -m benchmarks.files_vs_spark [--files 10000] [--rows 1000] [--cap 100]
+        [--only tf,tf-df,ss]
 
 The same --files Parquet files of --rows rows each (``user`` of 10,000 keys, ``amount`` an
 int), written once into a landing directory, oldest first. Each job is a fresh process, timed
@@ -10,6 +11,9 @@ from start to exit (JVM start included, as a user pays it):
 * ``tf``: ``tridentflow run`` of a FileSource pipeline (``batch_size`` --cap files a txid)
   summing ``amount`` per user into a transactional state, on the Spark engine (local[*] in
   the process), every file in exactly one committed txid;
+* ``tf-df``: the same with the source's schema declared and a SQL step reading it
+  (``SELECT user, amount FROM batch``): the executors read the files in columns and Spark's
+  ``groupBy().agg()`` sums (tridentflow.engines.columnar);
 * ``ss``: ``spark.readStream.parquet`` with ``maxFilesPerTrigger`` --cap and a checkpoint,
   ``trigger(availableNow=True)``, ``foreachBatch`` summing per user in Spark and adding the
   sums to a Redis hash with pipelined HINCRBY (at-least-once: the peer a user would pick; an
@@ -38,11 +42,14 @@ from benchmarks.vs_spark import timed_run
 ROOT = Path(__file__).resolve().parent.parent
 USERS = 10_000
 SS_KEY = "bench:files:ss"
-PIPELINE = "benchmarks.files_vs_spark:pipeline"
+PIPELINES = {"tf": "benchmarks.files_vs_spark:pipeline",
+             "tf-df": "benchmarks.files_vs_spark:pipeline_df"}  # fmt: skip
+SCHEMA = "user string, amount bigint"
 
 
-def pipeline():
-    """The FileSource pipeline the ``tf`` job runs (its landing and cap from the env)."""
+def pipeline(frames: bool = False):
+    """The FileSource pipeline the ``tf`` job runs (its landing and cap from the env); with
+    ``frames``, ``tf-df``'s (the schema declared, a SQL step reading the source)."""
     from tridentflow import FileSource, Pipeline, StateSpec, Sum
     from tridentflow_state.maps import StateKind
 
@@ -51,12 +58,18 @@ def pipeline():
         uri=os.environ["BENCH_FILES_LANDING"],
         batch_size=int(os.environ.get("BENCH_FILES_CAP", "100")),
         min_age_s=0,
+        schema=SCHEMA if frames else None,
     )
-    built = Pipeline("bench-files", source)
-    built.stream.group_by("user").persistent_aggregate(
+    built = Pipeline("bench-files-df" if frames else "bench-files", source)
+    stream = built.stream.sql("SELECT user, amount FROM batch", SCHEMA) if frames else built.stream
+    stream.group_by("user").persistent_aggregate(
         StateSpec("totals", StateKind.TRANSACTIONAL), Sum(), "amount", "total"
     )
     return built
+
+
+def pipeline_df():
+    return pipeline(frames=True)
 
 
 def generate(landing: Path, files: int, rows: int, seed: int = 7) -> dict[str, int]:
@@ -115,12 +128,12 @@ def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def tf_result(redis_url: str, home: Path) -> tuple[dict[str, int], int]:
+def tf_result(redis_url: str, home: Path, frames: bool) -> tuple[dict[str, int], int]:
     """The committed sums, and the bytes the pipeline's file bookkeeping holds in Redis."""
     from tridentflow.steps.query import list_state
     from tridentflow.steps.runtime import Runtime
 
-    rt = Runtime.open(pipeline(), redis_url=redis_url, home=home)
+    rt = Runtime.open(pipeline(frames), redis_url=redis_url, home=home)
     page = list_state(rt, rt.pipeline.states["totals"], limit=USERS * 2)
     sums = {k[0]: int(v) for k, v in page.items}
     keys = [rt.keyspace.files_taken, rt.keyspace.files_meta, rt.keyspace.files_forget]
@@ -134,7 +147,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--rows", type=int, default=1_000)
     parser.add_argument("--cap", type=int, default=100)
-    parser.add_argument("--only", default="tf,ss")
+    parser.add_argument("--only", default="tf,tf-df,ss")
     parser.add_argument("job", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job:  # a child process: the SS job
@@ -168,18 +181,18 @@ def run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
     os.environ.update(BENCH_FILES_LANDING=str(landing), BENCH_FILES_CAP=str(args.cap))
     client = redis.Redis.from_url(redis_url, socket_timeout=None)
     jobs = args.only.split(",")
-    print(f"{'job':<4} {'seconds':>8} {'records/s':>11} {'memory of files':>16}  where")
-    if "tf" in jobs:
+    print(f"{'job':<5} {'seconds':>8} {'records/s':>11} {'memory of files':>16}  where")
+    for job in [j for j in PIPELINES if j in jobs]:
         client.flushdb()
-        home = work / "home"
+        home = work / f"home-{job}"
         seconds = timed_run(
-            ["tridentflow", "run", PIPELINE, "--engine", "spark", "--no-progress",
+            ["tridentflow", "run", PIPELINES[job], "--engine", "spark", "--no-progress",
              "--home", str(home), "--redis-url", redis_url],
             env,
         )  # fmt: skip
-        sums, held = tf_result(redis_url, home)
-        assert sums == want, "tf: the sums differ from the files'"
-        print(f"{'tf':<4} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  Redis keys")
+        sums, held = tf_result(redis_url, home, job == "tf-df")
+        assert sums == want, f"{job}: the sums differ from the files'"
+        print(f"{job:<5} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  Redis keys")
     if "ss" in jobs:
         client.flushdb()
         checkpoint = work / "ss-checkpoint"
@@ -189,7 +202,7 @@ def run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
         raw = client.hgetall(SS_KEY)
         assert {k.decode(): int(v) for k, v in raw.items()} == want, "ss: the sums differ"
         held = directory_bytes(checkpoint / "sources")
-        print(f"{'ss':<4} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  checkpoint "
+        print(f"{'ss':<5} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  checkpoint "
               "sources/")  # fmt: skip
     client.close()
 

@@ -377,20 +377,21 @@ def test_a_dataframe_pipeline_killed_at_every_step_point_counts_each_word_once(t
 
 @pytest.mark.spark
 def test_chaos_over_spark_connect_keeps_dataframe_and_sql_pipelines_exact(connect_url, tf):
-    """The chaos harness (`tridentflow chaos --remote`) on the DataFrame and the SQL word count:
-    faults at every step (crashes, raises, a lost tuple), dark partitions, Redis restarts,
-    clears, rewinds, duplicate commits and exports; every word counted once. (Seeds
-    1148-1149: one schedule of each pipeline, a crash and a Redis restart among them.)"""
+    """The chaos harness (`tridentflow chaos --remote`) on the DataFrame and the SQL word count,
+    and on the SQL word count of Parquet files (read in columns: engines.columnar): faults at
+    every step (crashes, raises, a lost tuple), dark partitions, Redis restarts, clears,
+    rewinds, duplicate commits and exports; every word counted once. (Seeds 1148-1150: one
+    schedule of each pipeline, a crash and a Redis restart among them.)"""
+    from tridentflow.devtools.chaos.files import FILES_DF_PIPELINE
+
+    names = ("wordcount-df", "wordcount-sql", FILES_DF_PIPELINE)
     out = tf(
-        "chaos", "--schedules", "2", "--seed", "1148", "--pipelines", "wordcount-df,wordcount-sql",
+        "chaos", "--schedules", "3", "--seed", "1148", "--pipelines", ",".join(names),
         "--remote", connect_url, "--verbose", timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("seed=")]
-    assert len(lines) == 2 and all(line.endswith("lost=0 doubled=0") for line in lines), lines
-    assert {line.split()[1] for line in lines} == {
-        "pipeline=wordcount-df",
-        "pipeline=wordcount-sql",
-    }
+    assert len(lines) == 3 and all(line.endswith("lost=0 doubled=0") for line in lines), lines
+    assert {line.split()[1] for line in lines} == {f"pipeline={name}" for name in names}
     for event in ("=crash", "redis-restart", "rewind-to:", "dark:"):
         assert event in out.stdout, event

@@ -529,3 +529,22 @@ def test_forget_after_is_seconds_or_a_timedelta(tmp_path):
     for bad in (0, -5, "7d", True):
         with pytest.raises(PipelineError, match="forget_after is seconds"):
             FileSource(fields=("a",), uri="x", forget_after=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+def test_produce_writes_one_whole_file_of_the_sources_format(redis_url, tmp_path, fmt):
+    """``tridentflow produce`` into a FileSource: one new file in its format (a column per
+    field), renamed in whole; its records come back through the source, every one once."""
+    landing = tmp_path / "landing"
+    rt = runtime_of(pipeline(landing, fmt), redis_url, tmp_path / "h")
+    lines = [json.dumps({"user": f"u{i % 3}", "amount": i}) for i in range(10)]
+    said = rt.log.produce(rt.pipeline.name, lines, None, 1)
+    assert said.records == 10 and str(said).startswith("wrote")
+    (written,) = [p for p in landing.iterdir()]
+    assert written.suffix == {"parquet": ".parquet", "csv": ".csv", "json": ".jsonl"}[fmt]
+    run_batches(rt, ENGINE, 1)
+    assert state(rt, "rows") == {"u0": 4, "u1": 3, "u2": 3}
+    assert state(rt, "totals") == {"u0": 18, "u1": 12, "u2": 15}
+    if fmt != "json":
+        with pytest.raises(SourceError, match="takes JSON objects"):
+            rt.log.produce(rt.pipeline.name, ["[1, 2]"], None, 1)

@@ -104,6 +104,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spark_graph", "rdd", "string",
             "How classic Spark runs a batch's operations: rdd or frames (Spark Connect always "
             "uses frames).", "rdd"),
+    Setting("file_read", "columns", "string",
+            "How Spark reads a Parquet or CSV FileSource's files for the DataFrame steps that "
+            "read it: columns (in columns wherever that gives the record stage's rows "
+            "exactly) or rows (every file through the record stage).", "columns"),
 )  # fmt: skip
 BY_ENV = {s.env: s for s in SETTINGS}
 BY_KEY = {s.key: s for s in SETTINGS}

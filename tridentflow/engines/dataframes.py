@@ -55,9 +55,12 @@ class DataFrameBackend(FrameBackend):
         self.views: list[str] = []
 
     def frame(self, data: Frame, node: FrameNode, partitions: int, strict: str | None) -> Frame:
-        source = materialized(data)
-        body = functools.partial(_typed_body, node.input_schema, node.label)
-        typed = source.df.mapInArrow(body, node.input_schema.to_spark())
+        if data.df is None:  # the source's files read in columns (engines.columnar)
+            typed = data.typed
+        else:
+            source = materialized(data)
+            body = functools.partial(_typed_body, node.input_schema, node.label)
+            typed = source.df.mapInArrow(body, node.input_schema.to_spark())
         out = _conformed(self._apply(node, typed), node)
         if strict is not None:
             reason = nondeterminism(out)
@@ -217,22 +220,28 @@ def _partition_id() -> int:
 
 def _typed_body(schema: Schema, label: str, batches: Iterator[Any]) -> Iterator[Any]:
     """mapInArrow body: each logical partition's tuples as one Arrow batch of ``schema``."""
+    for _part, items in runs(batches, "part"):
+        yield typed_batch(schema, label, items)
+
+
+def typed_batch(schema: Schema, label: str, items: list[tuple[Any, ...]]) -> Any:
+    """``items`` (tuples of ``schema``'s fields) as one Arrow batch of it; DataFrameStepError
+    (one line) for a value that does not fit its field's type."""
     import pyarrow as pa
 
     arrow = schema.to_arrow()
-    for _part, items in runs(batches, "part"):
-        columns = list(zip(*items, strict=True)) if items else [() for _ in schema.fields]
-        arrays = []
-        for values, field in zip(columns, arrow, strict=True):
-            try:
-                arrays.append(pa.array(list(values), type=field.type))
-            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-                raise DataFrameStepError(
-                    f"{label}: field {field.name} does not fit its declared type "
-                    f"{schema.type_of(field.name).ddl()} ({one_line(exc)}); declare the type "
-                    "its values have (input_schema=)"
-                ) from None
-        yield pa.RecordBatch.from_arrays(arrays, schema=arrow)
+    columns = list(zip(*items, strict=True)) if items else [() for _ in schema.fields]
+    arrays = []
+    for values, field in zip(columns, arrow, strict=True):
+        try:
+            arrays.append(pa.array(list(values), type=field.type))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise DataFrameStepError(
+                f"{label}: field {field.name} does not fit its declared type "
+                f"{schema.type_of(field.name).ddl()} ({one_line(exc)}); declare the type "
+                "its values have (input_schema=)"
+            ) from None
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow)
 
 
 def _chunk_body(batches: Iterator[Any]) -> Iterator[Any]:

@@ -49,7 +49,8 @@ class Frame:
     typed: Any = None
     """A DataFrame step's output as Spark has it (typed columns), beside ``df``, its chunks:
     what a state fed straight by the step aggregates with Spark's own groupBy (Spark is
-    lazy: the chunks are never computed if nothing reads them)."""
+    lazy: the chunks are never computed if nothing reads them). With ``df`` None, the
+    source's files read in columns (``engines.columnar``): only DataFrame steps read it."""
 
 
 class Fused:

@@ -40,9 +40,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tridentflow.engines import rdds
-from tridentflow.engines.base import COLLECT_KEYS, ComputeResult, ExecContext, Ranges
+from tridentflow.engines.base import (
+    COLLECT_KEYS,
+    ComputeResult,
+    ExecContext,
+    PartitionCount,
+    Ranges,
+)
 from tridentflow.engines.batchops import StageByKey
 from tridentflow.engines.blocks import write_state_blocks
+from tridentflow.engines.columnar import columnar_input, read_columns
 from tridentflow.engines.dataframes import DataFrameBackend
 from tridentflow.engines.frames import (
     Frame,
@@ -64,7 +71,7 @@ from tridentflow.engines.tasks import (
     task_records,
 )
 from tridentflow.errors import TridentflowError, one_line
-from tridentflow.plan import Plan
+from tridentflow.plan import BadRecord, Plan
 from tridentflow.settings import env_int, env_seconds, raw_setting
 from tridentflow_state.staged import BlockRef, BlockSpace, WrittenBlocks
 
@@ -160,22 +167,22 @@ class SparkEngine:
         tasks: list[ReadTask],
         backend: FrameBackend,
     ) -> ComputeResult:
-        # the read tasks need the record stage only: not the steps' code (a DataFrame step's
-        # function runs on the driver, and may hold what does not pickle)
-        shipped = replace(plan, graph_persists=(), stage_names={}) if plan.frames else plan
+        columns = None
+        if isinstance(backend, DataFrameBackend) and not ctx.lose_tuple:
+            columns = columnar_input(plan)
         try:
-            outputs = backend.cache(
-                self.spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(
-                    functools.partial(_read_tasks_frames, log_root, shipped, tasks), TASK_SCHEMA
+            read = None
+            if columns is not None:  # files, read in columns by Spark (engines.columnar)
+                read = read_columns(self.spark, plan, log_root, ranges, columns)
+            if read is not None:
+                counts, bad = read.counts, read.bad
+                edges = [Frame(None, read.groups, typed=read.typed)]
+                task_partials: list[Frame] = []
+            else:
+                counts, bad, edges, task_partials = self._read_tasks(
+                    plan, log_root, ranges, tasks, backend
                 )
-            )
-            summaries = [pickle.loads(r["data"]) for r in outputs.where("kind = 0").collect()]
-            counts = merge_counts(ranges, ((p, count) for p, count, _bad in summaries))
-            bad = [b for _p, _count, task_bad in summaries for b in task_bad]
-            n = len(tasks)
-            edges = [_output(outputs, 1, e, n) for e in range(len(plan.edges))]
             builder = GraphBuilder(plan, backend, edges, ctx)
-            task_partials = [_output(outputs, 2, i, n) for i in range(len(plan.persists))]
             datasets = build_states(plan, builder, task_partials)
             if ctx.blocks is not None:
                 streams = _stage_on_executors(datasets, ctx)
@@ -186,6 +193,32 @@ class SparkEngine:
             backend.release()
         bad.sort(key=lambda b: (b.partition, b.offset))
         return ComputeResult(counts, streams, bad, reports)
+
+    def _read_tasks(
+        self,
+        plan: Plan,
+        log_root: str,
+        ranges: Ranges,
+        tasks: list[ReadTask],
+        backend: FrameBackend,
+    ) -> tuple[dict[int, PartitionCount], list[BadRecord], list[Frame], list[Frame]]:
+        """The record stage's read tasks, cached: (counts, bad records, every edge's tuples,
+        every fast-path state's partials)."""
+        # the read tasks need the record stage only: not the steps' code (a DataFrame step's
+        # function runs on the driver, and may hold what does not pickle)
+        shipped = replace(plan, graph_persists=(), stage_names={}) if plan.frames else plan
+        outputs = backend.cache(
+            self.spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(
+                functools.partial(_read_tasks_frames, log_root, shipped, tasks), TASK_SCHEMA
+            )
+        )
+        summaries = [pickle.loads(r["data"]) for r in outputs.where("kind = 0").collect()]
+        counts = merge_counts(ranges, ((p, count) for p, count, _bad in summaries))
+        bad = [b for _p, _count, task_bad in summaries for b in task_bad]
+        n = len(tasks)
+        edges = [_output(outputs, 1, e, n) for e in range(len(plan.edges))]
+        task_partials = [_output(outputs, 2, i, n) for i in range(len(plan.persists))]
+        return counts, bad, edges, task_partials
 
     def _collect(self, backend: FrameBackend, datasets: dict[str, Frame]) -> dict[str, Any]:
         """Every state's (key, staged value) pairs: one job materialises them all (tagged by

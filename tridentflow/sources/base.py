@@ -231,6 +231,25 @@ class Remembers(Protocol):
 
 
 @runtime_checkable
+class ReadsFilesInColumns(Protocol):
+    """A log whose offsets are whole files Arrow reads as tables (a Parquet or CSV
+    FileSource): the Spark engine may read a txid's files in columns for the DataFrame steps
+    that read the source (tridentflow.engines.columnar)."""
+
+    def tables(self) -> bool:
+        """Whether its files read as Arrow tables (not JSON lines)."""
+        ...
+
+    def frozen(self, partition: int, start: int, end: int) -> list[tuple[int, dict[str, Any]]]:
+        """(offset, manifest entry: path, size, mtime_ns) of each file of [start, end)."""
+        ...
+
+    def reader(self) -> Any:
+        """A picklable reader of those files (``sources.files.FileReader``)."""
+        ...
+
+
+@runtime_checkable
 class Closes(Protocol):
     """A log holding a connection of its own (a read task closes it)."""
 

@@ -275,25 +275,54 @@ class FilesLog:
         skip_unavailable: bool = False,
     ) -> Produced:
         """``tridentflow produce`` into the landing place: ``lines`` (checked JSON records) as
-        one new JSON-lines file, written under a hidden name and renamed in whole (a listing
-        never sees it half-written). A FileSource of another format is refused."""
+        one new file of the source's format - JSON lines as they are; Parquet or CSV with a
+        column per field (each record an object, or one field's bare value), typed as Arrow
+        infers them - written under a hidden name and renamed in whole (a listing never sees
+        it half-written)."""
         import uuid
 
-        if self.format != "json":
-            raise SourceError(
-                f"produce writes JSON lines, and this FileSource reads {self.format} files: "
-                "write them with your own tools"
-            )
         if asked_partitions:
             raise SourceError("--partitions: a FileSource spreads files by their path")
         filesystem_, base = self.fs
-        name = f"produced-{uuid.uuid4().hex}.jsonl"
+        suffix = {"json": "jsonl", "parquet": "parquet", "csv": "csv"}[self.format]
+        name = f"produced-{uuid.uuid4().hex}.{suffix}"
         hidden = f"{base}/.{name}"
+        data = self._encoded(lines)
         filesystem_.create_dir(base, recursive=True)
         with filesystem_.open_output_stream(hidden) as out:
-            out.write("".join(f"{line}\n" for line in lines).encode())
+            out.write(data)
         filesystem_.move(hidden, f"{base}/{name}")
         return Produced(len(lines), f"{self.uri}/{name}", self._partitions, verb="wrote")
+
+    def _encoded(self, lines: list[str]) -> bytes:
+        """``lines`` as one file of the source's format (``produce``)."""
+        if self.format == "json":
+            return "".join(f"{line}\n" for line in lines).encode()
+        import pyarrow as pa
+
+        fields = list(self.spec.get("fields") or ())
+        rows = []
+        for line in lines:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                if len(fields) != 1:
+                    raise SourceError(
+                        f"produce into a {self.format} FileSource takes JSON objects (a "
+                        f"column per field), got {line[:60]}"
+                    )
+                record = {fields[0]: record}
+            rows.append(record)
+        table = pa.Table.from_pylist(rows)
+        sink = pa.BufferOutputStream()
+        if self.format == "parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, sink)
+        else:
+            import pyarrow.csv as pacsv
+
+            pacsv.write_csv(table, sink)
+        return sink.getvalue().to_pybytes()
 
     def check_delete(self) -> None:
         """``reset --source`` is refused: the files are their writers', never tridentflow's."""
@@ -336,27 +365,28 @@ class FilesLog:
     def read_raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         """Every record of the files at offsets [start, end) of ``partition``, file by file,
         each checked against the identity it was taken with first; a file that cannot be
-        parsed is one bad record naming it."""
+        parsed is one bad record naming it (``FileReader.records``)."""
+        reader = self.reader()
+        for offset, entry in self.frozen(partition, start, end):
+            yield from reader.records(partition, offset, entry)
+
+    def frozen(self, partition: int, start: int, end: int) -> list[tuple[int, dict[str, Any]]]:
+        """(offset, manifest entry) of every file at offsets [start, end) of ``partition``;
+        SourceError (``probe``) if the manifest no longer holds them all."""
         if start >= end:
-            return
+            return []
         entries = self._entries(partition, start, end)
         if len(entries) < end - start:
             self.probe(partition, start, end)
-        for offset, entry in enumerate(entries, start):
-            try:
-                self._check_unchanged(partition, entry)
-            except PartitionUnavailableError as exc:
-                if not self.opaque:
-                    raise  # a transactional replay must read what it froze: it waits
-                yield offset, f"skipped by an opaque FileSource: {exc}".encode()
-                continue  # quarantined as a bad record: what was skipped is said
-            try:
-                rows = self._rows(entry["path"])
-            except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-                yield offset, f"unreadable file {entry['path']}: {one_line(exc)}".encode()
-                continue
-            for row in rows:
-                yield offset, row
+        return list(enumerate(entries, start))
+
+    def tables(self) -> bool:
+        """Whether its files read as Arrow tables: Parquet and CSV (ReadsFilesInColumns)."""
+        return self.format in ("parquet", "csv")
+
+    def reader(self) -> FileReader:
+        """What reads this source's frozen files (on the driver or an executor)."""
+        return FileReader(self.uri, self.format, self.storage_options, self.opaque)
 
     def acknowledge(self, committed: dict[int, int]) -> None:
         return None
@@ -540,11 +570,55 @@ class FilesLog:
             "twice) or 'ignore' to leave it"
         )
 
-    # -- reading ------------------------------------------------------------------------------
-    def _check_unchanged(self, partition: int, entry: dict[str, Any]) -> None:
+
+class FileReader:
+    """Reads frozen files (manifest entries: path, size, mtime_ns) of one FileSource, on the
+    driver or a Spark executor. Every read checks the file against the identity it was
+    taken with first: a file deleted, truncated or rewritten since is never read half."""
+
+    def __init__(
+        self, uri: str, format: str, storage_options: dict[str, str], opaque: bool
+    ) -> None:
+        self.uri = uri
+        self.format = format
+        self.storage_options = storage_options
+        self.opaque = opaque
+        self._fs: Any = None
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._fs = filesystem(self.uri, self.storage_options)[0]
+        return self._fs
+
+    def records(
+        self, partition: int, offset: int, entry: dict[str, Any]
+    ) -> Iterator[tuple[int, bytes]]:
+        """The file's records as JSON lines, each with the file's offset (the record stage's
+        input); a file that cannot be parsed is one line naming it, and so is a file an opaque
+        source skips (both quarantined as bad records); a transactional source's changed file
+        raises PartitionUnavailableError (it waits)."""
+        try:
+            self.check_unchanged(partition, entry)
+        except PartitionUnavailableError as exc:
+            if not self.opaque:
+                raise  # a transactional replay must read what it froze: it waits
+            yield offset, f"skipped by an opaque FileSource: {exc}".encode()
+            return  # quarantined as a bad record: what was skipped is said
+        try:
+            rows = self._rows(entry["path"])
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            yield offset, unreadable(entry["path"], exc)
+            return
+        for row in rows:
+            yield offset, row
+
+    def check_unchanged(self, partition: int, entry: dict[str, Any]) -> None:
+        """PartitionUnavailableError unless the file is there with the size and mtime it was
+        taken with."""
         from pyarrow import fs
 
-        info = self.fs[0].get_file_info(entry["path"])
+        info = self.fs.get_file_info(entry["path"])
         if info.type == fs.FileType.NotFound:
             raise PartitionUnavailableError(partition, f"missing its file {entry['path']}")
         if int(info.size or 0) != entry["size"] or int(info.mtime_ns or 0) != entry["mtime_ns"]:
@@ -554,20 +628,29 @@ class FilesLog:
                 f"bytes then, {info.size} now): put the original back, or rewind past it",
             )
 
-    def _rows(self, path: str) -> list[bytes]:
-        """The file's records as JSON (a JSON-lines file: its lines as they are)."""
-        filesystem_ = self.fs[0]
-        if self.format == "json":
-            with filesystem_.open_input_stream(path) as stream:
-                data = stream.read()
-            return [line for line in data.splitlines() if line.strip()]
+    def table(self, path: str, columns: list[str] | None = None) -> Any:
+        """A Parquet or CSV file as the Arrow table its records come from (``columns``: only
+        those, Parquet only). Raises OSError or ValueError for a file that cannot be read."""
         if self.format == "parquet":
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path, filesystem=filesystem_)
-        else:
-            import pyarrow.csv as pacsv
+            return pq.read_table(path, filesystem=self.fs, columns=columns)
+        if self.format != "csv":
+            raise ValueError(f"internal: no Arrow table for a {self.format} FileSource")
+        import pyarrow.csv as pacsv
 
-            with filesystem_.open_input_stream(path) as stream:
-                table = pacsv.read_csv(stream)
-        return [json.dumps(row, default=str).encode() for row in table.to_pylist()]
+        with self.fs.open_input_stream(path) as stream:
+            return pacsv.read_csv(stream)
+
+    def _rows(self, path: str) -> list[bytes]:
+        """The file's records as JSON (a JSON-lines file: its lines as they are)."""
+        if self.format == "json":
+            with self.fs.open_input_stream(path) as stream:
+                data = stream.read()
+            return [line for line in data.splitlines() if line.strip()]
+        return [json.dumps(row, default=str).encode() for row in self.table(path).to_pylist()]
+
+
+def unreadable(path: str, exc: BaseException) -> bytes:
+    """The record that stands for a file that cannot be parsed (quarantined: not JSON)."""
+    return f"unreadable file {path}: {one_line(exc)}".encode()

@@ -364,6 +364,7 @@ class FileSource(LogSource):
             "partitions": self.partitions,
             "mode": self.mode.value,
             "forget_after_s": self.forget_after,
+            "fields": list(self.fields),
         }
         return FilesLog(ctx.client, ctx.redis_url or "", ctx.keys, spec)
 

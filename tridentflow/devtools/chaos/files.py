@@ -23,6 +23,10 @@ from tridentflow_state.maps import StateKind
 FILES_PIPELINE = "tridentflow.devtools.chaos.files:files_wordcount"
 """The pipeline, as the harness loads it (its landing directory set per schedule)."""
 FILES_NAME = "chaos-files"
+FILES_DF_PIPELINE = "tridentflow.devtools.chaos.files:files_df_wordcount"
+"""The same over Parquet files, counted by a SQL step (Spark: ``--remote``): its files read in
+columns (tridentflow.engines.columnar)."""
+FILES_DF_NAME = "chaos-files-df"
 DELTA_PIPELINE = "tridentflow.devtools.chaos.files:delta_wordcount"
 """The table pipeline, as the harness loads it (its table set per schedule)."""
 DELTA_NAME = "chaos-delta"
@@ -35,6 +39,20 @@ def files_wordcount(landing: str = "landing") -> Pipeline:
                         batch_size=2, mode=SourceMode.TRANSACTIONAL)  # fmt: skip
     pipeline = Pipeline(FILES_NAME, source, description="word count of files in a directory")
     words = pipeline.stream.each("sentence", split, "word").group_by("word")
+    words.persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
+    words.persistent_aggregate(StateSpec("seen", StateKind.TRANSACTIONAL), Count(), out_field="n")
+    return pipeline
+
+
+def files_df_wordcount(landing: str = "landing") -> Pipeline:
+    """The word count of the Parquet files under ``landing`` (each append one file ``produce``
+    writes), its words split by a SQL step; an opaque and a transactional state."""
+    from tridentflow.examples.wordcount_df import SQL
+
+    source = FileSource(fields=("sentence",), schema="sentence string", uri=landing,
+                        format="parquet", min_age_s=0, batch_size=2)  # fmt: skip
+    pipeline = Pipeline(FILES_DF_NAME, source, description="word count of Parquet files, in SQL")
+    words = pipeline.stream.sql(SQL, schema="word string").group_by("word")
     words.persistent_aggregate(StateSpec("counts", StateKind.OPAQUE), Count(), out_field="count")
     words.persistent_aggregate(StateSpec("seen", StateKind.TRANSACTIONAL), Count(), out_field="n")
     return pipeline

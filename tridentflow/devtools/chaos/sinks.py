@@ -25,7 +25,12 @@ from tridentflow.devtools.chaos.draws import (
     schedule_expiry_time,
     sink_parts,
 )
-from tridentflow.devtools.chaos.files import DELTA_NAME, FILES_NAME, create_sentences_table
+from tridentflow.devtools.chaos.files import (
+    DELTA_NAME,
+    FILES_DF_NAME,
+    FILES_NAME,
+    create_sentences_table,
+)
 from tridentflow.devtools.chaos.schedule import Schedule
 from tridentflow.devtools.chaos.typed import (
     TYPED_NAME,
@@ -84,7 +89,7 @@ class SinkChecks:
                 config={"bootstrap.servers": self.kafka.bootstrap},
                 timeout_s=0.5,  # a frozen broker fails each call within half a second
             )
-        if pipeline.name == FILES_NAME:  # a landing directory of the schedule's own
+        if pipeline.name in (FILES_NAME, FILES_DF_NAME):  # a landing of the schedule's own
             landing = self.workdir / f"landing-{seed}"
             landing.mkdir(parents=True, exist_ok=True)
             pipeline.source = replace(pipeline.source, uri=str(landing))
