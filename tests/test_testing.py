@@ -382,3 +382,29 @@ def test_every_txid_and_its_exported_rows_are_what_production_gives(
     run_batches(harness, batches, replay=[1, len(batches)], crash_mid_commit=[2])
     assert _exported(harness_sinks) == _exported(production_sinks)
     assert any(rows for sink in production_sinks.values() for rows in sink.batches.values())
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+def test_a_file_source_pipeline_runs_on_batches_of_files_as_production_reads_them(
+    redis_url, tmp_path, fmt
+):
+    """A batch of files (pathlib.Path): their rows, read as the FileSource reads them, and a
+    corrupt file one quarantined record naming it - the states equal production's over the
+    same files (the FileSource, its manifest in Redis, the local engine)."""
+    from tests.test_file_source import batch, pipeline, runtime_of, state, write
+    from tridentflow.steps.driver import run_batches as run_production
+
+    landing = tmp_path / "landing"
+    files = [write(landing, f"f{i}.{fmt}", batch(i, n=6), fmt) for i in range(4)]
+    broken = landing / f"z.{fmt}"
+    broken.write_bytes(b"PAR1 not parquet" if fmt != "json" else b'{"user": "u1", "amo\n')
+    built = pipeline(landing, fmt)
+    states = run_batches(built, [files[:2], [*files[2:], broken]], on_bad="quarantine")
+    rt = runtime_of(built, redis_url, tmp_path / "h")
+    run_production(rt, LocalEngine())
+    assert states["rows"] == state(rt, "rows") and states["totals"] == state(rt, "totals")
+    assert sum(states["rows"].values()) == 24
+    (bad,) = states.quarantined  # the file (Parquet, CSV), or its one broken line (JSON)
+    assert fmt == "json" or str(broken) in json.dumps(bad), bad
+    with pytest.raises(TestingError, match="needs a FileSource pipeline and only files"):
+        run_batches(built, [[files[0], {"user": "u", "amount": 1}]])

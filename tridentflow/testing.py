@@ -36,6 +36,10 @@ What a run can go through, as in production:
 Keys: a one-field group key is its value (``"you"``), a key of several fields a tuple, a state
 with no group fields (a global aggregate) has the one key ``()``. Removed keys are absent.
 
+Files: a ``FileSource`` pipeline's batch may list files (``pathlib.Path``; Parquet, CSV or
+JSON lines, by the source's format): their records are the rows the FileSource reads from
+them, and a file that cannot be parsed is one quarantined record naming it, as in production.
+
 Sinks: a ``CollectSink`` in a ``new_values_stream().sink(...)`` collects what the export would
 write after each commit (``sink.batches``: txid -> rows). Other sinks are not called (they
 need their store). A static state in Redis (``RedisHashLookup``) cannot run here: use a
@@ -59,6 +63,7 @@ from tridentflow.nodes import QueryNode, lineage, parents_of
 from tridentflow.pipeline import Pipeline
 from tridentflow.plan import compile_chain, compile_pipeline
 from tridentflow.sinks.base import ExportContext, Row, Sink
+from tridentflow.sources.base import ReadsFiles
 from tridentflow.sources.filelog import FileLog
 from tridentflow.steps.committer import apply_in_chunks
 from tridentflow.steps.emitter import attempt_header
@@ -272,12 +277,43 @@ class _Run:
         return {p: list(records) for p, records in parts.items()}
 
     def _append(self, parts: dict[int, list[Any]]) -> dict[int, tuple[int, int]]:
-        """Each partition's records appended to the log: the offset range they got."""
+        """Each partition's records appended to the log: the offset range they got (a batch
+        of files: the lines their source reads from them, as they are)."""
         assert self.log is not None
+        log = self.log
         try:
-            return {p: self.log.append(p, parts.get(p, [])) for p in range(self.partitions)}
+            return {
+                p: log.append_lines(p, lines)
+                if (lines := self._file_lines(parts.get(p, []))) is not None
+                else log.append(p, parts.get(p, []))
+                for p in range(self.partitions)
+            }
         except TridentflowError as exc:
             raise TestingError(f"a batch holds a record the log refuses: {exc}") from None
+
+    def _file_lines(self, records: list[Any]) -> list[str] | None:
+        """The lines a batch of files (``pathlib.Path`` each) gives its FileSource - Parquet,
+        CSV or JSON lines, read as the FileSource reads them; None for a batch of records."""
+        paths = [r for r in records if isinstance(r, Path)]
+        if not paths:
+            return None
+        source = self.pipeline.source
+        if len(paths) != len(records) or not isinstance(source, ReadsFiles):
+            raise TestingError(
+                "a batch of files (pathlib.Path) needs a FileSource pipeline and only files; "
+                f"got {len(paths)} of {len(records)} for a {type(source).__name__}"
+            )
+        lines = []
+        for path in paths:
+            for raw in source.records_of_file(str(path)):
+                try:
+                    lines.append(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise TestingError(
+                        f"{path}: a line is not UTF-8 (production quarantines it; the "
+                        "harness's log holds text)"
+                    ) from None
+        return lines
 
     def _compute(self, txid: int, ranges: dict[int, tuple[int, int]], base: int) -> ComputeResult:
         """What the engine makes of the records in ``ranges``: counts, partials, bad records."""

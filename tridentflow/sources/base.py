@@ -231,6 +231,14 @@ class Remembers(Protocol):
 
 
 @runtime_checkable
+class ReadsFiles(Protocol):
+    """A source spec whose records come from files (a FileSource): one file's records as its
+    record stage gets them, for ``tridentflow.testing`` to run a batch of files."""
+
+    def records_of_file(self, path: str) -> list[bytes]: ...
+
+
+@runtime_checkable
 class ReadsFilesInColumns(Protocol):
     """A log whose offsets are whole files Arrow reads as tables (a Parquet or CSV
     FileSource): the Spark engine may read a txid's files in columns for the DataFrame steps

@@ -642,6 +642,14 @@ class FileReader:
         with self.fs.open_input_stream(path) as stream:
             return pacsv.read_csv(stream)
 
+    def file_records(self, path: str) -> list[bytes]:
+        """The file's records as the record stage gets them, with no identity check: its JSON
+        lines, or the one line that names it unreadable (quarantined)."""
+        try:
+            return self._rows(path)
+        except (OSError, ValueError) as exc:
+            return [unreadable(path, exc)]
+
     def _rows(self, path: str) -> list[bytes]:
         """The file's records as JSON (a JSON-lines file: its lines as they are)."""
         if self.format == "json":

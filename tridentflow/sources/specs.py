@@ -373,6 +373,13 @@ class FileSource(LogSource):
         ``s3://bucket``)."""
         return [_path_dataset(self.uri)]
 
+    def records_of_file(self, path: str) -> list[bytes]:
+        """One file's records as this source's record stage gets them (ReadsFiles)."""
+        from tridentflow.sources.files import FileReader
+
+        reader = FileReader(self.uri, self.format, dict(self.storage_options), False)
+        return reader.file_records(path)
+
 
 @dataclass(frozen=True)
 class DeltaSource(LogSource):
