@@ -161,9 +161,9 @@ def test_an_overwritten_file_is_refused_ignored_or_taken_again_as_asked(redis_ur
 
 def test_a_frozen_file_deleted_or_changed_before_its_emit_is_never_read_half(redis_url, tmp_path):
     """The txid froze the file; it is changed before the emit read it: the emit fails in one
-    line naming the file (rewritten: refused as overwritten; deleted: its partition waits);
-    the original put back, the same txid reads it whole."""
-    from tridentflow.errors import FileOverwrittenError
+    line naming the file and its partition waits (rewritten, or deleted; the emit lists
+    nothing: the read checks the file it froze); the original put back, the same txid reads
+    it whole."""
     from tridentflow.steps.coordinator import coordinate
     from tridentflow.steps.emitter import emit
 
@@ -175,7 +175,7 @@ def test_a_frozen_file_deleted_or_changed_before_its_emit_is_never_read_half(red
     txid = rt.ledger.bind_run("run-1").txid
     coordinate(rt, txid)
     path.write_bytes(original[: len(original) // 2])  # truncated
-    with pytest.raises(FileOverwrittenError, match=r"f\.parquet was taken at offset 0"):
+    with pytest.raises(PartitionUnavailableError, match=r"f\.parquet changed since it was taken"):
         emit(rt, txid, ENGINE)
     path.unlink()
     with pytest.raises(PartitionUnavailableError, match=r"missing its file .*f\.parquet"):

@@ -27,6 +27,8 @@ DECLARED = {
     # files are their producers': the reader guards a reset --source, counts records, names
     # what waits, and closes its own Redis client
     FilesLog: {
+        "ListsOnScan",
+        "ReadsFilesInColumns",
         "Produces",
         "GuardsDelete",
         "CountsRecords",

@@ -231,6 +231,16 @@ class Remembers(Protocol):
 
 
 @runtime_checkable
+class ListsOnScan(Protocol):
+    """A log whose ``scan`` lists a store and takes what it finds (a FileSource: a listing of
+    every file under its prefix). ``taken`` is the scan of what it already took, without a
+    listing: what an emit (whose txid's files the coordinator froze) and a driver's
+    look-ahead right after a coordinator's listing need."""
+
+    def taken(self) -> LogScan: ...
+
+
+@runtime_checkable
 class ReadsFiles(Protocol):
     """A source spec whose records come from files (a FileSource): one file's records as its
     record stage gets them, for ``tridentflow.testing`` to run a batch of files."""

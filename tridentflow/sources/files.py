@@ -341,6 +341,10 @@ class FilesLog:
             self.trim(self._committed())
         return LogScan(self.heads())
 
+    def taken(self) -> LogScan:
+        """Every partition's head in the manifest, with no listing (ListsOnScan)."""
+        return LogScan(self.heads())
+
     def heads(self) -> dict[int, int]:
         """Per partition, the offset after the manifest's last entry (no listing)."""
         bases = self._bases()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from tridentflow.engines.base import Engine
 from tridentflow.errors import IncompleteBatchError, NotReadyError, TridentflowError
-from tridentflow.sources.base import Requires
+from tridentflow.sources.base import ListsOnScan, Requires
 from tridentflow.steps.committer import CommitResult, commit
 from tridentflow.steps.coordinator import coordinate
 from tridentflow.steps.emitter import emit
@@ -123,7 +123,7 @@ def run_pipelined(
         rt.ledger.claim(txid, f"{driver}-{txid}")
         meta = coordinate(rt, txid, batch_size)
         if "ranges" in meta and max_batches is None:  # transactional: is anything left after it?
-            heads = rt.log.scan().heads
+            heads = (rt.log.taken() if isinstance(rt.log, ListsOnScan) else rt.log.scan()).heads
             exhausted = all(
                 int(meta["ranges"].get(str(p), [0, 0])[1]) >= h for p, h in heads.items()
             )

@@ -40,8 +40,9 @@ from tridentflow.steps.staging import CODE_SHAPE, StagedBatch
 
 def unreadable_partitions(rt: Runtime, txid: int) -> tuple[dict[int, int], dict[int, str]]:
     """(head of every readable partition, reason for every other one) while ``txid`` reads:
-    really unavailable partitions (missing, unreadable, torn HEAD) and injected dark ones."""
-    scan = rt.source_scan()
+    really unavailable partitions (missing, unreadable, torn HEAD) and injected dark ones. A
+    store's listing is not repeated here (``known_scan``): the coordinator's froze the txid."""
+    scan = rt.known_scan()
     heads, unavailable = dict(scan.heads), dict(scan.unavailable)
     for partition in rt.faults.dark_partitions(txid):
         if partition in heads:

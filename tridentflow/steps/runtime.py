@@ -32,7 +32,7 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     url_of,
 )
 from tridentflow.settings import env_int, explicit_setting, raw_setting, source_of
-from tridentflow.sources.base import Grows, LogScan, SourceContext, SourceLog
+from tridentflow.sources.base import Grows, ListsOnScan, LogScan, SourceContext, SourceLog
 from tridentflow.steps.staging import (
     DEFAULT_STAGING,
     STAGING_ENV,
@@ -354,6 +354,13 @@ class Runtime:
         if current < self.pipeline.source.partitions:
             self.log.ensure(self.pipeline.source.partitions)
         return self.log.scan()
+
+    def known_scan(self) -> LogScan:
+        """``source_scan``, but a log that lists a store on a scan (a FileSource) answers from
+        what it already took, without listing it again (an emit, a look-ahead)."""
+        if isinstance(self.log, ListsOnScan):
+            return self.log.taken()
+        return self.source_scan()
 
     def source_heads(self) -> dict[int, int]:
         """Head offset of every partition (PartitionUnavailableError if one cannot be read)."""
