@@ -325,35 +325,15 @@ def _typed_body(
     surveyed: list[list[FrozenFile]],
     batches: Iterator[Any],
 ) -> Iterator[Any]:
-    """mapInArrow body: each group's rows as typed batches of ``schema``, file by file."""
-    import pyarrow as pa
-
-    from tridentflow.engines.dataframes import typed_batch
-
-    arrow = schema.to_arrow()
+    """mapInArrow body: each group's rows as typed batches of ``schema``, file by file; a
+    file that gives another row count than the survey's fails the attempt (SourceError)."""
     for batch in batches:
         for index in batch.column(0).to_pylist():
             for f in surveyed[index]:
                 if f.way == NONE:
                     continue
                 reader.check_unchanged(f.partition, f.entry)  # raises if it changed
-                if f.way == COLUMNS:
-                    table = reader.table(
-                        f.entry["path"], list(schema.names) if reader.format == "parquet" else None
-                    )
-                    got = table.num_rows
-                    out = pa.Table.from_arrays(
-                        [
-                            table.column(n).cast(field.type)
-                            for n, field in zip(schema.names, arrow, strict=True)
-                        ],
-                        schema=arrow,
-                    )
-                    found = out.to_batches()
-                else:
-                    rows = list(_record_rows(reader, decoder, expand, f, None))
-                    got = len(rows)
-                    found = [typed_batch(schema, "FileSource", rows)]
+                got, found = _typed_file(reader, decoder, expand, schema, f)
                 if got != f.rows:
                     raise SourceError(
                         f"file {f.entry['path']} gave {got} rows on a second read, {f.rows} "
@@ -361,3 +341,22 @@ def _typed_body(
                         "a retry reads it again)"
                     )
                 yield from found
+
+
+def _typed_file(
+    reader: Any, decoder: RowDecoder, expand: Expander, schema: Schema, f: FrozenFile
+) -> tuple[int, list[Any]]:
+    """(rows, typed batches) of one surveyed file: its declared columns cast to their Arrow
+    types, or the record stage's good tuples as one batch."""
+    import pyarrow as pa
+
+    from tridentflow.engines.dataframes import typed_batch
+
+    if f.way == ROWS:
+        rows = list(_record_rows(reader, decoder, expand, f, None))
+        return len(rows), [typed_batch(schema, "FileSource", rows)]
+    only = list(schema.names) if reader.format == "parquet" else None
+    table = reader.table(f.entry["path"], only)
+    arrow = schema.to_arrow()
+    columns = [table.column(n).cast(t.type) for n, t in zip(schema.names, arrow, strict=True)]
+    return table.num_rows, pa.Table.from_arrays(columns, schema=arrow).to_batches()
