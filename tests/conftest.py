@@ -108,8 +108,13 @@ def pg_dsn(postgres_server: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def spark():
+    """The worker's classic session. A session fixture is set up before a test's function
+    fixtures (no_connect_mode_after_the_test among them): an earlier test's in-process Connect
+    session may have left pyspark's Connect markers, which would make this one a client."""
     from tridentflow.engines.spark import spark_session
 
+    for marker in CONNECT_MODE_MARKERS:
+        os.environ.pop(marker, None)
     session = spark_session("tridentflow-tests", "local[2]")
     yield session
     session.stop()

@@ -24,6 +24,7 @@ from tridentflow.aggregators import Count, Max, Sum
 from tridentflow.engines import columnar
 from tridentflow.nodes import StateSpec
 from tridentflow.schemas import parse_schema
+from tridentflow.sources.specs import SourceMode
 from tridentflow_state.maps import StateKind
 
 SCHEMA = "user string, amount bigint, score double, flag boolean, small int"
@@ -43,7 +44,8 @@ def pipeline(landing: Path, fmt: str = "parquet", **source: Any) -> Pipeline:
         ("smallest", "flag", Max(), ("small", "top")),
         ("scores", "flag", Sum(), ("score", "total")),
     ):
-        state = StateSpec(name, StateKind.TRANSACTIONAL)
+        opaque = source.get("mode") is SourceMode.OPAQUE  # an opaque source's states are too
+        state = StateSpec(name, StateKind.OPAQUE if opaque else StateKind.TRANSACTIONAL)
         step.group_by(key).persistent_aggregate(state, aggregator, *args)
     return built.validate()
 
@@ -162,11 +164,14 @@ def generate(landing: Path, seed: int, mixed: int, fmt: str) -> list[str]:
     return kinds
 
 
-def compute(spark: Any, rt: Any, read: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def compute(
+    spark: Any, rt: Any, read: str, monkeypatch: pytest.MonkeyPatch, ranges: Any = None
+) -> Any:
     from tridentflow.engines.spark import SparkEngine
 
     monkeypatch.setenv(columnar.FILE_READ_ENV, read)
-    ranges = {p: (0, h) for p, h in rt.log.scan().heads.items()}
+    if ranges is None:
+        ranges = {p: (0, h) for p, h in rt.log.scan().heads.items()}
     try:
         return SparkEngine(spark).compute(rt.plan, rt.log.root, ranges)
     except Exception as exc:  # the two ways must fail alike too
@@ -298,3 +303,32 @@ def _cause(text: str) -> str:
     """A failed job's message: its last line that names an error (Spark wraps the worker's)."""
     lines = [line.strip() for line in text.splitlines() if "Error" in line or "Exception" in line]
     return (lines[-1] if lines else text.splitlines()[0])[:300]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["transactional", "opaque"])
+def test_a_frozen_file_gone_before_the_read_is_skipped_or_waited_for_alike(
+    spark, redis_url, tmp_path, monkeypatch, mode
+):
+    """A file taken, then deleted before its txid read it: a transactional source's read fails
+    both ways (the txid waits for it); an opaque one skips it both ways - the same one bad
+    record naming it, the same partials from the files left."""
+    landing = tmp_path / "landing"
+    generate(landing, 5, mixed=4, fmt="parquet")
+    rt = runtime_of(
+        pipeline(landing, mode=SourceMode(mode), partitions=2), redis_url, tmp_path / "h"
+    )
+    ranges = {p: (0, h) for p, h in rt.log.scan().heads.items()}
+    gone = sorted(landing.iterdir())[3]
+    gone.unlink()
+    for survey in (1 << 40, -1):
+        monkeypatch.setattr(columnar, "DRIVER_SURVEY_BYTES", survey)
+        results = [
+            as_compared(compute(spark, rt, read, monkeypatch, ranges))
+            for read in ("rows", "columns")
+        ]
+        if mode == "transactional":
+            assert all(isinstance(r, str) and gone.name in r for r in results), results
+        else:
+            rows, columns = results
+            assert columns == rows and any(gone.name in b[3] for b in rows["bad"]), rows
