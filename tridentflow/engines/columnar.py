@@ -76,6 +76,18 @@ class FrozenFile:
 
 
 @dataclass(frozen=True)
+class FileRows:
+    """How a source's files become a DataFrame step's rows (picklable, for the executors): the
+    files' reader, the record stage's decoding and its check of each record against
+    ``schema``, the step's input."""
+
+    reader: Any
+    decoder: RowDecoder
+    expand: Expander
+    schema: Schema
+
+
+@dataclass(frozen=True)
 class ColumnarRead:
     """What the survey found: every partition's count, the bad records (in the record
     stage's order), and the step's input as Spark's typed DataFrame, in ``groups`` Spark
@@ -144,8 +156,8 @@ def read_columns(
     )
     groups = file_groups(files, plan.default_parallelism) or [[]]  # no files: one empty task
     n = len(groups)
-    expand = plan.edges[0][1]
-    survey = functools.partial(_survey_body, reader, plan.decoder, expand, schema, groups)
+    how = FileRows(reader, plan.decoder, plan.edges[0][1], schema)
+    survey = functools.partial(_survey_body, how, groups)
     if sum(int(f.entry["size"]) for f in files) <= DRIVER_SURVEY_BYTES:
         batches = survey(iter([_indexes(n)]))
         results = [(b.column(0)[0].as_py(), b.column(1)[0].as_py()) for b in batches]
@@ -157,7 +169,7 @@ def read_columns(
         found[index] = pickle.loads(data)
     surveyed = [found[i][1] for i in range(len(groups))]
     bad = [b for i in range(len(groups)) for b in found[i][0]]
-    read = functools.partial(_typed_body, reader, plan.decoder, expand, schema, surveyed)
+    read = functools.partial(_typed_body, how, surveyed)
     typed = spark.range(0, n, 1, n).mapInArrow(read, schema.to_spark())
     ways = {way: sum(f.way == way for g in surveyed for f in g) for way in (COLUMNS, ROWS, NONE)}
     return ColumnarRead(counts, bad, typed, n, ways)
@@ -257,12 +269,7 @@ def _indexes(n: int) -> Any:
 
 
 def _survey_body(
-    reader: Any,
-    decoder: RowDecoder,
-    expand: Expander,
-    schema: Schema,
-    groups: list[list[FrozenFile]],
-    batches: Iterator[Any],
+    how: FileRows, groups: list[list[FrozenFile]], batches: Iterator[Any]
 ) -> Iterator[Any]:
     """mapInArrow body: each group's (bad records, surveyed files), pickled."""
     import pyarrow as pa
@@ -270,24 +277,18 @@ def _survey_body(
     for batch in batches:
         for index in batch.column(0).to_pylist():
             bad: list[BadRecord] = []
-            surveyed = [_survey(reader, decoder, expand, schema, f, bad) for f in groups[index]]
+            surveyed = [_survey(how, f, bad) for f in groups[index]]
             data = pickle.dumps((bad, surveyed))
             yield pa.RecordBatch.from_pydict({"idx": [index], "data": [data]})
 
 
-def _survey(
-    reader: Any,
-    decoder: RowDecoder,
-    expand: Expander,
-    schema: Schema,
-    f: FrozenFile,
-    bad: list[BadRecord],
-) -> FrozenFile:
+def _survey(how: FileRows, f: FrozenFile, bad: list[BadRecord]) -> FrozenFile:
     """``f`` with its way and row count; its bad records appended to ``bad``."""
     from dataclasses import replace
 
     from tridentflow.errors import PartitionUnavailableError
 
+    reader = how.reader
     try:
         reader.check_unchanged(f.partition, f.entry)
         table = reader.table(f.entry["path"])
@@ -297,19 +298,19 @@ def _survey(
         table = None
     except (OSError, ValueError):
         table = None  # the record stage says why, as one bad record
-    if table is not None and same_as_records(table, schema):
+    if table is not None and same_as_records(table, how.schema):
         return replace(f, way=COLUMNS, rows=table.num_rows)
-    rows = list(_record_rows(reader, decoder, expand, f, bad))
+    rows = list(_record_rows(how, f, bad))
     return replace(f, way=ROWS if rows else NONE, rows=len(rows))
 
 
 def _record_rows(
-    reader: Any, decoder: RowDecoder, expand: Expander, f: FrozenFile, bad: list[BadRecord] | None
+    how: FileRows, f: FrozenFile, bad: list[BadRecord] | None
 ) -> Iterator[tuple[Any, ...]]:
     """The record stage over one file: its good tuples; its bad records into ``bad``."""
-    for offset, raw in reader.records(f.partition, f.offset, f.entry):
+    for offset, raw in how.reader.records(f.partition, f.offset, f.entry):
         try:
-            produced = list(expand(decoder(decode_record(raw))))
+            produced = list(how.expand(how.decoder(decode_record(raw))))
         except Exception as exc:
             if bad is not None:
                 bad.append(bad_record(f.partition, offset, raw, exc))
@@ -318,12 +319,7 @@ def _record_rows(
 
 
 def _typed_body(
-    reader: Any,
-    decoder: RowDecoder,
-    expand: Expander,
-    schema: Schema,
-    surveyed: list[list[FrozenFile]],
-    batches: Iterator[Any],
+    how: FileRows, surveyed: list[list[FrozenFile]], batches: Iterator[Any]
 ) -> Iterator[Any]:
     """mapInArrow body: each group's rows as typed batches of ``schema``, file by file; a
     file that gives another row count than the survey's fails the attempt (SourceError)."""
@@ -332,8 +328,8 @@ def _typed_body(
             for f in surveyed[index]:
                 if f.way == NONE:
                     continue
-                reader.check_unchanged(f.partition, f.entry)  # raises if it changed
-                got, found = _typed_file(reader, decoder, expand, schema, f)
+                how.reader.check_unchanged(f.partition, f.entry)  # raises if it changed
+                got, found = _typed_file(how, f)
                 if got != f.rows:
                     raise SourceError(
                         f"file {f.entry['path']} gave {got} rows on a second read, {f.rows} "
@@ -343,20 +339,19 @@ def _typed_body(
                 yield from found
 
 
-def _typed_file(
-    reader: Any, decoder: RowDecoder, expand: Expander, schema: Schema, f: FrozenFile
-) -> tuple[int, list[Any]]:
+def _typed_file(how: FileRows, f: FrozenFile) -> tuple[int, list[Any]]:
     """(rows, typed batches) of one surveyed file: its declared columns cast to their Arrow
     types, or the record stage's good tuples as one batch."""
     import pyarrow as pa
 
     from tridentflow.engines.dataframes import typed_batch
 
+    schema = how.schema
     if f.way == ROWS:
-        rows = list(_record_rows(reader, decoder, expand, f, None))
+        rows = list(_record_rows(how, f, None))
         return len(rows), [typed_batch(schema, "FileSource", rows)]
-    only = list(schema.names) if reader.format == "parquet" else None
-    table = reader.table(f.entry["path"], only)
+    only = list(schema.names) if how.reader.format == "parquet" else None
+    table = how.reader.table(f.entry["path"], only)
     arrow = schema.to_arrow()
     columns = [table.column(n).cast(t.type) for n, t in zip(schema.names, arrow, strict=True)]
     return table.num_rows, pa.Table.from_arrays(columns, schema=arrow).to_batches()
