@@ -193,7 +193,12 @@ def as_compared(result: Any) -> Any:
 def test_files_read_in_columns_give_what_the_record_stage_gives(
     spark, redis_url, tmp_path, monkeypatch, fmt, seed
 ):
-    held_alike(spark, redis_url, tmp_path, monkeypatch, fmt, seed)
+    read = both_ways(spark, redis_url, tmp_path, monkeypatch, fmt, seed)
+    assert not isinstance(read.rows, str), read.rows  # the record stage read the landing
+    for survey, columns in read.columns.items():
+        assert columns == read.rows, f"surveyed on the {survey}:\n{read.kinds}"
+    assert read.rows["bad"] and any(read.rows["states"].values()), "generate the families"
+    assert read.ways[columnar.COLUMNS] >= 3 and read.ways[columnar.ROWS] >= 1, read.ways
 
 
 @pytest.mark.spark
@@ -204,12 +209,27 @@ def test_files_read_in_columns_over_spark_connect_give_what_the_record_stage_giv
 
     session = spark_session(remote=connect_url)
     try:
-        held_alike(session, redis_url, tmp_path, monkeypatch, "parquet", 4, mixed=4)
+        read = both_ways(session, redis_url, tmp_path, monkeypatch, "parquet", 4, mixed=4)
     finally:
         session.stop()
+    assert not isinstance(read.rows, str), read.rows
+    for survey, columns in read.columns.items():
+        assert columns == read.rows, f"surveyed on the {survey}:\n{read.kinds}"
+    assert read.ways[columnar.COLUMNS] >= 3 and read.ways[columnar.ROWS] >= 1, read.ways
 
 
-def held_alike(
+@dataclasses.dataclass
+class BothWays:
+    """A generated landing read through the record stage (``rows``) and in columns, surveyed
+    on the driver and on the executors (``columns``); how many files took each way."""
+
+    rows: Any
+    columns: dict[str, Any]
+    ways: dict[str, int]
+    kinds: str
+
+
+def both_ways(
     spark: Any,
     redis_url: str,
     tmp_path: Path,
@@ -217,24 +237,22 @@ def held_alike(
     fmt: str,
     seed: int,
     mixed: int = 16,
-) -> None:
-    """Generated files read both ways: the same partials, counts and bad records, and both
-    ways of the survey used."""
+) -> BothWays:
+    """Generate a landing of every family and read it both ways (BothWays)."""
     landing = tmp_path / "landing"
-    kinds = generate(landing, seed, mixed=mixed, fmt=fmt)
+    kinds = "\n".join(generate(landing, seed, mixed=mixed, fmt=fmt))
     rt = runtime_of(pipeline(landing, fmt, partitions=2), redis_url, tmp_path / "h")
-    assert columnar.columnar_input(rt.plan) is not None
+    schema = columnar.columnar_input(rt.plan)
+    assert schema == parse_schema(SCHEMA)  # the plan lets the files be read in columns
     rows = as_compared(compute(spark, rt, "rows", monkeypatch))
-    assert not isinstance(rows, str), rows
-    for survey in ("driver", "executors"):  # a txid's survey where its bytes send it
-        monkeypatch.setattr(columnar, "DRIVER_SURVEY_BYTES", 1 << 40 if survey == "driver" else -1)
-        columns = as_compared(compute(spark, rt, "columns", monkeypatch))
-        assert columns == rows, f"surveyed on the {survey}:\n" + "\n".join(kinds)
-    assert rows["bad"] and any(v for v in rows["states"].values()), "generate the families"
+    columns = {}
+    for survey, most in (("driver", 1 << 40), ("executors", -1)):  # where its bytes send it
+        monkeypatch.setattr(columnar, "DRIVER_SURVEY_BYTES", most)
+        columns[survey] = as_compared(compute(spark, rt, "columns", monkeypatch))
     ranges = {p: (0, h) for p, h in rt.log.scan().heads.items()}
-    schema = parse_schema(SCHEMA)
-    ways = columnar.read_columns(spark, rt.plan, rt.log.root, ranges, schema).ways
-    assert ways[columnar.COLUMNS] >= 3 and ways[columnar.ROWS] >= 1, ways
+    read = columnar.read_columns(spark, rt.plan, rt.log.root, ranges, schema)
+    assert read is not None
+    return BothWays(rows, columns, read.ways, kinds)
 
 
 def test_what_reads_in_columns_is_decided_by_the_whole_file(tmp_path):

@@ -97,6 +97,26 @@ def _emit_when_ready(
             stop.wait(0.05)
 
 
+def _nothing_after(rt: Runtime, meta: dict) -> bool:
+    """Whether a transactional txid's frozen ranges reach every partition's head (nothing left
+    after it; a store's listing is not repeated: its coordinator just listed). False for an
+    opaque txid, whose ranges are decided at its emit."""
+    if "ranges" not in meta:
+        return False
+    heads = (rt.log.taken() if isinstance(rt.log, ListsOnScan) else rt.log.scan()).heads
+    return all(int(meta["ranges"].get(str(p), [0, 0])[1]) >= h for p, h in heads.items())
+
+
+def _commit_emitted(rt: Runtime, txid: int, engine: Engine) -> CommitResult:
+    """Commit an emitted txid; if its base moved meanwhile (IncompleteBatchError), emit it
+    again and commit that."""
+    try:
+        return commit(rt, txid)
+    except IncompleteBatchError:
+        emit(rt, txid, engine)
+        return commit(rt, txid)
+
+
 def run_pipelined(
     rt: Runtime,
     engine: Engine,
@@ -122,11 +142,8 @@ def run_pipelined(
         txid = next_txid
         rt.ledger.claim(txid, f"{driver}-{txid}")
         meta = coordinate(rt, txid, batch_size)
-        if "ranges" in meta and max_batches is None:  # transactional: is anything left after it?
-            heads = (rt.log.taken() if isinstance(rt.log, ListsOnScan) else rt.log.scan()).heads
-            exhausted = all(
-                int(meta["ranges"].get(str(p), [0, 0])[1]) >= h for p, h in heads.items()
-            )
+        if max_batches is None:
+            exhausted = _nothing_after(rt, meta)
         in_flight[txid] = pool.submit(_emit_when_ready, rt, txid, engine, stop)
         next_txid += 1
         launched += 1
@@ -147,11 +164,7 @@ def run_pipelined(
                     break
                 txid = min(in_flight)
                 in_flight.pop(txid).result()
-                try:
-                    result = commit(rt, txid)
-                except IncompleteBatchError:  # its base moved: emit it again, then commit
-                    emit(rt, txid, engine)
-                    result = commit(rt, txid)
+                result = _commit_emitted(rt, txid, engine)
                 summary.results.append(result)
                 if on_commit is not None:
                     on_commit(result)
