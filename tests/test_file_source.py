@@ -333,6 +333,77 @@ def test_listings_racing_each_other_and_writers_take_every_file_exactly_once(red
     assert state(rt, "rows") == expected([batch(i, n=200) for i in range(60)])[1]
 
 
+def frozen_batches(rt: Runtime) -> list[list[str]]:
+    """Every committed txid's files, oldest txid first: its history's ranges in the manifest."""
+    manifests = [
+        [json.loads(e)["path"] for e in rt.client.lrange(rt.keyspace.files_manifest(p), 0, -1)]
+        for p in range(rt.pipeline.source.partitions)
+    ]
+    return [
+        sorted(
+            path
+            for p, (start, end) in entry["ranges"].items()
+            for path in manifests[int(p)][start:end]
+        )
+        for entry in reversed(rt.ledger.history(10_000))
+    ]
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_one_listing_serves_a_backlog_and_its_txids_take_the_same_files(
+    partitions, redis_url, tmp_path, monkeypatch
+):
+    """A listing takes every file it finds, so the coordinators of a backlog's txids read the
+    manifest instead of listing again (Runtime.batch_scan): 12 files in batches of 2, then
+    2 more landing mid-backlog (one with an old mtime), are 7 txids and 4 listings on one
+    partition (a listing every txid and every drained check was 15). The batches are the
+    ones a coordinator listing at every txid freezes; an overwrite is refused at the next
+    listing."""
+    from tridentflow.sources.files import FilesLog
+
+    listings: list[int] = []
+    real = FilesLog.list_files
+    monkeypatch.setattr(FilesLog, "list_files", lambda self: listings.append(1) or real(self))
+    landing = tmp_path / "landing"
+    files = [batch(i) for i in range(14)]
+    for i, rows in enumerate(files[:12]):
+        write(landing, f"f-{i:02d}.parquet", rows, mtime=1_700_000_000 + i)
+    rt = runtime_of(
+        pipeline(landing, batch_size=2, partitions=partitions), redis_url, tmp_path / "h"
+    )
+    assert len(run_batches(rt, ENGINE, max_batches=3).results) == 3
+    assert len(listings) == (1 if partitions == 1 else 2)  # the first took all 12
+    write(landing, "g-12.parquet", files[12], mtime=1_600_000_000)  # late, an old mtime
+    write(landing, "g-13.parquet", files[13])
+    run_batches(rt, ENGINE)
+    if partitions == 1:
+        assert (rt.ledger.committed_txid(), len(listings)) == (7, 4)
+    totals, rows = expected(files)
+    assert state(rt, "totals") == totals and state(rt, "rows") == rows
+    assert audit(rt).ok
+
+    # the same 14 files from the start: the batches a listing at every txid would freeze
+    fewer = runtime_of(
+        pipeline(landing, batch_size=2, partitions=partitions), redis_url, tmp_path / "a"
+    )
+    listings.clear()
+    run_batches(fewer, ENGINE)
+    listed_fewer = len(listings)
+    monkeypatch.setattr(Runtime, "batch_scan", lambda self, starts, size: self.source_scan())
+    listings.clear()
+    each = runtime_of(
+        pipeline(landing, batch_size=2, partitions=partitions), redis_url, tmp_path / "b"
+    )
+    run_batches(each, ENGINE)
+    assert frozen_batches(fewer) == frozen_batches(each)
+    assert listed_fewer < len(listings), (listed_fewer, len(listings))
+    assert len(frozen_batches(each)) >= 7 // partitions
+
+    write(landing, "f-00.parquet", batch(50), mtime=1_800_000_000)  # overwritten
+    with pytest.raises(SourceError, match=r"f-00\.parquet"):
+        run_batches(rt, ENGINE)
+
+
 def test_a_batch_is_small_by_its_records_not_its_files(redis_url, tmp_path, monkeypatch):
     """The emit runs a small batch on the local engine in the task's process: for files the
     limit counts their rows (Parquet footers, lines), not the files - two files of 3,000 rows

@@ -72,7 +72,7 @@ def new_metadata(
             )
         prev_ends = {int(p): int(r[1]) for p, r in prev["ranges"].items()}
     ranges: dict[str, list[int]] = {}
-    scan = rt.source_scan()
+    scan = rt.batch_scan(prev_ends, size)
     unavailable = []
     for partition in scan.partitions:
         start = prev_ends.get(partition, 0)

@@ -49,6 +49,16 @@ def backlog(rt: Runtime) -> int:
     return sum(max(0, head - offsets.get(p, 0)) for p, head in heads.items())
 
 
+def has_backlog(rt: Runtime) -> bool:
+    """Whether ``backlog`` is more than 0, without a listing when a log that lists a store
+    (ListsOnScan) already took files no committed txid covers."""
+    if isinstance(rt.log, ListsOnScan):
+        offsets = rt.ledger.committed_offsets()
+        if any(head > offsets.get(p, 0) for p, head in rt.log.taken().heads.items()):
+            return True
+    return backlog(rt) > 0
+
+
 def run_one(rt: Runtime, engine: Engine, batch_size: int | None = None) -> CommitResult:
     """Bind (or resume) one txid and take it through coordinate, emit and commit."""
     binding = rt.ledger.bind_run(f"cli-{uuid.uuid4().hex[:12]}", adopt_live=True)
@@ -70,7 +80,7 @@ def run_batches(
     rt.check_layout()
     summary = RunSummary()
     while max_batches is None or len(summary.results) < max_batches:
-        if max_batches is None and not rt.ledger.pending_txids() and backlog(rt) == 0:
+        if max_batches is None and not rt.ledger.pending_txids() and not has_backlog(rt):
             break
         result = run_one(rt, engine, batch_size)
         summary.results.append(result)
@@ -156,7 +166,11 @@ def run_pipelined(
                     and not exhausted
                     and (max_batches is None or launched < max_batches)
                 ):
-                    if max_batches is None and not rt.ledger.pending_txids() and not backlog(rt):
+                    if (
+                        max_batches is None
+                        and not rt.ledger.pending_txids()
+                        and not has_backlog(rt)
+                    ):
                         exhausted = True
                         break
                     launch()

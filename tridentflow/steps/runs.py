@@ -204,7 +204,8 @@ def batch_records(rt: Runtime, txid: int) -> int | None:
     else:
         committed = ledger.committed_offsets()
         size = meta.get("batch_size")
-        heads = rt.source_scan().heads  # an unavailable partition is skipped by the emit too
+        scan = rt.source_scan() if size is None else rt.batch_scan(committed, int(size))
+        heads = scan.heads  # an unavailable partition is skipped by the emit too
         ranges = {}
         for p, head in heads.items():
             start = committed.get(p, 0)

@@ -32,7 +32,13 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     url_of,
 )
 from tridentflow.settings import env_int, explicit_setting, raw_setting, source_of
-from tridentflow.sources.base import Grows, ListsOnScan, LogScan, SourceContext, SourceLog
+from tridentflow.sources.base import (
+    Grows,
+    ListsOnScan,
+    LogScan,
+    SourceContext,
+    SourceLog,
+)
 from tridentflow.steps.staging import (
     DEFAULT_STAGING,
     STAGING_ENV,
@@ -360,6 +366,27 @@ class Runtime:
         what it already took, without listing it again (an emit, a look-ahead)."""
         if isinstance(self.log, ListsOnScan):
             return self.log.taken()
+        return self.source_scan()
+
+    def batch_scan(self, starts: dict[int, int], size: int) -> LogScan:
+        """The scan a coordinator freezes a batch of ``size`` per partition from, past
+        ``starts``: ``source_scan``, except that a log that lists a store (ListsOnScan) is not
+        listed while what it already took holds more than that batch in every partition. A
+        listing takes every file it finds, appending to the manifest, so the batch is the same
+        files either way, and one listing serves the txids of a backlog (a listing comes again
+        when the manifest runs short: new files, overwrites and ``forget_after`` are seen
+        then). More than a batch, not a batch: a txid reaching the manifest's head is followed
+        by a listing, so a driver's look-ahead (``_nothing_after``) never stops on a stale
+        manifest."""
+        if isinstance(self.log, ListsOnScan):
+            known = self.log.taken()
+            partitions = self.pipeline.source.partitions
+            if (
+                not known.unavailable
+                and len(known.heads) == partitions
+                and all(head - starts.get(p, 0) > size for p, head in known.heads.items())
+            ):
+                return known
         return self.source_scan()
 
     def source_heads(self) -> dict[int, int]:
