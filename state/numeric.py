@@ -146,9 +146,6 @@ for i = 1, #fields, 4000 do  -- unpack() has a stack limit: HMGET in slices
   local part = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 3999, #fields)))
   for j = 1, #part do stored[#stored + 1] = part[j] end
 end
-local writes, written, unhandled = {}, {}, {}
-local undo_pairs, check, check_priors = {}, {}, {}
-local nw, nu, np = 0, 0, 0
 local record = ARGV[7] == '1'
 local head = nontx and '[null,' or ('[' .. txid .. ',')
 -- the common update - count or sum of ints, stored before this txid - in one pattern and one
@@ -156,53 +153,69 @@ local head = nontx and '[null,' or ('[' .. txid .. ',')
 local fast = (op == 'count' or op == 'sum') and not nontx
 local FAST = '^%[(%d+),(%-?%d+),(%-?[%dnul]+)%]$'
 local INT = '^%-?%d+$'
-for n = 1, #fields do
-  local field, partial, raw = fields[n], partials[n], stored[n]
-  local value, keep = nil, 'null'
+
+-- one key's update from its partial and its stored value (nil: none) -> value (the new
+-- curr's JSON token; false: this transactional txid applied it already; nil: Python's path),
+-- keep (the curr it replaces, stored as prev), t (the stored txid token) and ahead (the
+-- stored txid, when it is past this txid: the caller refuses with TFSTALE)
+local function update(partial, raw)
   local t, curr, prev
   if fast and raw then t, curr, prev = match(raw, FAST) end
   if t and tonumber(t) < txid and #curr < 16 and #partial < 16 and find(partial, INT)
       and (prev == 'null' or find(prev, INT)) then
-    value, keep = format('%d', tonumber(curr) + tonumber(partial)), curr
-  elseif not raw then
-    if plain(partial) then value = partial end
+    return format('%d', tonumber(curr) + tonumber(partial)), curr, t
+  end
+  if not raw then
+    return plain(partial) and partial or nil, 'null', nil
+  end
+  t, curr, prev = parse(raw)
+  local s = t and t ~= 'null' and tonumber(t)
+  if t == nil or (t ~= 'null' and not s) then
+    return nil, 'null', t  -- not [txid, curr, prev] as this script writes it: Python's path
+  elseif not nontx and s and s > txid then
+    return nil, 'null', t, s
+  elseif s == txid and not nontx and not opaque then
+    return false, 'null', t
+  end
+  local base, keep = curr, curr
+  if opaque and s == txid then base, keep = prev, prev end
+  if base == 'null' then
+    return plain(partial) and partial or nil, keep, t
+  end
+  return combine(base, partial), keep, t
+end
+
+local writes, written, unhandled = {}, {}, {}
+local undo_pairs, check, check_priors = {}, {}, {}
+local nw, nu, np = 0, 0, 0
+
+-- a written key's prior value, for the undo hash: one this txid did not write before goes in
+-- as it is; one it may have (its tag is this txid or none) is checked by record_undo
+local function note_prior(field, raw, t)
+  local tagged = t and tonumber(t)
+  if not nontx and ((not raw) or (tagged ~= nil and tagged < txid)) then
+    undo_pairs[np + 1] = field
+    undo_pairs[np + 2] = raw or ''
+    np = np + 2
   else
-    t, curr, prev = parse(raw)
-    local s = t and t ~= 'null' and tonumber(t)
-    if t == nil or (t ~= 'null' and not s) then
-      value = nil  -- not [txid, curr, prev] as this script writes it: Python's path
-    elseif not nontx and s and s > txid then
-      return redis.error_reply('TFSTALE batch txid ' .. txid .. ' is behind key ' .. field ..
-        ', stored at txid ' .. s .. '; refusing to overwrite')
-    elseif s == txid and not nontx and not opaque then
-      value = false  -- transactional: already applied by an earlier attempt of this txid
-    else
-      local base = curr
-      keep = curr
-      if opaque and s == txid then base, keep = prev, prev end
-      if base == 'null' then
-        if plain(partial) then value = partial end
-      else
-        value = combine(base, partial)
-      end
-    end
+    check[#check + 1] = field
+    check_priors[#check] = raw or ''
+  end
+end
+
+for n = 1, #fields do
+  local field, raw = fields[n], stored[n]
+  local value, keep, t, ahead = update(partials[n], raw)
+  if ahead then
+    return redis.error_reply('TFSTALE batch txid ' .. txid .. ' is behind key ' .. field ..
+      ', stored at txid ' .. ahead .. '; refusing to overwrite')
   end
   if value then
     writes[2 * nw + 1] = field
     writes[2 * nw + 2] = head .. value .. ',' .. (nontx and 'null' or keep) .. ']'
     nw = nw + 1
     written[nw] = field
-    if record then
-      local tagged = t and tonumber(t)
-      if not nontx and ((not raw) or (tagged ~= nil and tagged < txid)) then
-        undo_pairs[np + 1] = field
-        undo_pairs[np + 2] = raw or ''
-        np = np + 2
-      else
-        check[#check + 1] = field
-        check_priors[#check] = raw or ''
-      end
-    end
+    if record then note_prior(field, raw, t) end
   elseif value == nil then
     nu = nu + 1
     unhandled[nu] = field
