@@ -32,13 +32,7 @@ from tridentflow.redisconn import (  # noqa: F401 (re-exported: the names steps 
     url_of,
 )
 from tridentflow.settings import env_int, explicit_setting, raw_setting, source_of
-from tridentflow.sources.base import (
-    Grows,
-    ListsOnScan,
-    LogScan,
-    SourceContext,
-    SourceLog,
-)
+from tridentflow.sources.base import Grows, ListsOnScan, LogScan, SourceContext, SourceLog
 from tridentflow.steps.staging import (
     DEFAULT_STAGING,
     STAGING_ENV,
