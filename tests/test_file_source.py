@@ -25,7 +25,7 @@ from tridentflow.faults import Fault, FaultPlan
 from tridentflow.nodes import StateSpec
 from tridentflow.ops.audit import audit
 from tridentflow.sources.specs import SourceMode
-from tridentflow.steps.driver import run_batches
+from tridentflow.steps.driver import run_batches, run_pipelined
 from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow_state.maps import StateKind
@@ -389,13 +389,18 @@ def test_one_listing_serves_a_backlog_and_its_txids_take_the_same_files(
     listings.clear()
     run_batches(fewer, ENGINE)
     listed_fewer = len(listings)
+    pipelined = runtime_of(
+        pipeline(landing, batch_size=2, partitions=partitions), redis_url, tmp_path / "p"
+    )
+    run_pipelined(pipelined, ENGINE, depth=2)  # its look-ahead reads the manifest too
     monkeypatch.setattr(Runtime, "batch_scan", lambda self, starts, size: self.source_scan())
     listings.clear()
     each = runtime_of(
         pipeline(landing, batch_size=2, partitions=partitions), redis_url, tmp_path / "b"
     )
     run_batches(each, ENGINE)
-    assert frozen_batches(fewer) == frozen_batches(each)
+    assert frozen_batches(fewer) == frozen_batches(each) == frozen_batches(pipelined)
+    assert state(pipelined, "rows") == rows
     assert listed_fewer < len(listings), (listed_fewer, len(listings))
     assert len(frozen_batches(each)) >= 7 // partitions
 
