@@ -109,7 +109,8 @@ def _emit_when_ready(
 
 def _nothing_after(rt: Runtime, meta: dict) -> bool:
     """Whether a transactional txid's frozen ranges reach every partition's head (nothing left
-    after it; a store's listing is not repeated: its coordinator just listed). False for an
+    after it; a store's listing is not repeated: its coordinator listed, or skipped the listing
+    only because the manifest held more than its batch - Runtime.batch_scan). False for an
     opaque txid, whose ranges are decided at its emit."""
     if "ranges" not in meta:
         return False
