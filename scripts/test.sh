@@ -6,7 +6,9 @@
 #   scripts/test.sh --fast     the fast lane for every change: no JVM (a `java` that refuses
 #                              to start is put first: a test that needs Spark and is not
 #                              marked `spark` fails here), no Airflow, no browser, no wheel,
-#                              no chaos soak (the planted-bug chaos tests stay)
+#                              no server topology of a test's own (`servers`: a Redis
+#                              Cluster, replicas, TLS or ACL, a Kafka broker - the suite runs
+#                              them), no chaos soak (the planted-bug chaos tests stay)
 #   scripts/test.sh --matrix   the supported range on vanilla installs (tests/test_versions.py:
 #                              the oldest and newest Airflow line, the oldest pyspark); CI
 #                              runs it after the whole suite
@@ -43,7 +45,7 @@ if [ -n "$FAST" ]; then
   printf '#!/bin/sh\necho "the fast lane starts no JVM: mark the test spark" >&2\nexit 97\n' \
     > "$nojvm/bin/java"
   chmod +x "$nojvm/bin/java"
-  lane="not spark and not airflow and not wheel and not soak and not matrix"
+  lane="not spark and not airflow and not wheel and not servers and not soak and not matrix"
   JAVA_HOME="$nojvm" PATH="$nojvm/bin:$PATH" python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" \
     --dist loadgroup -m "$lane" --ignore=tests/airflow "$@" || status=$?
 elif [ -n "$MATRIX" ]; then

@@ -33,6 +33,8 @@ from tridentflow.steps.query import list_state
 from tridentflow.steps.runtime import Runtime, connect
 from tridentflow_state.maps import StateKind
 
+pytestmark = pytest.mark.servers
+
 ENGINE = LocalEngine()
 
 

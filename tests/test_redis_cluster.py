@@ -16,6 +16,8 @@ from tridentflow.devtools.devcluster import LocalCluster
 from tridentflow.redisconn import connect
 from tridentflow_state.keys import KeySpace
 
+pytestmark = pytest.mark.servers
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

@@ -17,6 +17,8 @@ from tridentflow.devtools.devcluster import LocalCluster
 from tridentflow.steps import committer
 from tridentflow_state.keys import shard_tags
 
+pytestmark = pytest.mark.servers
+
 
 @pytest.fixture
 def replicated(tmp_path_factory):

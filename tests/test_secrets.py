@@ -64,6 +64,7 @@ def test_a_url_is_redacted_whatever_form_its_secrets_take():
     assert redacted("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 
+@pytest.mark.servers
 def test_no_output_of_any_command_shows_a_secret(tf, server, tmp_path: Path):
     seeds = "\n".join(SEED_SENTENCES) + "\n"
     for i, (url, secret) in enumerate(credential_forms(server.port)):

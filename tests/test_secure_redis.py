@@ -55,6 +55,7 @@ def one_error_line(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.servers
 def test_an_acl_user_runs_its_pipeline_and_cannot_touch_another(tf, acl_server, tmp_path):
     """A user holding exactly `tridentflow acl wordcount` runs every step of wordcount; pointed
     at wordcount-opaque it gets one line naming the missing permission, and nothing of
@@ -109,6 +110,7 @@ def test_an_acl_user_runs_its_pipeline_and_cannot_touch_another(tf, acl_server, 
     assert not any(USER_PASSWORD in text or secure_redis.ADMIN_PASSWORD in text for text in outputs)
 
 
+@pytest.mark.servers
 def test_an_acl_user_runs_a_pipeline_whose_keys_expire_by_txids_and_batch_time(
     tf, acl_server, tmp_path
 ):
@@ -130,6 +132,7 @@ def test_an_acl_user_runs_a_pipeline_whose_keys_expire_by_txids_and_batch_time(
     assert "expire after 3 txids or 1:00:00 of batch time" in tf("status", ref, env=env).stdout
 
 
+@pytest.mark.servers
 def test_an_acl_user_runs_a_stream_pipeline_with_the_printed_line(tf, acl_server, tmp_path):
     """`tridentflow acl wordcount-stream` adds the streams' keys and the stream commands:
     produce, run (with state shards), query, audit, trim and reset --source all run; the
@@ -151,6 +154,7 @@ def test_an_acl_user_runs_a_stream_pipeline_with_the_printed_line(tf, acl_server
     assert not admin.exists("tridentflow:wordcount-stream-tx:p0")
 
 
+@pytest.mark.servers
 def test_a_missing_command_permission_is_named(tf, acl_server, tmp_path):
     """A user whose ACL lacks one command tridentflow needs: the error names the command, and
     the committed state is untouched."""
@@ -170,6 +174,7 @@ def test_a_missing_command_permission_is_named(tf, acl_server, tmp_path):
         assert after[key] == before[key], key  # nothing committed, the counts as they were
 
 
+@pytest.mark.servers
 def test_tls_with_the_ca_as_an_option_or_in_the_url_and_no_silent_fallback(
     tf, tls_server, tmp_path
 ):

@@ -16,7 +16,14 @@ PARTITIONS = 4
 RECORDS = [{"sentence": f"record {i}"} for i in range(203)]
 
 
-@pytest.fixture(params=["file", "redis-stream", "kafka", "sqlite (a source of your own)"])
+@pytest.fixture(
+    params=[
+        "file",
+        "redis-stream",
+        pytest.param("kafka", marks=pytest.mark.servers),
+        "sqlite (a source of your own)",
+    ]
+)
 def log(request, tmp_path, redis_client, redis_url) -> Iterator[SourceLog]:
     """An empty log of 4 partitions, of each kind."""
     if request.param == "file":
