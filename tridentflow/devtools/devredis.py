@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 
 from tridentflow.errors import PortTakenError, TridentflowError
+from tridentflow.redisconn import NO_RESEND
 
 
 def redis_server_binary() -> str:
@@ -56,9 +57,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _client(port: int, connect_timeout: float = 0.5, timeout: float | None = 5) -> redis.Redis:
+    """A client of the server on ``port`` that never sends a command again (NO_RESEND): a
+    probe of a port nothing listens on yet answers at once - redis-py's default client would
+    retry with back-off for seconds - and a SHUTDOWN, which closes the connection, is not
+    sent again."""
+    return redis.Redis(
+        port=port, socket_connect_timeout=connect_timeout, socket_timeout=timeout, retry=NO_RESEND
+    )
+
+
 def ping(port: int, timeout: float = 0.5) -> bool:
     try:
-        return bool(redis.Redis(port=port, socket_connect_timeout=timeout, socket_timeout=5).ping())
+        return bool(_client(port, timeout).ping())
     except redis.RedisError:
         return False
 
@@ -99,7 +110,7 @@ def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout: float =
 def server_pid(port: int) -> int | None:
     """The process id of the redis-server answering on ``port`` (None if none answers)."""
     try:
-        info = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=5).info("server")
+        info = _client(port).info("server")
     except redis.RedisError:
         return None
     return int(info["process_id"])
@@ -135,9 +146,7 @@ def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Pop
 def data_dir(port: int) -> str | None:
     """The data directory of the redis-server on ``port`` (None if it will not say)."""
     try:
-        found = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=5).config_get(
-            "dir"
-        )
+        found = _client(port).config_get("dir")
     except redis.RedisError:
         return None
     value = found.get("dir") or found.get(b"dir")
@@ -185,9 +194,7 @@ def shutdown(port: int, directory: Path | None = None) -> bool:
         check_ours(port, directory)
     try:
         # no read timeout: SHUTDOWN saves first, for as long as the data takes
-        redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=None).shutdown(
-            nosave=False
-        )
+        _client(port, timeout=None).shutdown(nosave=False)
     except redis.ConnectionError:
         return True  # SHUTDOWN closes the connection
     except redis.RedisError:

@@ -12,9 +12,6 @@ Operator tools import the steps and everything below them; nothing below imports
 
 from __future__ import annotations
 
-from tridentflow.ops.audit import AuditReport, audit
-from tridentflow.ops.reset import reset_pipeline
-from tridentflow.ops.status import status
-from tridentflow.steps.query import list_state, query
-
-__all__ = ["AuditReport", "audit", "list_state", "query", "reset_pipeline", "status"]
+# No names are re-exported here: every ``tridentflow`` command imports this package first,
+# and a command that needs neither the audit nor the status should not import them. Import
+# from the module: ``from tridentflow.ops.audit import audit``.
