@@ -46,7 +46,7 @@ if [ -n "$FAST" ]; then
     > "$nojvm/bin/java"
   chmod +x "$nojvm/bin/java"
   lane="not spark and not airflow and not wheel and not servers and not soak and not matrix"
-  JAVA_HOME="$nojvm" PATH="$nojvm/bin:$PATH" python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" \
+  TRIDENTFLOW_TEST_LANE=fast JAVA_HOME="$nojvm" PATH="$nojvm/bin:$PATH" python -m pytest -n "${TRIDENTFLOW_TEST_WORKERS:-2}" \
     --dist loadgroup -m "$lane" --ignore=tests/airflow "$@" || status=$?
 elif [ -n "$MATRIX" ]; then
   python -m pytest -n 3 --dist loadgroup -m matrix tests/test_versions.py "$@" || status=$?

@@ -52,6 +52,31 @@ def _start_order(item: pytest.Item) -> int:
     return 5
 
 
+FAST_LANE = "TRIDENTFLOW_TEST_LANE"
+"""Set to ``fast`` by ``scripts/test.sh --fast``: the lane starts no server topology of a
+test's own (a Redis Cluster, replicas, a TLS or ACL Redis, a Kafka broker)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the fast lane, starting a server topology fails the test in one line - as its
+    ``java`` refuses a JVM - so a test that needs one and is not marked ``servers`` is found
+    there, not left to slow every change down."""
+    if os.environ.get(FAST_LANE) != "fast":
+        return
+    from tests import secure_redis
+    from tridentflow.devtools.devcluster import LocalCluster
+    from tridentflow.devtools.devkafka import LocalKafka
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            "the fast lane starts no server topology of its own: mark the test servers"
+        )
+
+    LocalCluster.start = refuse  # type: ignore[method-assign]
+    LocalKafka.start = refuse  # type: ignore[method-assign]
+    secure_redis.start = refuse  # type: ignore[assignment]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the long tests first (xdist hands tests out in this order): a long one left for
     the end keeps one worker busy while the other is idle. Stable, so every worker collects
