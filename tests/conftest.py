@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -61,20 +62,26 @@ def pytest_configure(config: pytest.Config) -> None:
     """In the fast lane, starting a server topology fails the test in one line - as its
     ``java`` refuses a JVM - so a test that needs one and is not marked ``servers`` is found
     there, not left to slow every change down."""
-    if os.environ.get(FAST_LANE) != "fast":
-        return
+    if os.environ.get(FAST_LANE) == "fast":
+        refuse_server_topologies(setattr)
+
+
+SERVERS_REFUSED = "the fast lane starts no server topology of its own: mark the test servers"
+
+
+def refuse_server_topologies(patch: Callable[[Any, str, Any], None]) -> None:
+    """Make every way a test starts a server topology raise SERVERS_REFUSED, through
+    ``patch(owner, name, replacement)`` (``setattr``, or a test's ``monkeypatch.setattr``)."""
     from tests import secure_redis
     from tridentflow.devtools.devcluster import LocalCluster
     from tridentflow.devtools.devkafka import LocalKafka
 
     def refuse(*args: object, **kwargs: object) -> None:
-        raise RuntimeError(
-            "the fast lane starts no server topology of its own: mark the test servers"
-        )
+        raise RuntimeError(SERVERS_REFUSED)
 
-    LocalCluster.start = refuse  # type: ignore[method-assign]
-    LocalKafka.start = refuse  # type: ignore[method-assign]
-    secure_redis.start = refuse  # type: ignore[assignment]
+    patch(LocalCluster, "start", refuse)
+    patch(LocalKafka, "start", refuse)
+    patch(secure_redis, "start", refuse)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -37,3 +37,29 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     workers = set(re.findall(r"\[(gw\d)\] .*PASSED .*test_grouped", proc.stdout))
     assert len(workers) == 1, f"the group ran on {sorted(workers)}:\n{proc.stdout[-3000:]}"
+
+
+def test_the_fast_lane_refuses_a_server_topology_to_a_test_not_marked_servers(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """What ``scripts/test.sh --fast`` sets up (TRIDENTFLOW_TEST_LANE=fast): each way a test
+    starts a server topology of its own - a Redis Cluster, a Kafka broker, a TLS or ACL Redis -
+    fails at once in one line naming the marker, before any server process starts."""
+    import pytest
+
+    from tests import secure_redis
+    from tests.conftest import SERVERS_REFUSED, refuse_server_topologies
+    from tridentflow.devtools.devcluster import LocalCluster
+    from tridentflow.devtools.devkafka import LocalKafka
+
+    refuse_server_topologies(monkeypatch.setattr)
+    starts = [
+        lambda: LocalCluster(tmp_path / "cluster").start(),
+        lambda: LocalKafka().start(),
+        lambda: secure_redis.start(tmp_path / "secure"),
+    ]
+    for start in starts:
+        with pytest.raises(RuntimeError, match="mark the test servers") as refused:
+            start()
+        assert str(refused.value) == SERVERS_REFUSED
+    assert not any(tmp_path.iterdir())  # nothing was started, nothing written
