@@ -17,7 +17,6 @@ from tridentflow.errors import (
     TridentflowError,
 )
 from tridentflow.faults import InjectedFaultError, SimulatedCrash
-from tridentflow.steps.watch import REFIRE_CAP_S
 from tridentflow_state.errors import StateError
 
 WORDS = (
@@ -43,10 +42,6 @@ DRAIN_REFIRE_S = 30.0
 """The drain's watcher repeats an unanswered fire after this long (its clock is simulated)."""
 DRAIN_POLLS = 5_000
 """The drain's watcher polls at most this often; records still waiting then are a difference."""
-DRAIN_STALL_S = 4 * REFIRE_CAP_S
-"""The drain stops once its clock has run this long with no fire, no queued event and no run:
-a watcher repeats an unanswered fire within REFIRE_CAP_S, so what waits then waits for ever
-(a difference), as after DRAIN_POLLS polls - found without polling on to them."""
 RETAIN_TXIDS = 3
 """Undo logs kept in every schedule (the operator's rewinds)."""
 REWIND_CHANCE = 0.04

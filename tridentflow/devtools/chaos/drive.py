@@ -26,7 +26,6 @@ from tridentflow.devtools.chaos.checks import (
 from tridentflow.devtools.chaos.config import (
     DRAIN_POLLS,
     DRAIN_REFIRE_S,
-    DRAIN_STALL_S,
     ENGINE,
     PARALLEL_WAITS,
     PIPELINES,
@@ -341,11 +340,9 @@ class Chaos(RunTasks, OperatorActs, SinkChecks):
         polls, while the watcher asks how many runs are queued or running); every run of the
         faulty phase has finished; half the schedules cap a txid at ``batch_size`` (the DAG's
         param), so the rest of a backlog needs the watcher to fire again. Stops once nothing
-        is queued, nothing fires and nothing waits - or once nothing has fired, queued or run
-        for DRAIN_STALL_S of its clock (a watcher repeats an unanswered fire within
-        REFIRE_CAP_S), or after DRAIN_POLLS polls: what is left then is the schedule's
-        difference (``_check``), as is a run that found nothing to read (the family "one
-        fire, two runs": a fire repeated while its run was coming)."""
+        is queued, nothing fires and nothing waits - or after DRAIN_POLLS polls: what is left
+        then is the schedule's difference (``_check``), as is a run that found nothing to
+        read (the family "one fire, two runs": a fire repeated while its run was coming)."""
         rt, rng = sched.rt, random.Random(f"drain-{sched.seed}")
         cap = batch_size if rng.random() < 0.5 else None
         watch = Watch(refire_after=DRAIN_REFIRE_S)
@@ -356,14 +353,9 @@ class Chaos(RunTasks, OperatorActs, SinkChecks):
 
         clock, event_queued, created, runs = 0.0, False, 0, 0
         binding_in = -1  # polls until the running run's coordinator binds (-1: none runs)
-        stirred = 0.0  # the clock when a fire, an event or a run last happened
         for _ in range(DRAIN_POLLS):
             active = created + (binding_in >= 0)
             fired = watch.poll(rt, clock, run_state, lambda a=active: a)
-            if fired is not None or event_queued or created or binding_in >= 0:
-                stirred = clock
-            elif clock - stirred > DRAIN_STALL_S:
-                break  # work may wait, but no fire came where a live watcher's would have
             if fired is not None:
                 if event_queued or rng.random() < 0.2:  # merged into the queued event, or doubled
                     sched.result.events.append(f"merged-event@drain{runs}")
