@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.cli_zygote_client import CliZygote
 from tridentflow.devtools import devredis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,9 +196,21 @@ def no_connect_mode_after_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(marker, raising=False)
 
 
+@pytest.fixture(scope="session")
+def cli_zygote() -> Iterator[CliZygote]:
+    """This worker's zygote of the console script (``tests/cli_zygote.py``)."""
+    zygote = CliZygote.start()
+    yield zygote
+    zygote.stop()
+
+
 @pytest.fixture
-def tf(cli_env):
-    """Run the real ``tridentflow`` console script; returns CompletedProcess (text)."""
+def tf(cli_env, cli_zygote):
+    """Run the ``tridentflow`` console script; returns CompletedProcess (text).
+
+    Forked from this worker's zygote, which has imported it already (``tests/cli_zygote.py``:
+    the same process boundary, streams, environment and exit code, 0.2 s less per run); a run
+    under ``PYTHON*`` or locale variables the zygote did not start with is a fresh process."""
     exe = str(Path(sys.executable).with_name("tridentflow"))
 
     def run(
@@ -206,12 +219,15 @@ def tf(cli_env):
         env: dict[str, str] | None = None,
         timeout: float = 300,
     ) -> subprocess.CompletedProcess[str]:
+        full_env = {**cli_env, **(env or {})}
+        if cli_zygote.can_run(full_env):
+            return cli_zygote.run([exe, *args], full_env, ROOT, input=input, timeout=timeout)
         return subprocess.run(
             [exe, *args],
             input=input,
             text=True,
             capture_output=True,
-            env={**cli_env, **(env or {})},
+            env=full_env,
             timeout=timeout,
             cwd=ROOT,
         )
