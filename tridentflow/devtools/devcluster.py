@@ -20,15 +20,19 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 from redis.crc import key_slot
 
 from tridentflow.devtools import devredis
 from tridentflow.errors import TridentflowError
+
+T = TypeVar("T")
 
 MAX_PORT = 45000
 """Node ports stay below this (a node's cluster bus is its port + 10000, at most 65535)."""
@@ -262,8 +266,10 @@ class LocalCluster:
             self.wait_linked(self.ports)
 
     def node(self, port: int) -> redis.Redis:
-        """A plain client of one node, on its own port."""
-        return redis.Redis(port=port, socket_timeout=10)
+        """A plain client of one node, on its own port, that never sends a command again
+        (``devredis.client``): a node that is down fails the command at once, and the waits
+        below poll again, instead of redis-py's default back-off of seconds per call."""
+        return devredis.client(port, connect_timeout=2, timeout=10)
 
     def alive(self) -> list[int]:
         return [p for p, proc in zip(self.ports, self.procs, strict=True) if proc.poll() is None]
@@ -271,8 +277,8 @@ class LocalCluster:
     def wait_ok(self, ports: list[int], timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            infos = [self.node(p).cluster("info") for p in ports]
-            if all(i.get("cluster_state") == "ok" for i in infos):
+            infos = self._poll(ports, lambda node: node.cluster("info"))
+            if infos and all(i.get("cluster_state") == "ok" for i in infos):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the cluster did not reach cluster_state:ok: {infos}")
@@ -283,17 +289,24 @@ class LocalCluster:
         master: a replica that says its link is up can still be waiting for its full sync)."""
         deadline = time.monotonic() + timeout
         while True:
-            infos = [self.node(p).info("replication") for p in ports]
+            infos = self._poll(ports, lambda node: node.info("replication"))
             online = [
                 [v for k, v in i.items() if k.startswith("slave") and v["state"] == "online"]
-                for i in infos
+                for i in infos or ()
                 if i["role"] == "master"
             ]
-            if all(len(replicas) >= self.replicas for replicas in online):
+            if infos and all(len(replicas) >= self.replicas for replicas in online):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError("replicas did not come online with their masters")
             time.sleep(0.05)
+
+    def _poll(self, ports: list[int], ask: Callable[[redis.Redis], T]) -> list[T] | None:
+        """Each node's answer, or None while one of them cannot be reached (a wait polls on)."""
+        try:
+            return [ask(self.node(p)) for p in ports]
+        except redis.ConnectionError:
+            return None
 
     def master_of(self, key: str) -> int:
         """The port of the master serving ``key``'s slot now."""

@@ -57,7 +57,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _client(port: int, connect_timeout: float = 0.5, timeout: float | None = 5) -> redis.Redis:
+def client(port: int, connect_timeout: float = 0.5, timeout: float | None = 5) -> redis.Redis:
     """A client of the server on ``port`` that never sends a command again (NO_RESEND): a
     probe of a port nothing listens on yet answers at once - redis-py's default client would
     retry with back-off for seconds - and a SHUTDOWN, which closes the connection, is not
@@ -69,7 +69,7 @@ def _client(port: int, connect_timeout: float = 0.5, timeout: float | None = 5) 
 
 def ping(port: int, timeout: float = 0.5) -> bool:
     try:
-        return bool(_client(port, timeout).ping())
+        return bool(client(port, timeout).ping())
     except redis.RedisError:
         return False
 
@@ -110,7 +110,7 @@ def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout: float =
 def server_pid(port: int) -> int | None:
     """The process id of the redis-server answering on ``port`` (None if none answers)."""
     try:
-        info = _client(port).info("server")
+        info = client(port).info("server")
     except redis.RedisError:
         return None
     return int(info["process_id"])
@@ -146,7 +146,7 @@ def start(port: int, directory: Path, appendonly: bool = True) -> subprocess.Pop
 def data_dir(port: int) -> str | None:
     """The data directory of the redis-server on ``port`` (None if it will not say)."""
     try:
-        found = _client(port).config_get("dir")
+        found = client(port).config_get("dir")
     except redis.RedisError:
         return None
     value = found.get("dir") or found.get(b"dir")
@@ -194,7 +194,7 @@ def shutdown(port: int, directory: Path | None = None) -> bool:
         check_ours(port, directory)
     try:
         # no read timeout: SHUTDOWN saves first, for as long as the data takes
-        _client(port, timeout=None).shutdown(nosave=False)
+        client(port, timeout=None).shutdown(nosave=False)
     except redis.ConnectionError:
         return True  # SHUTDOWN closes the connection
     except redis.RedisError:

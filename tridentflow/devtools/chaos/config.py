@@ -137,7 +137,7 @@ class RedisServer:
         self.kill()
         shutil.rmtree(self.directory / "appendonlydir", ignore_errors=True)
         self.start(appendonly=False)
-        client = redis.Redis(port=self.port, socket_timeout=30)
+        client = devredis.client(self.port, connect_timeout=2, timeout=30)
         try:
             client.config_set("appendonly", "yes")
             deadline = time.monotonic() + 30
