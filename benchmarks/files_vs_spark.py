@@ -2,7 +2,7 @@
 7), whole processes, one command, 2 cores.
 
     python -m benchmarks.files_vs_spark [--files 10000] [--rows 1000] [--cap 100]
-        [--only tf,tf-df,ss]
+        [--only tf,tf-df,ss] [--depth 1[,2...]]
 
 The same --files Parquet files of --rows rows each (``user`` of 10,000 keys, ``amount`` an
 int), written once into a landing directory, oldest first. Each job is a fresh process, timed
@@ -18,6 +18,9 @@ from start to exit (JVM start included, as a user pays it):
   ``trigger(availableNow=True)``, ``foreachBatch`` summing per user in Spark and adding the
   sums to a Redis hash with pipelined HINCRBY (at-least-once: the peer a user would pick; an
   idempotent MERGE would cost it more).
+
+``--depth`` runs each tridentflow job once per value (``run --depth N``: N txids emitting at
+once while commits stay ordered, Trident's max.spout.pending; shown as ``tf-df@N`` past 1).
 
 Both results are checked equal to the generated sums. Reported: records/s for each, and the
 size of each one's memory of files after the run - Structured Streaming's checkpoint
@@ -148,6 +151,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000)
     parser.add_argument("--cap", type=int, default=100)
     parser.add_argument("--only", default="tf,tf-df,ss")
+    parser.add_argument("--depth", default="1", help="run --depth of the tridentflow jobs, a list")
     parser.add_argument("job", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job:  # a child process: the SS job
@@ -181,18 +185,20 @@ def run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
     os.environ.update(BENCH_FILES_LANDING=str(landing), BENCH_FILES_CAP=str(args.cap))
     client = redis.Redis.from_url(redis_url, socket_timeout=None)
     jobs = args.only.split(",")
-    print(f"{'job':<5} {'seconds':>8} {'records/s':>11} {'memory of files':>16}  where")
-    for job in [j for j in PIPELINES if j in jobs]:
+    print(f"{'job':<8} {'seconds':>8} {'records/s':>11} {'memory of files':>16}  where")
+    depths = [int(d) for d in args.depth.split(",")]
+    for job, depth in [(j, d) for j in PIPELINES if j in jobs for d in depths]:
         client.flushdb()
-        home = work / f"home-{job}"
+        home = work / f"home-{job}-{depth}"
         seconds = timed_run(
             ["tridentflow", "run", PIPELINES[job], "--engine", "spark", "--no-progress",
-             "--home", str(home), "--redis-url", redis_url],
+             "--depth", str(depth), "--home", str(home), "--redis-url", redis_url],
             env,
         )  # fmt: skip
         sums, held = tf_result(redis_url, home, job == "tf-df")
         assert sums == want, f"{job}: the sums differ from the files'"
-        print(f"{job:<5} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  Redis keys")
+        name = job if depth == 1 else f"{job}@{depth}"
+        print(f"{name:<8} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  Redis keys")
     if "ss" in jobs:
         client.flushdb()
         checkpoint = work / "ss-checkpoint"
@@ -202,7 +208,7 @@ def run(args: argparse.Namespace, work: Path, redis_url: str) -> None:
         raw = client.hgetall(SS_KEY)
         assert {k.decode(): int(v) for k, v in raw.items()} == want, "ss: the sums differ"
         held = directory_bytes(checkpoint / "sources")
-        print(f"{'ss':<5} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  checkpoint "
+        print(f"{'ss':<8} {seconds:>8.1f} {records / seconds:>11,.0f} {held:>16,}  checkpoint "
               "sources/")  # fmt: skip
     client.close()
 
