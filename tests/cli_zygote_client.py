@@ -92,10 +92,10 @@ class CliZygote:
                 files = (stdin, stdout, stderr, request)
                 socket.send_fds(connection, [b"r"], [f.fileno() for f in files])
                 replies = connection.makefile("rb")
-                pid = int(replies.readline())
+                pid = _number(replies.readline(), argv)
                 connection.settimeout(timeout)
                 try:
-                    returncode = int(replies.readline())
+                    returncode = _number(replies.readline(), argv)
                 except TimeoutError:
                     os.kill(pid, signal.SIGKILL)
                     raise subprocess.TimeoutExpired(
@@ -104,6 +104,15 @@ class CliZygote:
             return subprocess.CompletedProcess(
                 list(argv), returncode, _text(stdout, encoding), _text(stderr, encoding)
             )
+
+
+def _number(line: bytes, argv: Sequence[str]) -> int:
+    if not line:
+        raise RuntimeError(
+            f"the console script's zygote ended the run of {' '.join(argv[1:3])!r} without an "
+            "answer: its handler died (see the worker's stderr)"
+        )
+    return int(line)
 
 
 def _text(written: IO[bytes], encoding: str) -> str:

@@ -278,7 +278,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             infos = self._poll(ports, lambda node: node.cluster("info"))
-            if infos and all(i.get("cluster_state") == "ok" for i in infos):
+            if infos is not None and all(i.get("cluster_state") == "ok" for i in infos):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the cluster did not reach cluster_state:ok: {infos}")
@@ -295,7 +295,7 @@ class LocalCluster:
                 for i in infos or ()
                 if i["role"] == "master"
             ]
-            if infos and all(len(replicas) >= self.replicas for replicas in online):
+            if infos is not None and all(len(replicas) >= self.replicas for replicas in online):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError("replicas did not come online with their masters")
