@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -34,7 +34,8 @@ class CliZygote:
 
     process: subprocess.Popen[bytes]
     path: str
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str]
+    """The environment the zygote started under."""
 
     @classmethod
     def start(cls) -> CliZygote:

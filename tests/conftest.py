@@ -19,6 +19,8 @@ from tests.cli_zygote_client import CliZygote
 from tridentflow.devtools import devredis
 
 ROOT = Path(__file__).resolve().parents[1]
+CONSOLE_SCRIPT = str(Path(sys.executable).with_name("tridentflow"))
+"""The ``tridentflow`` console script of this venv."""
 pytest_plugins = ["tests.quiet_shutdown"]
 
 SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -211,7 +213,7 @@ def tf(cli_env, cli_zygote):
     Forked from this worker's zygote, which has imported it already (``tests/cli_zygote.py``:
     the same process boundary, streams, environment and exit code, 0.2 s less per run); a run
     under ``PYTHON*`` or locale variables the zygote did not start with is a fresh process."""
-    exe = str(Path(sys.executable).with_name("tridentflow"))
+    exe = CONSOLE_SCRIPT
 
     def run(
         *args: str,

@@ -77,7 +77,7 @@ def test_an_acl_user_runs_its_pipeline_on_a_cluster(tf, cluster, tmp_path):
     printed = tf("acl", "wordcount", "--cluster", "--namespace", "acl").stdout.strip()
     assert printed == acl.rules("wordcount", "acl", cluster=True) and "+cluster|slots" in printed
     for port in cluster.ports:
-        redis.Redis(port=port).execute_command(
+        cluster.node(port).execute_command(
             "ACL", "SETUSER", "tf-wc", "on", ">pw-wc", *printed.split()
         )
     url = f"redis://tf-wc:pw-wc@127.0.0.1:{cluster.ports[2]}/0"

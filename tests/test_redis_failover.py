@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import redis
 
 from tests.conftest import SEED_COUNTS, SEED_SENTENCES
 from tridentflow.devtools.chaos import run_chaos
@@ -49,14 +48,14 @@ def test_a_waited_commit_survives_its_master_being_killed_at_once(tf, replicated
     assert ran.returncode == 0, ran.stderr
     ledger = "tf:{wordcount}:ledger"
     master = cluster.master_of(ledger)
-    committed = int(redis.Redis(port=master).hget(ledger, "committed"))
+    committed = int(cluster.node(master).hget(ledger, "committed"))
     assert committed == 3  # 12 sentences over 4 partitions, one per partition per txid
     assert cluster.replicas_of(master)
 
     cluster.kill(master)  # at once: no time for replication that WAIT did not already see
     promoted = cluster.wait_promoted(ledger, master)
     env["TRIDENTFLOW_REDIS_URL"] = alive_url(cluster, master)
-    assert int(redis.Redis(port=promoted).hget(ledger, "committed")) == committed
+    assert int(cluster.node(promoted).hget(ledger, "committed")) == committed
     assert counts(tf, "wordcount", env) == {w: 4 * n for w, n in SEED_COUNTS.items()}
 
     # the promoted master has no replica left: a run that asks for one fails in one line
@@ -69,7 +68,7 @@ def test_a_waited_commit_survives_its_master_being_killed_at_once(tf, replicated
     line = short.stderr.strip().splitlines()[-1]
     assert f"txid {committed + 1}'s batch metadata is on Redis master" in line, line
     assert "but only 0 of 1 replica(s) acknowledged it within 300 ms" in line
-    assert int(redis.Redis(port=promoted).hget(ledger, "committed")) == committed
+    assert int(cluster.node(promoted).hget(ledger, "committed")) == committed
     again = tf("run", "wordcount", "--engine", "local", env=env)
     assert again.returncode == 0, again.stderr
     assert counts(tf, "wordcount", env) == {w: 5 * n for w, n in SEED_COUNTS.items()}
@@ -86,7 +85,7 @@ def test_a_half_done_commit_replays_exactly_on_the_promoted_replica(tf, replicat
                 "mid-commit@1=kill", env=env)  # fmt: skip
     assert killed.returncode in (-9, 137), killed.stderr
     master = cluster.master_of(ledger)
-    written = redis.Redis(port=master)
+    written = cluster.node(master)
     assert written.hget(ledger, "committed") in (None, b"0")
     assert written.exists("tf:{wordcount-opaque}:state:counts")  # the first half is there
     cluster.kill(master)
