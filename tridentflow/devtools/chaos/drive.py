@@ -38,12 +38,12 @@ from tridentflow.devtools.chaos.config import (
 )
 from tridentflow.devtools.chaos.draws import (
     expiry_events,
-    lakehouse_schedule,
     schedule_clock,
     schedule_compacting,
     schedule_shards,
     schedule_staging,
 )
+from tridentflow.devtools.chaos.fault_draws import schedule_faults
 from tridentflow.devtools.chaos.operators import OperatorActs
 from tridentflow.devtools.chaos.pauses import (
     PAUSE_CHANCE,
@@ -54,12 +54,10 @@ from tridentflow.devtools.chaos.pauses import (
     Pauser,
     adopter,
     paused_redis,
-    point_pauses,
-    point_stalls,
 )
 from tridentflow.devtools.chaos.reader import ConcurrentReader
 from tridentflow.devtools.chaos.schedule import Schedule
-from tridentflow.devtools.chaos.sinks import SinkChecks, sink_faults
+from tridentflow.devtools.chaos.sinks import SinkChecks
 from tridentflow.devtools.chaos.tasks import RunTasks
 from tridentflow.devtools.chaos.typed import TYPED_PIPELINE
 from tridentflow.devtools.devcluster import LocalCluster
@@ -69,7 +67,7 @@ from tridentflow.engines.base import Engine
 from tridentflow.errors import (
     NotReadyError,
 )
-from tridentflow.faults import STEP_POINTS, Dark, Fault, FaultPlan
+from tridentflow.faults import Fault, FaultPlan
 from tridentflow.ops.audit import audit
 from tridentflow.ops.reset import reset_pipeline
 from tridentflow.ops.status import status
@@ -243,54 +241,29 @@ class Chaos(RunTasks, OperatorActs, SinkChecks):
             rt.log.create(rt.pipeline.source.partitions)
             sched.kafka = self.kafka
             sched.kafka_rng = random.Random(f"kafka-{seed}")
-        sched.sink_rng = random.Random(f"sinks-{seed}")
-        sched.sink_edge_rng = random.Random(f"sink-edges-{seed}")
-        sched.rewind_rng = random.Random(f"rewind-{seed}")
-        sched.seed = seed
-        sched.lake = lakehouse_schedule(seed)
-        sched.parallel_rng = random.Random(f"parallel-{seed}")
-        sched.reshard_rng = random.Random(f"reshard-{seed}")
-        sched.reshard = self.reshards
-        sched.pause_rng = random.Random(f"pause-{seed}") if self.paused else None
-        sched.spent_rng = random.Random(f"spent-{seed}") if self.paused else None
-        sched.deploy_rng = random.Random(f"deploy-{seed}") if self.deploys else None
-        sched.maintenance_rng = random.Random(f"tables-{seed}") if self.tables else None
-        if self.lost_writes and traits.fresh != "delete-source":  # its records outside Redis
-            sched.lost_rng = random.Random(f"lost-{seed}")
+        sched.seed_families(
+            seed,
+            reshards=self.reshards,
+            paused=self.paused,
+            deploys=self.deploys,
+            tables=self.tables,
+            lost_writes=self.lost_writes and traits.fresh != "delete-source",  # outside Redis
+        )
         self._drop_sink_targets(rt, seed)
         sched.append(rng.randint(5, 60))
         runs = rng.randint(3, 8)
-        plan = self._fault_plan(rng, runs, rt.pipeline.source.partitions, result.events)
-        plan = FaultPlan(plan.faults + sink_faults(sched.sink_rng, runs, result.events), plan.darks)
-        if sched.pause_rng is not None:  # after the others: a fault drawn at a point wins
-            plan = FaultPlan(plan.faults + point_pauses(sched.pause_rng, runs, result.events),
-                             plan.darks)  # fmt: skip
-            stalls = point_stalls(random.Random(f"stall-{seed}"), runs, result.events,
-                                  plan.faults)  # fmt: skip
-            plan = FaultPlan(plan.faults + stalls, plan.darks)
-        sched.rt = rt = rt.with_(faults=plan)
+        sched.rt = rt = rt.with_(faults=schedule_faults(sched, runs))
         batch_size = rng.choice([1, 2, 3, 5, 20])
         self._stalling = (sched, batch_size)
         reader = self._drive_with_families(sched, runs, batch_size, home, shards)
-        self._note_recoveries(sched)
-        sched.end_outage("drain")
-        loses = sched.rt.log.chaos.removals_lose_records
-        if loses and status(sched.rt)["unavailable_partitions"]:
-            sched.operator_resets_reader("drain")
-        if sched.lagging is not None:  # the replica catches up: nothing lost, nothing to fail
-            self.cluster.release_replication(sched.lagging[0])
-            sched.lagging = None
+        self._settle_after_faults(sched)
         sched.rt = rt = sched.rt.with_(faults=FaultPlan())  # resume: drain what is left
         self._drain_on_events(sched, batch_size)
         result.txids = rt.ledger.committed_txid()
         result.records = len(sched.produced)
         self._check(rt, sched.produced, result)
         if reader is not None:
-            result.difference = result.difference or reader.first_difference()
-            result.events.append(f"reader:{reader.verified}")
-            result.events.append(f"reader-streams:{reader.stream_reads}")
-            result.events.append(f"reader-tables:{reader.table_reads}")
-            result.events.append(f"reader-lakes:{reader.lake_reads}")
+            reader.report(result)
         self._check_sinks(rt, result, sched.committed_changes)
         self._drop_sink_targets(rt, seed)
         rt.client.close()
@@ -391,24 +364,18 @@ class Chaos(RunTasks, OperatorActs, SinkChecks):
         if left and not sched.result.difference:
             sched.result.difference = f"txid {left[0]} was left pending: no run came for it"
 
-    @staticmethod
-    def _fault_plan(rng: random.Random, runs: int, partitions: int, events: list[str]) -> FaultPlan:
-        faults = []
-        for txid in range(1, runs + 1):
-            for attempt in (1, 2):
-                if rng.random() < (0.6 if attempt == 1 else 0.2):
-                    fault = Fault(
-                        rng.choice(STEP_POINTS), txid, attempt, rng.choice(("raise", "crash"))
-                    )
-                    faults.append(fault)
-                    events.append(str(fault))
-        darks = []
-        if rng.random() < 0.5:
-            first = rng.randint(1, runs)
-            dark = Dark(rng.randrange(partitions), first, first + rng.randint(0, 2))
-            darks.append(dark)
-            events.append(f"dark:{dark.partition}@{dark.first}-{dark.last}")
-        return FaultPlan(tuple(faults), tuple(darks))
+    def _settle_after_faults(self, sched: Schedule) -> None:
+        """What an operator does once the faulty phase is over, before the drain: recoveries
+        noted, an outage ended, a reader reset past partitions whose removal lost records, a
+        held replica let catch up (nothing lost, nothing to fail)."""
+        self._note_recoveries(sched)
+        sched.end_outage("drain")
+        loses = sched.rt.log.chaos.removals_lose_records
+        if loses and status(sched.rt)["unavailable_partitions"]:
+            sched.operator_resets_reader("drain")
+        if sched.lagging is not None:
+            self.cluster.release_replication(sched.lagging[0])
+            sched.lagging = None
 
     @staticmethod
     def _reshard_drawn(sched: Schedule, rt: Runtime, weight: int = 1) -> bool:
@@ -584,26 +551,7 @@ class Chaos(RunTasks, OperatorActs, SinkChecks):
             first, second = run_ids[0], run_ids[1]
             if first in todo and second in todo and rng.random() < 0.3:
                 self._clear_emit_between(sched, runtimes, first, second, todo, retried)
-            tries = dict.fromkeys(todo, 0)
-            waits = dict.fromkeys(todo, 0)
-            while todo:
-                run_id = rng.choice(sorted(todo))
-                if rng.random() < 0.1:  # records arrive while the runs read (another producer)
-                    sched.append(rng.randint(1, 8), during=f"parallel:{run_id}")
-                outcome = self._turn_step(runtimes[run_id], run_id, todo[run_id][0], run_state)
-                if outcome == "ran":
-                    todo[run_id].pop(0)
-                    tries[run_id] = waits[run_id] = 0
-                elif outcome == "failed":
-                    tries[run_id] += 1
-                else:
-                    waits[run_id] += 1
-                if tries[run_id] >= RETRIES or waits[run_id] >= PARALLEL_WAITS:
-                    give_up(run_id)
-                    todo[run_id] = []
-                if not todo[run_id]:
-                    del todo[run_id]
-                    live.discard(run_id)
+            self._interleave(sched, runtimes, todo, live, run_state, give_up)
         finally:
             for other in runtimes.values():
                 other.client.close()
@@ -612,6 +560,40 @@ class Chaos(RunTasks, OperatorActs, SinkChecks):
             sched.note_changes(rt.ledger.txid_of_run(run_id))
         self._maybe_export(sched, f"after-parallel:{run_ids[-1]}")
         return run_no + len(run_ids)
+
+    def _interleave(
+        self,
+        sched: Schedule,
+        runtimes: dict[str, Runtime],
+        todo: dict[str, list[str]],
+        live: set[str],
+        run_state: RunState,
+        give_up: Callable[[str], None],
+    ) -> None:
+        """The parallel runs' steps left (``todo``), one at a time in an order drawn from the
+        seed, records arriving in between, until each run has taken its steps (it leaves
+        ``live``) or given up: RETRIES failures, or PARALLEL_WAITS turns that had not come."""
+        rng = sched.parallel_rng
+        tries = dict.fromkeys(todo, 0)
+        waits = dict.fromkeys(todo, 0)
+        while todo:
+            run_id = rng.choice(sorted(todo))
+            if rng.random() < 0.1:  # records arrive while the runs read (another producer)
+                sched.append(rng.randint(1, 8), during=f"parallel:{run_id}")
+            outcome = self._turn_step(runtimes[run_id], run_id, todo[run_id][0], run_state)
+            if outcome == "ran":
+                todo[run_id].pop(0)
+                tries[run_id] = waits[run_id] = 0
+            elif outcome == "failed":
+                tries[run_id] += 1
+            else:
+                waits[run_id] += 1
+            if tries[run_id] >= RETRIES or waits[run_id] >= PARALLEL_WAITS:
+                give_up(run_id)
+                todo[run_id] = []
+            if not todo[run_id]:
+                del todo[run_id]
+                live.discard(run_id)
 
     def _turn_step(self, rt: Runtime, run_id: str, step: str, run_state: RunState) -> str:
         """Run ``run_id``'s ``step`` if its turn has come (the checks ``wait_turn`` waits

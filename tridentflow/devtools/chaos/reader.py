@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tridentflow.devtools.chaos.sinks import jsonish, lake_rows
 from tridentflow.devtools.chaos.typed import KEY_FIELDS, VALUE_FIELD
@@ -52,6 +52,9 @@ from tridentflow.steps.runtime import Runtime
 from tridentflow_state.changes import sink_allowed
 from tridentflow_state.codec import encode_key
 from tridentflow_state.ledger import HISTORY_LENGTH
+
+if TYPE_CHECKING:
+    from tridentflow.devtools.chaos.config import ScheduleResult
 
 LIMIT = 40
 """Listings kept per schedule."""
@@ -122,6 +125,15 @@ class ConcurrentReader:
     def first_difference(self) -> str | None:
         """The first listing that was not a committed txid's state, whole, in one line."""
         return self.problems[0] if self.problems else None
+
+    def report(self, result: ScheduleResult) -> None:
+        """Into the schedule's result: the first difference (if the schedule had none) and
+        how many listings, stream, table and lakehouse reads were checked."""
+        result.difference = result.difference or self.first_difference()
+        result.events.append(f"reader:{self.verified}")
+        result.events.append(f"reader-streams:{self.stream_reads}")
+        result.events.append(f"reader-tables:{self.table_reads}")
+        result.events.append(f"reader-lakes:{self.lake_reads}")
 
     def _run(self) -> None:
         rt = None

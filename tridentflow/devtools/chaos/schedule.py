@@ -16,6 +16,7 @@ from tridentflow.devtools.chaos.config import (
     WORDS,
     ScheduleResult,
 )
+from tridentflow.devtools.chaos.draws import lakehouse_schedule
 from tridentflow.devtools.devkafka import LocalKafka
 from tridentflow.errors import (
     IncompleteBatchError,
@@ -101,6 +102,27 @@ class Schedule:
         self.unsent: list[str] = []
         """Lines produced while the broker was frozen: sent when it is back."""
         self.freeze: threading.Timer | None = None
+
+    def seed_families(
+        self, seed: int, *, reshards: bool, paused: bool, deploys: bool, tables: bool,
+        lost_writes: bool,
+    ) -> None:  # fmt: skip
+        """Each family's own random stream (drawn from the seed alone, so a family switched
+        on leaves every other family's draws as they were); a family that is off gets none."""
+        self.seed = seed
+        self.sink_rng = random.Random(f"sinks-{seed}")
+        self.sink_edge_rng = random.Random(f"sink-edges-{seed}")
+        self.rewind_rng = random.Random(f"rewind-{seed}")
+        self.lake = lakehouse_schedule(seed)
+        self.parallel_rng = random.Random(f"parallel-{seed}")
+        self.reshard_rng = random.Random(f"reshard-{seed}")
+        self.reshard = reshards
+        self.pause_rng = random.Random(f"pause-{seed}") if paused else None
+        self.spent_rng = random.Random(f"spent-{seed}") if paused else None
+        self.deploy_rng = random.Random(f"deploy-{seed}") if deploys else None
+        self.maintenance_rng = random.Random(f"tables-{seed}") if tables else None
+        if lost_writes:
+            self.lost_rng = random.Random(f"lost-{seed}")
 
     def retries_spent(self) -> bool:
         """In the paused family, now and then (RETRIES_SPENT_CHANCE): a step that failed was its
